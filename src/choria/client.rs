@@ -1,0 +1,451 @@
+//! A Choria client over async-nats: directed RPC, broadcast discovery and
+//! lifecycle events in the `provisioning` collective.
+
+use crate::choria::filter::Filter;
+use crate::choria::lifecycle::{self, Event, EventType};
+use crate::choria::mcorpc::{self, RpcReply, RpcRequest};
+use crate::choria::protocol::{self, ProtocolError, Reply, RequestSigner, RequestSpec, Version};
+use crate::choria::subjects;
+use crate::choria::tls::{TlsError, TlsSettings};
+use futures::StreamExt;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// How to reach and authenticate to the broker.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    pub servers: Vec<String>,
+    pub name: String,
+    pub tls: TlsSettings,
+    pub token: Option<String>,
+    pub user: Option<(String, String)>,
+    /// NATS user-JWT auth: the JWT and the ed25519 seed that signs the server nonce.
+    pub nats_jwt: Option<(String, ed25519_dalek::SigningKey)>,
+    pub inbox_prefix: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Credentials never reach logs.
+        f.debug_struct("ConnectOptions")
+            .field("servers", &self.servers)
+            .field("name", &self.name)
+            .field("tls", &self.tls)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("nats_jwt", &self.nats_jwt.as_ref().map(|_| "<redacted>"))
+            .field("inbox_prefix", &self.inbox_prefix)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no NATS servers configured")]
+    NoServers,
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("could not connect to {servers}: {source}")]
+    Connect {
+        servers: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("NATS subscribe to {subject} failed: {source}")]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    #[error("NATS publish to {subject} failed: {source}")]
+    Publish {
+        subject: String,
+        #[source]
+        source: async_nats::PublishError,
+    },
+    #[error("could not encode the request: {0}")]
+    Encode(#[from] ProtocolError),
+    #[error("no reply from {identity} to {agent}#{action} within {timeout:?}")]
+    Timeout {
+        identity: String,
+        agent: String,
+        action: String,
+        timeout: Duration,
+    },
+    #[error("invalid reply from {identity}: {reason}")]
+    BadReply { identity: String, reason: String },
+    #[error("NATS flush failed: {0}")]
+    Flush(#[from] async_nats::client::FlushError),
+}
+
+/// Opens a NATS connection the way a Choria client or server does.
+pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, ClientError> {
+    if opts.servers.is_empty() {
+        return Err(ClientError::NoServers);
+    }
+    let mut o = async_nats::ConnectOptions::new()
+        .name(if opts.name.is_empty() {
+            "choria-provisioner"
+        } else {
+            &opts.name
+        })
+        .connection_timeout(Duration::from_secs(5))
+        .retry_on_initial_connect()
+        .max_reconnects(None::<usize>);
+    if opts.tls.is_custom() {
+        o = o.tls_client_config(opts.tls.client_config()?);
+    }
+    if opts.tls.required {
+        o = o.require_tls(true);
+    }
+    if let Some(token) = &opts.token {
+        o = o.token(token.clone());
+    }
+    if let Some((user, pass)) = &opts.user {
+        o = o.user_and_password(user.clone(), pass.clone());
+    }
+    if let Some((jwt, seed)) = &opts.nats_jwt {
+        let seed = seed.clone();
+        o = o.jwt(jwt.clone(), move |nonce| {
+            let seed = seed.clone();
+            async move {
+                use ed25519_dalek::Signer;
+                Ok(seed.sign(&nonce).to_bytes().to_vec())
+            }
+        });
+    }
+    if let Some(prefix) = &opts.inbox_prefix {
+        o = o.custom_inbox_prefix(prefix);
+    }
+    let servers: Vec<async_nats::ServerAddr> = opts
+        .servers
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e: std::io::Error| ClientError::Connect {
+            servers: opts.servers.join(","),
+            source: async_nats::ConnectError::with_source(
+                async_nats::ConnectErrorKind::ServerParse,
+                e,
+            ),
+        })?;
+    // retry_on_initial_connect makes connect() return at once; wait for the first
+    // connection so callers learn about bad addresses instead of hanging.
+    let client = o
+        .connect(servers)
+        .await
+        .map_err(|source| ClientError::Connect {
+            servers: opts.servers.join(","),
+            source,
+        })?;
+    Ok(client)
+}
+
+/// Who we are on the Choria network and how we sign.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// `Config.Identity`: `senderid` in requests and the transport sender.
+    pub identity: String,
+    /// The caller id (`choria=<certname>` for x509, the JWT's callerid for v2).
+    pub caller: String,
+    pub signer: RequestSigner,
+}
+
+/// A decoded RPC reply.
+#[derive(Clone, Debug)]
+pub struct RpcResult {
+    pub reply: Reply,
+    pub body: RpcReply,
+}
+
+/// Timing of broadcast discovery.
+#[derive(Clone, Copy, Debug)]
+pub struct DiscoveryOptions {
+    /// The longest a discovery may take.
+    pub timeout: Duration,
+    /// End early once no reply arrived for this long (Go: 300 ms).
+    pub sliding_window: Option<Duration>,
+}
+
+impl Default for DiscoveryOptions {
+    fn default() -> Self {
+        // go-choria's broadcast discovery: 2 s overall, 300 ms after the last reply.
+        DiscoveryOptions {
+            timeout: Duration::from_secs(2),
+            sliding_window: Some(Duration::from_millis(300)),
+        }
+    }
+}
+
+/// The Choria client.
+#[derive(Clone)]
+pub struct ChoriaClient {
+    nats: async_nats::Client,
+    me: Identity,
+    collective: String,
+    ttl: i64,
+    /// go-choria's `discovery_timeout`, added to every RPC's agent timeout.
+    pub discovery_timeout: Duration,
+}
+
+impl ChoriaClient {
+    pub fn new(nats: async_nats::Client, me: Identity) -> Self {
+        ChoriaClient {
+            nats,
+            me,
+            collective: subjects::PROVISIONING_COLLECTIVE.to_string(),
+            ttl: 60,
+            discovery_timeout: Duration::from_secs(2),
+        }
+    }
+
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.me
+    }
+
+    pub fn version(&self) -> Version {
+        self.me.signer.version()
+    }
+
+    fn new_request_id(&self) -> String {
+        match self.version() {
+            Version::V1 => crate::choria::ids::v1_request_id(),
+            Version::V2 => crate::choria::ids::v2_request_id(),
+        }
+    }
+
+    fn connected_url(&self) -> String {
+        let info = self.nats.server_info();
+        // Go records the redacted URL it is connected to.
+        if info.host.is_empty() {
+            String::new()
+        } else {
+            format!("nats://{}:{}", info.host, info.port)
+        }
+    }
+
+    fn encode(
+        &self,
+        id: &str,
+        agent: &str,
+        filter: &Filter,
+        payload: &[u8],
+        reply_to: &str,
+    ) -> Result<Vec<u8>, ClientError> {
+        let url = self.connected_url();
+        let spec = RequestSpec {
+            id,
+            sender: &self.me.identity,
+            caller: &self.me.caller,
+            collective: &self.collective,
+            agent,
+            ttl: self.ttl,
+            time_nanos: now_nanos(),
+            filter,
+            payload,
+            reply_to,
+            connected_url: &url,
+        };
+        Ok(self.me.signer.encode_request(&spec)?)
+    }
+
+    /// A directed request to one node, as the Go generated clients make it: the
+    /// agent is in the filter, the reply comes on the caller's reply subject, and
+    /// the wait is the discovery timeout plus the agent's DDL timeout.
+    pub async fn rpc<T: Serialize>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+    ) -> Result<RpcResult, ClientError> {
+        let timeout =
+            self.discovery_timeout + Duration::from_secs(mcorpc::agent_timeout_secs(agent));
+        self.rpc_with_timeout(identity, agent, action, data, timeout)
+            .await
+    }
+
+    pub async fn rpc_with_timeout<T: Serialize>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+        timeout: Duration,
+    ) -> Result<RpcResult, ClientError> {
+        let id = self.new_request_id();
+        let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
+        let body = crate::choria::json::to_vec(&RpcRequest {
+            agent,
+            action,
+            data,
+        })
+        .map_err(|source| ProtocolError::Encode {
+            layer: protocol::Layer::Request,
+            source,
+        })?;
+        let filter = Filter::with_agent(agent);
+        let msg = self.encode(&id, agent, &filter, &body, &reply_to)?;
+
+        let mut sub = self
+            .nats
+            .subscribe(reply_to.clone())
+            .await
+            .map_err(|source| ClientError::Subscribe {
+                subject: reply_to.clone(),
+                source,
+            })?;
+        let target = subjects::node(&self.collective, identity);
+        self.nats
+            .publish(target.clone(), msg.into())
+            .await
+            .map_err(|source| ClientError::Publish {
+                subject: target,
+                source,
+            })?;
+
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let next = tokio::time::timeout_at(deadline, sub.next()).await;
+            let Ok(Some(m)) = next else {
+                return Err(ClientError::Timeout {
+                    identity: identity.to_string(),
+                    agent: agent.to_string(),
+                    action: action.to_string(),
+                    timeout,
+                });
+            };
+            match protocol::decode_reply(&m.payload) {
+                Ok(reply) => {
+                    if reply.request_id != id {
+                        warn!(expected = %id, got = %reply.request_id, "reply for another request ignored");
+                        continue;
+                    }
+                    let body: RpcReply = serde_json::from_slice(&reply.message).map_err(|e| {
+                        ClientError::BadReply {
+                            identity: identity.to_string(),
+                            reason: format!("reply body is not an RPC reply: {e}"),
+                        }
+                    })?;
+                    let _ = sub.unsubscribe().await;
+                    return Ok(RpcResult { reply, body });
+                }
+                Err(e) => {
+                    // A reply we cannot decode is the node's answer: report it.
+                    let _ = sub.unsubscribe().await;
+                    return Err(ClientError::BadReply {
+                        identity: identity.to_string(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Broadcast discovery of nodes matching `filter` (go-choria's broadcast
+    /// discovery: a `ping` to the discovery agent, identities taken from the
+    /// transport sender of each reply). Duplicates are removed.
+    pub async fn discover(
+        &self,
+        filter: &Filter,
+        opts: DiscoveryOptions,
+    ) -> Result<Vec<String>, ClientError> {
+        let id = self.new_request_id();
+        let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
+        let msg = self.encode(&id, "discovery", filter, b"cGluZw==", &reply_to)?;
+        let mut sub = self
+            .nats
+            .subscribe(reply_to.clone())
+            .await
+            .map_err(|source| ClientError::Subscribe {
+                subject: reply_to.clone(),
+                source,
+            })?;
+        let target = subjects::broadcast_agent(&self.collective, "discovery");
+        self.nats
+            .publish(target.clone(), msg.into())
+            .await
+            .map_err(|source| ClientError::Publish {
+                subject: target,
+                source,
+            })?;
+
+        let started = Instant::now();
+        let hard_deadline = tokio::time::Instant::now() + opts.timeout;
+        let mut window_deadline = hard_deadline;
+        let mut found = BTreeSet::new();
+        loop {
+            let deadline = window_deadline.min(hard_deadline);
+            match tokio::time::timeout_at(deadline, sub.next()).await {
+                Ok(Some(m)) => match protocol::transport_sender(&m.payload) {
+                    Ok(sender) => {
+                        found.insert(sender);
+                        if let Some(w) = opts.sliding_window {
+                            window_deadline = tokio::time::Instant::now() + w;
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "ignoring undecodable discovery reply"),
+                },
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let _ = sub.unsubscribe().await;
+        debug!(found = found.len(), elapsed = ?started.elapsed(), "discovery finished");
+        Ok(found.into_iter().collect())
+    }
+
+    /// Publishes a lifecycle event in the Choria format (as the Go provisioner does
+    /// for itself).
+    pub async fn publish_event(&self, kind: EventType, event: &Event) -> Result<(), ClientError> {
+        publish_event(&self.nats, kind, event, EventFormat::Choria).await
+    }
+}
+
+/// The two lifecycle encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventFormat {
+    Choria,
+    CloudEvent,
+}
+
+pub async fn publish_event(
+    nats: &async_nats::Client,
+    kind: EventType,
+    event: &Event,
+    format: EventFormat,
+) -> Result<(), ClientError> {
+    let subject = lifecycle::subject(kind, &event.component);
+    let payload = match format {
+        EventFormat::Choria => event.to_choria_json(),
+        EventFormat::CloudEvent => event.to_cloudevent_json(),
+    };
+    nats.publish(subject.clone(), payload.into())
+        .await
+        .map_err(|source| ClientError::Publish { subject, source })
+}
+
+/// Subscribes to lifecycle events of one type and component (no queue group, so
+/// every replica sees every event).
+pub async fn subscribe_events(
+    nats: &async_nats::Client,
+    kind: EventType,
+    component: &str,
+) -> Result<async_nats::Subscriber, ClientError> {
+    let subject = lifecycle::subject(kind, component);
+    nats.subscribe(subject.clone())
+        .await
+        .map_err(|source| ClientError::Subscribe { subject, source })
+}
+
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,12 @@
+//! Everything needed to speak Choria: the wire protocol, the client, and the
+//! crypto that provisioning needs.
+
+pub mod client;
+pub mod filter;
+pub mod ids;
+pub mod json;
+pub mod lifecycle;
+pub mod mcorpc;
+pub mod protocol;
+pub mod subjects;
+pub mod tls;

@@ -1,0 +1,4 @@
+//! choria-provisioner: provisioning service, Kubernetes operator and
+//! provisioning-mode fleet simulator for Choria.
+
+pub mod choria;
