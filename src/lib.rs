@@ -2,3 +2,4 @@
 //! provisioning-mode fleet simulator for Choria.
 
 pub mod choria;
+pub mod fleet;

@@ -8,5 +8,6 @@ pub mod json;
 pub mod lifecycle;
 pub mod mcorpc;
 pub mod protocol;
+pub mod security;
 pub mod subjects;
 pub mod tls;

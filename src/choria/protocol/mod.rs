@@ -222,7 +222,7 @@ pub enum RequestSigner {
     },
     /// v2: ed25519 over the request bytes and the caller JWT attached.
     V2 {
-        seed: ed25519_dalek::SigningKey,
+        seed: Box<ed25519_dalek::SigningKey>,
         jwt: String,
     },
 }

@@ -570,7 +570,8 @@ mod tests {
 
     #[test]
     fn schema_rules_name_the_offending_field() {
-        let cases: Vec<(Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+        type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (
                 Box::new(|v| v["envelope"]["requestid"] = "short".into()),
                 "envelope.requestid",

@@ -375,7 +375,7 @@ mod tests {
         use ed25519_dalek::Verifier;
         let seed = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]);
         let signer = RequestSigner::V2 {
-            seed: seed.clone(),
+            seed: Box::new(seed.clone()),
             jwt: "caller.jwt.token".into(),
         };
         let filter = Filter::with_agent("choria_provision");

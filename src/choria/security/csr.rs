@@ -1,0 +1,957 @@
+//! RSA keys and PKCS#10 certificate requests for the `gencsr` step.
+//!
+//! A go-choria server answering `gencsr` makes a 2048 bit RSA key, writes it as
+//! PKCS#1 `RSA PRIVATE KEY`, and returns a SHA256WithRSA CSR plus a
+//! `PUBLIC KEY` PEM that (unusually) holds PKCS#1 DER
+//! (`providers/agent/mcorpc/golang/provision/csr_action.go`). The provisioner
+//! parses the CSR, requires its CN to equal the node identity and refuses
+//! names matching `cert_deny_list` (`provisioner:host/host.go` `validateCSR`).
+//!
+//! RSA key generation is slow (hundreds of milliseconds for 2048 bits), so a
+//! simulator starting thousands of nodes uses an [`RsaKeyPool`] of
+//! pre-generated keys instead of one key per node.
+
+use regex::Regex;
+use rsa::pkcs1::{DecodeRsaPublicKey, EncodeRsaPrivateKey, EncodeRsaPublicKey};
+use rsa::pkcs1v15::{Signature as RsaSignature, SigningKey, VerifyingKey};
+use rsa::pkcs8::{DecodePublicKey, EncodePublicKey};
+use rsa::signature::{RandomizedSigner, SignatureEncoding, Verifier};
+use rsa::traits::PublicKeyParts;
+use rsa::{RsaPrivateKey, RsaPublicKey};
+use sha2::{Sha256, Sha384, Sha512};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use x509_cert::attr::AttributeTypeAndValue;
+use x509_cert::der::asn1::{Any, BitString, ObjectIdentifier, SetOfVec};
+use x509_cert::der::{Decode, Encode, Tag, Tagged};
+use x509_cert::ext::pkix::name::GeneralName;
+use x509_cert::ext::pkix::SubjectAltName;
+use x509_cert::ext::Extension;
+use x509_cert::name::{Name, RdnSequence, RelativeDistinguishedName};
+use x509_cert::request::{CertReq, CertReqInfo, Version};
+use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
+
+use super::pem_crypt::go_pem_encode;
+
+const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
+const OID_C: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.6");
+const OID_L: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.7");
+const OID_ST: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.8");
+const OID_O: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.10");
+const OID_OU: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.11");
+const OID_RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
+const OID_SHA512_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
+const OID_EXTENSION_REQUEST: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.2.840.113549.1.9.14");
+const OID_SAN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.17");
+
+/// Key size go-choria uses for `gencsr`.
+pub const DEFAULT_RSA_BITS: usize = 2048;
+
+/// The provisioner's default `cert_deny_list` (`provisioner:config/config.go`),
+/// used by Go when the configured list is empty.
+pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
+    r"\.privileged.mcollective$",
+    r"\.privileged.choria$",
+    r"\.mcollective$",
+    r"\.choria$",
+];
+
+/// Errors from RSA key, CSR and name handling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    /// RSA key generation failed.
+    #[error("could not generate a {bits} bit RSA key: {reason}")]
+    KeyGeneration {
+        /// Requested modulus size.
+        bits: usize,
+        /// Library error text.
+        reason: String,
+    },
+    /// An empty key pool was requested.
+    #[error("an RSA key pool needs at least one key")]
+    EmptyPool,
+    /// No common name was given for a CSR.
+    #[error("a CSR needs a non-empty common name")]
+    MissingCommonName,
+    /// DER/PEM encoding failed.
+    #[error("could not encode {what}: {reason}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// Library error text.
+        reason: String,
+    },
+    /// The text had no PEM block.
+    #[error("could not parse CSR: no PEM block found ({0})")]
+    BadPem(&'static str),
+    /// The DER did not parse as a PKCS#10 request.
+    #[error("could not parse CSR: {0}")]
+    Parse(String),
+    /// The CSR's signature algorithm is not one we verify.
+    #[error("CSR signature algorithm {0} is not supported (only SHA256/384/512 with RSA)")]
+    UnsupportedSignatureAlgorithm(String),
+    /// The CSR's key is not RSA.
+    #[error("CSR public key algorithm {0} is not supported (only RSA)")]
+    UnsupportedPublicKey(String),
+    /// The CSR signature does not verify.
+    #[error("CSR signature is invalid")]
+    InvalidSignature,
+    /// The CSR CN differs from the node identity (Go's message).
+    #[error("common name {common_name} does not match identity {identity}")]
+    CommonNameMismatch {
+        /// CN found in the CSR.
+        common_name: String,
+        /// Identity of the node being provisioned.
+        identity: String,
+    },
+    /// A CN or SAN matched the deny list (Go's message).
+    #[error("{0} matches denied certificate pattern")]
+    DeniedName(String),
+    /// A deny-list entry is not a valid regular expression.
+    #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
+    InvalidDenyPattern {
+        /// Pattern as configured.
+        pattern: String,
+        /// Regex compile error.
+        reason: String,
+    },
+}
+
+fn enc_err(what: &'static str) -> impl Fn(x509_cert::der::Error) -> CsrError {
+    move |e| CsrError::Encode {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// Generates an RSA private key of `bits` bits (public exponent 65537).
+pub fn generate_rsa_key(bits: usize) -> Result<RsaPrivateKey, CsrError> {
+    RsaPrivateKey::new(&mut rand::rngs::OsRng, bits).map_err(|e| CsrError::KeyGeneration {
+        bits,
+        reason: e.to_string(),
+    })
+}
+
+/// A fixed set of pre-generated RSA keys handed out round-robin or by index.
+///
+/// Sharing keys between simulated nodes is fine for load and protocol tests
+/// (each node still gets its own CSR and certificate) and turns minutes of key
+/// generation into a one-off cost. `Debug` never prints key material.
+pub struct RsaKeyPool {
+    keys: Vec<Arc<RsaPrivateKey>>,
+    next: AtomicUsize,
+}
+
+impl fmt::Debug for RsaKeyPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RsaKeyPool")
+            .field("keys", &self.keys.len())
+            .field("next", &self.next.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl RsaKeyPool {
+    /// Generates `count` keys of `bits` bits using one thread per available
+    /// core.
+    pub fn generate(count: usize, bits: usize) -> Result<Self, CsrError> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::generate_with_threads(count, bits, threads)
+    }
+
+    /// Generates `count` keys of `bits` bits on `threads` scoped threads.
+    pub fn generate_with_threads(
+        count: usize,
+        bits: usize,
+        threads: usize,
+    ) -> Result<Self, CsrError> {
+        if count == 0 {
+            return Err(CsrError::EmptyPool);
+        }
+        let threads = threads.clamp(1, count);
+        let results: Vec<Result<Vec<RsaPrivateKey>, CsrError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    // spread the remainder over the first threads
+                    let n = count / threads + usize::from(t < count % threads);
+                    s.spawn(move || (0..n).map(|_| generate_rsa_key(bits)).collect())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(CsrError::KeyGeneration {
+                            bits,
+                            reason: "key generation thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut keys = Vec::with_capacity(count);
+        for r in results {
+            keys.extend(r?.into_iter().map(Arc::new));
+        }
+        Ok(Self {
+            keys,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Builds a pool from existing keys.
+    pub fn from_keys(keys: Vec<RsaPrivateKey>) -> Result<Self, CsrError> {
+        if keys.is_empty() {
+            return Err(CsrError::EmptyPool);
+        }
+        Ok(Self {
+            keys: keys.into_iter().map(Arc::new).collect(),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Number of distinct keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Always false: a pool has at least one key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key for `index`, wrapping around (node N always gets the same key).
+    pub fn get(&self, index: usize) -> Arc<RsaPrivateKey> {
+        Arc::clone(&self.keys[index % self.keys.len()])
+    }
+
+    /// The next key in round-robin order (thread safe).
+    pub fn next_key(&self) -> Arc<RsaPrivateKey> {
+        self.get(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Subject fields of a CSR as accepted by the `gencsr` action.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CsrSubject {
+    /// `cn` (required).
+    pub common_name: String,
+    /// `C`.
+    pub country: Option<String>,
+    /// `L`.
+    pub locality: Option<String>,
+    /// `O`.
+    pub organization: Option<String>,
+    /// `OU`.
+    pub organizational_unit: Option<String>,
+    /// `ST` (X.509 stateOrProvinceName). Note: go-choria's `gencsr` accepts
+    /// but **ignores** `ST` (it never copies it into the subject); a faithful
+    /// simulator passes `None`.
+    pub state: Option<String>,
+}
+
+impl CsrSubject {
+    /// A subject with only a common name, as the Go provisioner requests.
+    pub fn new(common_name: impl Into<String>) -> Self {
+        Self {
+            common_name: common_name.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Go's `asn1` marshals a plain string as PrintableString when every byte is in
+/// the PrintableString set (it rejects `*` and `&` when encoding), otherwise as
+/// UTF8String.
+fn go_directory_string(s: &str) -> Result<Any, CsrError> {
+    let printable = s.bytes().all(|b| {
+        b.is_ascii_alphanumeric()
+            || (b'\''..=b')').contains(&b)
+            || (b'+'..=b'/').contains(&b)
+            || matches!(b, b' ' | b':' | b'=' | b'?')
+    });
+    let tag = if printable {
+        Tag::PrintableString
+    } else {
+        Tag::Utf8String
+    };
+    Any::new(tag, s.as_bytes()).map_err(enc_err("subject attribute"))
+}
+
+/// Builds the subject in Go's `pkix.Name.ToRDNSequence` order:
+/// C, ST, L, O, OU, CN, one attribute per RDN.
+fn go_subject(subject: &CsrSubject) -> Result<Name, CsrError> {
+    let fields = [
+        (OID_C, subject.country.as_deref()),
+        (OID_ST, subject.state.as_deref()),
+        (OID_L, subject.locality.as_deref()),
+        (OID_O, subject.organization.as_deref()),
+        (OID_OU, subject.organizational_unit.as_deref()),
+        (OID_CN, Some(subject.common_name.as_str())),
+    ];
+    let mut rdns = Vec::new();
+    for (oid, value) in fields {
+        let Some(value) = value.filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        let atv = AttributeTypeAndValue {
+            oid,
+            value: go_directory_string(value)?,
+        };
+        let set = SetOfVec::try_from(vec![atv]).map_err(enc_err("subject RDN"))?;
+        rdns.push(RelativeDistinguishedName(set));
+    }
+    Ok(RdnSequence(rdns))
+}
+
+/// Creates a PEM `CERTIFICATE REQUEST` signed with SHA256WithRSA, structured
+/// like Go's `x509.CreateCertificateRequest` output for go-choria's template
+/// (no attributes, no extensions).
+pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<String, CsrError> {
+    if subject.common_name.is_empty() {
+        return Err(CsrError::MissingCommonName);
+    }
+    let spki_der = key
+        .to_public_key()
+        .to_public_key_der()
+        .map_err(|e| CsrError::Encode {
+            what: "public key",
+            reason: e.to_string(),
+        })?;
+    let public_key =
+        SubjectPublicKeyInfoOwned::from_der(spki_der.as_bytes()).map_err(enc_err("public key"))?;
+    let info = CertReqInfo {
+        version: Version::V1,
+        subject: go_subject(subject)?,
+        public_key,
+        attributes: SetOfVec::new(),
+    };
+    let tbs = info.to_der().map_err(enc_err("certificate request info"))?;
+    let signer = SigningKey::<Sha256>::new(key.clone());
+    let sig = signer.sign_with_rng(&mut rand::rngs::OsRng, &tbs).to_vec();
+    let req = CertReq {
+        info,
+        algorithm: AlgorithmIdentifierOwned {
+            oid: OID_SHA256_RSA,
+            parameters: Some(Any::null()),
+        },
+        signature: BitString::from_bytes(&sig).map_err(enc_err("signature"))?,
+    };
+    let der = req.to_der().map_err(enc_err("certificate request"))?;
+    Ok(go_pem_encode("CERTIFICATE REQUEST", &[], &der))
+}
+
+/// PKCS#1 `RSA PRIVATE KEY` PEM, as written to `private.pem`.
+pub fn private_key_pkcs1_pem(key: &RsaPrivateKey) -> Result<String, CsrError> {
+    let der = key.to_pkcs1_der().map_err(|e| CsrError::Encode {
+        what: "private key",
+        reason: e.to_string(),
+    })?;
+    Ok(go_pem_encode("RSA PRIVATE KEY", &[], der.as_bytes()))
+}
+
+/// go-choria's `gencsr` `public_key`: a PEM block labelled `PUBLIC KEY` that
+/// contains **PKCS#1** DER (`x509.MarshalPKCS1PublicKey`), not the SPKI that
+/// the label normally implies. Kept byte-compatible on purpose.
+pub fn public_key_pem_go_style(key: &RsaPublicKey) -> Result<String, CsrError> {
+    let der = key.to_pkcs1_der().map_err(|e| CsrError::Encode {
+        what: "public key",
+        reason: e.to_string(),
+    })?;
+    Ok(go_pem_encode("PUBLIC KEY", &[], der.as_bytes()))
+}
+
+/// What the provisioner needs to know about a CSR.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CsrInfo {
+    /// Subject CN (the last one if several, like Go).
+    pub common_name: String,
+    /// SAN DNS names.
+    pub dns_names: Vec<String>,
+    /// SAN e-mail addresses.
+    pub email_addresses: Vec<String>,
+    /// SAN IP addresses.
+    pub ip_addresses: Vec<IpAddr>,
+    /// SAN URIs.
+    pub uris: Vec<String>,
+    /// The RSA public key, `None` when the CSR uses another algorithm.
+    pub public_key: Option<RsaPublicKey>,
+    /// OID of the public key algorithm.
+    pub public_key_algorithm: String,
+    /// OID of the signature algorithm.
+    pub signature_algorithm: String,
+    der: Vec<u8>,
+}
+
+impl fmt::Debug for CsrInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CsrInfo")
+            .field("common_name", &self.common_name)
+            .field("dns_names", &self.dns_names)
+            .field("email_addresses", &self.email_addresses)
+            .field("ip_addresses", &self.ip_addresses)
+            .field("uris", &self.uris)
+            .field(
+                "public_key_bits",
+                &self.public_key.as_ref().map(|k| k.n().bits()),
+            )
+            .field("public_key_algorithm", &self.public_key_algorithm)
+            .field("signature_algorithm", &self.signature_algorithm)
+            .finish()
+    }
+}
+
+impl CsrInfo {
+    /// The CSR's DER bytes.
+    pub fn der(&self) -> &[u8] {
+        &self.der
+    }
+
+    /// Checks the CSR's self-signature (proof of possession). The Go
+    /// provisioner does **not** do this in `validateCSR`; it is offered for
+    /// stricter callers and tests.
+    pub fn verify_signature(&self) -> Result<(), CsrError> {
+        let req = CertReq::from_der(&self.der).map_err(|e| CsrError::Parse(e.to_string()))?;
+        let key = self
+            .public_key
+            .clone()
+            .ok_or_else(|| CsrError::UnsupportedPublicKey(self.public_key_algorithm.clone()))?;
+        let tbs = req
+            .info
+            .to_der()
+            .map_err(|e| CsrError::Parse(e.to_string()))?;
+        let sig_bytes = req
+            .signature
+            .as_bytes()
+            .ok_or_else(|| CsrError::Parse("signature BIT STRING has unused bits".into()))?;
+        let sig = RsaSignature::try_from(sig_bytes).map_err(|_| CsrError::InvalidSignature)?;
+        let ok = match req.algorithm.oid {
+            o if o == OID_SHA256_RSA => VerifyingKey::<Sha256>::new(key).verify(&tbs, &sig),
+            o if o == OID_SHA384_RSA => VerifyingKey::<Sha384>::new(key).verify(&tbs, &sig),
+            o if o == OID_SHA512_RSA => VerifyingKey::<Sha512>::new(key).verify(&tbs, &sig),
+            o => return Err(CsrError::UnsupportedSignatureAlgorithm(o.to_string())),
+        };
+        ok.map_err(|_| CsrError::InvalidSignature)
+    }
+}
+
+/// Decodes a directory string value (PrintableString, UTF8String, IA5String,
+/// T61String, NumericString, VisibleString or BMPString).
+fn directory_string(value: &Any) -> Result<String, CsrError> {
+    let bytes = value.value();
+    match value.tag() {
+        Tag::PrintableString
+        | Tag::Utf8String
+        | Tag::Ia5String
+        | Tag::TeletexString
+        | Tag::NumericString
+        | Tag::VisibleString => String::from_utf8(bytes.to_vec())
+            .map_err(|_| CsrError::Parse("subject string is not valid UTF-8".into())),
+        Tag::BmpString => {
+            if bytes.len() % 2 != 0 {
+                return Err(CsrError::Parse("BMPString has an odd length".into()));
+            }
+            let units: Vec<u16> = bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+                .collect();
+            String::from_utf16(&units)
+                .map_err(|_| CsrError::Parse("BMPString is not valid UTF-16".into()))
+        }
+        other => Err(CsrError::Parse(format!(
+            "unsupported string type {other} in subject"
+        ))),
+    }
+}
+
+/// Parses the first PEM block of `pem_text` as a PKCS#10 CSR. Like Go's
+/// `x509.ParseCertificateRequest` this does not check the signature (see
+/// [`CsrInfo::verify_signature`]) nor the PEM label. Unlike the Go
+/// provisioner, which dereferences a nil block and panics, text without a PEM
+/// block is an error.
+pub fn parse_csr(pem_text: &str) -> Result<CsrInfo, CsrError> {
+    let block = pem::parse(pem_text).map_err(|e| {
+        CsrError::BadPem(match e {
+            pem::PemError::MalformedFraming => "no -----BEGIN/-----END framed block",
+            pem::PemError::InvalidData(_) => "body is not valid base64",
+            _ => "malformed PEM",
+        })
+    })?;
+    parse_csr_der(block.contents())
+}
+
+/// Parses a DER encoded PKCS#10 CSR.
+pub fn parse_csr_der(der: &[u8]) -> Result<CsrInfo, CsrError> {
+    let req = CertReq::from_der(der).map_err(|e| CsrError::Parse(e.to_string()))?;
+
+    let mut common_name = String::new();
+    for rdn in &req.info.subject.0 {
+        for atv in rdn.0.iter() {
+            if atv.oid == OID_CN {
+                common_name = directory_string(&atv.value)?;
+            }
+        }
+    }
+
+    let spki = &req.info.public_key;
+    let public_key_algorithm = spki.algorithm.oid.to_string();
+    let public_key = if spki.algorithm.oid == OID_RSA_ENCRYPTION {
+        let spki_der = spki.to_der().map_err(|e| CsrError::Parse(e.to_string()))?;
+        Some(
+            RsaPublicKey::from_public_key_der(&spki_der)
+                .map_err(|e| CsrError::Parse(format!("invalid RSA public key: {e}")))?,
+        )
+    } else {
+        None
+    };
+
+    let mut info = CsrInfo {
+        common_name,
+        dns_names: Vec::new(),
+        email_addresses: Vec::new(),
+        ip_addresses: Vec::new(),
+        uris: Vec::new(),
+        public_key,
+        public_key_algorithm,
+        signature_algorithm: req.algorithm.oid.to_string(),
+        der: der.to_vec(),
+    };
+
+    for attr in req.info.attributes.iter() {
+        if attr.oid != OID_EXTENSION_REQUEST {
+            continue;
+        }
+        for value in attr.values.iter() {
+            let exts: Vec<Extension> = value
+                .decode_as()
+                .map_err(|e| CsrError::Parse(format!("invalid extension request: {e}")))?;
+            for ext in exts.iter().filter(|e| e.extn_id == OID_SAN) {
+                let san = SubjectAltName::from_der(ext.extn_value.as_bytes())
+                    .map_err(|e| CsrError::Parse(format!("invalid subjectAltName: {e}")))?;
+                for name in san.0 {
+                    match name {
+                        GeneralName::DnsName(s) => info.dns_names.push(s.to_string()),
+                        GeneralName::Rfc822Name(s) => info.email_addresses.push(s.to_string()),
+                        GeneralName::UniformResourceIdentifier(s) => info.uris.push(s.to_string()),
+                        GeneralName::IpAddress(o) => match o.as_bytes().len() {
+                            4 => {
+                                let b: [u8; 4] = o.as_bytes().try_into().unwrap_or([0; 4]);
+                                info.ip_addresses.push(IpAddr::from(b));
+                            }
+                            16 => {
+                                let b: [u8; 16] = o.as_bytes().try_into().unwrap_or([0; 16]);
+                                info.ip_addresses.push(IpAddr::from(b));
+                            }
+                            n => {
+                                return Err(CsrError::Parse(format!(
+                                    "invalid IP address length {n} in subjectAltName"
+                                )))
+                            }
+                        },
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    Ok(info)
+}
+
+/// Removes `/re/` delimiters like Go's `matchAnyRegex`: only when the whole
+/// entry matches `^/.+/$` (no newline inside), and then **all** leading and
+/// trailing slashes are trimmed (Go uses `TrimLeft`/`TrimRight`).
+pub fn strip_regex_delimiters(pattern: &str) -> &str {
+    let delimited = pattern.len() >= 3
+        && pattern.starts_with('/')
+        && pattern.ends_with('/')
+        && !pattern[1..pattern.len() - 1].contains('\n');
+    if delimited {
+        pattern.trim_start_matches('/').trim_end_matches('/')
+    } else {
+        pattern
+    }
+}
+
+/// Compiles a `cert_deny_list`. Go compiles each pattern at match time and
+/// silently treats an invalid one as "no match"; we report it instead so a
+/// typo in the config cannot quietly disable a deny rule. Go substitutes
+/// [`DEFAULT_CERT_DENY_LIST`] when the configured list is empty; callers do the
+/// same with [`default_deny_list`].
+pub fn compile_deny_list<S: AsRef<str>>(patterns: &[S]) -> Result<Vec<Regex>, CsrError> {
+    patterns
+        .iter()
+        .map(|p| {
+            let p = p.as_ref();
+            Regex::new(strip_regex_delimiters(p)).map_err(|e| CsrError::InvalidDenyPattern {
+                pattern: p.to_string(),
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The compiled default deny list.
+pub fn default_deny_list() -> Vec<Regex> {
+    DEFAULT_CERT_DENY_LIST
+        .iter()
+        .filter_map(|p| Regex::new(p).ok())
+        .collect()
+}
+
+/// The provisioner's `validateCSR` name rules: the CN must equal `identity`
+/// exactly, then neither the CN nor any SAN DNS name may match (unanchored
+/// search, like Go's `regexp.MatchString`) any deny pattern.
+pub fn validate_csr_names(
+    info: &CsrInfo,
+    identity: &str,
+    deny_list: &[Regex],
+) -> Result<(), CsrError> {
+    if info.common_name != identity {
+        return Err(CsrError::CommonNameMismatch {
+            common_name: info.common_name.clone(),
+            identity: identity.to_string(),
+        });
+    }
+    for name in std::iter::once(&info.common_name).chain(info.dns_names.iter()) {
+        if deny_list.iter().any(|re| re.is_match(name)) {
+            return Err(CsrError::DeniedName(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Parses an RSA public key from PKCS#1 DER (what
+/// [`public_key_pem_go_style`] contains).
+pub fn rsa_public_key_from_pkcs1_der(der: &[u8]) -> Result<RsaPublicKey, CsrError> {
+    RsaPublicKey::from_pkcs1_der(der)
+        .map_err(|e| CsrError::Parse(format!("invalid RSA public key: {e}")))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    /// One 1024 bit key shared by tests where the size does not matter.
+    pub(crate) fn test_key() -> &'static RsaPrivateKey {
+        static KEY: OnceLock<RsaPrivateKey> = OnceLock::new();
+        KEY.get_or_init(|| generate_rsa_key(1024).unwrap())
+    }
+
+    #[test]
+    fn csr_round_trip_and_signature() {
+        let key = test_key();
+        let pem_text = make_csr(key, &CsrSubject::new("node1.example.net")).unwrap();
+        assert!(pem_text.starts_with("-----BEGIN CERTIFICATE REQUEST-----\n"));
+        assert!(pem_text.ends_with("-----END CERTIFICATE REQUEST-----\n"));
+        let info = parse_csr(&pem_text).unwrap();
+        assert_eq!(info.common_name, "node1.example.net");
+        assert!(info.dns_names.is_empty());
+        assert_eq!(info.public_key.as_ref(), Some(&key.to_public_key()));
+        assert_eq!(info.signature_algorithm, "1.2.840.113549.1.1.11");
+        info.verify_signature().unwrap();
+    }
+
+    #[test]
+    fn subject_order_and_string_types_match_go() {
+        let subj = CsrSubject {
+            common_name: "n_1.example".into(),
+            country: Some("GB".into()),
+            locality: Some("London".into()),
+            organization: Some("Acme & Co".into()),
+            organizational_unit: Some("Ops".into()),
+            state: Some("Greater London".into()),
+        };
+        let name = go_subject(&subj).unwrap();
+        let got: Vec<(String, Tag, String)> = name
+            .0
+            .iter()
+            .map(|rdn| {
+                let atv = rdn.0.iter().next().unwrap();
+                (
+                    atv.oid.to_string(),
+                    atv.value.tag(),
+                    String::from_utf8(atv.value.value().to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("2.5.4.6".into(), Tag::PrintableString, "GB".into()),
+                (
+                    "2.5.4.8".into(),
+                    Tag::PrintableString,
+                    "Greater London".into()
+                ),
+                ("2.5.4.7".into(), Tag::PrintableString, "London".into()),
+                ("2.5.4.10".into(), Tag::Utf8String, "Acme & Co".into()),
+                ("2.5.4.11".into(), Tag::PrintableString, "Ops".into()),
+                // underscore is not PrintableString
+                ("2.5.4.3".into(), Tag::Utf8String, "n_1.example".into()),
+            ]
+        );
+        let pem_text = make_csr(test_key(), &subj).unwrap();
+        let info = parse_csr(&pem_text).unwrap();
+        assert_eq!(info.common_name, "n_1.example");
+        info.verify_signature().unwrap();
+    }
+
+    #[test]
+    fn openssl_reads_our_csr() {
+        use std::process::Command;
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("openssl not installed, skipping");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("csr.pem");
+        std::fs::write(
+            &p,
+            make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap(),
+        )
+        .unwrap();
+        let out = Command::new("openssl")
+            .args(["req", "-noout", "-verify", "-subject", "-in"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{all}");
+        assert!(
+            all.contains("CN") && all.contains("node1.example.net"),
+            "{all}"
+        );
+        assert!(all.to_lowercase().contains("verif"), "{all}");
+    }
+
+    #[test]
+    fn parses_openssl_csr_with_sans() {
+        use std::process::Command;
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("openssl not installed, skipping");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k.pem");
+        std::fs::write(&key, private_key_pkcs1_pem(test_key()).unwrap()).unwrap();
+        let out = Command::new("openssl")
+            .args(["req", "-new", "-sha256", "-key"])
+            .arg(&key)
+            .args([
+                "-subj",
+                "/CN=node1.example.net",
+                "-addext",
+                "subjectAltName=DNS:node1.example.net,DNS:evil.mcollective,IP:10.0.0.1,email:a@b.c",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info = parse_csr(&String::from_utf8(out.stdout).unwrap()).unwrap();
+        info.verify_signature().unwrap();
+        assert_eq!(info.common_name, "node1.example.net");
+        assert_eq!(
+            info.dns_names,
+            vec!["node1.example.net", "evil.mcollective"]
+        );
+        assert_eq!(info.ip_addresses, vec![IpAddr::from([10, 0, 0, 1])]);
+        assert_eq!(info.email_addresses, vec!["a@b.c"]);
+        let deny = default_deny_list();
+        assert_eq!(
+            validate_csr_names(&info, "node1.example.net", &deny),
+            Err(CsrError::DeniedName("evil.mcollective".into()))
+        );
+    }
+
+    #[test]
+    fn tampered_csr_fails_signature() {
+        let pem_text = make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap();
+        let mut der = pem::parse(&pem_text).unwrap().into_contents();
+        // flip a byte inside the CN value
+        let pos = der
+            .windows(5)
+            .position(|w| w == b"node1")
+            .expect("cn in der");
+        der[pos] = b'm';
+        let info = parse_csr_der(&der).unwrap();
+        assert_eq!(info.common_name, "mode1.example.net");
+        assert_eq!(info.verify_signature(), Err(CsrError::InvalidSignature));
+    }
+
+    #[test]
+    fn key_pems() {
+        let key = test_key();
+        let priv_pem = private_key_pkcs1_pem(key).unwrap();
+        assert!(priv_pem.starts_with("-----BEGIN RSA PRIVATE KEY-----\n"));
+        use rsa::pkcs1::DecodeRsaPrivateKey;
+        let back =
+            RsaPrivateKey::from_pkcs1_der(pem::parse(&priv_pem).unwrap().contents()).unwrap();
+        assert_eq!(&back, key);
+
+        let pub_pem = public_key_pem_go_style(&key.to_public_key()).unwrap();
+        assert!(pub_pem.starts_with("-----BEGIN PUBLIC KEY-----\n"));
+        let block = pem::parse(&pub_pem).unwrap();
+        // PKCS#1 inside, not SPKI
+        assert_eq!(
+            rsa_public_key_from_pkcs1_der(block.contents()).unwrap(),
+            key.to_public_key()
+        );
+        assert!(RsaPublicKey::from_public_key_der(block.contents()).is_err());
+    }
+
+    #[test]
+    fn name_validation_matches_go() {
+        let info =
+            parse_csr(&make_csr(test_key(), &CsrSubject::new("n1.example.net")).unwrap()).unwrap();
+        let deny = default_deny_list();
+        validate_csr_names(&info, "n1.example.net", &deny).unwrap();
+        assert_eq!(
+            validate_csr_names(&info, "n2.example.net", &deny)
+                .unwrap_err()
+                .to_string(),
+            "common name n1.example.net does not match identity n2.example.net"
+        );
+        for cn in ["x.mcollective", "x.privileged.choria", "a.choria"] {
+            let info = parse_csr(&make_csr(test_key(), &CsrSubject::new(cn)).unwrap()).unwrap();
+            assert_eq!(
+                validate_csr_names(&info, cn, &deny)
+                    .unwrap_err()
+                    .to_string(),
+                format!("{cn} matches denied certificate pattern")
+            );
+        }
+        // unanchored, `.` is a wildcard in the Go default patterns too
+        let info =
+            parse_csr(&make_csr(test_key(), &CsrSubject::new("x.privilegedXchoria")).unwrap())
+                .unwrap();
+        assert!(validate_csr_names(&info, "x.privilegedXchoria", &deny).is_err());
+        let info = parse_csr(&make_csr(test_key(), &CsrSubject::new("choria")).unwrap()).unwrap();
+        validate_csr_names(&info, "choria", &deny).unwrap();
+    }
+
+    #[test]
+    fn deny_list_delimiters() {
+        assert_eq!(strip_regex_delimiters("/foo/"), "foo");
+        assert_eq!(strip_regex_delimiters("//foo//"), "foo");
+        assert_eq!(strip_regex_delimiters("/foo"), "/foo");
+        assert_eq!(strip_regex_delimiters("//"), "//");
+        assert_eq!(strip_regex_delimiters("/a\nb/"), "/a\nb/");
+        let re = compile_deny_list(&["/^bad\\./", "evil$"]).unwrap();
+        assert!(re[0].is_match("bad.example"));
+        assert!(!re[0].is_match("notbad.example"));
+        assert!(matches!(
+            compile_deny_list(&["/(/"]),
+            Err(CsrError::InvalidDenyPattern { .. })
+        ));
+        assert_eq!(default_deny_list().len(), 4);
+    }
+
+    #[test]
+    fn missing_cn_rejected() {
+        assert_eq!(
+            make_csr(test_key(), &CsrSubject::default()),
+            Err(CsrError::MissingCommonName)
+        );
+    }
+
+    #[test]
+    fn key_pool() {
+        let pool = RsaKeyPool::generate_with_threads(3, 512, 2).unwrap();
+        assert_eq!(pool.len(), 3);
+        assert!(!pool.is_empty());
+        let a = pool.next_key();
+        let _ = pool.next_key();
+        let _ = pool.next_key();
+        assert!(Arc::ptr_eq(&a, &pool.next_key()));
+        assert!(Arc::ptr_eq(&pool.get(1), &pool.get(4)));
+        assert!(!Arc::ptr_eq(&pool.get(0), &pool.get(1)));
+        assert_eq!(
+            RsaKeyPool::generate(0, 512).unwrap_err(),
+            CsrError::EmptyPool
+        );
+        assert!(RsaKeyPool::from_keys(vec![]).is_err());
+        assert!(!format!("{pool:?}").contains("BEGIN"));
+        let one = RsaKeyPool::from_keys(vec![test_key().clone()]).unwrap();
+        assert_eq!(one.get(7).n().bits(), 1024);
+    }
+
+    #[test]
+    fn pool_generates_2048_bit_keys_in_parallel() {
+        let pool = RsaKeyPool::generate(2, DEFAULT_RSA_BITS).unwrap();
+        assert_eq!(pool.get(0).n().bits(), 2048);
+        assert_eq!(pool.get(1).n().bits(), 2048);
+    }
+
+    #[test]
+    fn byte_identical_to_go_create_certificate_request() {
+        use super::super::go_vectors::{GO_CSR, GO_PUBPEM, RSA_KEY_PEM};
+        use rsa::pkcs1::DecodeRsaPrivateKey;
+        let key = RsaPrivateKey::from_pkcs1_pem(RSA_KEY_PEM).unwrap();
+        let subj = CsrSubject {
+            common_name: "node1.example.net".into(),
+            country: Some("GB".into()),
+            locality: Some("London".into()),
+            organization: Some("Acme & Co".into()),
+            organizational_unit: Some("Ops".into()),
+            state: Some("Greater London".into()),
+        };
+        let ours = pem::parse(make_csr(&key, &subj).unwrap())
+            .unwrap()
+            .into_contents();
+        assert_eq!(hex::encode(&ours), GO_CSR);
+        let go_pub = String::from_utf8(hex::decode(GO_PUBPEM).unwrap()).unwrap();
+        assert_eq!(
+            public_key_pem_go_style(&key.to_public_key()).unwrap(),
+            go_pub
+        );
+        let info = parse_csr_der(&hex::decode(GO_CSR).unwrap()).unwrap();
+        info.verify_signature().unwrap();
+        assert_eq!(info.common_name, "node1.example.net");
+    }
+
+    proptest! {
+        #[test]
+        fn parse_csr_never_panics(s in ".{0,300}") {
+            let _ = parse_csr(&s);
+        }
+
+        #[test]
+        fn parse_csr_der_never_panics(b in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = parse_csr_der(&b);
+        }
+
+        #[test]
+        fn parse_mutated_csr_never_panics(idx in 0usize..2000, byte in any::<u8>()) {
+            static DER: OnceLock<Vec<u8>> = OnceLock::new();
+            let der = DER.get_or_init(|| {
+                let p = make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap();
+                pem::parse(&p).unwrap().into_contents()
+            });
+            let mut d = der.clone();
+            let i = idx % d.len();
+            d[i] = byte;
+            if let Ok(info) = parse_csr_der(&d) {
+                let _ = info.verify_signature();
+            }
+        }
+
+        #[test]
+        fn compile_deny_list_never_panics(p in ".{0,30}") {
+            let _ = compile_deny_list(&[p]);
+        }
+    }
+}

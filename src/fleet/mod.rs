@@ -1,0 +1,673 @@
+//! `choria-provisioner fleet`: many simulated Choria Servers in provisioning mode
+//! in one process.
+//!
+//! Layout: nodes are spread over a few NATS connections. Each node subscribes to
+//! its own `provisioning.node.<identity>` subject and handles its requests in its
+//! own task (go-choria serialises the provisioning agent's actions, so one at a
+//! time per node is faithful). Broadcasts arrive once per connection and are
+//! decoded once, then offered to every node on that connection.
+
+pub mod journal;
+pub mod node;
+
+use crate::choria::client::{self, ConnectOptions, EventFormat};
+use crate::choria::lifecycle::{Event, EventType};
+use crate::choria::protocol::{self, ReplySpec, Request, Version};
+use crate::choria::security::csr::RsaKeyPool;
+use crate::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
+use crate::choria::subjects;
+use crate::choria::tls::TlsSettings;
+use futures::StreamExt;
+use journal::{Entry, Journal, Outcome};
+use node::{Failure, FleetShared, Handled, Mode, Node, Response};
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+/// The component provisioning-mode servers publish lifecycle events as.
+pub const PROVISION_MODE_COMPONENT: &str = "provision_mode_server";
+/// The component of a server after provisioning.
+pub const SERVER_COMPONENT: &str = "server";
+
+/// Everything `choria-provisioner fleet` can be told.
+#[derive(Clone, Debug)]
+pub struct FleetOptions {
+    pub nats: Vec<String>,
+    pub nodes: usize,
+    pub token: String,
+    pub jwt_signer: Option<PathBuf>,
+    pub protocol: Version,
+    pub journal: Option<PathBuf>,
+    pub identity_prefix: String,
+    pub identity_suffix: String,
+    pub fail_silent: f64,
+    pub fail_error: f64,
+    pub fail_malformed: f64,
+    pub seed: u64,
+    pub upgradable: bool,
+    pub server_version: String,
+    pub key_pool_size: usize,
+    pub connections: usize,
+    pub tls: TlsSettings,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Stop once every node without injected failures has left provisioning.
+    pub exit_when_done: bool,
+    pub facts: serde_json::Value,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            nats: vec!["nats://127.0.0.1:4222".into()],
+            nodes: 10,
+            token: String::new(),
+            jwt_signer: None,
+            protocol: Version::V1,
+            journal: None,
+            identity_prefix: "node-".into(),
+            identity_suffix: ".fleet.example.net".into(),
+            fail_silent: 0.0,
+            fail_error: 0.0,
+            fail_malformed: 0.0,
+            seed: 1,
+            upgradable: false,
+            server_version: "0.30.2".into(),
+            key_pool_size: 16,
+            connections: 4,
+            tls: TlsSettings {
+                insecure_skip_verify: true,
+                ..Default::default()
+            },
+            duration: None,
+            exit_when_done: false,
+            facts: serde_json::json!({}),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("invalid fleet option: {0}")]
+    Options(String),
+    #[error("--jwt-signer {path}: {reason}")]
+    Signer { path: PathBuf, reason: String },
+    #[error("could not generate the RSA key pool: {0}")]
+    KeyPool(String),
+    #[error("could not open the journal {path}: {source}")]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+}
+
+/// What the fleet did, printed when it stops.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct FleetSummary {
+    pub nodes: usize,
+    pub provisioned: usize,
+    pub provisioning: usize,
+    pub shutdown: usize,
+    pub requests: u64,
+    pub replies: u64,
+}
+
+type NodeRef = Arc<Mutex<Node>>;
+
+struct Counters {
+    requests: std::sync::atomic::AtomicU64,
+    replies: std::sync::atomic::AtomicU64,
+}
+
+/// Shared per-run context handed to tasks.
+#[derive(Clone)]
+struct Ctx {
+    journal: Journal,
+    counters: Arc<Counters>,
+    protocol: Version,
+    changed: Arc<Notify>,
+}
+
+impl FleetOptions {
+    fn validate(&self) -> Result<(), FleetError> {
+        if self.nodes == 0 {
+            return Err(FleetError::Options("--nodes must be at least 1".into()));
+        }
+        for (name, v) in [
+            ("--fail-silent", self.fail_silent),
+            ("--fail-error", self.fail_error),
+            ("--fail-malformed", self.fail_malformed),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(FleetError::Options(format!(
+                    "{name} must be between 0 and 1, got {v}"
+                )));
+            }
+        }
+        if self.fail_silent + self.fail_error + self.fail_malformed > 1.0 + f64::EPSILON {
+            return Err(FleetError::Options(
+                "the failure shares add up to more than 1".into(),
+            ));
+        }
+        if self.connections == 0 {
+            return Err(FleetError::Options(
+                "--connections must be at least 1".into(),
+            ));
+        }
+        if self.nats.is_empty() {
+            return Err(FleetError::Options("--nats needs at least one URL".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The identity of node `i`.
+pub fn identity_for(opts: &FleetOptions, i: usize) -> String {
+    let width = opts.nodes.saturating_sub(1).to_string().len().max(3);
+    format!(
+        "{}{:0width$}{}",
+        opts.identity_prefix, i, opts.identity_suffix
+    )
+}
+
+/// Assigns injected failures to a deterministic share of nodes.
+fn assign_failures(opts: &FleetOptions) -> Vec<Option<Failure>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let n = opts.nodes;
+    let mut failures = vec![None; n];
+    let mut order: Vec<usize> = (0..n).collect();
+    // Fisher-Yates so that failed nodes are spread over the fleet.
+    for i in (1..n).rev() {
+        let j = rng.gen_range(0..=i);
+        order.swap(i, j);
+    }
+    let mut next = order.into_iter();
+    for (share, failure) in [
+        (opts.fail_silent, Failure::Silent),
+        (opts.fail_error, Failure::ErrorStatus),
+        (opts.fail_malformed, Failure::Malformed),
+    ] {
+        let count = (share * n as f64).round() as usize;
+        for idx in next.by_ref().take(count) {
+            failures[idx] = Some(failure);
+        }
+    }
+    failures
+}
+
+/// Builds the provisioning JWT the nodes hand out, signed by `--jwt-signer` or by
+/// a throwaway ed25519 key whose public half is logged.
+fn provisioning_jwt(opts: &FleetOptions) -> Result<String, FleetError> {
+    let signer = match &opts.jwt_signer {
+        Some(path) => TokenSigningKey::from_file(path).map_err(|e| FleetError::Signer {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?,
+        None => {
+            let pair = crate::choria::security::ed25519::Ed25519KeyPair::generate();
+            info!(
+                public_key = %pair.public_hex(),
+                "no --jwt-signer given: provisioning JWT signed with a throwaway ed25519 key"
+            );
+            TokenSigningKey::Ed25519(pair.signing_key().clone())
+        }
+    };
+    let now = chrono::Utc::now().timestamp();
+    let mut claims = ProvisioningClaims::new_at(
+        &opts.token,
+        &opts.nats.join(","),
+        "",
+        Duration::from_secs(365 * 24 * 3600),
+        now,
+    )
+    .map_err(|e| FleetError::Options(format!("provisioning JWT claims: {e}")))?;
+    claims.proto_v2 = opts.protocol == Version::V2;
+    claims.allow_update = opts.upgradable;
+    signer.sign(&claims).map_err(|e| FleetError::Signer {
+        path: opts.jwt_signer.clone().unwrap_or_default(),
+        reason: e.to_string(),
+    })
+}
+
+/// Runs the fleet until `stop` resolves, `--duration` passes or (with
+/// `--exit-when-done`) every healthy node has left provisioning.
+pub async fn run(
+    opts: FleetOptions,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<FleetSummary, FleetError> {
+    opts.validate()?;
+    let jwt = provisioning_jwt(&opts)?;
+
+    let pool_size = opts.key_pool_size.clamp(1, opts.nodes.max(1));
+    let started = std::time::Instant::now();
+    let pool = tokio::task::spawn_blocking(move || RsaKeyPool::generate(pool_size, 2048))
+        .await
+        .map_err(|e| FleetError::KeyPool(e.to_string()))?
+        .map_err(|e| FleetError::KeyPool(e.to_string()))?;
+    debug!(keys = pool_size, elapsed = ?started.elapsed(), "RSA key pool ready");
+
+    let shared = Arc::new(FleetShared {
+        protocol: opts.protocol,
+        server_version: opts.server_version.clone(),
+        token: opts.token.clone(),
+        provisioning_jwt: Some(jwt.clone()),
+        upgradable: opts.upgradable,
+        key_pool: Arc::new(pool),
+        config_root: "/etc/choria-fleet".into(),
+        facts: opts.facts.clone(),
+    });
+
+    let (journal, writer) = match &opts.journal {
+        Some(path) => {
+            let (j, w) = Journal::open(path).map_err(|source| FleetError::Journal {
+                path: path.clone(),
+                source,
+            })?;
+            (j, Some(w))
+        }
+        None => (Journal::disabled(), None),
+    };
+    let ctx = Ctx {
+        journal,
+        counters: Arc::new(Counters {
+            requests: 0.into(),
+            replies: 0.into(),
+        }),
+        protocol: opts.protocol,
+        changed: Arc::new(Notify::new()),
+    };
+
+    let failures = assign_failures(&opts);
+    let nodes: Vec<NodeRef> = (0..opts.nodes)
+        .map(|i| {
+            Arc::new(Mutex::new(Node::new(
+                identity_for(&opts, i),
+                i,
+                failures[i],
+                shared.clone(),
+            )))
+        })
+        .collect();
+
+    // Connect like provisioning-mode servers: the provisioning JWT as the token.
+    let connections = opts.connections.min(opts.nodes);
+    let mut conns = Vec::with_capacity(connections);
+    for c in 0..connections {
+        let nats = client::connect(&ConnectOptions {
+            servers: opts.nats.clone(),
+            name: format!("choria-fleet-{c}"),
+            tls: opts.tls.clone(),
+            token: Some(jwt.clone()),
+            ..Default::default()
+        })
+        .await?;
+        conns.push(nats);
+    }
+
+    let mut tasks = Vec::new();
+    for (c, nats) in conns.iter().enumerate() {
+        let mine: Vec<NodeRef> = nodes.iter().skip(c).step_by(connections).cloned().collect();
+        for node in &mine {
+            let identity = node.lock().expect("node lock").identity.clone();
+            let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, &identity);
+            let sub = nats
+                .subscribe(subject.clone())
+                .await
+                .map_err(|source| client::ClientError::Subscribe { subject, source })?;
+            tasks.push(tokio::spawn(directed_loop(
+                node.clone(),
+                sub,
+                nats.clone(),
+                ctx.clone(),
+            )));
+        }
+        let mut subs = Vec::new();
+        for agent in node::AGENTS {
+            let subject = subjects::broadcast_agent(subjects::PROVISIONING_COLLECTIVE, agent);
+            subs.push(
+                nats.subscribe(subject.clone())
+                    .await
+                    .map_err(|source| client::ClientError::Subscribe { subject, source })?,
+            );
+        }
+        tasks.push(tokio::spawn(broadcast_loop(
+            mine,
+            futures::stream::select_all(subs),
+            nats.clone(),
+            ctx.clone(),
+        )));
+    }
+    for nats in &conns {
+        nats.flush().await.map_err(client::ClientError::from)?;
+    }
+
+    // Subscribed: now announce ourselves as go-choria does.
+    for (i, node) in nodes.iter().enumerate() {
+        let (identity, version) = {
+            let n = node.lock().expect("node lock");
+            (n.identity.clone(), n.version.clone())
+        };
+        publish_event(
+            &conns[i % connections],
+            &ctx,
+            &identity,
+            EventType::Startup,
+            PROVISION_MODE_COMPONENT,
+            Some(&version),
+        )
+        .await;
+    }
+    for nats in &conns {
+        let _ = nats.flush().await;
+    }
+    info!(nodes = opts.nodes, protocol = %opts.protocol, connections, "fleet started");
+
+    let done = async {
+        if !opts.exit_when_done {
+            return std::future::pending::<()>().await;
+        }
+        loop {
+            let notified = ctx.changed.notified();
+            let finished = nodes.iter().all(|n| {
+                let n = n.lock().expect("node lock");
+                n.failure.is_some() || n.mode != Mode::Provisioning
+            });
+            if finished {
+                return;
+            }
+            notified.await;
+        }
+    };
+    let limit = async {
+        match opts.duration {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = stop => info!("stopping fleet"),
+        _ = done => info!("every node has left provisioning"),
+        _ = limit => info!("fleet duration reached"),
+    }
+
+    for t in &tasks {
+        t.abort();
+    }
+    for nats in &conns {
+        let _ = nats.flush().await;
+    }
+
+    let mut summary = FleetSummary {
+        nodes: opts.nodes,
+        requests: ctx
+            .counters
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed),
+        replies: ctx
+            .counters
+            .replies
+            .load(std::sync::atomic::Ordering::Relaxed),
+        ..Default::default()
+    };
+    for node in &nodes {
+        let n = node.lock().expect("node lock");
+        match n.mode {
+            Mode::Provisioning => summary.provisioning += 1,
+            Mode::Provisioned => summary.provisioned += 1,
+            Mode::Shutdown => summary.shutdown += 1,
+        }
+        ctx.journal.record(Entry::Final(n.final_state()));
+    }
+    let mut journal = ctx.journal.clone();
+    drop(ctx);
+    journal.close();
+    if let Some(w) = writer {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "journal write failed"),
+            Err(e) => warn!(error = %e, "journal writer failed"),
+        }
+    }
+    Ok(summary)
+}
+
+async fn directed_loop(
+    node: NodeRef,
+    mut sub: async_nats::Subscriber,
+    nats: async_nats::Client,
+    ctx: Ctx,
+) {
+    while let Some(msg) = sub.next().await {
+        // A node that left the collective is no longer subscribed in go-choria;
+        // whatever was still in flight is simply never received.
+        if node.lock().expect("node lock").mode != Mode::Provisioning {
+            break;
+        }
+        let req = match protocol::decode_request(&msg.payload, ctx.protocol) {
+            Ok(r) => r,
+            Err(e) => {
+                // A real server logs and drops what it cannot decode.
+                let identity = node.lock().expect("node lock").identity.clone();
+                debug!(node = %identity, error = %e, "dropping undecodable request");
+                record_drop(&ctx, &identity, &e.to_string());
+                continue;
+            }
+        };
+        serve(&node, &req, &nats, &ctx).await;
+    }
+}
+
+async fn broadcast_loop(
+    nodes: Vec<NodeRef>,
+    mut subs: futures::stream::SelectAll<async_nats::Subscriber>,
+    nats: async_nats::Client,
+    ctx: Ctx,
+) {
+    while let Some(msg) = subs.next().await {
+        let req = match protocol::decode_request(&msg.payload, ctx.protocol) {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(error = %e, subject = %msg.subject, "dropping undecodable broadcast");
+                record_drop(&ctx, "*", &e.to_string());
+                continue;
+            }
+        };
+        for node in &nodes {
+            let interested = node.lock().expect("node lock").accepts(&req);
+            if interested {
+                serve(node, &req, &nats, &ctx).await;
+            }
+        }
+    }
+}
+
+fn record_drop(ctx: &Ctx, node: &str, reason: &str) {
+    let (time, time_us) = journal::timestamp();
+    ctx.journal.record(Entry::Action {
+        node: node.to_string(),
+        agent: String::new(),
+        action: String::new(),
+        caller: String::new(),
+        sender: String::new(),
+        request_id: String::new(),
+        time,
+        time_us,
+        outcome: Outcome::Dropped,
+        statuscode: None,
+        statusmsg: reason.to_string(),
+    });
+}
+
+/// Handles one request on one node, replies, journals, and carries out effects.
+async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &Ctx) {
+    use std::sync::atomic::Ordering;
+    ctx.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let (handled, identity, failure): (Handled, String, Option<Failure>) = {
+        let mut n = node.lock().expect("node lock");
+        let h = n.handle(req, client::now_nanos());
+        (h, n.identity.clone(), n.failure)
+    };
+    let url = connected_url(nats);
+    let outcome = match &handled.response {
+        Response::Reply(body) => {
+            let spec = ReplySpec {
+                request_id: &req.id,
+                sender: &identity,
+                agent: &req.agent,
+                time_nanos: client::now_nanos(),
+                body,
+                connected_url: &url,
+            };
+            match protocol::encode_reply(req.version, &spec) {
+                Ok(bytes) => {
+                    if let Err(e) = nats.publish(req.reply_to.clone(), bytes.into()).await {
+                        warn!(node = %identity, error = %e, "could not publish reply");
+                    }
+                    ctx.counters.replies.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => warn!(node = %identity, error = %e, "could not encode reply"),
+            }
+            match handled.statuscode {
+                Some(code) if code != crate::choria::mcorpc::StatusCode::Ok => Outcome::Error,
+                _ => Outcome::Ok,
+            }
+        }
+        Response::Malformed => {
+            let garbage = malformed_reply(req.version, &identity);
+            let _ = nats.publish(req.reply_to.clone(), garbage.into()).await;
+            Outcome::Malformed
+        }
+        Response::NoReply(reason) => {
+            debug!(node = %identity, %reason, agent = %req.agent, "not replying");
+            if failure == Some(Failure::Silent) {
+                Outcome::Silent
+            } else {
+                Outcome::Dropped
+            }
+        }
+    };
+    let (time, time_us) = journal::timestamp();
+    ctx.journal.record(Entry::Action {
+        node: identity.clone(),
+        agent: req.agent.clone(),
+        action: handled.action.clone(),
+        caller: req.caller.clone(),
+        sender: req.sender.clone(),
+        request_id: req.id.clone(),
+        time,
+        time_us,
+        outcome,
+        statuscode: handled.statuscode.map(u8::from),
+        statusmsg: match &handled.response {
+            Response::NoReply(reason) => reason.clone(),
+            _ => handled.statusmsg.clone(),
+        },
+    });
+
+    let version = node.lock().expect("node lock").version.clone();
+    for event in &handled.effects.events {
+        let v = matches!(event, EventType::Upgraded).then_some(version.as_str());
+        publish_event(nats, ctx, &identity, *event, PROVISION_MODE_COMPONENT, v).await;
+    }
+    if let Some(delay) = handled.effects.restart_after {
+        tokio::spawn(restart_later(
+            node.clone(),
+            nats.clone(),
+            ctx.clone(),
+            delay,
+        ));
+    }
+    if let Some(delay) = handled.effects.shutdown_after {
+        let node = node.clone();
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            node.lock().expect("node lock").complete_shutdown();
+            ctx.changed.notify_waiters();
+        });
+    }
+}
+
+/// The re-exec: after the splay the node either leaves provisioning (and
+/// announces itself as a normal server) or comes back into it.
+async fn restart_later(node: NodeRef, nats: async_nats::Client, ctx: Ctx, delay: Duration) {
+    tokio::time::sleep(delay).await;
+    let (identity, version, mode) = {
+        let mut n = node.lock().expect("node lock");
+        n.complete_restart();
+        (n.identity.clone(), n.version.clone(), n.mode)
+    };
+    let component = if mode == Mode::Provisioned {
+        SERVER_COMPONENT
+    } else {
+        PROVISION_MODE_COMPONENT
+    };
+    publish_event(
+        &nats,
+        &ctx,
+        &identity,
+        EventType::Startup,
+        component,
+        Some(&version),
+    )
+    .await;
+    ctx.changed.notify_waiters();
+}
+
+async fn publish_event(
+    nats: &async_nats::Client,
+    ctx: &Ctx,
+    identity: &str,
+    kind: EventType,
+    component: &str,
+    version: Option<&str>,
+) {
+    let event = Event::new(kind, identity, component, version);
+    if let Err(e) = client::publish_event(nats, kind, &event, EventFormat::CloudEvent).await {
+        warn!(node = %identity, error = %e, "could not publish lifecycle event");
+    }
+    let (time, time_us) = journal::timestamp();
+    ctx.journal.record(Entry::Event {
+        node: identity.to_string(),
+        event: kind.name().to_string(),
+        component: component.to_string(),
+        time,
+        time_us,
+    });
+}
+
+fn connected_url(nats: &async_nats::Client) -> String {
+    let info = nats.server_info();
+    format!("nats://{}:{}", info.host, info.port)
+}
+
+/// A reply whose transport is well-formed enough to be routed and attributed,
+/// but whose secure layer fails the hash check.
+fn malformed_reply(version: Version, identity: &str) -> Vec<u8> {
+    let random: u32 = rand::thread_rng().gen();
+    match version {
+        Version::V1 => serde_json::json!({
+            "protocol": protocol::v1::TRANSPORT_PROTOCOL,
+            "data": base64_of(&format!(r#"{{"protocol":"choria:secure:reply:1","message":"{{}}","hash":"bogus{random}"}}"#)),
+            "headers": {"mc_sender": identity}
+        }),
+        Version::V2 => serde_json::json!({
+            "protocol": protocol::v2::TRANSPORT_PROTOCOL,
+            "data": base64_of(&format!(r#"{{"protocol":"io.choria.protocol.v2.secure_reply","reply":"e30=","hash":"bogus{random}"}}"#)),
+            "headers": {"sender": identity}
+        }),
+    }
+    .to_string()
+    .into_bytes()
+}
+
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
