@@ -38,6 +38,13 @@ impl Formatter for GoFormatter {
         writer.write_all(&bytes[start..])
     }
 
+    fn write_f64<W>(&mut self, writer: &mut W, value: f64) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        writer.write_all(go_float(value).as_bytes())
+    }
+
     fn write_char_escape<W>(&mut self, writer: &mut W, char_escape: CharEscape) -> io::Result<()>
     where
         W: ?Sized + io::Write,
@@ -67,6 +74,22 @@ impl Formatter for GoFormatter {
             }
         };
         writer.write_all(s)
+    }
+}
+
+/// Formats a float like Go's `encoding/json`: shortest round-trip digits,
+/// plain decimal for 1e-6 <= |f| < 1e21, otherwise exponent form with an
+/// explicit sign (`1e+21`, `1e-7`).
+pub fn go_float(f: f64) -> String {
+    let abs = f.abs();
+    if abs != 0.0 && !(1e-6..1e21).contains(&abs) {
+        let s = format!("{f:e}");
+        match s.split_once('e') {
+            Some((m, e)) if !e.starts_with('-') => format!("{m}e+{e}"),
+            _ => s,
+        }
+    } else {
+        format!("{f}")
     }
 }
 

@@ -377,59 +377,6 @@ mod go_serde {
 
 use go_serde::{claim_strings, is_false, null_default, numeric_date};
 
-/// `serde_json` formatter that escapes strings like Go's `encoding/json`
-/// (HTML-safe escaping of `<`, `>`, `&` and U+2028/U+2029). Everything else
-/// serde_json already writes the way Go does.
-struct GoFormatter;
-
-impl serde_json::ser::Formatter for GoFormatter {
-    fn write_string_fragment<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        fragment: &str,
-    ) -> std::io::Result<()> {
-        let mut start = 0;
-        for (i, c) in fragment.char_indices() {
-            let esc = match c {
-                '<' => "\\u003c",
-                '>' => "\\u003e",
-                '&' => "\\u0026",
-                '\u{2028}' => "\\u2028",
-                '\u{2029}' => "\\u2029",
-                _ => continue,
-            };
-            writer.write_all(&fragment.as_bytes()[start..i])?;
-            writer.write_all(esc.as_bytes())?;
-            start = i + c.len_utf8();
-        }
-        writer.write_all(&fragment.as_bytes()[start..])
-    }
-
-    fn write_f64<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        value: f64,
-    ) -> std::io::Result<()> {
-        writer.write_all(go_float(value).as_bytes())
-    }
-}
-
-/// Formats a float like Go's `encoding/json`: shortest round-trip digits,
-/// plain decimal for 1e-6 <= |f| < 1e21, otherwise exponent form with an
-/// explicit sign (`1e+21`, `1e-7`).
-fn go_float(f: f64) -> String {
-    let abs = f.abs();
-    if abs != 0.0 && !(1e-6..1e21).contains(&abs) {
-        let s = format!("{f:e}");
-        match s.split_once('e') {
-            Some((m, e)) if !e.starts_with('-') => format!("{m}e+{e}"),
-            _ => s,
-        }
-    } else {
-        format!("{f}")
-    }
-}
-
 /// Serializes a JSON value the way Go re-marshals an `interface{}` it
 /// decoded: object keys sorted (even if serde_json's `preserve_order` is
 /// enabled somewhere in the build), every number treated as a float64 (so
@@ -479,10 +426,7 @@ fn serialize_extensions<S: serde::Serializer>(
 /// Serializes `value` to compact JSON exactly as Go's `json.Marshal` would for
 /// the equivalent struct (given matching field order).
 pub fn to_go_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    let mut out = Vec::with_capacity(256);
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, GoFormatter);
-    value.serialize(&mut ser)?;
-    Ok(out)
+    crate::choria::json::to_vec(value)
 }
 
 fn unix_now() -> i64 {
@@ -2100,10 +2044,10 @@ mod tests {
         // vector above because serde_json's default (non `float_roundtrip`)
         // parser rounds 123456789012345678901234 one ulp differently.
         assert_eq!(
-            go_float(1.234_567_890_123_456_9e23),
+            crate::choria::json::go_float(1.234_567_890_123_456_9e23),
             "1.2345678901234569e+23"
         );
-        assert_eq!(go_float(-2.5e-8), "-2.5e-8");
+        assert_eq!(crate::choria::json::go_float(-2.5e-8), "-2.5e-8");
         // plain serde_json keeps integers natural
         let plain = serde_json::to_string(&c).unwrap();
         assert!(
