@@ -1,0 +1,1681 @@
+//! Interoperability with the REAL go-choria (v0.30.2) on the other end of the wire.
+//!
+//! * our Choria client against real `choria server run` processes in provisioning
+//!   mode (v1 and v2), each in its own UTS namespace so that its hostname — and so
+//!   its identity — is its own;
+//! * the real `choria` CLI as a client of our simulated fleet (v1 and v2), standing
+//!   in for the Go provisioner, which the Go module proxy does not serve;
+//! * our simulator's replies compared layer by layer, byte for byte, with a real
+//!   server's replies to the same requests.
+//!
+//! Needs `$CHORIA_BIN` (scripts/test.sh builds it with `scripts/build-go-peers.sh
+//! choria natstap` and exports it) and root (for `unshare --uts`). Without
+//! `$CHORIA_BIN` every test says so loudly, with the build error from
+//! `$CHORIA_GO_PEERS_UNAVAILABLE`, and returns; with it, everything really runs.
+//! See tests/gopeers/RECIPE.md for the recipe these tests follow.
+
+mod support;
+
+use choria_provisioner::choria::client::{
+    self, ChoriaClient, ConnectOptions, DiscoveryOptions, Identity,
+};
+use choria_provisioner::choria::filter::Filter;
+use choria_provisioner::choria::lifecycle::{self, EventType};
+use choria_provisioner::choria::mcorpc::{self, RpcRequest, StatusCode};
+use choria_provisioner::choria::protocol::{self, RequestSigner, RequestSpec, Version};
+use choria_provisioner::choria::security::{csr, ed25519, tokens};
+use choria_provisioner::choria::{ids, subjects};
+use choria_provisioner::fleet::{self, FleetOptions};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{read_journal, NatsServer};
+
+const TOKEN: &str = "s3cret";
+const VERSION: &str = "0.30.2";
+const PROVISIONER: &str = "provisioner.example.net";
+const AGENTS: [&str; 4] = ["choria_provision", "choria_util", "discovery", "rpcutil"];
+/// How long real servers get to connect and announce themselves.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(40);
+
+// ---------------------------------------------------------------------------
+// The real binary, or a loud explanation of why it is missing.
+// ---------------------------------------------------------------------------
+
+/// `$CHORIA_BIN` when it names a file; otherwise prints why this test proves
+/// nothing (with the build error) and returns `None`.
+fn choria_bin(test: &str) -> Option<PathBuf> {
+    let bin = std::env::var_os("CHORIA_BIN").map(PathBuf::from);
+    let problem = match &bin {
+        Some(p) if p.is_file() => {
+            assert!(
+                is_root(),
+                "{test}: CHORIA_BIN is set but this is not root: the real servers need `unshare --uts`"
+            );
+            return bin;
+        }
+        Some(p) => format!("CHORIA_BIN={} does not exist", p.display()),
+        None => "CHORIA_BIN is not set".to_string(),
+    };
+    let why = std::env::var("CHORIA_GO_PEERS_UNAVAILABLE")
+        .unwrap_or_else(|_| "(CHORIA_GO_PEERS_UNAVAILABLE is not set: run scripts/test.sh)".into());
+    let bar = "!".repeat(78);
+    // Straight to the process's stderr: libtest captures `eprintln!` of passing
+    // tests, and this must be seen in a plain `cargo test` run.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! The go-choria interop tier proves NOTHING in this run.\n\
+         !!! Build the peer with `scripts/build-go-peers.sh choria natstap` and export\n\
+         !!! CHORIA_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria (scripts/test.sh does both).\n\
+         !!! CHORIA_GO_PEERS_UNAVAILABLE:\n{why}\n{bar}\n"
+    );
+    None
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Runs the real `choria` binary synchronously (JWT and key tooling) in `dir`.
+fn choria_tool(bin: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", bin.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "choria {args:?} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is needed for the interop tests");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Provisioning-JWT signers as the Go tooling makes them: an RSA key pair
+/// (`prov-signer-key.pem`, `prov-signer-public.pem`) for v1 and an ed25519 issuer
+/// (`issuer.seed`, `issuer.public`, hex without newline) for v2.
+struct Signers {
+    rsa_key: PathBuf,
+    rsa_public: PathBuf,
+    issuer_seed: PathBuf,
+    issuer_public_hex: String,
+}
+
+fn make_signers(bin: &Path, dir: &Path) -> Signers {
+    openssl(dir, &["genrsa", "-out", "prov-signer-key.pem", "2048"]);
+    openssl(
+        dir,
+        &[
+            "rsa",
+            "-in",
+            "prov-signer-key.pem",
+            "-pubout",
+            "-out",
+            "prov-signer-public.pem",
+        ],
+    );
+    choria_tool(bin, dir, &["jwt", "keys", "issuer.seed", "issuer.public"]);
+    let issuer_public_hex = std::fs::read_to_string(dir.join("issuer.public")).unwrap();
+    assert!(
+        is_hex(&issuer_public_hex, 64),
+        "issuer.public: {issuer_public_hex:?}"
+    );
+    Signers {
+        rsa_key: dir.join("prov-signer-key.pem"),
+        rsa_public: dir.join("prov-signer-public.pem"),
+        issuer_seed: dir.join("issuer.seed"),
+        issuer_public_hex,
+    }
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+// ---------------------------------------------------------------------------
+// Real go-choria servers in provisioning mode.
+// ---------------------------------------------------------------------------
+
+/// A real `choria server run` in provisioning mode, killed (with its whole
+/// process group) when dropped, also when an assertion fails.
+struct GoServer {
+    identity: String,
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl GoServer {
+    /// Writes `provisioning.jwt` (made by `choria jwt prov`) into `dir` and starts
+    /// the server there with hostname `identity`.
+    fn start(
+        bin: &Path,
+        signers: &Signers,
+        dir: &Path,
+        identity: &str,
+        nats_url: &str,
+        version: Version,
+    ) -> GoServer {
+        std::fs::create_dir_all(dir).unwrap();
+        let jwt_file = dir.join("provisioning.jwt");
+        let mut args = vec!["jwt", "prov", s(&jwt_file)];
+        match version {
+            Version::V1 => args.push(s(&signers.rsa_key)),
+            Version::V2 => args.push(s(&signers.issuer_seed)),
+        }
+        args.extend(["--token", TOKEN, "--urls", nats_url, "--default"]);
+        if version == Version::V2 {
+            args.push("--protocol-v2");
+        }
+        choria_tool(bin, dir, &args);
+        // Must exist; its contents are ignored in provisioning mode.
+        std::fs::write(dir.join("server.conf"), "loglevel = debug\n").unwrap();
+        let log = std::fs::File::create(dir.join("server.log")).unwrap();
+        let script = format!(
+            "hostname '{identity}' && exec '{}' server run --config '{}'",
+            bin.display(),
+            dir.join("server.conf").display()
+        );
+        // unshare, setpriv, sh and choria exec each other: one PID throughout,
+        // whose parent is this test. --pdeathsig kills it should the test
+        // process die without running Drop (SIGKILL, Ctrl-C); it survives the
+        // execs, including the `restart` action's re-exec.
+        let child = Command::new("unshare")
+            .args([
+                "--uts",
+                "setpriv",
+                "--pdeathsig",
+                "KILL",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .current_dir(dir) // the binary's ProvisionJWTFile is the relative provisioning.jwt
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("could not start unshare/setpriv (util-linux)");
+        GoServer {
+            identity: identity.to_string(),
+            dir: dir.to_path_buf(),
+            child,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    fn provisioning_jwt(&self) -> String {
+        std::fs::read_to_string(self.dir.join("provisioning.jwt")).unwrap()
+    }
+}
+
+impl Drop for GoServer {
+    fn drop(&mut self) {
+        // The server is the leader of its own process group: kill the group so
+        // that nothing it may have started survives, then reap it.
+        let pgid = self.child.id();
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{pgid}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until every identity published a `startup` lifecycle event of
+/// `component`, and returns each one's raw event.
+async fn wait_for_startups(
+    sub: &mut async_nats::Subscriber,
+    identities: &[&str],
+    servers: &[&GoServer],
+) -> BTreeMap<String, Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
+    let mut seen = BTreeMap::new();
+    while seen.len() < identities.len() {
+        let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await else {
+            let logs: Vec<String> = servers
+                .iter()
+                .map(|s| format!("--- {} server.log:\n{}", s.identity, s.log()))
+                .collect();
+            panic!(
+                "startup events arrived only from {:?} of {identities:?} within {STARTUP_TIMEOUT:?}\n{}",
+                seen.keys().collect::<Vec<_>>(),
+                logs.join("\n")
+            );
+        };
+        let (kind, event) = lifecycle::parse(&msg.payload).expect("a lifecycle event");
+        assert_eq!(kind, EventType::Startup);
+        if identities.contains(&event.identity.as_str()) {
+            seen.entry(event.identity)
+                .or_insert_with(|| msg.payload.to_vec());
+        }
+    }
+    seen
+}
+
+async fn nats_conn(nats: &NatsServer, name: &str) -> async_nats::Client {
+    client::connect(&ConnectOptions {
+        servers: vec![nats.url()],
+        name: name.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn v1_client(conn: async_nats::Client) -> ChoriaClient {
+    ChoriaClient::new(
+        conn,
+        Identity {
+            identity: PROVISIONER.into(),
+            caller: format!("choria={PROVISIONER}"),
+            signer: RequestSigner::V1Insecure,
+        },
+    )
+}
+
+/// A v2 caller: a fresh ed25519 seed and a client JWT for its public key, issued by
+/// the real `choria jwt client ... --server-provisioner` with callerid `provisioner`.
+fn v2_caller(bin: &Path, dir: &Path, signers: &Signers) -> (ed25519_dalek::SigningKey, String) {
+    let seed = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    let public = hex::encode(seed.verifying_key().to_bytes());
+    let jwt_file = dir.join("client.jwt");
+    choria_tool(
+        bin,
+        dir,
+        &[
+            "jwt",
+            "client",
+            s(&jwt_file),
+            "provisioner",
+            s(&signers.issuer_seed),
+            &format!("--public-key={public}"),
+            "--server-provisioner",
+            "--validity",
+            "1h",
+        ],
+    );
+    (
+        seed,
+        std::fs::read_to_string(jwt_file)
+            .unwrap()
+            .trim()
+            .to_string(),
+    )
+}
+
+fn v2_client(
+    conn: async_nats::Client,
+    seed: ed25519_dalek::SigningKey,
+    jwt: String,
+) -> ChoriaClient {
+    ChoriaClient::new(
+        conn,
+        Identity {
+            identity: PROVISIONER.into(),
+            caller: "provisioner".into(),
+            signer: RequestSigner::V2 {
+                seed: Box::new(seed),
+                jwt,
+            },
+        },
+    )
+}
+
+async fn discover_provisionable(c: &ChoriaClient) -> Vec<String> {
+    c.discover(
+        &Filter::with_agent("choria_provision"),
+        DiscoveryOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn body_text(r: &client::RpcResult) -> String {
+    String::from_utf8(r.reply.message.clone()).unwrap()
+}
+
+/// Checks a real server's `rpcutil#inventory` reply.
+fn assert_real_inventory(node: &str, r: &client::RpcResult) {
+    assert_eq!(
+        r.body.statuscode,
+        StatusCode::Ok,
+        "{node}: {}",
+        body_text(r)
+    );
+    assert_eq!(r.body.statusmsg, "OK");
+    assert_eq!(r.body.action, "inventory");
+    assert_eq!(r.reply.sender, node);
+    assert_eq!(r.reply.transport_sender, node);
+    assert_eq!(r.reply.agent, "rpcutil");
+    let d = &r.body.data;
+    assert_eq!(d["version"], VERSION, "{node}");
+    assert_eq!(d["agents"], json!(AGENTS), "{node}");
+    assert_eq!(d["main_collective"], "provisioning", "{node}");
+    assert_eq!(d["collectives"], json!(["provisioning"]), "{node}");
+    assert_eq!(d["upgradable"], false, "{node}");
+}
+
+// ---------------------------------------------------------------------------
+// 1. Our v1 client against real v1 servers.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_v1_client_discovers_and_queries_real_v1_servers() {
+    let Some(bin) = choria_bin("our_v1_client_discovers_and_queries_real_v1_servers") else {
+        return;
+    };
+    let nats = NatsServer::start_tls_available();
+    let work = tempfile::tempdir().unwrap();
+    let signers = make_signers(&bin, work.path());
+    let conn = nats_conn(&nats, PROVISIONER).await;
+    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
+        .await
+        .unwrap();
+    conn.flush().await.unwrap();
+
+    let ids = ["go-v1-a.interop.example.net", "go-v1-b.interop.example.net"];
+    let servers: Vec<GoServer> = ids
+        .iter()
+        .map(|id| {
+            GoServer::start(
+                &bin,
+                &signers,
+                &work.path().join(id),
+                id,
+                &nats.url(),
+                Version::V1,
+            )
+        })
+        .collect();
+    let refs: Vec<&GoServer> = servers.iter().collect();
+    let events = wait_for_startups(&mut startups, &ids, &refs).await;
+    for (id, raw) in &events {
+        let (_, e) = lifecycle::parse(raw).unwrap();
+        assert_eq!(e.component, "provision_mode_server", "{id}");
+        assert_eq!(e.version.as_deref(), Some(VERSION), "{id}");
+    }
+
+    let c = v1_client(conn);
+    assert_eq!(
+        discover_provisionable(&c).await,
+        ids,
+        "v1 discovery finds exactly both real servers"
+    );
+    let everyone = c
+        .discover(&Filter::default(), DiscoveryOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        everyone, ids,
+        "an empty filter (choria ping) finds them too"
+    );
+
+    let verify_key = tokens::TokenVerifyKey::from_setting(s(&signers.rsa_public)).unwrap();
+    for server in &servers {
+        let node = server.identity.as_str();
+        let r = c
+            .rpc(node, "rpcutil", "inventory", &json!({}))
+            .await
+            .unwrap();
+        assert_real_inventory(node, &r);
+
+        // A wrong token: the exact status our simulator answers with.
+        let r = c
+            .rpc(node, "choria_provision", "jwt", &json!({"token": "wrong"}))
+            .await
+            .unwrap();
+        assert_eq!(r.body.statuscode, StatusCode::Aborted, "{}", body_text(&r));
+        assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
+        assert_eq!(
+            body_text(&r),
+            String::from_utf8(mcorpc::error_reply(
+                "jwt",
+                StatusCode::Aborted,
+                "Incorrect provision token supplied"
+            ))
+            .unwrap(),
+            "the real error body is byte-identical to what our simulator sends"
+        );
+
+        // jwt: the server's provisioning.jwt verbatim, verifiable with the RSA key.
+        let r = c
+            .rpc(node, "choria_provision", "jwt", &json!({"token": TOKEN}))
+            .await
+            .unwrap();
+        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
+        let jwt = r.body.data["jwt"].as_str().unwrap();
+        assert_eq!(jwt, server.provisioning_jwt());
+        let claims = tokens::parse_provisioning_token(jwt, &verify_key).unwrap_or_else(|e| {
+            panic!("{node}: the real JWT does not verify with the RSA public key: {e}")
+        });
+        assert_eq!(claims.token, TOKEN);
+        assert!(claims.prov_default);
+        assert!(!claims.proto_v2);
+        assert_eq!(claims.urls, nats.url());
+        let ecdh = r.body.data["ecdh_public"].as_str().unwrap();
+        assert!(is_hex(ecdh, 64), "ecdh_public {ecdh:?}");
+
+        // gen25519: the nonce signature verifies with our ed25519 code.
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let r = c
+            .rpc(
+                node,
+                "choria_provision",
+                "gen25519",
+                &json!({"nonce": nonce, "token": TOKEN}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
+        let public_key = r.body.data["public_key"].as_str().unwrap();
+        assert!(is_hex(public_key, 64));
+        ed25519::verify_nonce(
+            public_key,
+            &nonce,
+            r.body.data["signature"].as_str().unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{node}: real gen25519 signature does not verify: {e}"));
+        assert_eq!(r.body.data["directory"], s(&server.dir));
+
+        // gencsr: a CSR our parser reads, for the identity.
+        let r = c
+            .rpc(
+                node,
+                "choria_provision",
+                "gencsr",
+                &json!({"cn": node, "token": TOKEN}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
+        let info = csr::parse_csr(r.body.data["csr"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{node}: our CSR parser refuses the real CSR: {e}"));
+        assert_eq!(info.common_name, node);
+        info.verify_signature().unwrap();
+        assert!(r.body.data["public_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN PUBLIC KEY-----"));
+        assert_eq!(r.body.data["ssldir"], s(&server.dir.join("ssl")));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Our v2 client against a real v2 server.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_v2_client_discovers_and_queries_real_v2_server() {
+    let Some(bin) = choria_bin("our_v2_client_discovers_and_queries_real_v2_server") else {
+        return;
+    };
+    let nats = NatsServer::start_tls_available();
+    let work = tempfile::tempdir().unwrap();
+    let signers = make_signers(&bin, work.path());
+    let conn = nats_conn(&nats, PROVISIONER).await;
+    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
+        .await
+        .unwrap();
+    conn.flush().await.unwrap();
+
+    let id = "go-v2.interop.example.net";
+    let server = GoServer::start(
+        &bin,
+        &signers,
+        &work.path().join(id),
+        id,
+        &nats.url(),
+        Version::V2,
+    );
+    wait_for_startups(&mut startups, &[id], &[&server]).await;
+
+    let (seed, jwt) = v2_caller(&bin, work.path(), &signers);
+    let c = v2_client(conn.clone(), seed, jwt);
+    let v1 = v1_client(conn);
+    let (found, found_by_v1) =
+        tokio::join!(discover_provisionable(&c), discover_provisionable(&v1));
+    assert_eq!(found, [id], "v2 discovery finds the real v2 server");
+    assert!(
+        found_by_v1.is_empty(),
+        "a real v2 server must not answer v1: {found_by_v1:?}"
+    );
+
+    let r = c.rpc(id, "rpcutil", "inventory", &json!({})).await.unwrap();
+    assert_eq!(r.reply.version, Version::V2);
+    assert_real_inventory(id, &r);
+
+    let r = c
+        .rpc(id, "choria_provision", "jwt", &json!({"token": TOKEN}))
+        .await
+        .unwrap();
+    assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
+    let jwt = r.body.data["jwt"].as_str().unwrap();
+    assert_eq!(jwt, server.provisioning_jwt());
+    let key = tokens::TokenVerifyKey::from_setting(&signers.issuer_public_hex).unwrap();
+    let claims = tokens::parse_provisioning_token(jwt, &key)
+        .unwrap_or_else(|e| panic!("the real v2 JWT does not verify with the issuer key: {e}"));
+    assert_eq!(claims.token, TOKEN);
+    assert!(claims.proto_v2, "the v2 claim is set");
+    assert_eq!(claims.urls, nats.url());
+    assert!(claims.prov_default);
+    assert!(is_hex(r.body.data["ecdh_public"].as_str().unwrap(), 64));
+
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let r = c
+        .rpc(
+            id,
+            "choria_provision",
+            "gen25519",
+            &json!({"nonce": nonce, "token": TOKEN}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
+    ed25519::verify_nonce(
+        r.body.data["public_key"].as_str().unwrap(),
+        &nonce,
+        r.body.data["signature"].as_str().unwrap(),
+    )
+    .unwrap();
+
+    let r = c
+        .rpc(id, "choria_provision", "jwt", &json!({"token": "wrong"}))
+        .await
+        .unwrap();
+    assert_eq!(r.body.statuscode, StatusCode::Aborted);
+    assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
+}
+
+// ---------------------------------------------------------------------------
+// 3. The real `choria` CLI against our simulated fleet.
+// ---------------------------------------------------------------------------
+
+struct Fleet {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<fleet::FleetSummary>,
+    journal: PathBuf,
+}
+
+impl Fleet {
+    async fn start(nats: &NatsServer, dir: &Path, tweak: impl FnOnce(&mut FleetOptions)) -> Fleet {
+        let journal = dir.join(format!("journal-{}.jsonl", uuid::Uuid::new_v4().simple()));
+        let mut opts = FleetOptions {
+            nats: vec![nats.url()],
+            nodes: 3,
+            token: TOKEN.into(),
+            journal: Some(journal.clone()),
+            key_pool_size: 1,
+            connections: 2,
+            ..Default::default()
+        };
+        tweak(&mut opts);
+        let expected = opts.nodes;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            fleet::run(opts, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("fleet runs")
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let started = read_journal(&journal)
+                .iter()
+                .filter(|e| e["kind"] == "event" && e["event"] == "startup")
+                .count();
+            if started >= expected {
+                break;
+            }
+            assert!(!handle.is_finished(), "the fleet stopped during startup");
+            assert!(
+                Instant::now() < deadline,
+                "fleet did not start ({started}/{expected})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Fleet {
+            stop: Some(tx),
+            handle,
+            journal,
+        }
+    }
+
+    async fn finish(mut self) -> (fleet::FleetSummary, Vec<Value>) {
+        let _ = self.stop.take().unwrap().send(());
+        let summary = self.handle.await.unwrap();
+        (summary, read_journal(&self.journal))
+    }
+}
+
+/// The real CLI as a client: its config file and environment (RECIPE.md §3.d).
+struct Cli {
+    bin: PathBuf,
+    dir: PathBuf,
+    config: PathBuf,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Cli {
+    fn v1(bin: &Path, dir: &Path, nats_url: &str) -> Cli {
+        // The file provider wants these to exist; in insecure mode they are unused.
+        support::make_self_signed(dir);
+        let config = dir.join("client-v1.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "plugin.choria.middleware_hosts = {nats_url}\nplugin.choria.use_srv = false\n\
+                 collectives = provisioning\nmain_collective = provisioning\nidentity = {PROVISIONER}\n\
+                 plugin.security.provider = file\nplugin.security.file.certificate = {d}/cert.pem\n\
+                 plugin.security.file.key = {d}/key.pem\nplugin.security.file.ca = {d}/cert.pem\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        Cli {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            config,
+            env: vec![("INSECURE_YES_REALLY", "true".into())],
+        }
+    }
+
+    fn v2(bin: &Path, dir: &Path, nats_url: &str, signers: &Signers) -> Cli {
+        choria_tool(bin, dir, &["jwt", "keys", "client.seed", "client.public"]);
+        let public = std::fs::read_to_string(dir.join("client.public")).unwrap();
+        choria_tool(
+            bin,
+            dir,
+            &[
+                "jwt",
+                "client",
+                "client.jwt",
+                "provisioner",
+                s(&signers.issuer_seed),
+                &format!("--public-key={public}"),
+                "--server-provisioner",
+                "--validity",
+                "1h",
+            ],
+        );
+        let config = dir.join("client-v2.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "plugin.choria.middleware_hosts = {nats_url}\nplugin.choria.use_srv = false\n\
+                 collectives = provisioning\nmain_collective = provisioning\nidentity = {PROVISIONER}\n\
+                 plugin.security.provider = choria\nplugin.security.choria.token_file = {d}/client.jwt\n\
+                 plugin.security.choria.seed_file = {d}/client.seed\nplugin.security.issuer.names = choria\n\
+                 plugin.security.issuer.choria.public = {}\n",
+                signers.issuer_public_hex,
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        Cli {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            config,
+            env: vec![
+                ("USER", "root".into()),
+                ("INSECURE_DISABLE_TLS", "true".into()),
+            ],
+        }
+    }
+
+    /// Runs `choria <args> --config <conf>` and returns stdout; fails on a non-zero exit.
+    async fn run(&self, args: &[&str]) -> String {
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .current_dir(&self.dir)
+            .env("HOME", &self.dir)
+            .env_remove("INSECURE_YES_REALLY")
+            .env_remove("INSECURE_DISABLE_TLS")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("choria {args:?} did not finish within 60 s"))
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "choria {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// `choria req <agent> <action> <inputs> -I <node> --json`: the one reply.
+    async fn req(&self, agent: &str, action: &str, inputs: &[&str], node: &str) -> Value {
+        let mut args = vec!["req", agent, action];
+        args.extend_from_slice(inputs);
+        args.extend(["-I", node, "--json"]);
+        let out = self.run(&args).await;
+        let doc: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("choria {args:?}: not JSON ({e}):\n{out}"));
+        assert_eq!(doc["agent"], agent);
+        assert_eq!(doc["action"], action);
+        let replies = doc["replies"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no replies: {doc}"));
+        assert_eq!(replies.len(), 1, "{doc}");
+        assert_eq!(doc["request_stats"]["responses"], 1, "{doc}");
+        assert_eq!(replies[0]["sender"], node, "{doc}");
+        replies[0].clone()
+    }
+}
+
+async fn real_cli_provisions_our_fleet(version: Version) {
+    let test = format!("real_choria_cli_talks_to_our_simulated_fleet_{version}");
+    let Some(bin) = choria_bin(&test) else {
+        return;
+    };
+    let nats = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let signers = make_signers(&bin, work.path());
+    let signer_file = match version {
+        Version::V1 => signers.rsa_key.clone(),
+        Version::V2 => signers.issuer_seed.clone(),
+    };
+    let fleet = Fleet::start(&nats, work.path(), |o| {
+        o.protocol = version;
+        o.jwt_signer = Some(signer_file);
+        o.identity_suffix = format!(".{version}.fleet.example.net");
+    })
+    .await;
+    let nodes: Vec<String> = (0..3)
+        .map(|i| format!("node-00{i}.{version}.fleet.example.net"))
+        .collect();
+    let (cli, caller) = match version {
+        Version::V1 => (
+            Cli::v1(&bin, work.path(), &nats.url()),
+            format!("choria={PROVISIONER}"),
+        ),
+        Version::V2 => (
+            Cli::v2(&bin, work.path(), &nats.url(), &signers),
+            "provisioner".to_string(),
+        ),
+    };
+
+    // choria ping: broadcast discovery, every simulated node answers.
+    let ping = cli.run(&["ping"]).await;
+    let answered: BTreeSet<&str> = ping
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.ends_with(".fleet.example.net"))
+        .collect();
+    assert_eq!(
+        answered,
+        nodes.iter().map(String::as_str).collect(),
+        "choria ping:\n{ping}"
+    );
+    assert!(ping.contains("3 replies"), "choria ping:\n{ping}");
+
+    let node = nodes[1].as_str();
+    let inv = cli.req("rpcutil", "inventory", &[], node).await;
+    assert_eq!(inv["statuscode"], 0, "{inv}");
+    assert_eq!(inv["statusmsg"], "OK");
+    assert_eq!(inv["data"]["version"], VERSION);
+    assert_eq!(inv["data"]["agents"], json!(AGENTS));
+    assert_eq!(inv["data"]["main_collective"], "provisioning");
+
+    let token_arg = format!("token={TOKEN}");
+    let r = cli
+        .req("choria_provision", "jwt", &[&token_arg], node)
+        .await;
+    assert_eq!(r["statuscode"], 0, "{r}");
+    let jwt = r["data"]["jwt"].as_str().unwrap();
+    assert!(
+        is_hex(r["data"]["ecdh_public"].as_str().unwrap(), 64),
+        "{r}"
+    );
+    // The fleet's provisioning JWT validates with the REAL go-choria token code.
+    std::fs::write(work.path().join("fleet.jwt"), jwt).unwrap();
+    let public = match version {
+        Version::V1 => signers.rsa_public.clone(),
+        Version::V2 => work.path().join("issuer.public"),
+    };
+    let view = choria_tool(&bin, work.path(), &["jwt", "view", "fleet.jwt", s(&public)]);
+    assert!(
+        view.contains("Validated Provisioning Token"),
+        "choria jwt view:\n{view}"
+    );
+    assert!(view.contains("Provisioning by default: true"), "{view}");
+    assert_eq!(
+        view.contains("Using version 2 Protocol: true"),
+        version == Version::V2,
+        "choria jwt view:\n{view}"
+    );
+
+    let r = cli
+        .req("choria_provision", "jwt", &["token=wrong"], node)
+        .await;
+    assert_eq!(r["statuscode"], 1, "{r}");
+    assert_eq!(r["statusmsg"], "Incorrect provision token supplied");
+
+    let config = json!({
+        "plugin.choria.server.provision": "false",
+        "identity": node,
+        "plugin.choria.middleware_hosts": nats.url(),
+        "loglevel": "info",
+    })
+    .to_string();
+    let config_arg = format!("config={config}");
+    let r = cli
+        .req(
+            "choria_provision",
+            "configure",
+            &[&token_arg, &config_arg],
+            node,
+        )
+        .await;
+    assert_eq!(r["statuscode"], 0, "{r}");
+    assert_eq!(
+        r["data"]["message"],
+        format!("Wrote 5 lines to /etc/choria-fleet/{node}/server.conf")
+    );
+
+    let watcher = nats_conn(&nats, "watcher").await;
+    let mut restarted = client::subscribe_events(&watcher, EventType::Startup, "server")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    let r = cli
+        .req(
+            "choria_provision",
+            "restart",
+            &[&token_arg, "splay=1"],
+            node,
+        )
+        .await;
+    assert_eq!(r["statuscode"], 0, "{r}");
+    assert_eq!(r["data"]["message"], "Restarting Choria Server after 2s");
+    let ev = tokio::time::timeout(Duration::from_secs(5), restarted.next())
+        .await
+        .expect("the node comes back as a provisioned server")
+        .unwrap();
+    assert_eq!(lifecycle::parse(&ev.payload).unwrap().1.identity, node);
+
+    let (summary, journal) = fleet.finish().await;
+    assert_eq!(summary.provisioned, 1);
+    assert_eq!(summary.provisioning, 2);
+    let fin = journal
+        .iter()
+        .find(|e| e["kind"] == "final" && e["node"] == node)
+        .unwrap();
+    assert_eq!(fin["state"], "provisioned", "{fin}");
+    assert_eq!(fin["provision_disabled"], true);
+    assert_eq!(fin["restarts"], 1);
+    let actions: Vec<(&str, &str)> = journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["node"] == node && e["agent"] != "discovery")
+        .map(|e| (e["agent"].as_str().unwrap(), e["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("rpcutil", "inventory"),
+            ("choria_provision", "jwt"),
+            ("choria_provision", "jwt"),
+            ("choria_provision", "configure"),
+            ("choria_provision", "restart")
+        ]
+    );
+    for e in journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["node"] == node)
+    {
+        assert_eq!(
+            e["caller"],
+            caller.as_str(),
+            "the real CLI's caller id: {e}"
+        );
+        assert_eq!(e["sender"], PROVISIONER, "{e}");
+        assert_ne!(e["outcome"], "dropped", "{e}");
+    }
+    let no_drops: Vec<&Value> = journal
+        .iter()
+        .filter(|e| e["outcome"] == "dropped")
+        .collect();
+    assert!(
+        no_drops.is_empty(),
+        "the fleet dropped real CLI requests: {no_drops:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_choria_cli_talks_to_our_simulated_fleet_v1() {
+    real_cli_provisions_our_fleet(Version::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_choria_cli_talks_to_our_simulated_fleet_v2() {
+    real_cli_provisions_our_fleet(Version::V2).await;
+}
+
+// ---------------------------------------------------------------------------
+// 4. Our simulator's replies against a real server's, byte for byte.
+// ---------------------------------------------------------------------------
+
+/// Sends one request with our encoder and returns its id and the raw reply payload.
+async fn raw_request(
+    conn: &async_nats::Client,
+    signer: &RequestSigner,
+    caller: &str,
+    target: &str,
+    agent: &str,
+    payload: &[u8],
+    url: &str,
+) -> (String, Vec<u8>) {
+    let id = match signer.version() {
+        Version::V1 => ids::v1_request_id(),
+        Version::V2 => ids::v2_request_id(),
+    };
+    let reply_to = subjects::reply(subjects::PROVISIONING_COLLECTIVE, caller, &id);
+    // Discovery is a broadcast narrowed to one identity; RPC is directed.
+    let (filter, subject) = if agent == "discovery" {
+        (
+            Filter {
+                identity: vec![target.to_string()],
+                ..Default::default()
+            },
+            subjects::broadcast_agent(subjects::PROVISIONING_COLLECTIVE, "discovery"),
+        )
+    } else {
+        (
+            Filter::with_agent(agent),
+            subjects::node(subjects::PROVISIONING_COLLECTIVE, target),
+        )
+    };
+    let msg = signer
+        .encode_request(&RequestSpec {
+            id: &id,
+            sender: PROVISIONER,
+            caller,
+            collective: subjects::PROVISIONING_COLLECTIVE,
+            agent,
+            ttl: 60,
+            time_nanos: client::now_nanos(),
+            filter: &filter,
+            payload,
+            reply_to: &reply_to,
+            connected_url: url,
+        })
+        .unwrap();
+    let mut sub = conn.subscribe(reply_to).await.unwrap();
+    conn.publish(subject, msg.into()).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap_or_else(|_| panic!("no reply from {target} to {agent} within 10 s"))
+        .unwrap();
+    (id, reply.payload.to_vec())
+}
+
+/// The layers of a reply, outermost first, as the exact bytes that were on the
+/// wire (each nested layer taken from its base64 or JSON-string field).
+fn reply_layers(raw: &[u8]) -> Vec<(&'static str, String)> {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    let b64 = |v: &Value| String::from_utf8(STANDARD.decode(v.as_str().unwrap()).unwrap()).unwrap();
+    let transport_text = String::from_utf8(raw.to_vec()).unwrap();
+    let transport: Value = serde_json::from_slice(raw).unwrap();
+    let secure_text = b64(&transport["data"]);
+    let secure: Value = serde_json::from_str(&secure_text).unwrap();
+    let (reply_text, body_text) = match protocol::sniff_version(raw).unwrap() {
+        Version::V1 => {
+            let reply_text = secure["message"].as_str().unwrap().to_string();
+            let reply: Value = serde_json::from_str(&reply_text).unwrap();
+            (reply_text, reply["message"].as_str().unwrap().to_string())
+        }
+        Version::V2 => {
+            let reply_text = b64(&secure["reply"]);
+            let reply: Value = serde_json::from_str(&reply_text).unwrap();
+            (reply_text.clone(), b64(&reply["message"]))
+        }
+    };
+    vec![
+        ("transport", transport_text),
+        ("secure reply", secure_text),
+        ("reply", reply_text),
+        ("body", body_text),
+    ]
+}
+
+/// What differs legitimately between two servers, per side: its identity, the
+/// request id, and path prefixes (`(from, to)`, applied first).
+struct Subst<'a> {
+    identity: &'a str,
+    request_id: &'a str,
+    paths: &'a [(String, String)],
+}
+
+/// Keeps a value's length and punctuation, hides its random characters:
+/// `3MpK1s+/...` -> `xxxxxx...`, `1796043060` -> `xxxxxxxxxx`, `12:50:59Z` -> `xx:xx:xxx`.
+fn shape(v: &str) -> String {
+    v.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '+' || c == '/' || c == '_' {
+                'x'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// Replaces what legitimately differs between two servers (identity, request id,
+/// times, ids, hashes and generated keys keep only their shape; nested layers and
+/// PEM/JWT blobs, which are compared on their own, become placeholders) and
+/// leaves key order, escaping and every other byte intact.
+fn normalize(text: &str, sub: &Subst<'_>, url: &str) -> String {
+    let json_str = r#""((?:[^"\\]|\\.)*)""#;
+    let mut t = text.to_string();
+    for (from, to) in sub.paths {
+        t = t.replace(from.as_str(), to);
+    }
+    t = t
+        .replace(sub.identity, "<IDENTITY>")
+        .replace(sub.request_id, "<REQUEST-ID>")
+        .replace(url, "<NATS-URL>");
+    // Nested layers, compared on their own (a `"message":"pong"` stays).
+    for field in ["data", "message", "reply"] {
+        let re = regex::Regex::new(&format!(r#""{field}":{json_str}"#)).unwrap();
+        t = re
+            .replace_all(&t, |c: &regex::Captures<'_>| {
+                // A nested layer is escaped JSON or base64; prose such as
+                // "Wrote 3 lines to ..." is compared as it is.
+                let v = &c[1];
+                if v.len() > 40 && (v.starts_with('{') || !v.contains(' ')) {
+                    format!(r#""{field}":"<{field}>""#)
+                } else {
+                    c[0].to_string()
+                }
+            })
+            .into_owned();
+    }
+    for field in [
+        "jwt",
+        "csr",
+        "public_key",
+        "hash",
+        "id",
+        "ecdh_public",
+        "signature",
+    ] {
+        let re = regex::Regex::new(&format!(r#""{field}":{json_str}"#)).unwrap();
+        t = re
+            .replace_all(&t, |c: &regex::Captures<'_>| {
+                let v = &c[1];
+                if field == "jwt" || v.starts_with("-----BEGIN") {
+                    format!(r#""{field}":"<{field}>""#)
+                } else {
+                    format!(r#""{field}":"{}""#, shape(v))
+                }
+            })
+            .into_owned();
+    }
+    for field in ["time", "timestamp"] {
+        let re = regex::Regex::new(&format!(r#""{field}":(\d+|"[^"]*")"#)).unwrap();
+        t = re
+            .replace_all(&t, |c: &regex::Captures<'_>| {
+                format!(r#""{field}":{}"#, shape(&c[1]))
+            })
+            .into_owned();
+    }
+    t
+}
+
+/// A PEM block's layout: armour lines, 64-column body lines, final newline.
+fn pem_shape(pem: &str) -> String {
+    let lines: Vec<&str> = pem.lines().collect();
+    let body = &lines[1..lines.len().saturating_sub(1)];
+    let full = body.iter().rev().skip(1).all(|l| l.len() == 64);
+    format!(
+        "{} | body lines 64 columns but the last: {full} | {} | trailing newline: {}",
+        lines.first().unwrap_or(&""),
+        lines.last().unwrap_or(&""),
+        pem.ends_with('\n')
+    )
+}
+
+/// Compares a real and a simulated reply layer by layer; returns the differences.
+fn compare_replies(
+    what: &str,
+    real: (&Subst<'_>, &[u8]),
+    ours: (&Subst<'_>, &[u8]),
+    url: &str,
+) -> Vec<String> {
+    let mut diffs = Vec::new();
+    let real_layers = reply_layers(real.1);
+    let our_layers = reply_layers(ours.1);
+    for ((layer, r), (_, o)) in real_layers.iter().zip(&our_layers) {
+        let rn = normalize(r, real.0, url);
+        let on = normalize(o, ours.0, url);
+        eprintln!("{what} / {layer}:\n  real: {rn}\n  ours: {on}");
+        if rn != on {
+            diffs.push(format!(
+                "{what} / {layer} layer differs:\n  real (normalized): {rn}\n  ours (normalized): {on}\n  real (raw): {r}\n  ours (raw): {o}"
+            ));
+        }
+    }
+    // PEM values in the bodies: same armour and layout.
+    let (rb, ob) = (&real_layers[3].1, &our_layers[3].1);
+    if let (Ok(rv), Ok(ov)) = (
+        serde_json::from_str::<Value>(rb),
+        serde_json::from_str::<Value>(ob),
+    ) {
+        for field in ["csr", "public_key"] {
+            if let (Some(rp), Some(op)) = (rv["data"][field].as_str(), ov["data"][field].as_str()) {
+                if rp.starts_with("-----BEGIN") || op.starts_with("-----BEGIN") {
+                    let (rs, os) = (pem_shape(rp), pem_shape(op));
+                    eprintln!("{what} / data.{field} PEM:\n  real: {rs}\n  ours: {os}");
+                    if rs != os {
+                        diffs.push(format!(
+                            "{what} / data.{field} PEM layout differs:\n  real: {rp:?}\n  ours: {op:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    diffs
+}
+
+/// Collects raw lifecycle events until every `(kind, identity)` in `want` was seen.
+async fn collect_events(
+    sub: &mut async_nats::Subscriber,
+    want: &[(EventType, &str)],
+) -> BTreeMap<(String, String), (String, Vec<u8>)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut seen = BTreeMap::new();
+    while !want
+        .iter()
+        .all(|(k, id)| seen.contains_key(&(k.name().to_string(), id.to_string())))
+    {
+        let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await else {
+            panic!(
+                "lifecycle events seen: {:?}, wanted {want:?}",
+                seen.keys().collect::<Vec<_>>()
+            );
+        };
+        let (kind, event) = lifecycle::parse(&msg.payload).expect("a lifecycle event");
+        seen.entry((kind.name().to_string(), event.identity))
+            .or_insert_with(|| (msg.subject.to_string(), msg.payload.to_vec()));
+    }
+    seen
+}
+
+/// One request sent, identically, to a real server and to a simulated node.
+struct Case {
+    what: &'static str,
+    agent: &'static str,
+    action: &'static str,
+    data: Value,
+}
+
+impl Case {
+    fn new(what: &'static str, agent: &'static str, action: &'static str, data: Value) -> Case {
+        Case {
+            what,
+            agent,
+            action,
+            data,
+        }
+    }
+
+    fn payload(&self, target: &str) -> Vec<u8> {
+        if self.agent == "discovery" {
+            return b"cGluZw==".to_vec();
+        }
+        // gencsr's cn is the node's own name, as a provisioner sends it.
+        let mut data = self.data.clone();
+        if self.action == "gencsr" {
+            data["cn"] = json!(target);
+        }
+        choria_provisioner::choria::json::to_vec(&RpcRequest {
+            agent: self.agent,
+            action: self.action,
+            data: &data,
+        })
+        .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_simulator_replies_match_real_server_replies() {
+    let Some(bin) = choria_bin("our_simulator_replies_match_real_server_replies") else {
+        return;
+    };
+    let nats = NatsServer::start_tls_available();
+    let work = tempfile::tempdir().unwrap();
+    let signers = make_signers(&bin, work.path());
+    let conn = nats_conn(&nats, PROVISIONER).await;
+    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
+        .await
+        .unwrap();
+    let mut later_events = conn
+        .subscribe("choria.lifecycle.event.*.provision_mode_server")
+        .await
+        .unwrap();
+    conn.flush().await.unwrap();
+
+    let real_v1 = "real-v1.interop.example.net";
+    let real_v2 = "real-v2.interop.example.net";
+    let go_v1 = GoServer::start(
+        &bin,
+        &signers,
+        &work.path().join(real_v1),
+        real_v1,
+        &nats.url(),
+        Version::V1,
+    );
+    let go_v2 = GoServer::start(
+        &bin,
+        &signers,
+        &work.path().join(real_v2),
+        real_v2,
+        &nats.url(),
+        Version::V2,
+    );
+    let sim_v1 = "sim-v1-000.interop.example.net";
+    let sim_v2 = "sim-v2-000.interop.example.net";
+    let fleet_v1 = Fleet::start(&nats, work.path(), |o| {
+        o.nodes = 1;
+        o.connections = 1;
+        o.identity_prefix = "sim-v1-".into();
+        o.identity_suffix = ".interop.example.net".into();
+        o.jwt_signer = Some(signers.rsa_key.clone());
+    })
+    .await;
+    let fleet_v2 = Fleet::start(&nats, work.path(), |o| {
+        o.nodes = 1;
+        o.connections = 1;
+        o.protocol = Version::V2;
+        o.identity_prefix = "sim-v2-".into();
+        o.identity_suffix = ".interop.example.net".into();
+        o.jwt_signer = Some(signers.issuer_seed.clone());
+    })
+    .await;
+    let events = wait_for_startups(
+        &mut startups,
+        &[real_v1, real_v2, sim_v1, sim_v2],
+        &[&go_v1, &go_v2],
+    )
+    .await;
+
+    let url = nats.url();
+    let mut diffs = Vec::new();
+    // Where each side keeps its files: the real server next to its config, the
+    // simulator under /etc/choria-fleet/<identity>.
+    type Paths = Vec<(String, String)>;
+    let paths_of = |real: &str, sim: &str| -> (Paths, Paths) {
+        (
+            vec![(
+                work.path().join(real).display().to_string(),
+                "<CONFIG-DIR>".to_string(),
+            )],
+            vec![(
+                format!("/etc/choria-fleet/{sim}"),
+                "<CONFIG-DIR>".to_string(),
+            )],
+        )
+    };
+
+    // Startup events: the same CloudEvent, byte for byte, but for ids, times and names.
+    for (real, sim) in [(real_v1, sim_v1), (real_v2, sim_v2)] {
+        let no_paths = Vec::new();
+        let r = normalize(
+            std::str::from_utf8(&events[real]).unwrap(),
+            &Subst {
+                identity: real,
+                request_id: NO_REQUEST,
+                paths: &no_paths,
+            },
+            &url,
+        );
+        let o = normalize(
+            std::str::from_utf8(&events[sim]).unwrap(),
+            &Subst {
+                identity: sim,
+                request_id: NO_REQUEST,
+                paths: &no_paths,
+            },
+            &url,
+        );
+        eprintln!("startup event:\n  real: {r}\n  ours: {o}");
+        if r != o {
+            diffs.push(format!(
+                "startup event ({real} vs {sim}):\n  real: {}\n  ours: {}",
+                String::from_utf8_lossy(&events[real]),
+                String::from_utf8_lossy(&events[sim])
+            ));
+        }
+    }
+
+    let (v2_seed, v2_jwt) = v2_caller(&bin, work.path(), &signers);
+    let v1_signer = RequestSigner::V1Insecure;
+    let v2_signer = RequestSigner::V2 {
+        seed: Box::new(v2_seed),
+        jwt: v2_jwt,
+    };
+    let v1_caller = format!("choria={PROVISIONER}");
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let config = json!({"plugin.choria.server.provision": "false", "loglevel": "info"}).to_string();
+    // The order a provisioner uses; restart last (the real server then leaves
+    // provisioning mode).
+    let cases = [
+        Case::new("discovery ping", "discovery", "", json!(null)),
+        Case::new("rpcutil#inventory", "rpcutil", "inventory", json!({})),
+        Case::new(
+            "choria_provision#jwt, wrong token",
+            "choria_provision",
+            "jwt",
+            json!({"token": "wrong"}),
+        ),
+        Case::new(
+            "choria_provision#jwt",
+            "choria_provision",
+            "jwt",
+            json!({"token": TOKEN}),
+        ),
+        Case::new(
+            "choria_provision#bogus (unknown action)",
+            "choria_provision",
+            "bogus",
+            json!({"token": TOKEN}),
+        ),
+        Case::new(
+            "choria_provision#gen25519",
+            "choria_provision",
+            "gen25519",
+            json!({"nonce": nonce, "token": TOKEN}),
+        ),
+        Case::new(
+            "choria_provision#gencsr",
+            "choria_provision",
+            "gencsr",
+            json!({"token": TOKEN}),
+        ),
+        Case::new(
+            "choria_provision#configure",
+            "choria_provision",
+            "configure",
+            json!({"config": config, "token": TOKEN}),
+        ),
+        Case::new(
+            "choria_provision#restart",
+            "choria_provision",
+            "restart",
+            json!({"splay": 1, "token": TOKEN}),
+        ),
+    ];
+    let mut jwt_bodies: BTreeMap<&str, Value> = BTreeMap::new();
+    for (version, signer, caller, real, sim) in [
+        (Version::V1, &v1_signer, v1_caller.as_str(), real_v1, sim_v1),
+        (Version::V2, &v2_signer, "provisioner", real_v2, sim_v2),
+    ] {
+        let (real_paths, sim_paths) = paths_of(real, sim);
+        for case in &cases {
+            let (real_req, real_raw) = raw_request(
+                &conn,
+                signer,
+                caller,
+                real,
+                case.agent,
+                &case.payload(real),
+                &url,
+            )
+            .await;
+            let (sim_req, sim_raw) = raw_request(
+                &conn,
+                signer,
+                caller,
+                sim,
+                case.agent,
+                &case.payload(sim),
+                &url,
+            )
+            .await;
+            // Both decode with our decoder (hash verified) and come from the right sender.
+            let rr = protocol::decode_reply(&real_raw).unwrap();
+            let sr = protocol::decode_reply(&sim_raw).unwrap();
+            assert_eq!(
+                (rr.version, rr.sender.as_str(), rr.request_id.as_str()),
+                (version, real, real_req.as_str())
+            );
+            assert_eq!(
+                (sr.version, sr.sender.as_str(), sr.request_id.as_str()),
+                (version, sim, sim_req.as_str())
+            );
+            if case.action == "inventory" {
+                assert_eq!(
+                    rr.message,
+                    sr.message,
+                    "{version} inventory bodies must be byte-identical:\n real: {}\n ours: {}",
+                    String::from_utf8_lossy(&rr.message),
+                    String::from_utf8_lossy(&sr.message)
+                );
+            }
+            if case.what == "choria_provision#jwt" {
+                jwt_bodies.insert(real, serde_json::from_slice(&rr.message).unwrap());
+                jwt_bodies.insert(sim, serde_json::from_slice(&sr.message).unwrap());
+            }
+            if case.action == "gen25519" {
+                for m in [&rr.message, &sr.message] {
+                    let b: Value = serde_json::from_slice(m).unwrap();
+                    ed25519::verify_nonce(
+                        b["data"]["public_key"].as_str().unwrap_or_default(),
+                        &nonce,
+                        b["data"]["signature"].as_str().unwrap_or_default(),
+                    )
+                    .unwrap_or_else(|e| panic!("{version} gen25519: {e}: {b}"));
+                }
+            }
+            diffs.extend(compare_replies(
+                &format!("{version} {}", case.what),
+                (
+                    &Subst {
+                        identity: real,
+                        request_id: &real_req,
+                        paths: &real_paths,
+                    },
+                    &real_raw,
+                ),
+                (
+                    &Subst {
+                        identity: sim,
+                        request_id: &sim_req,
+                        paths: &sim_paths,
+                    },
+                    &sim_raw,
+                ),
+                &url,
+            ));
+        }
+    }
+
+    // The lifecycle events configure and restart publish.
+    let later = collect_events(
+        &mut later_events,
+        &[
+            (EventType::Provisioned, real_v1),
+            (EventType::Provisioned, sim_v1),
+            (EventType::Shutdown, real_v1),
+            (EventType::Shutdown, sim_v1),
+            (EventType::Provisioned, real_v2),
+            (EventType::Provisioned, sim_v2),
+            (EventType::Shutdown, real_v2),
+            (EventType::Shutdown, sim_v2),
+        ],
+    )
+    .await;
+    for kind in [EventType::Provisioned, EventType::Shutdown] {
+        for (real, sim) in [(real_v1, sim_v1), (real_v2, sim_v2)] {
+            let no_paths = Vec::new();
+            let (rs, rraw) = &later[&(kind.name().to_string(), real.to_string())];
+            let (os, oraw) = &later[&(kind.name().to_string(), sim.to_string())];
+            let r = normalize(
+                std::str::from_utf8(rraw).unwrap(),
+                &Subst {
+                    identity: real,
+                    request_id: NO_REQUEST,
+                    paths: &no_paths,
+                },
+                &url,
+            );
+            let o = normalize(
+                std::str::from_utf8(oraw).unwrap(),
+                &Subst {
+                    identity: sim,
+                    request_id: NO_REQUEST,
+                    paths: &no_paths,
+                },
+                &url,
+            );
+            eprintln!("{} event:\n  real: {rs} {r}\n  ours: {os} {o}", kind.name());
+            if r != o || rs != os {
+                diffs.push(format!(
+                    "{} event ({real} vs {sim}):\n  real: {rs} {}\n  ours: {os} {}",
+                    kind.name(),
+                    String::from_utf8_lossy(rraw),
+                    String::from_utf8_lossy(oraw)
+                ));
+            }
+        }
+    }
+
+    // The provisioning JWTs themselves: same header and claims, byte for byte,
+    // but for the times (same validity) and the KSUID.
+    let volatile_claims = regex::Regex::new(r#""(exp|nbf|iat|jti)":("[^"]*"|\d+)"#).unwrap();
+    for (real, sim) in [(real_v1, sim_v1), (real_v2, sim_v2)] {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine;
+        let parts = |v: &Value| -> (String, String, Value) {
+            let jwt = v["data"]["jwt"].as_str().unwrap();
+            let mut it = jwt.split('.');
+            let mut dec =
+                || String::from_utf8(URL_SAFE_NO_PAD.decode(it.next().unwrap()).unwrap()).unwrap();
+            let (h, c) = (dec(), dec());
+            let parsed = serde_json::from_str(&c).unwrap();
+            (h, c, parsed)
+        };
+        let (rh, rc, rv) = parts(&jwt_bodies[real]);
+        let (oh, oc, ov) = parts(&jwt_bodies[sim]);
+        let strip = |c: &str| {
+            volatile_claims
+                .replace_all(c, |m: &regex::Captures<'_>| {
+                    format!(r#""{}":{}"#, &m[1], shape(&m[2]))
+                })
+                .into_owned()
+        };
+        let validity = |v: &Value| v["exp"].as_i64().unwrap() - v["iat"].as_i64().unwrap();
+        eprintln!("provisioning JWT:\n  real: {rh} {rc}\n  ours: {oh} {oc}");
+        if rh != oh || strip(&rc) != strip(&oc) || validity(&rv) != validity(&ov) {
+            diffs.push(format!(
+                "provisioning JWT ({real} vs {sim}):\n  real header {rh} claims {rc}\n  ours header {oh} claims {oc}"
+            ));
+        }
+    }
+
+    drop(fleet_v1.finish().await);
+    drop(fleet_v2.finish().await);
+    assert!(
+        diffs.is_empty(),
+        "{} difference(s) between real go-choria and our simulator:\n\n{}",
+        diffs.len(),
+        diffs.join("\n\n")
+    );
+}
+
+/// `normalize`'s request id for texts that belong to no request.
+const NO_REQUEST: &str = "\u{1}";
+
+#[test]
+fn normalize_keeps_key_order_and_hides_only_volatile_values() {
+    let paths = vec![("/srv/n1".to_string(), "<CONFIG-DIR>".to_string())];
+    let sub = Subst {
+        identity: "n1",
+        request_id: "abc",
+        paths: &paths,
+    };
+    let a = normalize(
+        r#"{"protocol":"p","message":"pong","envelope":{"requestid":"abc","senderid":"n1","agent":"discovery","time":17}}"#,
+        &sub,
+        "nats://x",
+    );
+    assert_eq!(
+        a,
+        r#"{"protocol":"p","message":"pong","envelope":{"requestid":"<REQUEST-ID>","senderid":"<IDENTITY>","agent":"discovery","time":xx}}"#
+    );
+    // Key order and value lengths still count.
+    assert_ne!(
+        normalize(r#"{"protocol":"p","message":"pong"}"#, &sub, "nats://x"),
+        normalize(r#"{"message":"pong","protocol":"p"}"#, &sub, "nats://x")
+    );
+    assert_ne!(
+        normalize(r#"{"time":1796042984}"#, &sub, "nats://x"),
+        normalize(r#"{"time":1796042984000000000}"#, &sub, "nats://x")
+    );
+    assert_eq!(
+        normalize(
+            r#"{"directory":"/srv/n1","hash":"kzk9+d/=","id":"3Mp"}"#,
+            &sub,
+            "u"
+        ),
+        r#"{"directory":"<CONFIG-DIR>","hash":"xxxxxxx=","id":"xxx"}"#
+    );
+    let prose = r#"{"message":"Wrote 3 lines to /srv/n1/server.conf, a long enough text"}"#;
+    assert_eq!(
+        normalize(prose, &sub, "nats://x"),
+        r#"{"message":"Wrote 3 lines to <CONFIG-DIR>/server.conf, a long enough text"}"#
+    );
+    assert_eq!(
+        pem_shape("-----BEGIN X-----\nabc\n-----END X-----\n"),
+        "-----BEGIN X----- | body lines 64 columns but the last: true | -----END X----- | trailing newline: true"
+    );
+}
