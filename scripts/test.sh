@@ -46,5 +46,15 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+log "cargo bench --no-run (benchmarks compile)"
+cargo bench --no-run --quiet
 log "cargo test"
-cargo test --all-targets 2>&1
+results="$CACHE_DIR/test-results.txt"
+set +e
+cargo test --lib --bins --tests 2>&1 | tee "$results"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary, so the outcome is read at a glance.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' "$results"
+exit "$status"

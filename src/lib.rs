@@ -2,4 +2,5 @@
 //! provisioning-mode fleet simulator for Choria.
 
 pub mod choria;
+pub mod config;
 pub mod fleet;

@@ -68,7 +68,16 @@ impl NatsServer {
         let conf = dir.path().join("nats.conf");
         let mut f = std::fs::File::create(&conf).unwrap();
         writeln!(f, "listen: 127.0.0.1:{port}\nmax_payload: 1048576\n{extra}").unwrap();
-        let child = Command::new(nats_server_bin())
+        // setpriv --pdeathsig: the server dies with the test process even when
+        // that is killed outright and Drop never runs.
+        let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args(["--pdeathsig", "KILL"]).arg(nats_server_bin());
+            c
+        } else {
+            Command::new(nats_server_bin())
+        };
+        let child = cmd
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())

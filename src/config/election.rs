@@ -1,0 +1,421 @@
+//! Leader election settings: the `election:` block of `provisioner.yaml`.
+//!
+//! The Go provisioner only has `leader_election: true`, which campaigns in the
+//! Choria Streams KV bucket `CHORIA_LEADER_ELECTION` for the key `provisioner`
+//! through the imported JetStream API prefix `choria.streams`. The block is new
+//! (the Go provisioner ignores it) and chooses between that and a Kubernetes
+//! Lease:
+//!
+//! ```yaml
+//! election:
+//!   backend: streams          # none | streams | lease
+//!   bucket: CHORIA_LEADER_ELECTION
+//!   name: provisioner
+//!   api_prefix: choria.streams   # "" for the account's own $JS.API
+//! ```
+//!
+//! ```yaml
+//! election:
+//!   backend: lease
+//!   lease_name: choria-provisioner
+//!   lease_namespace: choria      # default: the pod's namespace
+//!   lease_duration: 15s
+//!   renew_deadline: 10s
+//!   retry_period: 2s
+//! ```
+//!
+//! Without the block, `leader_election: true` means `backend: streams` with the
+//! defaults above, exactly what the Go provisioner does.
+
+use super::duration::format_duration;
+use super::yaml::{Node, Section};
+use super::{ConfigError, ConfigWarning};
+use std::path::Path;
+use std::time::Duration;
+
+/// The Choria Streams bucket go-choria elections use.
+pub const DEFAULT_STREAMS_BUCKET: &str = "CHORIA_LEADER_ELECTION";
+/// The election (and KV key) the Go provisioner campaigns for.
+pub const DEFAULT_STREAMS_NAME: &str = "provisioner";
+/// The JetStream API prefix the Choria broker imports into the provisioning account.
+pub const DEFAULT_STREAMS_API_PREFIX: &str = "choria.streams";
+/// Default Kubernetes Lease name.
+pub const DEFAULT_LEASE_NAME: &str = "choria-provisioner";
+/// client-go's defaults.
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// Which election mechanism decides the active provisioner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElectionBackend {
+    /// Every instance provisions.
+    None,
+    /// Choria Streams KV, compatible with Go provisioners in the same cluster.
+    Streams,
+    /// A Kubernetes `coordination.k8s.io/v1` Lease.
+    Lease,
+}
+
+impl ElectionBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElectionBackend::None => "none",
+            ElectionBackend::Streams => "streams",
+            ElectionBackend::Lease => "lease",
+        }
+    }
+}
+
+/// The resolved election settings. Fields of the backend not in use keep their
+/// defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionConfig {
+    pub backend: ElectionBackend,
+    /// Streams: KV bucket.
+    pub bucket: String,
+    /// Streams: election name, the KV key.
+    pub name: String,
+    /// Streams: JetStream API prefix without a trailing dot; empty means the
+    /// account's own `$JS.API`.
+    pub api_prefix: String,
+    /// Lease: object name.
+    pub lease_name: String,
+    /// Lease: namespace; `None` means the namespace the pod runs in.
+    pub lease_namespace: Option<String>,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl Default for ElectionConfig {
+    fn default() -> Self {
+        ElectionConfig {
+            backend: ElectionBackend::None,
+            bucket: DEFAULT_STREAMS_BUCKET.into(),
+            name: DEFAULT_STREAMS_NAME.into(),
+            api_prefix: DEFAULT_STREAMS_API_PREFIX.into(),
+            lease_name: DEFAULT_LEASE_NAME.into(),
+            lease_namespace: None,
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+        }
+    }
+}
+
+const KEYS: &[&str] = &[
+    "backend",
+    "bucket",
+    "name",
+    "api_prefix",
+    "lease_name",
+    "lease_namespace",
+    "lease_duration",
+    "renew_deadline",
+    "retry_period",
+];
+const STREAMS_KEYS: &[&str] = &["bucket", "name", "api_prefix"];
+const LEASE_KEYS: &[&str] = &[
+    "lease_name",
+    "lease_namespace",
+    "lease_duration",
+    "renew_deadline",
+    "retry_period",
+];
+
+impl ElectionConfig {
+    /// True unless the backend is `none`.
+    pub fn enabled(&self) -> bool {
+        self.backend != ElectionBackend::None
+    }
+
+    /// Resolves the `election:` block (`None` when absent) against the legacy
+    /// `leader_election` flag. `leader_election_key` is the flag's key as written.
+    pub(crate) fn resolve(
+        file: &Path,
+        block: Option<Node>,
+        leader_election: bool,
+        leader_election_key: &str,
+        warnings: &mut Vec<ConfigWarning>,
+    ) -> Result<Self, ConfigError> {
+        let mut cfg = ElectionConfig::default();
+        let Some(block) = block else {
+            if leader_election {
+                cfg.backend = ElectionBackend::Streams;
+            }
+            return Ok(cfg);
+        };
+        let sec = Section::new(file, "election.", block, KEYS, warnings)?;
+
+        cfg.backend = match sec.string("backend")? {
+            None => {
+                return Err(sec.error(
+                    "backend",
+                    "required when an election block is present: none, streams or lease",
+                ))
+            }
+            Some(b) => match b.to_ascii_lowercase().as_str() {
+                "none" => ElectionBackend::None,
+                "streams" => ElectionBackend::Streams,
+                "lease" => ElectionBackend::Lease,
+                _ => {
+                    return Err(sec.error(
+                        "backend",
+                        format!("{b:?} is not a known backend; use none, streams or lease"),
+                    ))
+                }
+            },
+        };
+        if leader_election && cfg.backend == ElectionBackend::None {
+            return Err(sec.error(
+                "backend",
+                format!(
+                    "none contradicts {leader_election_key}: true; remove one of them"
+                ),
+            ));
+        }
+
+        let unused: &[&str] = match cfg.backend {
+            ElectionBackend::None => KEYS,
+            ElectionBackend::Streams => LEASE_KEYS,
+            ElectionBackend::Lease => STREAMS_KEYS,
+        };
+        for key in unused.iter().filter(|k| **k != "backend") {
+            if sec.is_set(key) {
+                warnings.push(sec.warning(
+                    key,
+                    format!("ignored with backend {}", cfg.backend.as_str()),
+                ));
+            }
+        }
+
+        if cfg.backend == ElectionBackend::Streams {
+            if let Some(bucket) = sec.string("bucket")? {
+                if bucket.is_empty()
+                    || !bucket
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    return Err(sec.error(
+                        "bucket",
+                        format!("{bucket:?} is not a valid bucket name (letters, digits, _ and -)"),
+                    ));
+                }
+                cfg.bucket = bucket;
+            }
+            if let Some(name) = sec.string("name")? {
+                let valid_chars = name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c));
+                if name.is_empty() || !valid_chars || name.starts_with('.') || name.ends_with('.')
+                {
+                    return Err(sec.error(
+                        "name",
+                        format!(
+                            "{name:?} is not a valid key (letters, digits and -/_=., not starting or ending with .)"
+                        ),
+                    ));
+                }
+                cfg.name = name;
+            }
+            if let Some(prefix) = sec.string("api_prefix")? {
+                let p = prefix.strip_suffix('.').unwrap_or(&prefix);
+                let bad = !p.is_empty()
+                    && p.split('.').any(|t| {
+                        t.is_empty()
+                            || t.chars()
+                                .any(|c| c.is_whitespace() || c == '*' || c == '>')
+                    });
+                if bad {
+                    return Err(sec.error(
+                        "api_prefix",
+                        format!("{prefix:?} is not a valid subject prefix"),
+                    ));
+                }
+                cfg.api_prefix = p.to_string();
+            }
+        }
+
+        if cfg.backend == ElectionBackend::Lease {
+            if let Some(name) = sec.string("lease_name")? {
+                if !is_dns_subdomain(&name) {
+                    return Err(sec.error(
+                        "lease_name",
+                        format!(
+                            "{name:?} is not a valid Kubernetes object name (lower case letters, digits, - and ., at most 253 characters, starting and ending with a letter or digit)"
+                        ),
+                    ));
+                }
+                cfg.lease_name = name;
+            }
+            if let Some(ns) = sec.string("lease_namespace")? {
+                if !is_dns_label(&ns) {
+                    return Err(sec.error(
+                        "lease_namespace",
+                        format!(
+                            "{ns:?} is not a valid namespace (lower case letters, digits and -, at most 63 characters)"
+                        ),
+                    ));
+                }
+                cfg.lease_namespace = Some(ns);
+            }
+            for (key, slot) in [
+                ("lease_duration", &mut cfg.lease_duration),
+                ("renew_deadline", &mut cfg.renew_deadline),
+                ("retry_period", &mut cfg.retry_period),
+            ] {
+                if let Some((raw, d)) = sec.duration(key)? {
+                    if d.is_zero() {
+                        return Err(sec.error(key, format!("{raw:?} must be greater than zero")));
+                    }
+                    *slot = d;
+                }
+            }
+            // client-go's rule: LeaseDuration > RenewDeadline > 1.2 × RetryPeriod.
+            if cfg.lease_duration <= cfg.renew_deadline {
+                return Err(sec.error(
+                    "lease_duration",
+                    format!(
+                        "{} must be longer than renew_deadline ({})",
+                        format_duration(cfg.lease_duration),
+                        format_duration(cfg.renew_deadline)
+                    ),
+                ));
+            }
+            if cfg.renew_deadline.as_secs_f64() <= 1.2 * cfg.retry_period.as_secs_f64() {
+                return Err(sec.error(
+                    "renew_deadline",
+                    format!(
+                        "{} must be longer than 1.2 × retry_period ({})",
+                        format_duration(cfg.renew_deadline),
+                        format_duration(cfg.retry_period)
+                    ),
+                ));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(
+        yaml: &str,
+        leader_election: bool,
+    ) -> Result<(ElectionConfig, Vec<ConfigWarning>), ConfigError> {
+        let mut w = Vec::new();
+        let block = if yaml.is_empty() {
+            None
+        } else {
+            Some(Node::parse(yaml).unwrap())
+        };
+        ElectionConfig::resolve(
+            Path::new("p.yaml"),
+            block,
+            leader_election,
+            "leader_election",
+            &mut w,
+        )
+        .map(|c| (c, w))
+    }
+
+    #[test]
+    fn legacy_flag() {
+        assert_eq!(resolve("", false).unwrap().0.backend, ElectionBackend::None);
+        let (c, w) = resolve("", true).unwrap();
+        assert_eq!(c.backend, ElectionBackend::Streams);
+        assert_eq!(c.bucket, "CHORIA_LEADER_ELECTION");
+        assert_eq!(c.name, "provisioner");
+        assert_eq!(c.api_prefix, "choria.streams");
+        assert!(c.enabled());
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn streams_block() {
+        let (c, _) = resolve(
+            "backend: streams\nbucket: OTHER\nname: prov-2\napi_prefix: 'js.'\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(c.backend, ElectionBackend::Streams);
+        assert_eq!((c.bucket.as_str(), c.name.as_str()), ("OTHER", "prov-2"));
+        assert_eq!(c.api_prefix, "js");
+        let (c, _) = resolve("backend: streams\napi_prefix: ''\n", true).unwrap();
+        assert_eq!(c.api_prefix, "");
+    }
+
+    #[test]
+    fn lease_block_and_defaults() {
+        let (c, w) = resolve("backend: lease\n", false).unwrap();
+        assert_eq!(c.backend, ElectionBackend::Lease);
+        assert_eq!(c.lease_name, "choria-provisioner");
+        assert_eq!(c.lease_namespace, None);
+        assert_eq!(c.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
+        assert_eq!(c.retry_period, Duration::from_secs(2));
+        assert!(w.is_empty());
+        let (c, _) = resolve(
+            "backend: lease\nlease_name: prov\nlease_namespace: choria\nlease_duration: 1m\nrenew_deadline: 30s\nretry_period: 5s\n",
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.lease_name, "prov");
+        assert_eq!(c.lease_namespace.as_deref(), Some("choria"));
+        assert_eq!(c.lease_duration, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn errors() {
+        let e = |y: &str, le: bool| resolve(y, le).unwrap_err().to_string();
+        assert_eq!(
+            e("bucket: X\n", false),
+            "p.yaml: election.backend: required when an election block is present: none, streams or lease"
+        );
+        assert!(e("backend: zookeeper\n", false).contains("election.backend: \"zookeeper\""));
+        assert!(e("backend: none\n", true).contains("contradicts leader_election: true"));
+        assert!(e("backend: lease\nlease_name: Bad_Name\n", false).contains("election.lease_name:"));
+        assert!(e("backend: lease\nlease_namespace: a.b\n", false).contains("election.lease_namespace:"));
+        assert!(e("backend: lease\nrenew_deadline: 20s\n", false)
+            .contains("election.lease_duration: 15s must be longer than renew_deadline (20s)"));
+        assert!(e("backend: lease\nretry_period: 9s\n", false)
+            .contains("election.renew_deadline: 10s must be longer than 1.2 × retry_period (9s)"));
+        assert!(e("backend: lease\nretry_period: 0s\n", false).contains("greater than zero"));
+        assert!(e("backend: lease\nretry_period: 2\n", false).contains("election.retry_period:"));
+        assert!(e("backend: streams\nbucket: 'a.b'\n", false).contains("election.bucket:"));
+        assert!(e("backend: streams\nname: '.x'\n", false).contains("election.name:"));
+        assert!(e("backend: streams\napi_prefix: 'a..b'\n", false).contains("election.api_prefix:"));
+        assert!(e("[1]\n", false).contains("election: expected a mapping"));
+    }
+
+    #[test]
+    fn keys_for_the_other_backend_warn() {
+        let (_, w) = resolve("backend: streams\nlease_name: x\nbogus: 1\n", false).unwrap();
+        let w: Vec<String> = w.iter().map(|w| w.to_string()).collect();
+        assert!(w.contains(&"p.yaml: election.lease_name: ignored with backend streams".to_string()));
+        assert!(w.iter().any(|m| m.starts_with("p.yaml: election.bogus: unknown setting")));
+        let (_, w) = resolve("backend: none\nbucket: x\n", false).unwrap();
+        assert_eq!(w.len(), 1);
+    }
+}
