@@ -78,9 +78,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
             }
             Ok(Duration::from_nanos(nanos as u64))
         }
-        c if c.is_ascii_digit() => Err(DurationError(format!(
-            "{input:?} has no unit; {UNIT_HINT}"
-        ))),
+        c if c.is_ascii_digit() => {
+            Err(DurationError(format!("{input:?} has no unit; {UNIT_HINT}")))
+        }
         c => Err(DurationError(format!(
             "{input:?} has an unknown unit {c:?}; {UNIT_HINT}"
         ))),
@@ -250,8 +250,26 @@ mod tests {
     #[test]
     fn rejects() {
         for bad in [
-            "60", "1", "0", "1x", "1H", "1S", "1d12h", "d", "y", "-1h", "-1d", "1..5h", ".h",
-            "h", "1mh", "abc", "1 m", "nand", "infy", "9999999999999999h",
+            "60",
+            "1",
+            "0",
+            "1x",
+            "1H",
+            "1S",
+            "1d12h",
+            "d",
+            "y",
+            "-1h",
+            "-1d",
+            "1..5h",
+            ".h",
+            "h",
+            "1mh",
+            "abc",
+            "1 m",
+            "nand",
+            "infy",
+            "9999999999999999h",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad} should be rejected");
         }

@@ -170,9 +170,7 @@ impl ElectionConfig {
         if leader_election && cfg.backend == ElectionBackend::None {
             return Err(sec.error(
                 "backend",
-                format!(
-                    "none contradicts {leader_election_key}: true; remove one of them"
-                ),
+                format!("none contradicts {leader_election_key}: true; remove one of them"),
             ));
         }
 
@@ -208,8 +206,7 @@ impl ElectionConfig {
                 let valid_chars = name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c));
-                if name.is_empty() || !valid_chars || name.starts_with('.') || name.ends_with('.')
-                {
+                if name.is_empty() || !valid_chars || name.starts_with('.') || name.ends_with('.') {
                     return Err(sec.error(
                         "name",
                         format!(
@@ -223,9 +220,7 @@ impl ElectionConfig {
                 let p = prefix.strip_suffix('.').unwrap_or(&prefix);
                 let bad = !p.is_empty()
                     && p.split('.').any(|t| {
-                        t.is_empty()
-                            || t.chars()
-                                .any(|c| c.is_whitespace() || c == '*' || c == '>')
+                        t.is_empty() || t.chars().any(|c| c.is_whitespace() || c == '*' || c == '>')
                     });
                 if bad {
                     return Err(sec.error(
@@ -396,7 +391,8 @@ mod tests {
         assert!(e("backend: zookeeper\n", false).contains("election.backend: \"zookeeper\""));
         assert!(e("backend: none\n", true).contains("contradicts leader_election: true"));
         assert!(e("backend: lease\nlease_name: Bad_Name\n", false).contains("election.lease_name:"));
-        assert!(e("backend: lease\nlease_namespace: a.b\n", false).contains("election.lease_namespace:"));
+        assert!(e("backend: lease\nlease_namespace: a.b\n", false)
+            .contains("election.lease_namespace:"));
         assert!(e("backend: lease\nrenew_deadline: 20s\n", false)
             .contains("election.lease_duration: 15s must be longer than renew_deadline (20s)"));
         assert!(e("backend: lease\nretry_period: 9s\n", false)
@@ -413,8 +409,12 @@ mod tests {
     fn keys_for_the_other_backend_warn() {
         let (_, w) = resolve("backend: streams\nlease_name: x\nbogus: 1\n", false).unwrap();
         let w: Vec<String> = w.iter().map(|w| w.to_string()).collect();
-        assert!(w.contains(&"p.yaml: election.lease_name: ignored with backend streams".to_string()));
-        assert!(w.iter().any(|m| m.starts_with("p.yaml: election.bogus: unknown setting")));
+        assert!(
+            w.contains(&"p.yaml: election.lease_name: ignored with backend streams".to_string())
+        );
+        assert!(w
+            .iter()
+            .any(|m| m.starts_with("p.yaml: election.bogus: unknown setting")));
         let (_, w) = resolve("backend: none\nbucket: x\n", false).unwrap();
         assert_eq!(w.len(), 1);
     }

@@ -17,14 +17,17 @@ pub mod choria;
 pub mod duration;
 pub mod election;
 pub mod provisioner;
-mod shellwords;
 mod yaml;
 
 pub use choria::{ChoriaClientConfig, ClientSetup, Environment, SecurityProvider};
 pub use duration::{parse_duration, DurationError};
 pub use election::{ElectionBackend, ElectionConfig};
 pub use provisioner::{Features, LogLevel, LogTarget, ProvisionerConfig};
-pub use shellwords::split as split_command_line;
+/// Splits the `helper` command line the way a POSIX shell would, without any
+/// expansion (the Go provisioner uses go-shellquote, which follows the same rules).
+pub fn split_command_line(line: &str) -> Result<Vec<String>, String> {
+    shell_words::split(line).map_err(|e| format!("cannot split the command line: {e}"))
+}
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -229,7 +232,10 @@ mod tests {
         let known = ["workers", "interval", "lifecycle_component", "token"];
         assert_eq!(suggest("worker", known), Some("workers"));
         assert_eq!(suggest("intreval", known), Some("interval"));
-        assert_eq!(suggest("lifecycle-component", known), Some("lifecycle_component"));
+        assert_eq!(
+            suggest("lifecycle-component", known),
+            Some("lifecycle_component")
+        );
         assert_eq!(suggest("something_else", known), None);
     }
 }

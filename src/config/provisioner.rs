@@ -21,7 +21,6 @@
 
 use super::duration::format_duration;
 use super::election::ElectionConfig;
-use super::shellwords;
 use super::yaml::{Node, Section};
 use super::{ConfigError, ConfigWarning, Secret};
 use crate::choria::security::csr::{compile_deny_list, DEFAULT_CERT_DENY_LIST};
@@ -246,7 +245,7 @@ impl ProvisionerConfig {
         }
 
         let helper = sec.string("helper")?.unwrap_or_default();
-        match shellwords::split(&helper) {
+        match super::split_command_line(&helper) {
             Err(e) => return Err(sec.error("helper", format!("{helper:?}: {e}"))),
             Ok(words) if words.is_empty() => {
                 return Err(sec.error(
@@ -281,19 +280,20 @@ impl ProvisionerConfig {
         let choria_insecure = sec.bool("choria_insecure")?.unwrap_or(false);
         let site = sec.string("site")?.unwrap_or_default();
 
-        let monitor_port = match sec.int("monitor_port")? {
-            None | Some(0) => None,
-            Some(p) if p < 0 => {
-                warnings.push(sec.warning(
-                    "monitor_port",
-                    format!("{p} is negative; the metrics listener is disabled"),
-                ));
-                None
-            }
-            Some(p) => Some(u16::try_from(p).map_err(|_| {
-                sec.error("monitor_port", format!("{p} is not a port (1-65535)"))
-            })?),
-        };
+        let monitor_port =
+            match sec.int("monitor_port")? {
+                None | Some(0) => None,
+                Some(p) if p < 0 => {
+                    warnings.push(sec.warning(
+                        "monitor_port",
+                        format!("{p} is negative; the metrics listener is disabled"),
+                    ));
+                    None
+                }
+                Some(p) => Some(u16::try_from(p).map_err(|_| {
+                    sec.error("monitor_port", format!("{p} is not a port (1-65535)"))
+                })?),
+            };
 
         let broker_port = sec.int("broker_port")?;
         if broker_port.is_some() {
@@ -307,7 +307,10 @@ impl ProvisionerConfig {
 
         let cert_deny_list = match sec.string_list("cert_deny_list")? {
             Some(list) if !list.is_empty() => list,
-            _ => DEFAULT_CERT_DENY_LIST.iter().map(|s| s.to_string()).collect(),
+            _ => DEFAULT_CERT_DENY_LIST
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         };
         for (i, pattern) in cert_deny_list.iter().enumerate() {
             if let Err(e) = compile_deny_list(std::slice::from_ref(pattern)) {
@@ -460,7 +463,7 @@ impl ProvisionerConfig {
 
     /// The helper command line split into program and arguments.
     pub fn helper_command(&self) -> Result<Vec<String>, ConfigError> {
-        shellwords::split(&self.helper).map_err(|e| self.err("helper", e))
+        super::split_command_line(&self.helper).map_err(|e| self.err("helper", e))
     }
 
     fn check_helper(&self) -> Result<(), ConfigError> {
@@ -472,7 +475,9 @@ impl ProvisionerConfig {
             let p = Path::new(program);
             match std::fs::metadata(p) {
                 Err(e) => Err(self.err("helper", format!("{program}: {e}"))),
-                Ok(m) if !m.is_file() => Err(self.err("helper", format!("{program} is not a file"))),
+                Ok(m) if !m.is_file() => {
+                    Err(self.err("helper", format!("{program} is not a file")))
+                }
                 Ok(m) if !is_executable(&m) => {
                     Err(self.err("helper", format!("{program} is not executable")))
                 }
@@ -555,7 +560,8 @@ impl ProvisionerConfig {
 
     /// The compiled `cert_deny_list` (validated when parsed).
     pub fn cert_deny_regexes(&self) -> Result<Vec<Regex>, ConfigError> {
-        compile_deny_list(&self.cert_deny_list).map_err(|e| self.err("cert_deny_list", e.to_string()))
+        compile_deny_list(&self.cert_deny_list)
+            .map_err(|e| self.err("cert_deny_list", e.to_string()))
     }
 
     /// The effective log level (see [`LogLevel`]).
@@ -774,10 +780,12 @@ features:
         );
         assert!(err(&with_helper("interval: 59s\n")).contains("below the minimum of 1m"));
         assert!(err(&with_helper("interval: ''\n")).contains("interval: is empty"));
-        assert!(err(&with_helper("interval: 60\n"))
-            .contains("interval: expected a duration such as 30s, 10m, 1h or 1d, found the number 60"));
+        assert!(err(&with_helper("interval: 60\n")).contains(
+            "interval: expected a duration such as 30s, 10m, 1h or 1d, found the number 60"
+        ));
         assert!(err(&with_helper("interval: '10'\n")).contains("interval: \"10\" has no unit"));
-        assert!(err(&with_helper("interval: 1H\n")).contains("interval: \"1H\" is not a valid duration"));
+        assert!(err(&with_helper("interval: 1H\n"))
+            .contains("interval: \"1H\" is not a valid duration"));
         for (text, secs) in [
             ("1m", 60),
             ("60s", 60),
@@ -801,9 +809,18 @@ features:
     fn server_jwt_validity_rules() {
         let v = |y: &str| ok(&with_helper(y)).server_jwt_validity;
         assert_eq!(v("server_jwt_validity: ''\n"), DEFAULT_SERVER_JWT_VALIDITY);
-        assert_eq!(v("server_jwt_validity: 90d\n"), Duration::from_secs(90 * 86_400));
-        assert_eq!(v("server_jwt_validity: 2y\n"), Duration::from_secs(730 * 86_400));
-        assert_eq!(v("server_jwt_validity: 36h\n"), Duration::from_secs(36 * 3600));
+        assert_eq!(
+            v("server_jwt_validity: 90d\n"),
+            Duration::from_secs(90 * 86_400)
+        );
+        assert_eq!(
+            v("server_jwt_validity: 2y\n"),
+            Duration::from_secs(730 * 86_400)
+        );
+        assert_eq!(
+            v("server_jwt_validity: 36h\n"),
+            Duration::from_secs(36 * 3600)
+        );
         assert!(err(&with_helper("server_jwt_validity: 0s\n"))
             .starts_with("provisioner.yaml: server_jwt_validity: \"0s\" is zero"));
         assert!(err(&with_helper("server_jwt_validity: forever\n"))
@@ -815,7 +832,9 @@ features:
         for bad in ["a.b", "a*", "a>", "with space"] {
             let e = err(&with_helper(&format!("lifecycle_component: '{bad}'\n")));
             assert!(
-                e.starts_with(&format!("provisioner.yaml: lifecycle_component: {bad:?} is not valid")),
+                e.starts_with(&format!(
+                    "provisioner.yaml: lifecycle_component: {bad:?} is not valid"
+                )),
                 "{e}"
             );
         }
@@ -852,13 +871,19 @@ features:
         );
         let c = ok(&with_helper("features:\n  pki: true\n  upgrades: true\n"));
         assert!(c.features.pki && c.features.upgrades && !c.features.jwt);
-        assert!(warnings(&c)[0].starts_with("provisioner.yaml: upgrades_repository: not set while features.upgrades"));
-        let c = ok(&with_helper("features:\n  upgrades: true\nupgrades_optional: true\n"));
+        assert!(warnings(&c)[0]
+            .starts_with("provisioner.yaml: upgrades_repository: not set while features.upgrades"));
+        let c = ok(&with_helper(
+            "features:\n  upgrades: true\nupgrades_optional: true\n",
+        ));
         assert!(c.warnings.is_empty());
         let c = ok(&with_helper(
             "features:\n  upgrades: true\nupgrades_repository: https://repo.example.net\n",
         ));
-        assert_eq!(c.upgrades_repository.as_deref(), Some("https://repo.example.net"));
+        assert_eq!(
+            c.upgrades_repository.as_deref(),
+            Some("https://repo.example.net")
+        );
         assert!(c.warnings.is_empty());
         assert!(err(&with_helper("features: [jwt]\n"))
             .contains("provisioner.yaml: features: expected a mapping of settings, found a list"));
@@ -877,10 +902,14 @@ features:
             err(&with_helper("features:\n  jwt: true\n")),
             "provisioner.yaml: jwt_verify_cert: required when features.jwt is enabled: the file or hex ed25519 public key that verifies the nodes' provisioning.jwt"
         );
-        assert!(err(&with_helper("jwt_verify_cert: x\nfeatures:\n  ed25519: true\n"))
-            .starts_with("provisioner.yaml: jwt_signing_key: required when features.ed25519"));
-        assert!(err(&with_helper("jwt_signing_key: k\nfeatures:\n  ed25519: true\n"))
-            .starts_with("provisioner.yaml: jwt_verify_cert: required when features.ed25519"));
+        assert!(err(&with_helper(
+            "jwt_verify_cert: x\nfeatures:\n  ed25519: true\n"
+        ))
+        .starts_with("provisioner.yaml: jwt_signing_key: required when features.ed25519"));
+        assert!(err(&with_helper(
+            "jwt_signing_key: k\nfeatures:\n  ed25519: true\n"
+        ))
+        .starts_with("provisioner.yaml: jwt_verify_cert: required when features.ed25519"));
     }
 
     #[test]
@@ -890,7 +919,9 @@ features:
             "provisioner.yaml: helper: required: the command that decides each node's configuration"
         );
         assert!(err("helper: '   '\n").contains("helper: required"));
-        assert!(err("helper: \"ruby '/x\"\n").contains("helper: \"ruby '/x\": a single quote"));
+        assert!(err("helper: \"ruby '/x\"\n").contains(
+            "helper: \"ruby '/x\": cannot split the command line: missing closing quote"
+        ));
         let c = ok("helper: ruby '/opt/my helper.rb' --site test\n");
         assert_eq!(
             c.helper_command().unwrap(),
@@ -903,11 +934,15 @@ features:
         assert_eq!(ok(&with_helper("workers: 0\n")).workers, default_workers());
         assert_eq!(ok(&with_helper("workers: 16\n")).workers, 16);
         assert_eq!(ok(&with_helper("workers: 2.0\n")).workers, 2);
-        assert!(err(&with_helper("workers: -1\n")).starts_with("provisioner.yaml: workers: -1 is negative"));
+        assert!(err(&with_helper("workers: -1\n"))
+            .starts_with("provisioner.yaml: workers: -1 is negative"));
         assert!(err(&with_helper("workers: '4'\n"))
             .contains("workers: expected a whole number, found a string \"4\""));
         assert!(err(&with_helper("workers: 2.5\n")).contains("workers: expected a whole number"));
-        assert_eq!(ok(&with_helper("monitor_port: 8080\n")).monitor_port, Some(8080));
+        assert_eq!(
+            ok(&with_helper("monitor_port: 8080\n")).monitor_port,
+            Some(8080)
+        );
         assert_eq!(ok(&with_helper("monitor_port: 0\n")).monitor_port, None);
         let c = ok(&with_helper("monitor_port: -1\n"));
         assert_eq!(c.monitor_port, None);
@@ -918,7 +953,9 @@ features:
 
     #[test]
     fn unused_keys_are_accepted_with_a_warning() {
-        let c = ok(&with_helper("broker_port: 4222\nrego_policy: /etc/x.rego\n"));
+        let c = ok(&with_helper(
+            "broker_port: 4222\nrego_policy: /etc/x.rego\n",
+        ));
         assert_eq!(c.broker_port, Some(4222));
         assert_eq!(c.rego_policy.as_deref(), Some("/etc/x.rego"));
         assert_eq!(
@@ -960,7 +997,8 @@ features:
             ["provisioner.yaml: workers: set more than once (also as workers); the last value is used"]
         );
         // Errors name the key as written.
-        assert!(err("Helper: /usr/bin/helper\nWorkers: -2\n").starts_with("provisioner.yaml: Workers: -2"));
+        assert!(err("Helper: /usr/bin/helper\nWorkers: -2\n")
+            .starts_with("provisioner.yaml: Workers: -2"));
     }
 
     #[test]
@@ -987,7 +1025,12 @@ features:
             err("helper: /usr/bin/helper\ntoken: 12345\n"),
             "provisioner.yaml: token: expected a string, found a number 12345; put it in quotes if it is meant as text"
         );
-        assert_eq!(ok("helper: /usr/bin/helper\ntoken: '12345'\n").token.expose(), "12345");
+        assert_eq!(
+            ok("helper: /usr/bin/helper\ntoken: '12345'\n")
+                .token
+                .expose(),
+            "12345"
+        );
         assert!(err(&with_helper("site: [a]\n")).contains("site: expected a string, found a list"));
     }
 
@@ -996,11 +1039,21 @@ features:
         let c = ok(&with_helper("cert_deny_list: ['\\.bad$', '/^evil/']\n"));
         assert_eq!(c.cert_deny_list, [r"\.bad$", "/^evil/"]);
         assert_eq!(c.cert_deny_regexes().unwrap().len(), 2);
-        assert_eq!(ok(&with_helper("cert_deny_list: []\n")).cert_deny_list.len(), 4);
+        assert_eq!(
+            ok(&with_helper("cert_deny_list: []\n"))
+                .cert_deny_list
+                .len(),
+            4
+        );
         let e = err(&with_helper("cert_deny_list: ['ok', '(']\n"));
-        assert!(e.starts_with("provisioner.yaml: cert_deny_list[1]: "), "{e}");
-        assert!(err(&with_helper("cert_deny_list: [1]\n")).contains("cert_deny_list[0]: expected a string"));
-        assert!(err(&with_helper("cert_deny_list: x\n")).contains("cert_deny_list: expected a list of strings"));
+        assert!(
+            e.starts_with("provisioner.yaml: cert_deny_list[1]: "),
+            "{e}"
+        );
+        assert!(err(&with_helper("cert_deny_list: [1]\n"))
+            .contains("cert_deny_list[0]: expected a string"));
+        assert!(err(&with_helper("cert_deny_list: x\n"))
+            .contains("cert_deny_list: expected a list of strings"));
     }
 
     #[test]
@@ -1029,10 +1082,14 @@ features:
         let c = ok(&with_helper("leader_election: true\n"));
         assert_eq!(c.election.backend, ElectionBackend::Streams);
         assert_eq!(c.election.bucket, "CHORIA_LEADER_ELECTION");
-        let c = ok(&with_helper("election:\n  backend: lease\n  lease_namespace: choria\n"));
+        let c = ok(&with_helper(
+            "election:\n  backend: lease\n  lease_namespace: choria\n",
+        ));
         assert_eq!(c.election.backend, ElectionBackend::Lease);
-        assert!(err(&with_helper("leader_election: true\nelection:\n  backend: none\n"))
-            .contains("election.backend: none contradicts leader_election: true"));
+        assert!(err(&with_helper(
+            "leader_election: true\nelection:\n  backend: none\n"
+        ))
+        .contains("election.backend: none contradicts leader_election: true"));
     }
 
     #[test]
@@ -1082,12 +1139,23 @@ features:
 
         let missing = dir.path().join("nope.yaml");
         let e = ProvisionerConfig::load(&missing).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("{}: could not read", missing.display())), "{e}");
+        assert!(
+            e.starts_with(&format!("{}: could not read", missing.display())),
+            "{e}"
+        );
 
-        let cfg = write(dir.path(), "p2.yaml", b"helper: /nonexistent/helper.rb --x\n", 0o644);
+        let cfg = write(
+            dir.path(),
+            "p2.yaml",
+            b"helper: /nonexistent/helper.rb --x\n",
+            0o644,
+        );
         let e = ProvisionerConfig::load(&cfg).unwrap_err().to_string();
         assert!(
-            e.starts_with(&format!("{}: helper: /nonexistent/helper.rb: ", cfg.display())),
+            e.starts_with(&format!(
+                "{}: helper: /nonexistent/helper.rb: ",
+                cfg.display()
+            )),
             "{e}"
         );
 
@@ -1104,9 +1172,17 @@ features:
         // A bare program name is looked up in PATH.
         let cfg = write(dir.path(), "p4.yaml", b"helper: sh -c true\n", 0o644);
         ProvisionerConfig::load(&cfg).unwrap();
-        let cfg = write(dir.path(), "p5.yaml", b"helper: no-such-helper-program\n", 0o644);
+        let cfg = write(
+            dir.path(),
+            "p5.yaml",
+            b"helper: no-such-helper-program\n",
+            0o644,
+        );
         let e = ProvisionerConfig::load(&cfg).unwrap_err().to_string();
-        assert!(e.contains("helper: \"no-such-helper-program\" was not found in PATH"), "{e}");
+        assert!(
+            e.contains("helper: \"no-such-helper-program\" was not found in PATH"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1118,7 +1194,10 @@ features:
 
         let c = ok(&format!("{base}jwt_verify_cert: {hex_pub}\n"));
         c.check_files().unwrap();
-        assert!(matches!(c.load_verify_key().unwrap(), TokenVerifyKey::Ed25519(_)));
+        assert!(matches!(
+            c.load_verify_key().unwrap(),
+            TokenVerifyKey::Ed25519(_)
+        ));
 
         let f = write(dir.path(), "issuer.pub", hex_pub.as_bytes(), 0o644);
         let c = ok(&format!("{base}jwt_verify_cert: {}\n", f.display()));
@@ -1134,7 +1213,13 @@ features:
         let f = write(dir.path(), "garbage.pem", b"not a key", 0o644);
         let c = ok(&format!("{base}jwt_verify_cert: {}\n", f.display()));
         let e = c.check_files().unwrap_err().to_string();
-        assert!(e.starts_with(&format!("provisioner.yaml: jwt_verify_cert: {}: ", f.display())), "{e}");
+        assert!(
+            e.starts_with(&format!(
+                "provisioner.yaml: jwt_verify_cert: {}: ",
+                f.display()
+            )),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1143,7 +1228,12 @@ features:
         let dir = tempfile::tempdir().unwrap();
         let issuer = crate::choria::security::generate_keypair();
         let signer = crate::choria::security::generate_keypair();
-        let seed = write(dir.path(), "signer.seed", signer.seed_hex().as_bytes(), 0o600);
+        let seed = write(
+            dir.path(),
+            "signer.seed",
+            signer.seed_hex().as_bytes(),
+            0o600,
+        );
         let yaml = |extra: &str| {
             format!(
                 "helper: /bin/sh\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures:\n  ed25519: true\n{extra}",
@@ -1169,11 +1259,19 @@ features:
         let unchained = TokenSigningKey::Ed25519(issuer.signing_key().clone())
             .sign(&claims)
             .unwrap();
-        claims.standard.add_org_issuer_data(issuer.signing_key()).unwrap();
+        claims
+            .standard
+            .add_org_issuer_data(issuer.signing_key())
+            .unwrap();
         let chained = TokenSigningKey::Ed25519(issuer.signing_key().clone())
             .sign(&claims)
             .unwrap();
-        let tok = write(dir.path(), "signer.jwt", format!("{chained}\n").as_bytes(), 0o600);
+        let tok = write(
+            dir.path(),
+            "signer.jwt",
+            format!("{chained}\n").as_bytes(),
+            0o600,
+        );
         let c = ok(&yaml(&format!("jwt_signing_token: {}\n", tok.display())));
         c.check_files().unwrap();
         let (raw, parsed) = c.load_signing_token().unwrap().unwrap();
@@ -1183,7 +1281,10 @@ features:
         let tok2 = write(dir.path(), "plain.jwt", unchained.as_bytes(), 0o600);
         let c = ok(&yaml(&format!("jwt_signing_token: {}\n", tok2.display())));
         let e = c.check_files().unwrap_err().to_string();
-        assert!(e.contains("jwt_signing_token: ") && e.contains("has no trust chain signature"), "{e}");
+        assert!(
+            e.contains("jwt_signing_token: ") && e.contains("has no trust chain signature"),
+            "{e}"
+        );
 
         let missing = dir.path().join("missing.seed");
         let c = ok(&format!(
@@ -1193,7 +1294,10 @@ features:
         ));
         let e = c.check_files().unwrap_err().to_string();
         assert!(
-            e.starts_with(&format!("provisioner.yaml: jwt_signing_key: {}: ", missing.display())),
+            e.starts_with(&format!(
+                "provisioner.yaml: jwt_signing_key: {}: ",
+                missing.display()
+            )),
             "{e}"
         );
         let bad = write(dir.path(), "bad.seed", b"zz", 0o600);
@@ -1202,6 +1306,10 @@ features:
             issuer.public_hex(),
             bad.display()
         ));
-        assert!(c.check_files().unwrap_err().to_string().contains("jwt_signing_key: "));
+        assert!(c
+            .check_files()
+            .unwrap_err()
+            .to_string()
+            .contains("jwt_signing_key: "));
     }
 }

@@ -315,10 +315,9 @@ impl<'a> Section<'a> {
                     other.describe()
                 ),
             )),
-            Some(other) => Err(self.error(
-                canon,
-                format!("expected a string, found {}", other.kind()),
-            )),
+            Some(other) => {
+                Err(self.error(canon, format!("expected a string, found {}", other.kind())))
+            }
         }
     }
 
@@ -333,14 +332,15 @@ impl<'a> Section<'a> {
                 | "TRUE" => Ok(Some(true)),
                 "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False"
                 | "FALSE" => Ok(Some(false)),
-                _ => Err(self.error(
-                    canon,
-                    format!("expected true or false, found {s:?}"),
-                )),
+                _ => Err(self.error(canon, format!("expected true or false, found {s:?}"))),
             },
             Some(other) => Err(self.error(
                 canon,
-                format!("expected true or false, found {} {}", other.kind(), other.describe()),
+                format!(
+                    "expected true or false, found {} {}",
+                    other.kind(),
+                    other.describe()
+                ),
             )),
         }
     }
@@ -356,7 +356,11 @@ impl<'a> Section<'a> {
             Some(Node::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(Some(*f as i64)),
             Some(other) => Err(self.error(
                 canon,
-                format!("expected a whole number, found {} {}", other.kind(), other.describe()),
+                format!(
+                    "expected a whole number, found {} {}",
+                    other.kind(),
+                    other.describe()
+                ),
             )),
         }
     }
