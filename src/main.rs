@@ -165,9 +165,13 @@ struct DiscoverArgs {
     inventory: usize,
 }
 
-fn init_tracing(cli: &Cli) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_tracing(cli: &Cli) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).with_context(|| {
+        format!(
+            "--log {:?} is not a valid log filter; use a level such as info or debug, or e.g. choria_provisioner=debug",
+            cli.log
+        )
+    })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -175,12 +179,13 @@ fn init_tracing(cli: &Cli) {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    init_tracing(&cli);
+    init_tracing(&cli)?;
     match cli.command {
         Command::Fleet(args) => run_fleet(args).await,
         Command::Discover(args) => run_discover(args).await,

@@ -104,14 +104,14 @@ proptest! {
             request_id: "abc", sender: "node1", agent: "rpcutil", time_nanos: 1_700_000_000_000_000_000,
             body: &tampered, connected_url: "",
         }).unwrap();
-        let swapped = swap_hash(version, &good, &bytes);
+        let swapped = swap_hash(&good, &bytes);
         let caught = matches!(protocol::decode_reply(&swapped), Err(protocol::ProtocolError::HashMismatch { .. }));
         prop_assert!(caught, "a tampered body passed the hash check");
     }
 }
 
 /// Puts the hash of `hash_from` into the secure reply of `target`.
-fn swap_hash(version: Version, target: &[u8], hash_from: &[u8]) -> Vec<u8> {
+fn swap_hash(target: &[u8], hash_from: &[u8]) -> Vec<u8> {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
     let secure = |t: &[u8]| -> serde_json::Value {
@@ -122,6 +122,5 @@ fn swap_hash(version: Version, target: &[u8], hash_from: &[u8]) -> Vec<u8> {
     s["hash"] = secure(hash_from)["hash"].clone();
     let mut tv: serde_json::Value = serde_json::from_slice(target).unwrap();
     tv["data"] = b64.encode(s.to_string()).into();
-    let _ = version;
     tv.to_string().into_bytes()
 }

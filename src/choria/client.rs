@@ -220,16 +220,6 @@ impl ChoriaClient {
         }
     }
 
-    fn connected_url(&self) -> String {
-        let info = self.nats.server_info();
-        // Go records the redacted URL it is connected to.
-        if info.host.is_empty() {
-            String::new()
-        } else {
-            format!("nats://{}:{}", info.host, info.port)
-        }
-    }
-
     fn encode(
         &self,
         id: &str,
@@ -238,7 +228,7 @@ impl ChoriaClient {
         payload: &[u8],
         reply_to: &str,
     ) -> Result<Vec<u8>, ClientError> {
-        let url = self.connected_url();
+        let url = connected_url(&self.nats);
         let spec = RequestSpec {
             id,
             sender: &self.me.identity,
@@ -441,6 +431,17 @@ pub async fn subscribe_events(
     nats.subscribe(subject.clone())
         .await
         .map_err(|source| ClientError::Subscribe { subject, source })
+}
+
+/// The URL of the server a connection is on, as Go records it in network hops
+/// (`seen-by` / `trace`); empty before the first connection.
+pub fn connected_url(nats: &async_nats::Client) -> String {
+    let info = nats.server_info();
+    if info.host.is_empty() {
+        String::new()
+    } else {
+        format!("nats://{}:{}", info.host, info.port)
+    }
 }
 
 pub fn now_nanos() -> i64 {

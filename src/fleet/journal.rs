@@ -41,6 +41,37 @@ pub enum Entry {
     Final(FinalState),
 }
 
+impl Entry {
+    /// A request line stamped with the current time. `req` is None when the
+    /// message could not be decoded far enough to know who sent it.
+    pub fn action(
+        node: &str,
+        req: Option<&crate::choria::protocol::Request>,
+        action: &str,
+        outcome: Outcome,
+        statuscode: Option<u8>,
+        statusmsg: &str,
+    ) -> Self {
+        let (time, time_us) = timestamp();
+        let field = |f: fn(&crate::choria::protocol::Request) -> &String| {
+            req.map(f).cloned().unwrap_or_default()
+        };
+        Entry::Action {
+            node: node.to_string(),
+            agent: field(|r| &r.agent),
+            action: action.to_string(),
+            caller: field(|r| &r.caller),
+            sender: field(|r| &r.sender),
+            request_id: field(|r| &r.id),
+            time,
+            time_us,
+            outcome,
+            statuscode,
+            statusmsg: statusmsg.to_string(),
+        }
+    }
+}
+
 /// What happened to a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -19,9 +19,10 @@ use crate::choria::subjects;
 use crate::choria::tls::TlsSettings;
 use futures::StreamExt;
 use journal::{Entry, Journal, Outcome};
-use node::{Failure, FleetShared, Handled, Mode, Node, Response};
+use node::{Failure, FleetShared, Mode, Node, Response};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -121,8 +122,8 @@ pub struct FleetSummary {
 type NodeRef = Arc<Mutex<Node>>;
 
 struct Counters {
-    requests: std::sync::atomic::AtomicU64,
-    replies: std::sync::atomic::AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
 }
 
 /// Shared per-run context handed to tasks.
@@ -131,7 +132,20 @@ struct Ctx {
     journal: Journal,
     counters: Arc<Counters>,
     protocol: Version,
+    /// Nodes without injected failures still in provisioning; `--exit-when-done`
+    /// waits for zero. Kept as a count so each change costs O(1), not a scan.
+    remaining: Arc<AtomicUsize>,
     changed: Arc<Notify>,
+}
+
+impl Ctx {
+    /// Called when a node leaves provisioning (restart into normal mode, shutdown).
+    fn node_left(&self, failure: Option<Failure>) {
+        if failure.is_none() {
+            self.remaining.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.changed.notify_waiters();
+    }
 }
 
 impl FleetOptions {
@@ -273,6 +287,7 @@ pub async fn run(
         }
         None => (Journal::disabled(), None),
     };
+    let failures = assign_failures(&opts);
     let ctx = Ctx {
         journal,
         counters: Arc::new(Counters {
@@ -280,10 +295,11 @@ pub async fn run(
             replies: 0.into(),
         }),
         protocol: opts.protocol,
+        remaining: Arc::new(AtomicUsize::new(
+            failures.iter().filter(|f| f.is_none()).count(),
+        )),
         changed: Arc::new(Notify::new()),
     };
-
-    let failures = assign_failures(&opts);
     let nodes: Vec<NodeRef> = (0..opts.nodes)
         .map(|i| {
             Arc::new(Mutex::new(Node::new(
@@ -312,6 +328,8 @@ pub async fn run(
 
     let mut tasks = Vec::new();
     for (c, nats) in conns.iter().enumerate() {
+        // The hop URL recorded in replies: one server per connection, looked up once.
+        let url: Arc<str> = client::connected_url(nats).into();
         let mine: Vec<NodeRef> = nodes.iter().skip(c).step_by(connections).cloned().collect();
         for node in &mine {
             let identity = node.lock().expect("node lock").identity.clone();
@@ -323,7 +341,10 @@ pub async fn run(
             tasks.push(tokio::spawn(directed_loop(
                 node.clone(),
                 sub,
-                nats.clone(),
+                Link {
+                    nats: nats.clone(),
+                    url: url.clone(),
+                },
                 ctx.clone(),
             )));
         }
@@ -339,7 +360,10 @@ pub async fn run(
         tasks.push(tokio::spawn(broadcast_loop(
             mine,
             futures::stream::select_all(subs),
-            nats.clone(),
+            Link {
+                nats: nats.clone(),
+                url,
+            },
             ctx.clone(),
         )));
     }
@@ -374,11 +398,7 @@ pub async fn run(
         }
         loop {
             let notified = ctx.changed.notified();
-            let finished = nodes.iter().all(|n| {
-                let n = n.lock().expect("node lock");
-                n.failure.is_some() || n.mode != Mode::Provisioning
-            });
-            if finished {
+            if ctx.remaining.load(Ordering::Relaxed) == 0 {
                 return;
             }
             notified.await;
@@ -405,14 +425,8 @@ pub async fn run(
 
     let mut summary = FleetSummary {
         nodes: opts.nodes,
-        requests: ctx
-            .counters
-            .requests
-            .load(std::sync::atomic::Ordering::Relaxed),
-        replies: ctx
-            .counters
-            .replies
-            .load(std::sync::atomic::Ordering::Relaxed),
+        requests: ctx.counters.requests.load(Ordering::Relaxed),
+        replies: ctx.counters.replies.load(Ordering::Relaxed),
         ..Default::default()
     };
     for node in &nodes {
@@ -437,12 +451,14 @@ pub async fn run(
     Ok(summary)
 }
 
-async fn directed_loop(
-    node: NodeRef,
-    mut sub: async_nats::Subscriber,
+/// A NATS connection and the server URL it records as its network hop.
+#[derive(Clone)]
+struct Link {
     nats: async_nats::Client,
-    ctx: Ctx,
-) {
+    url: Arc<str>,
+}
+
+async fn directed_loop(node: NodeRef, mut sub: async_nats::Subscriber, link: Link, ctx: Ctx) {
     while let Some(msg) = sub.next().await {
         // A node that left the collective is no longer subscribed in go-choria;
         // whatever was still in flight is simply never received.
@@ -459,14 +475,14 @@ async fn directed_loop(
                 continue;
             }
         };
-        serve(&node, &req, &nats, &ctx).await;
+        serve(&node, &req, &link, &ctx).await;
     }
 }
 
 async fn broadcast_loop(
     nodes: Vec<NodeRef>,
     mut subs: futures::stream::SelectAll<async_nats::Subscriber>,
-    nats: async_nats::Client,
+    link: Link,
     ctx: Ctx,
 ) {
     while let Some(msg) = subs.next().await {
@@ -481,39 +497,32 @@ async fn broadcast_loop(
         for node in &nodes {
             let interested = node.lock().expect("node lock").accepts(&req);
             if interested {
-                serve(node, &req, &nats, &ctx).await;
+                serve(node, &req, &link, &ctx).await;
             }
         }
     }
 }
 
 fn record_drop(ctx: &Ctx, node: &str, reason: &str) {
-    let (time, time_us) = journal::timestamp();
-    ctx.journal.record(Entry::Action {
-        node: node.to_string(),
-        agent: String::new(),
-        action: String::new(),
-        caller: String::new(),
-        sender: String::new(),
-        request_id: String::new(),
-        time,
-        time_us,
-        outcome: Outcome::Dropped,
-        statuscode: None,
-        statusmsg: reason.to_string(),
-    });
+    ctx.journal.record(Entry::action(
+        node,
+        None,
+        "",
+        Outcome::Dropped,
+        None,
+        reason,
+    ));
 }
 
 /// Handles one request on one node, replies, journals, and carries out effects.
-async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &Ctx) {
-    use std::sync::atomic::Ordering;
+async fn serve(node: &NodeRef, req: &Request, link: &Link, ctx: &Ctx) {
     ctx.counters.requests.fetch_add(1, Ordering::Relaxed);
-    let (handled, identity, failure): (Handled, String, Option<Failure>) = {
+    let (handled, identity, failure, version) = {
         let mut n = node.lock().expect("node lock");
         let h = n.handle(req, client::now_nanos());
-        (h, n.identity.clone(), n.failure)
+        (h, n.identity.clone(), n.failure, n.version.clone())
     };
-    let url = connected_url(nats);
+    let nats = &link.nats;
     let outcome = match &handled.response {
         Response::Reply(body) => {
             let spec = ReplySpec {
@@ -522,7 +531,7 @@ async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &C
                 agent: &req.agent,
                 time_nanos: client::now_nanos(),
                 body,
-                connected_url: &url,
+                connected_url: &link.url,
             };
             match protocol::encode_reply(req.version, &spec) {
                 Ok(bytes) => {
@@ -552,25 +561,19 @@ async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &C
             }
         }
     };
-    let (time, time_us) = journal::timestamp();
-    ctx.journal.record(Entry::Action {
-        node: identity.clone(),
-        agent: req.agent.clone(),
-        action: handled.action.clone(),
-        caller: req.caller.clone(),
-        sender: req.sender.clone(),
-        request_id: req.id.clone(),
-        time,
-        time_us,
+    let statusmsg = match &handled.response {
+        Response::NoReply(reason) => reason,
+        _ => &handled.statusmsg,
+    };
+    ctx.journal.record(Entry::action(
+        &identity,
+        Some(req),
+        &handled.action,
         outcome,
-        statuscode: handled.statuscode.map(u8::from),
-        statusmsg: match &handled.response {
-            Response::NoReply(reason) => reason.clone(),
-            _ => handled.statusmsg.clone(),
-        },
-    });
+        handled.statuscode.map(u8::from),
+        statusmsg,
+    ));
 
-    let version = node.lock().expect("node lock").version.clone();
     for event in &handled.effects.events {
         let v = matches!(event, EventType::Upgraded).then_some(version.as_str());
         publish_event(nats, ctx, &identity, *event, PROVISION_MODE_COMPONENT, v).await;
@@ -584,13 +587,21 @@ async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &C
         ));
     }
     if let Some(delay) = handled.effects.shutdown_after {
-        let node = node.clone();
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            node.lock().expect("node lock").complete_shutdown();
-            ctx.changed.notify_waiters();
-        });
+        tokio::spawn(shutdown_later(node.clone(), ctx.clone(), delay));
+    }
+}
+
+/// The end of the `shutdown` action's splay: the node stops.
+async fn shutdown_later(node: NodeRef, ctx: Ctx, delay: Duration) {
+    tokio::time::sleep(delay).await;
+    let (was, failure) = {
+        let mut n = node.lock().expect("node lock");
+        let was = n.mode;
+        n.complete_shutdown();
+        (was, n.failure)
+    };
+    if was == Mode::Provisioning {
+        ctx.node_left(failure);
     }
 }
 
@@ -598,10 +609,17 @@ async fn serve(node: &NodeRef, req: &Request, nats: &async_nats::Client, ctx: &C
 /// announces itself as a normal server) or comes back into it.
 async fn restart_later(node: NodeRef, nats: async_nats::Client, ctx: Ctx, delay: Duration) {
     tokio::time::sleep(delay).await;
-    let (identity, version, mode) = {
+    let (identity, version, was, mode, failure) = {
         let mut n = node.lock().expect("node lock");
+        let was = n.mode;
         n.complete_restart();
-        (n.identity.clone(), n.version.clone(), n.mode)
+        (
+            n.identity.clone(),
+            n.version.clone(),
+            was,
+            n.mode,
+            n.failure,
+        )
     };
     let component = if mode == Mode::Provisioned {
         SERVER_COMPONENT
@@ -617,7 +635,9 @@ async fn restart_later(node: NodeRef, nats: async_nats::Client, ctx: Ctx, delay:
         Some(&version),
     )
     .await;
-    ctx.changed.notify_waiters();
+    if was == Mode::Provisioning && mode != Mode::Provisioning {
+        ctx.node_left(failure);
+    }
 }
 
 async fn publish_event(
@@ -640,11 +660,6 @@ async fn publish_event(
         time,
         time_us,
     });
-}
-
-fn connected_url(nats: &async_nats::Client) -> String {
-    let info = nats.server_info();
-    format!("nats://{}:{}", info.host, info.port)
 }
 
 /// A reply whose transport is well-formed enough to be routed and attributed,

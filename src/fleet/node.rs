@@ -83,6 +83,12 @@ impl Mode {
     }
 }
 
+/// The reply data of the actions that only report a message.
+#[derive(Serialize)]
+struct MessageReply {
+    message: String,
+}
+
 /// What handling a request produced.
 #[derive(Debug, PartialEq)]
 pub enum Response {
@@ -127,17 +133,13 @@ impl Handled {
     }
 }
 
-/// The files and settings a node has written, kept in memory.
+/// What a node has written that its final state reports, kept in memory.
 #[derive(Default)]
 struct Written {
     config: Option<BTreeMap<String, String>>,
     certificate: Option<String>,
-    ca: Option<String>,
     private_key: Option<String>,
     server_jwt: Option<String>,
-    server_seed: Option<String>,
-    csr_key_index: Option<usize>,
-    policies: usize,
 }
 
 /// A simulated node.
@@ -196,12 +198,11 @@ impl Node {
 
     /// True when the node's filter matches and it is still in the collective.
     pub fn accepts(&self, req: &Request) -> bool {
-        let classes: Vec<String> = Vec::new();
         self.mode == Mode::Provisioning
             && req.filter.matches(&NodeFacts {
                 identity: &self.identity,
                 agents: AGENTS,
-                classes: &classes,
+                classes: &[],
                 facts: Some(&self.shared.facts),
             })
     }
@@ -285,7 +286,7 @@ impl Node {
         }
 
         match agent {
-            "rpcutil" => self.rpcutil(&action, data),
+            "rpcutil" => self.rpcutil(&action),
             "choria_provision" => self.provision(&action, data, req),
             _ => self.reply_error(
                 &action,
@@ -319,7 +320,7 @@ impl Node {
         self.reply_error(action, StatusCode::Aborted, msg.into())
     }
 
-    fn rpcutil(&self, action: &str, data: &str) -> Handled {
+    fn rpcutil(&self, action: &str) -> Handled {
         match action {
             "inventory" => {
                 #[derive(Serialize)]
@@ -367,7 +368,6 @@ impl Node {
                     main_collective: &'a str,
                     collectives: [&'a str; 1],
                 }
-                let _ = data;
                 self.reply_ok(
                     action,
                     &Info {
@@ -398,8 +398,15 @@ impl Node {
         })
     }
 
-    fn token_ok(&self, token: &str) -> bool {
-        self.shared.token.is_empty() || token == self.shared.token
+    /// go-choria's `checkToken`: with no token in the provisioning JWT any token passes.
+    fn check_token(&self, action: &str, token: &str) -> Result<(), Box<Handled>> {
+        if self.shared.token.is_empty() || token == self.shared.token {
+            Ok(())
+        } else {
+            Err(Box::new(
+                self.abort(action, "Incorrect provision token supplied"),
+            ))
+        }
     }
 
     /// The per-server provisioning lock keyed on `<senderid>.<callerid>`.
@@ -441,7 +448,7 @@ impl Node {
             "jwt" => self.jwt(data),
             "gen25519" => self.gen25519(data),
             "gencsr" => self.gencsr(data),
-            "configure" => self.configure(data, req),
+            "configure" => self.configure(data),
             "restart" => self.restart(data),
             "shutdown" => self.shutdown(data),
             "reprovision" => self.reprovision(data),
@@ -458,9 +465,7 @@ impl Node {
             token: String,
         }
         let args: Args = self.parse("jwt", data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort("jwt", "Incorrect provision token supplied"));
-        }
+        self.check_token("jwt", &args.token)?;
         let Some(jwt) = self.shared.provisioning_jwt.clone() else {
             return Ok(self.abort("jwt", "No Provisioning JWT file has been configured"));
         };
@@ -488,9 +493,7 @@ impl Node {
             nonce: String,
         }
         let args: Args = self.parse("gen25519", data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort("gen25519", "Incorrect provision token supplied"));
-        }
+        self.check_token("gen25519", &args.token)?;
         let pair = Ed25519KeyPair::generate();
         #[derive(Serialize)]
         struct Reply {
@@ -505,7 +508,6 @@ impl Node {
         };
         // A new seed invalidates any server JWT issued for the old one.
         self.written.server_jwt = None;
-        self.written.server_seed = Some(pair.seed_hex());
         Ok(self.reply_ok("gen25519", &reply))
     }
 
@@ -528,11 +530,8 @@ impl Node {
             state: String,
         }
         let args: Args = self.parse("gencsr", data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort("gencsr", "Incorrect provision token supplied"));
-        }
-        let key_index = self.index;
-        let key = self.shared.key_pool.get(key_index);
+        self.check_token("gencsr", &args.token)?;
+        let key = self.shared.key_pool.get(self.index);
         let mut subject = CsrSubject::new(if args.cn.is_empty() {
             self.identity.clone()
         } else {
@@ -553,7 +552,6 @@ impl Node {
             Ok(p) => p,
             Err(e) => return Ok(self.abort("gencsr", format!("Could not encode public key: {e}"))),
         };
-        self.written.csr_key_index = Some(key_index);
         #[derive(Serialize)]
         struct Reply {
             csr: String,
@@ -570,7 +568,7 @@ impl Node {
         ))
     }
 
-    fn configure(&mut self, data: &str, req: &Request) -> Result<Handled, Box<Handled>> {
+    fn configure(&mut self, data: &str) -> Result<Handled, Box<Handled>> {
         #[derive(Deserialize)]
         struct Args {
             #[serde(default)]
@@ -596,9 +594,7 @@ impl Node {
         }
         let a = "configure";
         let args: Args = self.parse(a, data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort(a, "Incorrect provision token supplied"));
-        }
+        self.check_token(a, &args.token)?;
         if args.config.is_empty() {
             return Ok(self.abort(
                 a,
@@ -634,7 +630,6 @@ impl Node {
                 }
             }
             self.written.certificate = Some(args.certificate);
-            self.written.ca = Some(args.ca);
         }
         if !args.server_jwt.is_empty() {
             self.written.server_jwt = Some(args.server_jwt);
@@ -663,18 +658,12 @@ impl Node {
                 ));
             }
         }
-        self.written.policies = args.action_policies.len() + args.opa_policies.len();
         let lines = settings.len() + 1;
         self.written.config = Some(settings);
         self.configured += 1;
-        let _ = req;
-        #[derive(Serialize)]
-        struct Reply {
-            message: String,
-        }
         let mut handled = self.reply_ok(
             a,
-            &Reply {
+            &MessageReply {
                 message: format!("Wrote {lines} lines to {}", self.config_file()),
             },
         );
@@ -709,9 +698,7 @@ impl Node {
         }
         let a = "restart";
         let args: Args = self.parse(a, data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort(a, "Incorrect provision token supplied"));
-        }
+        self.check_token(a, &args.token)?;
         if self.provision_enabled_in_config() {
             return Ok(self.abort(
                 a,
@@ -723,13 +710,9 @@ impl Node {
         }
         let splay = if args.splay <= 0 { 10 } else { args.splay };
         let delay = Duration::from_secs(rand::random::<u64>() % splay as u64 + 2);
-        #[derive(Serialize)]
-        struct Reply {
-            message: String,
-        }
         let mut handled = self.reply_ok(
             a,
-            &Reply {
+            &MessageReply {
                 message: format!("Restarting Choria Server after {}s", delay.as_secs()),
             },
         );
@@ -751,17 +734,11 @@ impl Node {
         }
         let a = "shutdown";
         let args: Args = self.parse(a, data)?;
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort(a, "Incorrect provision token supplied"));
-        }
+        self.check_token(a, &args.token)?;
         let delay = Duration::from_secs(rand::random::<u64>() % 10);
-        #[derive(Serialize)]
-        struct Reply {
-            message: String,
-        }
         let mut handled = self.reply_ok(
             a,
-            &Reply {
+            &MessageReply {
                 message: format!("Shutting Choria Server down after {}s", delay.as_secs()),
             },
         );
@@ -798,9 +775,7 @@ impl Node {
         if !self.shared.upgradable {
             return Ok(self.abort(a, "Version updates is not enabled in the configuration"));
         }
-        if !self.token_ok(&args.token) {
-            return Ok(self.abort(a, "Incorrect provision token supplied"));
-        }
+        self.check_token(a, &args.token)?;
         if !(args.repository.starts_with("http://") || args.repository.starts_with("https://"))
             || args.version.is_empty()
         {
@@ -815,13 +790,9 @@ impl Node {
         // The simulator cannot download a release; it behaves as a successful
         // update: the new version is reported after the restart.
         self.version = args.version;
-        #[derive(Serialize)]
-        struct Reply {
-            message: String,
-        }
         let mut handled = self.reply_ok(
             a,
-            &Reply {
+            &MessageReply {
                 message: "Restarting Choria Server after 2s".into(),
             },
         );
@@ -871,26 +842,6 @@ impl Node {
             injected_failure: self.failure.map(|f| f.name().to_string()),
             provisioned_at: self.provisioned_at.clone(),
         }
-    }
-
-    /// The decrypted private key written by `configure`, for tests.
-    pub fn written_private_key(&self) -> Option<&str> {
-        self.written.private_key.as_deref()
-    }
-
-    /// The server JWT written by `configure`, for tests.
-    pub fn written_server_jwt(&self) -> Option<&str> {
-        self.written.server_jwt.as_deref()
-    }
-
-    /// The written configuration, for tests.
-    pub fn written_config(&self) -> Option<&BTreeMap<String, String>> {
-        self.written.config.as_ref()
-    }
-
-    /// The ed25519 seed written by `gen25519`, for tests.
-    pub fn written_seed(&self) -> Option<&str> {
-        self.written.server_seed.as_deref()
     }
 }
 
