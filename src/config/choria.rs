@@ -57,20 +57,6 @@ const KEY_SIGNER_TOKEN: &str = "plugin.choria.security.request_signer.token_file
 const KEY_SIGNER_SEED: &str = "plugin.choria.security.request_signer.seed_file";
 const KEY_CLIENT_ANON_TLS: &str = "plugin.security.client_anon_tls";
 
-/// Keys whose values are paths (`type:"path_string"` in go-choria).
-const PATH_KEYS: &[&str] = &[
-    KEY_FILE_CERT,
-    KEY_FILE_KEY,
-    KEY_FILE_CA,
-    KEY_CHORIA_TOKEN,
-    KEY_CHORIA_SEED,
-    KEY_CHORIA_CA,
-    KEY_CHORIA_CERT,
-    KEY_CHORIA_KEY,
-    KEY_SIGNER_TOKEN,
-    KEY_SIGNER_SEED,
-];
-
 /// Keys this module reads; a value of one of these containing ` #` gets a
 /// warning, since there are no inline comments.
 const USED_KEYS: &[&str] = &[
@@ -98,6 +84,15 @@ pub enum SecurityProvider {
     File,
     /// ed25519 + JWT: protocol v2.
     Choria,
+}
+
+impl SecurityProvider {
+    fn protocol_version(self) -> Version {
+        match self {
+            SecurityProvider::File => Version::V1,
+            SecurityProvider::Choria => Version::V2,
+        }
+    }
 }
 
 /// What the process environment contributes, so derivations are testable.
@@ -148,17 +143,23 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
 }
 
-/// Where a value came from.
-#[derive(Clone, PartialEq, Eq)]
+/// A value (never empty) and where it came from.
+#[derive(Clone)]
 struct RawValue {
     value: String,
     file: PathBuf,
     line: usize,
 }
 
+impl RawValue {
+    fn warning(&self, key: &str, message: impl Into<String>) -> ConfigWarning {
+        ConfigWarning::new(&self.file, Some(self.line), key, message)
+    }
+}
+
 /// All `key = value` pairs read, for [`ChoriaClientConfig::option`]. `Debug`
 /// lists keys only, since values may be passwords.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 struct RawOptions(BTreeMap<String, RawValue>);
 
 impl fmt::Debug for RawOptions {
@@ -220,35 +221,12 @@ impl ChoriaClientConfig {
     /// [`ChoriaClientConfig::load`] with a given environment.
     pub fn load_with(path: impl AsRef<Path>, env: &Environment) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: path.to_path_buf(),
-            source,
-        })?;
-        let mut options = RawOptions::default();
-        let mut warnings = Vec::new();
-        let mut files = vec![path.to_path_buf()];
-        parse_lines(&text, path, "", &mut options, &mut warnings);
-
-        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        let under_home = env.home.as_ref().is_some_and(|h| {
-            abs.to_string_lossy()
-                .starts_with(h.to_string_lossy().as_ref())
-        });
-        if !under_home {
-            if let Some(dir) = abs.parent() {
-                let dotd = dir.join("plugin.d").join("choria.cfg");
-                if dotd.is_file() {
-                    let text =
-                        std::fs::read_to_string(&dotd).map_err(|source| ConfigError::Read {
-                            file: dotd.clone(),
-                            source,
-                        })?;
-                    parse_lines(&text, &dotd, "plugin.choria.", &mut options, &mut warnings);
-                    files.push(dotd);
-                }
-            }
+        let mut sources = Sources::default();
+        sources.add(&super::read_file(path)?, path, "");
+        if let Some(dotd) = plugin_d_file(path, env.home.as_deref()) {
+            sources.add(&super::read_file(&dotd)?, &dotd, "plugin.choria.");
         }
-        Self::from_options(path, files, options, warnings, env)
+        Self::from_sources(path, sources, env)
     }
 
     /// Parses file text without reading anything else; `file` is used in
@@ -259,46 +237,33 @@ impl ChoriaClientConfig {
         env: &Environment,
     ) -> Result<Self, ConfigError> {
         let file = file.as_ref();
-        let mut options = RawOptions::default();
-        let mut warnings = Vec::new();
-        parse_lines(text, file, "", &mut options, &mut warnings);
-        Self::from_options(file, vec![file.to_path_buf()], options, warnings, env)
+        let mut sources = Sources::default();
+        sources.add(text, file, "");
+        Self::from_sources(file, sources, env)
     }
 
-    fn from_options(
-        file: &Path,
-        files: Vec<PathBuf>,
-        options: RawOptions,
-        mut warnings: Vec<ConfigWarning>,
-        env: &Environment,
-    ) -> Result<Self, ConfigError> {
+    fn from_sources(file: &Path, sources: Sources, env: &Environment) -> Result<Self, ConfigError> {
+        let Sources {
+            files,
+            options,
+            mut warnings,
+        } = sources;
         for key in USED_KEYS {
-            if let Some(raw) = options.0.get(*key) {
-                if raw.value.contains(" #") {
-                    warnings.push(ConfigWarning::new(
-                        &raw.file,
-                        Some(raw.line),
-                        *key,
-                        "the value contains ' #': comments must be on their own line, so it is part of the value",
-                    ));
-                }
+            if let Some(raw) = options.0.get(*key).filter(|r| r.value.contains(" #")) {
+                warnings.push(raw.warning(
+                    key,
+                    "the value contains ' #': comments must be on their own line, so it is part of the value",
+                ));
             }
         }
         let get = |key: &str| options.0.get(key).map(|r| r.value.clone());
-        let path = |key: &str| {
-            get(key).map(|v| {
-                debug_assert!(PATH_KEYS.contains(&key));
-                expand_home(&v, env.home.as_deref())
-            })
-        };
-        let mut bool_opt = |key: &str, default: bool| {
-            match options.0.get(key) {
-            None => default,
+        // The `type:"path_string"` keys of go-choria.
+        let path = |key: &str| get(key).map(|v| expand_home(&v, env.home.as_deref()));
+        let use_srv = match options.0.get(KEY_USE_SRV) {
+            None => true,
             Some(raw) => str_to_bool(&raw.value).unwrap_or_else(|| {
-                warnings.push(ConfigWarning::new(
-                    &raw.file,
-                    Some(raw.line),
-                    key,
+                warnings.push(raw.warning(
+                    KEY_USE_SRV,
                     format!(
                         "{:?} is not a boolean (1, yes, true, y, t / 0, no, false, n, f); treated as false like go-choria",
                         raw.value
@@ -306,9 +271,7 @@ impl ChoriaClientConfig {
                 ));
                 false
             }),
-        }
         };
-        let use_srv = bool_opt(KEY_USE_SRV, true);
 
         let identity = match get(KEY_IDENTITY) {
             Some(i) => i,
@@ -359,21 +322,22 @@ impl ChoriaClientConfig {
         self.options.0.get(key).map(|r| r.value.as_str())
     }
 
-    fn line(&self, key: &str) -> (PathBuf, Option<usize>) {
+    /// Where `key` was set, or the main file when it was not.
+    fn line(&self, key: &str) -> (&Path, Option<usize>) {
         match self.options.0.get(key) {
-            Some(r) => (r.file.clone(), Some(r.line)),
-            None => (self.file.clone(), None),
+            Some(r) => (&r.file, Some(r.line)),
+            None => (&self.file, None),
         }
     }
 
     fn err(&self, key: &str, message: impl Into<String>) -> ConfigError {
         let (file, line) = self.line(key);
-        ConfigError::invalid(&file, line, key, message)
+        ConfigError::invalid(file, line, key, message)
     }
 
     fn warn(&self, key: &str, message: impl Into<String>) -> ConfigWarning {
         let (file, line) = self.line(key);
-        ConfigWarning::new(&file, line, key, message)
+        ConfigWarning::new(file, line, key, message)
     }
 
     /// The security provider in effect. `choria_insecure` forces `file`, as
@@ -402,10 +366,7 @@ impl ChoriaClientConfig {
 
     /// Protocol v1 for `file`, v2 for `choria`.
     pub fn protocol_version(&self, insecure: bool) -> Result<Version, ConfigError> {
-        Ok(match self.security_provider(insecure)? {
-            SecurityProvider::File => Version::V1,
-            SecurityProvider::Choria => Version::V2,
-        })
+        Ok(self.security_provider(insecure)?.protocol_version())
     }
 
     /// The x509 certificate name (go-choria's file provider): the
@@ -427,7 +388,7 @@ impl ChoriaClientConfig {
     /// in v2.
     pub fn caller_id(&self, insecure: bool, env: &Environment) -> Result<String, ConfigError> {
         match self.security_provider(insecure)? {
-            SecurityProvider::File => Ok(format!("choria={}", self.certname(env))),
+            SecurityProvider::File => Ok(v1_caller(&self.certname(env))),
             SecurityProvider::Choria => Ok(self.client_token(env)?.caller),
         }
     }
@@ -436,17 +397,15 @@ impl ChoriaClientConfig {
     /// entries without a scheme get `nats://`.
     pub fn middleware_servers(&self) -> Result<Vec<String>, ConfigError> {
         if self.middleware_hosts.is_empty() {
-            let why = if self.use_srv {
-                match &self.srv_domain {
-                    Some(d) => format!(
-                        "not set; SRV lookups (in {d}) are not supported, list the brokers as host:port or nats://host:port"
-                    ),
-                    None => "not set; SRV lookups are not supported, list the brokers as host:port or nats://host:port".to_string(),
-                }
-            } else {
-                "not set; list the brokers as host:port or nats://host:port".to_string()
+            let srv = match (self.use_srv, &self.srv_domain) {
+                (false, _) => String::new(),
+                (true, Some(d)) => format!(" SRV lookups (in {d}) are not supported,"),
+                (true, None) => " SRV lookups are not supported,".to_string(),
             };
-            return Err(self.err(KEY_HOSTS, why));
+            return Err(self.err(
+                KEY_HOSTS,
+                format!("not set;{srv} list the brokers as host:port or nats://host:port"),
+            ));
         }
         self.middleware_hosts
             .iter()
@@ -478,9 +437,6 @@ impl ChoriaClientConfig {
     ) -> Result<ClientSetup, ConfigError> {
         let provider = self.security_provider(insecure)?;
         self.check_unsupported(provider)?;
-        let servers = self.middleware_servers()?;
-        let mut warnings = Vec::new();
-
         let user = match broker_password.filter(|p| !p.is_empty()) {
             Some(p) => Some((PROVISIONER_NATS_USER.to_string(), p.expose().to_string())),
             None => match (&self.nats_user, &self.nats_pass) {
@@ -490,142 +446,53 @@ impl ChoriaClientConfig {
                 _ => None,
             },
         };
+        let mut connect = ConnectOptions {
+            servers: self.middleware_servers()?,
+            name: String::new(),
+            tls: TlsSettings::default(),
+            token: None,
+            user,
+            nats_jwt: None,
+            inbox_prefix: None,
+        };
+        let mut warnings = Vec::new();
 
-        let (version, caller, signer, tls, token, nats_jwt, name) = match provider {
-            SecurityProvider::File if insecure => (
-                Version::V1,
-                format!("choria={}", self.certname(env)),
-                RequestSigner::V1Insecure,
-                TlsSettings::default(),
-                None,
-                None,
-                self.certname(env),
-            ),
+        let (caller, signer) = match provider {
             SecurityProvider::File => {
-                let cert = self.existing_file(KEY_FILE_CERT, self.file_certificate.as_deref())?;
-                let key = self.existing_file(KEY_FILE_KEY, self.file_key.as_deref())?;
-                let ca = self.existing_file(KEY_FILE_CA, self.file_ca.as_deref())?;
-                let cert_pem = std::fs::read_to_string(&cert)
-                    .map_err(|e| self.err(KEY_FILE_CERT, format!("{}: {e}", cert.display())))?;
-                if !cert_pem.contains("-----BEGIN CERTIFICATE-----") {
-                    return Err(self.err(
-                        KEY_FILE_CERT,
-                        format!("{} holds no PEM certificate", cert.display()),
-                    ));
-                }
-                let rsa_key = self.read_rsa_key(&key)?;
-                (
-                    Version::V1,
-                    format!("choria={}", self.certname(env)),
-                    RequestSigner::V1Rsa {
-                        key: Box::new(rsa_key),
-                        cert_pem,
-                    },
-                    TlsSettings {
-                        required: true,
-                        ca_file: Some(ca),
-                        client_cert: Some((cert, key)),
-                        insecure_skip_verify: false,
-                    },
-                    None,
-                    None,
-                    self.certname(env),
-                )
+                connect.name = self.certname(env);
+                let signer = if insecure {
+                    RequestSigner::V1Insecure
+                } else {
+                    let (signer, tls) = self.x509_credentials()?;
+                    connect.tls = tls;
+                    signer
+                };
+                (v1_caller(&connect.name), signer)
             }
             SecurityProvider::Choria => {
                 let token = self.client_token(env)?;
-                let seed_path = self.seed_file()?;
-                let seed_text = std::fs::read_to_string(&seed_path).map_err(|e| {
-                    self.err(KEY_CHORIA_SEED, format!("{}: {e}", seed_path.display()))
-                })?;
-                let seed = parse_seed_hex(&seed_text).map_err(|_| {
-                    self.err(
-                        KEY_CHORIA_SEED,
-                        format!(
-                            "{} is not an ed25519 seed (64 hex characters)",
-                            seed_path.display()
-                        ),
-                    )
-                })?;
-                let signing = ed25519_dalek::SigningKey::from_bytes(&seed);
-                if let Some(pk) = &token.public_key {
-                    let ours = hex::encode(signing.verifying_key().as_bytes());
-                    if !pk.eq_ignore_ascii_case(&ours) {
-                        return Err(self.err(
-                            KEY_CHORIA_SEED,
-                            format!(
-                                "{} does not belong to the token in {}: its public key is {ours}, the token's public_key is {pk}",
-                                seed_path.display(),
-                                token.path.display()
-                            ),
-                        ));
-                    }
-                }
-                let mut tls = TlsSettings {
-                    required: true,
-                    ..TlsSettings::default()
+                let seed = self.client_seed(&token)?;
+                connect.tls = self.choria_tls(&mut warnings)?;
+                connect.name = env.user.clone().unwrap_or_else(|| self.identity.clone());
+                connect.token = Some(token.jwt.clone());
+                connect.nats_jwt = Some((token.jwt.clone(), seed.clone()));
+                let signer = RequestSigner::V2 {
+                    seed: Box::new(seed),
+                    jwt: token.jwt,
                 };
-                match self.choria_ca.as_deref() {
-                    Some(ca) => tls.ca_file = Some(self.existing_file(KEY_CHORIA_CA, Some(ca))?),
-                    None => {
-                        tls.insecure_skip_verify = true;
-                        warnings.push(self.warn(
-                            KEY_CHORIA_CA,
-                            "not set, so the broker's TLS certificate is not verified (as go-choria does)",
-                        ));
-                    }
-                }
-                match (
-                    self.choria_certificate.as_deref(),
-                    self.choria_key.as_deref(),
-                ) {
-                    (Some(c), Some(k)) => {
-                        let c = self.existing_file(KEY_CHORIA_CERT, Some(c))?;
-                        let k = self.existing_file(KEY_CHORIA_KEY, Some(k))?;
-                        tls.client_cert = Some((c, k));
-                    }
-                    (Some(_), None) => {
-                        return Err(self.err(
-                            KEY_CHORIA_CERT,
-                            format!("set without {KEY_CHORIA_KEY}; set both for mutual TLS"),
-                        ))
-                    }
-                    (None, Some(_)) => {
-                        return Err(self.err(
-                            KEY_CHORIA_KEY,
-                            format!("set without {KEY_CHORIA_CERT}; set both for mutual TLS"),
-                        ))
-                    }
-                    (None, None) => {}
-                }
-                (
-                    Version::V2,
-                    token.caller.clone(),
-                    RequestSigner::V2 {
-                        seed: Box::new(signing.clone()),
-                        jwt: token.jwt.clone(),
-                    },
-                    tls,
-                    Some(token.jwt.clone()),
-                    Some((token.jwt, signing)),
-                    env.user.clone().unwrap_or_else(|| self.identity.clone()),
-                )
+                (token.caller, signer)
             }
         };
 
-        let inbox_prefix =
-            subjects::inbox_prefix(PROVISIONING_COLLECTIVE, &caller, version == Version::V2);
+        let version = provider.protocol_version();
+        connect.inbox_prefix = Some(subjects::inbox_prefix(
+            PROVISIONING_COLLECTIVE,
+            &caller,
+            version == Version::V2,
+        ));
         Ok(ClientSetup {
             version,
-            connect: ConnectOptions {
-                servers,
-                name,
-                tls,
-                token,
-                user,
-                nats_jwt,
-                inbox_prefix: Some(inbox_prefix),
-            },
+            connect,
             identity: Identity {
                 identity: self.identity.clone(),
                 caller,
@@ -636,33 +503,135 @@ impl ChoriaClientConfig {
         })
     }
 
+    /// The `file` provider's request signer and mutual TLS settings.
+    fn x509_credentials(&self) -> Result<(RequestSigner, TlsSettings), ConfigError> {
+        let cert = self.existing_file(KEY_FILE_CERT, self.file_certificate.as_deref())?;
+        let key = self.existing_file(KEY_FILE_KEY, self.file_key.as_deref())?;
+        let ca = self.existing_file(KEY_FILE_CA, self.file_ca.as_deref())?;
+        let cert_pem = std::fs::read_to_string(&cert)
+            .map_err(|e| self.err(KEY_FILE_CERT, format!("{}: {e}", cert.display())))?;
+        if !cert_pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(self.err(
+                KEY_FILE_CERT,
+                format!("{} holds no PEM certificate", cert.display()),
+            ));
+        }
+        let signer = RequestSigner::V1Rsa {
+            key: Box::new(self.read_rsa_key(&key)?),
+            cert_pem,
+        };
+        let tls = TlsSettings {
+            required: true,
+            ca_file: Some(ca),
+            client_cert: Some((cert, key)),
+            insecure_skip_verify: false,
+        };
+        Ok((signer, tls))
+    }
+
+    /// The `choria` provider's ed25519 seed, which must belong to `token`.
+    fn client_seed(&self, token: &ClientToken) -> Result<ed25519_dalek::SigningKey, ConfigError> {
+        let seed_path = self.seed_file()?;
+        let seed_text = std::fs::read_to_string(&seed_path)
+            .map_err(|e| self.err(KEY_CHORIA_SEED, format!("{}: {e}", seed_path.display())))?;
+        let seed = parse_seed_hex(&seed_text).map_err(|_| {
+            self.err(
+                KEY_CHORIA_SEED,
+                format!(
+                    "{} is not an ed25519 seed (64 hex characters)",
+                    seed_path.display()
+                ),
+            )
+        })?;
+        let signing = ed25519_dalek::SigningKey::from_bytes(&seed);
+        if let Some(pk) = &token.public_key {
+            let ours = hex::encode(signing.verifying_key().as_bytes());
+            if !pk.eq_ignore_ascii_case(&ours) {
+                return Err(self.err(
+                    KEY_CHORIA_SEED,
+                    format!(
+                        "{} does not belong to the token in {}: its public key is {ours}, the token's public_key is {pk}",
+                        seed_path.display(),
+                        token.path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(signing)
+    }
+
+    /// The `choria` provider's TLS: always on, verified when a CA is set,
+    /// mutual when a certificate and key are set.
+    fn choria_tls(&self, warnings: &mut Vec<ConfigWarning>) -> Result<TlsSettings, ConfigError> {
+        let mut tls = TlsSettings {
+            required: true,
+            ..TlsSettings::default()
+        };
+        match self.choria_ca.as_deref() {
+            Some(ca) => tls.ca_file = Some(self.existing_file(KEY_CHORIA_CA, Some(ca))?),
+            None => {
+                tls.insecure_skip_verify = true;
+                warnings.push(self.warn(
+                    KEY_CHORIA_CA,
+                    "not set, so the broker's TLS certificate is not verified (as go-choria does)",
+                ));
+            }
+        }
+        tls.client_cert = match (
+            self.choria_certificate.as_deref(),
+            self.choria_key.as_deref(),
+        ) {
+            (Some(c), Some(k)) => Some((
+                self.existing_file(KEY_CHORIA_CERT, Some(c))?,
+                self.existing_file(KEY_CHORIA_KEY, Some(k))?,
+            )),
+            (Some(_), None) => {
+                return Err(self.err(
+                    KEY_CHORIA_CERT,
+                    format!("set without {KEY_CHORIA_KEY}; set both for mutual TLS"),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(self.err(
+                    KEY_CHORIA_KEY,
+                    format!("set without {KEY_CHORIA_CERT}; set both for mutual TLS"),
+                ))
+            }
+            (None, None) => None,
+        };
+        Ok(tls)
+    }
+
     /// go-choria features a provisioner cannot use; erroring beats connecting
     /// in a way the broker then rejects.
     fn check_unsupported(&self, provider: SecurityProvider) -> Result<(), ConfigError> {
-        if self.option(KEY_NATS_CREDS).is_some_and(|v| !v.is_empty()) {
+        // Values read are never empty, so a key that is set is in use.
+        let is_true = |key: &str| self.option(key).and_then(str_to_bool) == Some(true);
+        if self.option(KEY_NATS_CREDS).is_some() {
             return Err(self.err(KEY_NATS_CREDS, "NATS credentials files are not supported"));
         }
-        if self.option(KEY_CLIENT_ANON_TLS).and_then(str_to_bool) == Some(true) {
+        if is_true(KEY_CLIENT_ANON_TLS) {
             return Err(self.err(
                 KEY_CLIENT_ANON_TLS,
                 "anonymous client TLS needs a remote request signer, which is not supported",
             ));
         }
-        if self.option(KEY_SIGNER_URL).is_some_and(|v| !v.is_empty())
-            || self.option(KEY_SIGNER_SERVICE).and_then(str_to_bool) == Some(true)
-        {
-            let key = if self.option(KEY_SIGNER_URL).is_some() {
-                KEY_SIGNER_URL
-            } else {
-                KEY_SIGNER_SERVICE
-            };
+        let remote_signer = if self.option(KEY_SIGNER_URL).is_some() {
+            Some(KEY_SIGNER_URL)
+        } else if is_true(KEY_SIGNER_SERVICE) {
+            Some(KEY_SIGNER_SERVICE)
+        } else {
+            None
+        };
+        if let Some(key) = remote_signer {
             return Err(self.err(key, "remote request signers (aaasvc) are not supported"));
         }
         if provider == SecurityProvider::Choria {
-            for key in [KEY_SIGNER_TOKEN, KEY_SIGNER_SEED] {
-                if self.option(key).is_some_and(|v| !v.is_empty()) {
-                    return Err(self.err(key, "can not be used with the choria security provider"));
-                }
+            if let Some(key) = [KEY_SIGNER_TOKEN, KEY_SIGNER_SEED]
+                .into_iter()
+                .find(|k| self.option(k).is_some())
+            {
+                return Err(self.err(key, "can not be used with the choria security provider"));
             }
         }
         Ok(())
@@ -775,47 +744,73 @@ struct ClientToken {
     public_key: Option<String>,
 }
 
-/// go-choria's `parseConfigContents`: see the module docs.
-fn parse_lines(
-    text: &str,
-    file: &Path,
-    prefix: &str,
-    options: &mut RawOptions,
-    warnings: &mut Vec<ConfigWarning>,
-) {
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        // The key is everything before the first '=' that is not the first
-        // character, the value everything after it; both trimmed; the value
-        // must not be empty.
-        let parsed = line
-            .char_indices()
-            .skip(1)
-            .find(|(_, c)| *c == '=')
-            .map(|(pos, _)| (line[..pos].trim_end(), line[pos + 1..].trim_start()))
-            .filter(|(_, v)| !v.is_empty());
-        match parsed {
-            Some((key, value)) => {
-                options.0.insert(
-                    format!("{prefix}{key}"),
-                    RawValue {
-                        value: value.to_string(),
-                        file: file.to_path_buf(),
-                        line: i + 1,
-                    },
-                );
+/// go-choria reads `plugin.d/choria.cfg` beside the main file unless that
+/// file is under the home directory.
+fn plugin_d_file(path: &Path, home: Option<&Path>) -> Option<PathBuf> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let under_home = home.is_some_and(|h| {
+        abs.to_string_lossy()
+            .starts_with(h.to_string_lossy().as_ref())
+    });
+    if under_home {
+        return None;
+    }
+    let dotd = abs.parent()?.join("plugin.d").join("choria.cfg");
+    dotd.is_file().then_some(dotd)
+}
+
+/// What the files read so far hold.
+#[derive(Default)]
+struct Sources {
+    files: Vec<PathBuf>,
+    options: RawOptions,
+    warnings: Vec<ConfigWarning>,
+}
+
+impl Sources {
+    /// Adds `file`'s lines, each key prefixed with `prefix`, as go-choria's
+    /// `parseConfigContents` reads them: see the module docs.
+    fn add(&mut self, text: &str, file: &Path, prefix: &str) {
+        self.files.push(file.to_path_buf());
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
             }
-            None => warnings.push(ConfigWarning::new(
-                file,
-                Some(i + 1),
-                line.chars().take(60).collect::<String>(),
-                "not a `key = value` line with a value, ignored",
-            )),
+            // The key is everything before the first '=' that is not the first
+            // character, the value everything after it; both trimmed; the value
+            // must not be empty.
+            let parsed = line
+                .char_indices()
+                .skip(1)
+                .find(|(_, c)| *c == '=')
+                .map(|(pos, _)| (line[..pos].trim_end(), line[pos + 1..].trim_start()))
+                .filter(|(_, v)| !v.is_empty());
+            match parsed {
+                Some((key, value)) => {
+                    self.options.0.insert(
+                        format!("{prefix}{key}"),
+                        RawValue {
+                            value: value.to_string(),
+                            file: file.to_path_buf(),
+                            line: i + 1,
+                        },
+                    );
+                }
+                None => self.warnings.push(ConfigWarning::new(
+                    file,
+                    Some(i + 1),
+                    line.chars().take(60).collect::<String>(),
+                    "not a `key = value` line with a value, ignored",
+                )),
+            }
         }
     }
+}
+
+/// go-choria's v1 caller id for an x509 certificate name.
+fn v1_caller(certname: &str) -> String {
+    format!("choria={certname}")
 }
 
 /// go-choria's `strToBool`.
@@ -886,6 +881,22 @@ mod tests {
 
     fn parse(text: &str) -> ChoriaClientConfig {
         ChoriaClientConfig::parse(text, "choria.cfg", &env()).unwrap()
+    }
+
+    /// The error `client_setup_for(false, None, …)` gives for `text`.
+    fn setup_err(text: &str) -> String {
+        parse(text)
+            .client_setup_for(false, None, &env())
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// The error `caller_id(false, …)` gives for `text`.
+    fn caller_err(text: &str) -> String {
+        parse(text)
+            .caller_id(false, &env())
+            .unwrap_err()
+            .to_string()
     }
 
     fn warnings(c: &ChoriaClientConfig) -> Vec<String> {
@@ -1262,19 +1273,14 @@ mod tests {
             "{e}"
         );
         write(dir.path(), "key.pem", "garbage");
-        let e = parse(&text)
-            .client_setup_for(false, None, &env())
-            .unwrap_err()
-            .to_string();
+        let e = setup_err(&text);
         assert!(
             e.starts_with("choria.cfg:5: plugin.security.file.key: ")
                 && e.contains("holds no PEM private key"),
             "{e}"
         );
-        let e = parse("plugin.security.provider = file\nplugin.choria.middleware_hosts = a:1\n")
-            .client_setup_for(false, None, &env())
-            .unwrap_err()
-            .to_string();
+        let e =
+            setup_err("plugin.security.provider = file\nplugin.choria.middleware_hosts = a:1\n");
         assert_eq!(
             e,
             "choria.cfg: plugin.security.file.certificate: not set; it is required by this security provider"
@@ -1385,24 +1391,18 @@ mod tests {
         assert_eq!(s.connect.tls.ca_file.as_deref(), Some(ca.as_path()));
         assert!(s.connect.tls.client_cert.is_some());
         assert!(s.warnings.is_empty());
-        let e = parse(&v2_text(
+        let e = setup_err(&v2_text(
             &f,
             "plugin.security.choria.ca = /nonexistent/ca.pem\n",
-        ))
-        .client_setup_for(false, None, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(
             e.starts_with("choria.cfg:5: plugin.security.choria.ca: /nonexistent/ca.pem: "),
             "{e}"
         );
-        let e = parse(&v2_text(
+        let e = setup_err(&v2_text(
             &f,
             &format!("plugin.security.choria.certificate = {}\n", ca.display()),
-        ))
-        .client_setup_for(false, None, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(
             e.contains(
                 "plugin.security.choria.certificate: set without plugin.security.choria.key"
@@ -1413,29 +1413,23 @@ mod tests {
         // An explicit seed file, and a seed that does not match the token.
         let other = crate::choria::security::generate_keypair();
         let other_path = write(&f.dir, "other.seed", other.seed_hex());
-        let e = parse(&v2_text(
+        let e = setup_err(&v2_text(
             &f,
             &format!(
                 "plugin.security.choria.seed_file = {}\n",
                 other_path.display()
             ),
-        ))
-        .client_setup_for(false, None, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(
             e.starts_with("choria.cfg:5: plugin.security.choria.seed_file: ")
                 && e.contains("does not belong to the token"),
             "{e}"
         );
         let bad = write(&f.dir, "bad.seed", "not hex");
-        let e = parse(&v2_text(
+        let e = setup_err(&v2_text(
             &f,
             &format!("plugin.security.choria.seed_file = {}\n", bad.display()),
-        ))
-        .client_setup_for(false, None, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(
             e.contains("is not an ed25519 seed") && !e.contains("not hex\""),
             "{e}"
@@ -1452,10 +1446,7 @@ mod tests {
     #[test]
     fn choria_token_problems() {
         let expired = v2_files(true, -60);
-        let e = parse(&v2_text(&expired, ""))
-            .caller_id(false, &env())
-            .unwrap_err()
-            .to_string();
+        let e = caller_err(&v2_text(&expired, ""));
         assert!(
             e.starts_with("choria.cfg:2: plugin.security.choria.token_file: ")
                 && e.contains("the token expired at"),
@@ -1463,10 +1454,7 @@ mod tests {
         );
 
         let prov = v2_files(false, 0);
-        let e = parse(&v2_text(&prov, ""))
-            .caller_id(false, &env())
-            .unwrap_err()
-            .to_string();
+        let e = caller_err(&v2_text(&prov, ""));
         assert!(
             e.contains("is a \"choria_provisioning\" token, not a client token"),
             "{e}"
@@ -1474,18 +1462,12 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let junk = write(dir.path(), "junk.jwt", "junk");
-        let e = parse(&format!(
+        let e = caller_err(&format!(
             "plugin.security.provider = choria\nplugin.security.choria.token_file = {}\n",
             junk.display()
-        ))
-        .caller_id(false, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(e.contains("not a JWT"), "{e}");
-        let e = parse("plugin.security.provider = choria\n")
-            .caller_id(false, &env())
-            .unwrap_err()
-            .to_string();
+        let e = caller_err("plugin.security.provider = choria\n");
         assert_eq!(
             e,
             "choria.cfg: plugin.security.choria.token_file: not set; it is required by this security provider"
@@ -1518,13 +1500,10 @@ mod tests {
         )
         .contains("request_signer.service: remote request signers"));
         let f = v2_files(true, 3600);
-        let e = parse(&v2_text(
+        let e = setup_err(&v2_text(
             &f,
             "plugin.choria.security.request_signer.token_file = /t\n",
-        ))
-        .client_setup_for(false, None, &env())
-        .unwrap_err()
-        .to_string();
+        ));
         assert!(
             e.contains(
                 "request_signer.token_file: can not be used with the choria security provider"

@@ -40,24 +40,22 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
         'y' | 'Y' => Some([24.0, 365.0]),
         _ => None,
     };
+    let negative = || DurationError(format!("{input:?} is negative; durations must be positive"));
     if let Some([a, b]) = hours_per_unit {
         let number = &s[..s.len() - unit.len_utf8()];
-        // Go parses with 32-bit precision, multiplies in 64 bits and truncates to
-        // whole hours.
-        let value: f32 = number.trim().parse().map_err(|_| {
-            DurationError(format!(
-                "{input:?} is not a valid duration: {number:?} is not a number"
-            ))
-        })?;
-        if number != number.trim() || !value.is_finite() {
-            return Err(DurationError(format!(
-                "{input:?} is not a valid duration: {number:?} is not a number"
-            )));
-        }
+        // Go parses with 32-bit precision, multiplies in 64 bits (in Go's
+        // order, hence two factors) and truncates to whole hours.
+        let value = Some(number)
+            .filter(|n| *n == n.trim())
+            .and_then(|n| n.parse::<f32>().ok())
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| {
+                DurationError(format!(
+                    "{input:?} is not a valid duration: {number:?} is not a number"
+                ))
+            })?;
         if value < 0.0 {
-            return Err(DurationError(format!(
-                "{input:?} is negative; durations must be positive"
-            )));
+            return Err(negative());
         }
         let hours = (f64::from(value) * a * b).trunc();
         let nanos = hours * NANOS_PER_HOUR as f64;
@@ -72,9 +70,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
                 DurationError(format!("{input:?} is not a valid duration: {reason}"))
             })?;
             if nanos < 0 {
-                return Err(DurationError(format!(
-                    "{input:?} is negative; durations must be positive"
-                )));
+                return Err(negative());
             }
             Ok(Duration::from_nanos(nanos as u64))
         }
@@ -123,15 +119,11 @@ fn parse_go_duration(s: &str) -> Result<i64, String> {
         let mut frac_len = 0;
         if let Some(after_dot) = rest.strip_prefix('.') {
             frac_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
-            let mut overflow = false;
+            // Digits past what fits are consumed but ignored, as in Go.
             for d in after_dot[..frac_len].bytes() {
-                if overflow {
-                    continue;
-                }
                 let next = frac * 10 + u128::from(d - b'0');
                 if next > MAX_NANOS {
-                    overflow = true;
-                    continue;
+                    break;
                 }
                 frac = next;
                 scale *= 10.0;

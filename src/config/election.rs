@@ -189,72 +189,44 @@ impl ElectionConfig {
         }
 
         if cfg.backend == ElectionBackend::Streams {
-            if let Some(bucket) = sec.string("bucket")? {
-                if bucket.is_empty()
-                    || !bucket
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-                {
-                    return Err(sec.error(
-                        "bucket",
-                        format!("{bucket:?} is not a valid bucket name (letters, digits, _ and -)"),
-                    ));
-                }
+            if let Some(bucket) = valid_string(
+                &sec,
+                "bucket",
+                is_bucket_name,
+                "bucket name (letters, digits, _ and -)",
+            )? {
                 cfg.bucket = bucket;
             }
-            if let Some(name) = sec.string("name")? {
-                let valid_chars = name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c));
-                if name.is_empty() || !valid_chars || name.starts_with('.') || name.ends_with('.') {
-                    return Err(sec.error(
-                        "name",
-                        format!(
-                            "{name:?} is not a valid key (letters, digits and -/_=., not starting or ending with .)"
-                        ),
-                    ));
-                }
+            if let Some(name) = valid_string(
+                &sec,
+                "name",
+                is_kv_key,
+                "key (letters, digits and -/_=., not starting or ending with .)",
+            )? {
                 cfg.name = name;
             }
-            if let Some(prefix) = sec.string("api_prefix")? {
-                let p = prefix.strip_suffix('.').unwrap_or(&prefix);
-                let bad = !p.is_empty()
-                    && p.split('.').any(|t| {
-                        t.is_empty() || t.chars().any(|c| c.is_whitespace() || c == '*' || c == '>')
-                    });
-                if bad {
-                    return Err(sec.error(
-                        "api_prefix",
-                        format!("{prefix:?} is not a valid subject prefix"),
-                    ));
-                }
-                cfg.api_prefix = p.to_string();
+            if let Some(prefix) =
+                valid_string(&sec, "api_prefix", is_subject_prefix, "subject prefix")?
+            {
+                cfg.api_prefix = strip_trailing_dot(&prefix).to_string();
             }
         }
 
         if cfg.backend == ElectionBackend::Lease {
-            if let Some(name) = sec.string("lease_name")? {
-                if !is_dns_subdomain(&name) {
-                    return Err(sec.error(
-                        "lease_name",
-                        format!(
-                            "{name:?} is not a valid Kubernetes object name (lower case letters, digits, - and ., at most 253 characters, starting and ending with a letter or digit)"
-                        ),
-                    ));
-                }
+            if let Some(name) = valid_string(
+                &sec,
+                "lease_name",
+                is_dns_subdomain,
+                "Kubernetes object name (lower case letters, digits, - and ., at most 253 characters, starting and ending with a letter or digit)",
+            )? {
                 cfg.lease_name = name;
             }
-            if let Some(ns) = sec.string("lease_namespace")? {
-                if !is_dns_label(&ns) {
-                    return Err(sec.error(
-                        "lease_namespace",
-                        format!(
-                            "{ns:?} is not a valid namespace (lower case letters, digits and -, at most 63 characters)"
-                        ),
-                    ));
-                }
-                cfg.lease_namespace = Some(ns);
-            }
+            cfg.lease_namespace = valid_string(
+                &sec,
+                "lease_namespace",
+                is_dns_label,
+                "namespace (lower case letters, digits and -, at most 63 characters)",
+            )?;
             for (key, slot) in [
                 ("lease_duration", &mut cfg.lease_duration),
                 ("renew_deadline", &mut cfg.renew_deadline),
@@ -291,6 +263,46 @@ impl ElectionConfig {
         }
         Ok(cfg)
     }
+}
+
+/// The string `key`, if set, when `valid` accepts it; otherwise an error
+/// saying the value "is not a valid {what}".
+fn valid_string(
+    sec: &Section,
+    key: &str,
+    valid: fn(&str) -> bool,
+    what: &str,
+) -> Result<Option<String>, ConfigError> {
+    match sec.string(key)? {
+        Some(v) if !valid(&v) => Err(sec.error(key, format!("{v:?} is not a valid {what}"))),
+        v => Ok(v),
+    }
+}
+
+fn is_bucket_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn is_kv_key(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c))
+        && !s.starts_with('.')
+        && !s.ends_with('.')
+}
+
+fn strip_trailing_dot(prefix: &str) -> &str {
+    prefix.strip_suffix('.').unwrap_or(prefix)
+}
+
+/// A subject prefix, one trailing dot allowed; empty means none.
+fn is_subject_prefix(prefix: &str) -> bool {
+    let p = strip_trailing_dot(prefix);
+    p.is_empty()
+        || p.split('.')
+            .all(|t| !t.is_empty() && !t.chars().any(|c| c.is_whitespace() || c == '*' || c == '>'))
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -417,5 +429,9 @@ mod tests {
             .any(|m| m.starts_with("p.yaml: election.bogus: unknown setting")));
         let (_, w) = resolve("backend: none\nbucket: x\n", false).unwrap();
         assert_eq!(w.len(), 1);
+        assert_eq!(
+            w[0].to_string(),
+            "p.yaml: election.bucket: ignored with backend none"
+        );
     }
 }

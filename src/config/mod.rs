@@ -23,14 +23,23 @@ pub use choria::{ChoriaClientConfig, ClientSetup, Environment, SecurityProvider}
 pub use duration::{parse_duration, DurationError};
 pub use election::{ElectionBackend, ElectionConfig};
 pub use provisioner::{Features, LogLevel, LogTarget, ProvisionerConfig};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
 /// Splits the `helper` command line the way a POSIX shell would, without any
 /// expansion (the Go provisioner uses go-shellquote, which follows the same rules).
 pub fn split_command_line(line: &str) -> Result<Vec<String>, String> {
     shell_words::split(line).map_err(|e| format!("cannot split the command line: {e}"))
 }
 
-use std::fmt;
-use std::path::{Path, PathBuf};
+/// Reads a configuration file, naming it in the error.
+pub(crate) fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_path_buf(),
+        source,
+    })
+}
 
 /// A configuration error: which file, where, which key and what is wrong.
 #[derive(Debug, thiserror::Error)]

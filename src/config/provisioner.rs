@@ -183,11 +183,7 @@ impl ProvisionerConfig {
     /// ([`ProvisionerConfig::check_files`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: path.to_path_buf(),
-            source,
-        })?;
-        let cfg = Self::parse(&text, path)?;
+        let cfg = Self::parse(&super::read_file(path)?, path)?;
         cfg.check_files()?;
         Ok(cfg)
     }
@@ -314,12 +310,7 @@ impl ProvisionerConfig {
         };
         for (i, pattern) in cert_deny_list.iter().enumerate() {
             if let Err(e) = compile_deny_list(std::slice::from_ref(pattern)) {
-                return Err(ConfigError::invalid(
-                    file,
-                    None,
-                    format!("{}[{i}]", sec.key("cert_deny_list")),
-                    e.to_string(),
-                ));
+                return Err(sec.item_error("cert_deny_list", i, e.to_string()));
             }
         }
 
@@ -365,10 +356,8 @@ impl ProvisionerConfig {
             upgrades: fsec.bool("upgrades")?.unwrap_or(false),
         };
         if features.pki && features.ed25519 {
-            return Err(ConfigError::invalid(
-                file,
-                None,
-                sec.key("features"),
+            return Err(sec.error(
+                "features",
                 "pki and ed25519 cannot both be enabled; enable only one",
             ));
         }
@@ -506,23 +495,23 @@ impl ProvisionerConfig {
     /// key, like Go's `validateJWT`. Read on every call, as Go does, so a
     /// replaced file takes effect.
     pub fn load_verify_key(&self) -> Result<TokenVerifyKey, ConfigError> {
-        let Some(setting) = self.jwt_verify_cert.as_deref() else {
-            return Err(self.err("jwt_verify_cert", "not set"));
+        let Some(setting) = self.jwt_verify_cert.as_deref().filter(|s| !s.is_empty()) else {
+            return Err(self.err(
+                "jwt_verify_cert",
+                "not set; set it to the file or hex ed25519 public key that verifies the nodes' provisioning.jwt",
+            ));
         };
-        match std::fs::metadata(setting) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                TokenVerifyKey::from_ed25519_hex(setting).map_err(|e| {
-                    self.err(
-                        "jwt_verify_cert",
-                        format!(
-                            "{setting} is neither an existing file nor a hex encoded ed25519 public key ({e})"
-                        ),
-                    )
-                })
-            }
-            _ => TokenVerifyKey::from_file(setting)
-                .map_err(|e| self.err("jwt_verify_cert", key_error(Path::new(setting), e))),
-        }
+        TokenVerifyKey::from_setting(setting).map_err(|e| {
+            let message = match e {
+                // from_setting only parses the setting itself as hex when no
+                // such file exists.
+                KeyError::Ed25519PublicKey(_) if !Path::new(setting).exists() => format!(
+                    "{setting} is neither an existing file nor a hex encoded ed25519 public key ({e})"
+                ),
+                e => key_error(Path::new(setting), e),
+            };
+            self.err("jwt_verify_cert", message)
+        })
     }
 
     /// The key that signs server JWTs (`jwt_signing_key`), read on every call.
@@ -1224,7 +1213,6 @@ features:
 
     #[test]
     fn signing_key_and_chain_token() {
-        use crate::choria::security::tokens::ClientIdClaims;
         let dir = tempfile::tempdir().unwrap();
         let issuer = crate::choria::security::generate_keypair();
         let signer = crate::choria::security::generate_keypair();
@@ -1234,13 +1222,14 @@ features:
             signer.seed_hex().as_bytes(),
             0o600,
         );
-        let yaml = |extra: &str| {
+        let yaml_with_key = |key: &Path, extra: &str| {
             format!(
                 "helper: /bin/sh\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures:\n  ed25519: true\n{extra}",
                 issuer.public_hex(),
-                seed.display()
+                key.display()
             )
         };
+        let yaml = |extra: &str| yaml_with_key(&seed, extra);
         let c = ok(&yaml(""));
         c.check_files().unwrap();
         assert!(c.load_signing_key().unwrap().as_ed25519().is_some());
@@ -1287,11 +1276,7 @@ features:
         );
 
         let missing = dir.path().join("missing.seed");
-        let c = ok(&format!(
-            "helper: /bin/sh\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures:\n  ed25519: true\n",
-            issuer.public_hex(),
-            missing.display()
-        ));
+        let c = ok(&yaml_with_key(&missing, ""));
         let e = c.check_files().unwrap_err().to_string();
         assert!(
             e.starts_with(&format!(
@@ -1301,15 +1286,17 @@ features:
             "{e}"
         );
         let bad = write(dir.path(), "bad.seed", b"zz", 0o600);
-        let c = ok(&format!(
-            "helper: /bin/sh\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures:\n  ed25519: true\n",
-            issuer.public_hex(),
-            bad.display()
-        ));
-        assert!(c
+        let e = ok(&yaml_with_key(&bad, ""))
             .check_files()
             .unwrap_err()
-            .to_string()
-            .contains("jwt_signing_key: "));
+            .to_string();
+        assert!(e.contains("jwt_signing_key: "));
+        assert!(
+            e.starts_with(&format!(
+                "provisioner.yaml: jwt_signing_key: {}: unsupported signing key",
+                bad.display()
+            )),
+            "{e}"
+        );
     }
 }

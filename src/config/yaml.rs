@@ -62,7 +62,6 @@ impl Node {
     pub(crate) fn key_text(&self) -> String {
         match self {
             Node::Str(s) => s.clone(),
-            Node::Null => "null".into(),
             other => other.describe(),
         }
     }
@@ -209,28 +208,22 @@ impl<'a> Section<'a> {
         let entries = match node {
             Node::Null => Vec::new(),
             Node::Map(entries) => entries,
+            other if prefix.is_empty() => {
+                return Err(ConfigError::Syntax {
+                    file: file.to_path_buf(),
+                    message: format!(
+                        "expected a mapping of settings (key: value) at the top level, found {}",
+                        other.kind()
+                    ),
+                })
+            }
             other => {
-                let what = if prefix.is_empty() {
-                    "the file".to_string()
-                } else {
-                    prefix.trim_end_matches('.').to_string()
-                };
-                return Err(if prefix.is_empty() {
-                    ConfigError::Syntax {
-                        file: file.to_path_buf(),
-                        message: format!(
-                            "expected a mapping of settings (key: value) at the top level, found {}",
-                            other.kind()
-                        ),
-                    }
-                } else {
-                    ConfigError::invalid(
-                        file,
-                        None,
-                        what,
-                        format!("expected a mapping of settings, found {}", other.kind()),
-                    )
-                });
+                return Err(ConfigError::invalid(
+                    file,
+                    None,
+                    prefix.trim_end_matches('.'),
+                    format!("expected a mapping of settings, found {}", other.kind()),
+                ))
             }
         };
         let mut values: BTreeMap<&'static str, (String, Node)> = BTreeMap::new();
@@ -289,6 +282,21 @@ impl<'a> Section<'a> {
 
     pub(crate) fn error(&self, canon: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::invalid(self.file, None, self.key(canon), message)
+    }
+
+    /// An error about entry `index` of the list `canon`, keyed `canon[index]`.
+    pub(crate) fn item_error(
+        &self,
+        canon: &str,
+        index: usize,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::invalid(
+            self.file,
+            None,
+            format!("{}[{index}]", self.key(canon)),
+            message,
+        )
     }
 
     pub(crate) fn warning(&self, canon: &str, message: impl Into<String>) -> ConfigWarning {
@@ -373,10 +381,9 @@ impl<'a> Section<'a> {
                 .enumerate()
                 .map(|(i, item)| match item {
                     Node::Str(s) => Ok(s.clone()),
-                    other => Err(ConfigError::invalid(
-                        self.file,
-                        None,
-                        format!("{}[{i}]", self.key(canon)),
+                    other => Err(self.item_error(
+                        canon,
+                        i,
                         format!(
                             "expected a string, found {} {}; put it in quotes",
                             other.kind(),
