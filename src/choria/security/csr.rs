@@ -33,7 +33,7 @@ use x509_cert::name::{Name, RdnSequence, RelativeDistinguishedName};
 use x509_cert::request::{CertReq, CertReqInfo, Version};
 use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
 
-use super::pem_crypt::go_pem_encode;
+use super::pem_crypt::{go_pem_encode, pem_error_text};
 
 const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
 const OID_C: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.6");
@@ -41,7 +41,8 @@ const OID_L: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.7");
 const OID_ST: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.8");
 const OID_O: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.10");
 const OID_OU: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.11");
-const OID_RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+pub(crate) const OID_RSA_ENCRYPTION: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
 const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
 const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
 const OID_SHA512_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
@@ -86,8 +87,8 @@ pub enum CsrError {
         /// Library error text.
         reason: String,
     },
-    /// The text had no PEM block.
-    #[error("could not parse CSR: no PEM block found ({0})")]
+    /// The text is not a well-formed PEM block.
+    #[error("could not parse CSR: {0}")]
     BadPem(&'static str),
     /// The DER did not parse as a PKCS#10 request.
     #[error("could not parse CSR: {0}")]
@@ -122,7 +123,7 @@ pub enum CsrError {
     },
 }
 
-fn enc_err(what: &'static str) -> impl Fn(x509_cert::der::Error) -> CsrError {
+fn enc_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> CsrError {
     move |e| CsrError::Encode {
         what,
         reason: e.to_string(),
@@ -319,10 +320,7 @@ pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<String, Csr
     let spki_der = key
         .to_public_key()
         .to_public_key_der()
-        .map_err(|e| CsrError::Encode {
-            what: "public key",
-            reason: e.to_string(),
-        })?;
+        .map_err(enc_err("public key"))?;
     let public_key =
         SubjectPublicKeyInfoOwned::from_der(spki_der.as_bytes()).map_err(enc_err("public key"))?;
     let info = CertReqInfo {
@@ -348,10 +346,7 @@ pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<String, Csr
 
 /// PKCS#1 `RSA PRIVATE KEY` PEM, as written to `private.pem`.
 pub fn private_key_pkcs1_pem(key: &RsaPrivateKey) -> Result<String, CsrError> {
-    let der = key.to_pkcs1_der().map_err(|e| CsrError::Encode {
-        what: "private key",
-        reason: e.to_string(),
-    })?;
+    let der = key.to_pkcs1_der().map_err(enc_err("private key"))?;
     Ok(go_pem_encode("RSA PRIVATE KEY", &[], der.as_bytes()))
 }
 
@@ -359,10 +354,7 @@ pub fn private_key_pkcs1_pem(key: &RsaPrivateKey) -> Result<String, CsrError> {
 /// contains **PKCS#1** DER (`x509.MarshalPKCS1PublicKey`), not the SPKI that
 /// the label normally implies. Kept byte-compatible on purpose.
 pub fn public_key_pem_go_style(key: &RsaPublicKey) -> Result<String, CsrError> {
-    let der = key.to_pkcs1_der().map_err(|e| CsrError::Encode {
-        what: "public key",
-        reason: e.to_string(),
-    })?;
+    let der = key.to_pkcs1_der().map_err(enc_err("public key"))?;
     Ok(go_pem_encode("PUBLIC KEY", &[], der.as_bytes()))
 }
 
@@ -438,6 +430,31 @@ impl CsrInfo {
         };
         ok.map_err(|_| CsrError::InvalidSignature)
     }
+
+    /// Files one subjectAltName entry under its kind; other kinds are ignored.
+    fn add_san(&mut self, name: GeneralName) -> Result<(), CsrError> {
+        match name {
+            GeneralName::DnsName(s) => self.dns_names.push(s.to_string()),
+            GeneralName::Rfc822Name(s) => self.email_addresses.push(s.to_string()),
+            GeneralName::UniformResourceIdentifier(s) => self.uris.push(s.to_string()),
+            GeneralName::IpAddress(o) => {
+                let b = o.as_bytes();
+                let ip = match b.len() {
+                    4 => <[u8; 4]>::try_from(b).map(IpAddr::from),
+                    _ => <[u8; 16]>::try_from(b).map(IpAddr::from),
+                }
+                .map_err(|_| {
+                    CsrError::Parse(format!(
+                        "invalid IP address length {} in subjectAltName",
+                        b.len()
+                    ))
+                })?;
+                self.ip_addresses.push(ip);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// Decodes a directory string value (PrintableString, UTF8String, IA5String,
@@ -475,13 +492,7 @@ fn directory_string(value: &Any) -> Result<String, CsrError> {
 /// provisioner, which dereferences a nil block and panics, text without a PEM
 /// block is an error.
 pub fn parse_csr(pem_text: &str) -> Result<CsrInfo, CsrError> {
-    let block = pem::parse(pem_text).map_err(|e| {
-        CsrError::BadPem(match e {
-            pem::PemError::MalformedFraming => "no -----BEGIN/-----END framed block",
-            pem::PemError::InvalidData(_) => "body is not valid base64",
-            _ => "malformed PEM",
-        })
-    })?;
+    let block = pem::parse(pem_text).map_err(|e| CsrError::BadPem(pem_error_text(&e)))?;
     parse_csr_der(block.contents())
 }
 
@@ -522,40 +533,20 @@ pub fn parse_csr_der(der: &[u8]) -> Result<CsrInfo, CsrError> {
         der: der.to_vec(),
     };
 
-    for attr in req.info.attributes.iter() {
-        if attr.oid != OID_EXTENSION_REQUEST {
-            continue;
-        }
-        for value in attr.values.iter() {
-            let exts: Vec<Extension> = value
-                .decode_as()
-                .map_err(|e| CsrError::Parse(format!("invalid extension request: {e}")))?;
-            for ext in exts.iter().filter(|e| e.extn_id == OID_SAN) {
-                let san = SubjectAltName::from_der(ext.extn_value.as_bytes())
-                    .map_err(|e| CsrError::Parse(format!("invalid subjectAltName: {e}")))?;
-                for name in san.0 {
-                    match name {
-                        GeneralName::DnsName(s) => info.dns_names.push(s.to_string()),
-                        GeneralName::Rfc822Name(s) => info.email_addresses.push(s.to_string()),
-                        GeneralName::UniformResourceIdentifier(s) => info.uris.push(s.to_string()),
-                        GeneralName::IpAddress(o) => match o.as_bytes().len() {
-                            4 => {
-                                let b: [u8; 4] = o.as_bytes().try_into().unwrap_or([0; 4]);
-                                info.ip_addresses.push(IpAddr::from(b));
-                            }
-                            16 => {
-                                let b: [u8; 16] = o.as_bytes().try_into().unwrap_or([0; 16]);
-                                info.ip_addresses.push(IpAddr::from(b));
-                            }
-                            n => {
-                                return Err(CsrError::Parse(format!(
-                                    "invalid IP address length {n} in subjectAltName"
-                                )))
-                            }
-                        },
-                        _ => {}
-                    }
-                }
+    let requests = req
+        .info
+        .attributes
+        .iter()
+        .filter(|attr| attr.oid == OID_EXTENSION_REQUEST);
+    for value in requests.flat_map(|attr| attr.values.iter()) {
+        let exts: Vec<Extension> = value
+            .decode_as()
+            .map_err(|e| CsrError::Parse(format!("invalid extension request: {e}")))?;
+        for ext in exts.iter().filter(|e| e.extn_id == OID_SAN) {
+            let san = SubjectAltName::from_der(ext.extn_value.as_bytes())
+                .map_err(|e| CsrError::Parse(format!("invalid subjectAltName: {e}")))?;
+            for name in san.0 {
+                info.add_san(name)?;
             }
         }
     }
@@ -634,6 +625,7 @@ pub fn rsa_public_key_from_pkcs1_der(der: &[u8]) -> Result<RsaPublicKey, CsrErro
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::super::openssl_cli::{openssl, run_ok, skip_without_openssl};
     use super::*;
     use proptest::prelude::*;
     use std::sync::OnceLock;
@@ -644,10 +636,32 @@ pub(crate) mod tests {
         KEY.get_or_init(|| generate_rsa_key(1024).unwrap())
     }
 
+    /// A CSR PEM for `cn` alone, signed with [`test_key`].
+    fn csr_pem(cn: &str) -> String {
+        make_csr(test_key(), &CsrSubject::new(cn)).unwrap()
+    }
+
+    /// [`csr_pem`] parsed back.
+    fn csr_info(cn: &str) -> CsrInfo {
+        parse_csr(&csr_pem(cn)).unwrap()
+    }
+
+    /// A subject with every field go-choria's `gencsr` knows about set.
+    fn full_subject(cn: &str) -> CsrSubject {
+        CsrSubject {
+            common_name: cn.into(),
+            country: Some("GB".into()),
+            locality: Some("London".into()),
+            organization: Some("Acme & Co".into()),
+            organizational_unit: Some("Ops".into()),
+            state: Some("Greater London".into()),
+        }
+    }
+
     #[test]
     fn csr_round_trip_and_signature() {
         let key = test_key();
-        let pem_text = make_csr(key, &CsrSubject::new("node1.example.net")).unwrap();
+        let pem_text = csr_pem("node1.example.net");
         assert!(pem_text.starts_with("-----BEGIN CERTIFICATE REQUEST-----\n"));
         assert!(pem_text.ends_with("-----END CERTIFICATE REQUEST-----\n"));
         let info = parse_csr(&pem_text).unwrap();
@@ -660,14 +674,7 @@ pub(crate) mod tests {
 
     #[test]
     fn subject_order_and_string_types_match_go() {
-        let subj = CsrSubject {
-            common_name: "n_1.example".into(),
-            country: Some("GB".into()),
-            locality: Some("London".into()),
-            organization: Some("Acme & Co".into()),
-            organizational_unit: Some("Ops".into()),
-            state: Some("Greater London".into()),
-        };
+        let subj = full_subject("n_1.example");
         let name = go_subject(&subj).unwrap();
         let got: Vec<(String, Tag, String)> = name
             .0
@@ -705,19 +712,13 @@ pub(crate) mod tests {
 
     #[test]
     fn openssl_reads_our_csr() {
-        use std::process::Command;
-        if Command::new("openssl").arg("version").output().is_err() {
-            eprintln!("openssl not installed, skipping");
+        if skip_without_openssl("CSR check") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("csr.pem");
-        std::fs::write(
-            &p,
-            make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap(),
-        )
-        .unwrap();
-        let out = Command::new("openssl")
+        std::fs::write(&p, csr_pem("node1.example.net")).unwrap();
+        let out = openssl()
             .args(["req", "-noout", "-verify", "-subject", "-in"])
             .arg(&p)
             .output()
@@ -732,34 +733,27 @@ pub(crate) mod tests {
             all.contains("CN") && all.contains("node1.example.net"),
             "{all}"
         );
-        assert!(all.to_lowercase().contains("verif"), "{all}");
+        assert!(all.to_lowercase().contains("verify ok"), "{all}");
     }
 
     #[test]
     fn parses_openssl_csr_with_sans() {
-        use std::process::Command;
-        if Command::new("openssl").arg("version").output().is_err() {
-            eprintln!("openssl not installed, skipping");
+        if skip_without_openssl("SAN parsing check") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("k.pem");
         std::fs::write(&key, private_key_pkcs1_pem(test_key()).unwrap()).unwrap();
-        let out = Command::new("openssl")
-            .args(["req", "-new", "-sha256", "-key"])
-            .arg(&key)
-            .args([
-                "-subj",
-                "/CN=node1.example.net",
-                "-addext",
-                "subjectAltName=DNS:node1.example.net,DNS:evil.mcollective,IP:10.0.0.1,email:a@b.c",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            openssl()
+                .args(["req", "-new", "-sha256", "-key"])
+                .arg(&key)
+                .args([
+                    "-subj",
+                    "/CN=node1.example.net",
+                    "-addext",
+                    "subjectAltName=DNS:node1.example.net,DNS:evil.mcollective,IP:10.0.0.1,email:a@b.c",
+                ]),
         );
         let info = parse_csr(&String::from_utf8(out.stdout).unwrap()).unwrap();
         info.verify_signature().unwrap();
@@ -779,7 +773,7 @@ pub(crate) mod tests {
 
     #[test]
     fn tampered_csr_fails_signature() {
-        let pem_text = make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap();
+        let pem_text = csr_pem("node1.example.net");
         let mut der = pem::parse(&pem_text).unwrap().into_contents();
         // flip a byte inside the CN value
         let pos = der
@@ -815,8 +809,7 @@ pub(crate) mod tests {
 
     #[test]
     fn name_validation_matches_go() {
-        let info =
-            parse_csr(&make_csr(test_key(), &CsrSubject::new("n1.example.net")).unwrap()).unwrap();
+        let info = csr_info("n1.example.net");
         let deny = default_deny_list();
         validate_csr_names(&info, "n1.example.net", &deny).unwrap();
         assert_eq!(
@@ -826,7 +819,7 @@ pub(crate) mod tests {
             "common name n1.example.net does not match identity n2.example.net"
         );
         for cn in ["x.mcollective", "x.privileged.choria", "a.choria"] {
-            let info = parse_csr(&make_csr(test_key(), &CsrSubject::new(cn)).unwrap()).unwrap();
+            let info = csr_info(cn);
             assert_eq!(
                 validate_csr_names(&info, cn, &deny)
                     .unwrap_err()
@@ -835,11 +828,9 @@ pub(crate) mod tests {
             );
         }
         // unanchored, `.` is a wildcard in the Go default patterns too
-        let info =
-            parse_csr(&make_csr(test_key(), &CsrSubject::new("x.privilegedXchoria")).unwrap())
-                .unwrap();
+        let info = csr_info("x.privilegedXchoria");
         assert!(validate_csr_names(&info, "x.privilegedXchoria", &deny).is_err());
-        let info = parse_csr(&make_csr(test_key(), &CsrSubject::new("choria")).unwrap()).unwrap();
+        let info = csr_info("choria");
         validate_csr_names(&info, "choria", &deny).unwrap();
     }
 
@@ -858,6 +849,14 @@ pub(crate) mod tests {
             Err(CsrError::InvalidDenyPattern { .. })
         ));
         assert_eq!(default_deny_list().len(), 4);
+    }
+
+    #[test]
+    fn bad_pem_says_what_is_wrong() {
+        assert_eq!(
+            parse_csr("garbage").unwrap_err().to_string(),
+            "could not parse CSR: no complete -----BEGIN/-----END PEM block"
+        );
     }
 
     #[test]
@@ -901,15 +900,7 @@ pub(crate) mod tests {
         use super::super::go_vectors::{GO_CSR, GO_PUBPEM, RSA_KEY_PEM};
         use rsa::pkcs1::DecodeRsaPrivateKey;
         let key = RsaPrivateKey::from_pkcs1_pem(RSA_KEY_PEM).unwrap();
-        let subj = CsrSubject {
-            common_name: "node1.example.net".into(),
-            country: Some("GB".into()),
-            locality: Some("London".into()),
-            organization: Some("Acme & Co".into()),
-            organizational_unit: Some("Ops".into()),
-            state: Some("Greater London".into()),
-        };
-        let ours = pem::parse(make_csr(&key, &subj).unwrap())
+        let ours = pem::parse(make_csr(&key, &full_subject("node1.example.net")).unwrap())
             .unwrap()
             .into_contents();
         assert_eq!(hex::encode(&ours), GO_CSR);
@@ -938,8 +929,7 @@ pub(crate) mod tests {
         fn parse_mutated_csr_never_panics(idx in 0usize..2000, byte in any::<u8>()) {
             static DER: OnceLock<Vec<u8>> = OnceLock::new();
             let der = DER.get_or_init(|| {
-                let p = make_csr(test_key(), &CsrSubject::new("node1.example.net")).unwrap();
-                pem::parse(&p).unwrap().into_contents()
+                pem::parse(csr_pem("node1.example.net")).unwrap().into_contents()
             });
             let mut d = der.clone();
             let i = idx % d.len();

@@ -11,7 +11,7 @@ use rand::rngs::OsRng;
 use std::fmt;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::ed25519::describe_hex_error;
+use super::ed25519::{decode_hex_array, describe_hex_error};
 
 /// Errors from X25519 key agreement.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +62,7 @@ impl EcdhKeyPair {
 
     /// Builds the pair from 64 hex characters of private key.
     pub fn from_private_hex(s: &str) -> Result<Self, EcdhError> {
-        let b = super::ed25519::decode_hex_array::<32>(s).map_err(EcdhError::InvalidPrivateKey)?;
+        let b = decode_hex_array::<32>(s).map_err(EcdhError::InvalidPrivateKey)?;
         Ok(Self::from_private_bytes(b))
     }
 

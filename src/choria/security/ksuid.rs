@@ -49,14 +49,13 @@ pub enum KsuidError {
 ///
 /// The 16 byte payload comes from the thread-local CSPRNG.
 pub fn new_ksuid_at(unix_secs: i64) -> Result<String, KsuidError> {
-    if !(KSUID_EPOCH..=KSUID_MAX_UNIX).contains(&unix_secs) {
-        return Err(KsuidError::TimestampOutOfRange(unix_secs));
-    }
+    // The valid range is exactly the offsets from the epoch that fit in u32.
+    let raw = unix_secs
+        .checked_sub(KSUID_EPOCH)
+        .and_then(|offset| u32::try_from(offset).ok())
+        .ok_or(KsuidError::TimestampOutOfRange(unix_secs))?;
     let mut payload = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut payload);
-    // The range check above guarantees the subtraction fits into u32.
-    let raw = u32::try_from(unix_secs - KSUID_EPOCH)
-        .map_err(|_| KsuidError::TimestampOutOfRange(unix_secs))?;
     Ok(Ksuid::new_raw(raw, Some(&payload)).to_string())
 }
 

@@ -23,6 +23,8 @@ pub mod ed25519;
 #[cfg(test)]
 mod go_vectors;
 pub mod ksuid;
+#[cfg(test)]
+mod openssl_cli;
 pub mod pem_crypt;
 pub mod tokens;
 

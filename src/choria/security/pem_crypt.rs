@@ -19,7 +19,9 @@
 //!    `hex.EncodeToString`; OpenSSL writes uppercase, both are accepted on
 //!    decryption), a blank line, base64 in 64 character lines, LF endings.
 
-use aes::cipher::{block_padding::NoPadding, BlockDecryptMut, BlockEncryptMut, KeyIvInit};
+use aes::cipher::{
+    block_padding::NoPadding, BlockCipher, BlockDecryptMut, BlockEncryptMut, KeyInit, KeyIvInit,
+};
 use md5::{Digest, Md5};
 use rand::RngCore;
 
@@ -112,17 +114,15 @@ pub fn encrypt_der_with_iv(der: &[u8], shared: &[u8; 32], iv: [u8; 16]) -> Strin
     buf.extend_from_slice(der);
     buf.resize(der.len() + pad, pad as u8);
     let len = buf.len();
-    let enc = cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv)
-        .expect("AES-256 key is 32 bytes and IV 16 bytes");
-    let ct = enc
+    cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv)
+        .expect("AES-256 key is 32 bytes and IV 16 bytes")
         .encrypt_padded_mut::<NoPadding>(&mut buf, len)
         .expect("buffer is a whole number of blocks");
-    let ct = ct.to_vec();
     let headers = [
         ("Proc-Type", "4,ENCRYPTED".to_string()),
         ("DEK-Info", format!("AES-256-CBC,{}", hex::encode(iv))),
     ];
-    go_pem_encode(ENCRYPTED_KEY_LABEL, &headers, &ct)
+    go_pem_encode(ENCRYPTED_KEY_LABEL, &headers, &buf)
 }
 
 /// Encodes like Go's `pem.Encode`: headers in the given order (callers put
@@ -154,19 +154,33 @@ pub(crate) fn go_pem_encode(label: &str, headers: &[(&str, String)], der: &[u8])
     out
 }
 
+/// Says what is wrong with a PEM text without echoing it (it may hold a key).
+/// Shared by every PEM reader in this module tree.
+pub(crate) fn pem_error_text(e: &pem::PemError) -> &'static str {
+    match e {
+        pem::PemError::MismatchedTags(..) => "PEM BEGIN and END labels differ",
+        pem::PemError::MalformedFraming => "no complete -----BEGIN/-----END PEM block",
+        pem::PemError::MissingBeginTag => "PEM BEGIN label missing",
+        pem::PemError::MissingEndTag => "PEM END label missing",
+        pem::PemError::MissingData => "PEM block has no data",
+        pem::PemError::InvalidData(_) => "PEM body is not valid base64",
+        pem::PemError::InvalidHeader(_) => "a PEM header line is not \"Key: value\"",
+        pem::PemError::NotUtf8(_) => "PEM text is not UTF-8",
+    }
+}
+
 fn parse_pem(text: &str) -> Result<pem::Pem, PemCryptError> {
-    pem::parse(text).map_err(|e| {
-        PemCryptError::BadPem(match e {
-            pem::PemError::MismatchedTags(..) => "BEGIN and END labels differ",
-            pem::PemError::MalformedFraming => "no -----BEGIN/-----END framed block found",
-            pem::PemError::MissingBeginTag => "missing BEGIN label",
-            pem::PemError::MissingEndTag => "missing END label",
-            pem::PemError::MissingData => "block has no data",
-            pem::PemError::InvalidData(_) => "block body is not valid base64",
-            pem::PemError::InvalidHeader(_) => "a header line is not \"Key: value\"",
-            pem::PemError::NotUtf8(_) => "block is not valid UTF-8",
-        })
-    })
+    pem::parse(text).map_err(|e| PemCryptError::BadPem(pem_error_text(&e)))
+}
+
+/// Decrypts whole AES-CBC blocks in place; false only if the key or IV
+/// length is wrong or `buf` is not whole blocks.
+fn cbc_decrypt_in_place<C>(key: &[u8], iv: &[u8], buf: &mut [u8]) -> bool
+where
+    C: BlockCipher + BlockDecryptMut + KeyInit,
+{
+    cbc::Decryptor::<C>::new_from_slices(key, iv)
+        .is_ok_and(|d| d.decrypt_padded_mut::<NoPadding>(buf).is_ok())
 }
 
 /// Decrypts an encrypted private key PEM the way go-choria's `configure`
@@ -182,10 +196,11 @@ pub fn decrypt_private_key(pem_text: &str, shared: &[u8; 32]) -> Result<Vec<u8>,
         .get("DEK-Info")
         .ok_or(PemCryptError::NotEncrypted)?;
     let (mode, iv_hex) = dek.split_once(',').ok_or(PemCryptError::MalformedDekInfo)?;
-    let key_len = match mode {
-        "AES-128-CBC" => 16,
-        "AES-192-CBC" => 24,
-        "AES-256-CBC" => 32,
+    type CbcDecrypt = fn(&[u8], &[u8], &mut [u8]) -> bool;
+    let (key_len, cbc_decrypt): (usize, CbcDecrypt) = match mode {
+        "AES-128-CBC" => (16, cbc_decrypt_in_place::<aes::Aes128>),
+        "AES-192-CBC" => (24, cbc_decrypt_in_place::<aes::Aes192>),
+        "AES-256-CBC" => (32, cbc_decrypt_in_place::<aes::Aes256>),
         other => {
             let shown: String = other.chars().take(32).collect();
             return Err(PemCryptError::UnsupportedCipher(shown));
@@ -204,27 +219,18 @@ pub fn decrypt_private_key(pem_text: &str, shared: &[u8; 32]) -> Result<Vec<u8>,
     }
     let key = evp_bytes_to_key_md5(shared, &iv[..8], key_len);
     let mut buf = ct.to_vec();
-    let res = match key_len {
-        16 => cbc::Decryptor::<aes::Aes128>::new_from_slices(&key, &iv)
-            .map(|d| d.decrypt_padded_mut::<NoPadding>(&mut buf).map(<[u8]>::len)),
-        24 => cbc::Decryptor::<aes::Aes192>::new_from_slices(&key, &iv)
-            .map(|d| d.decrypt_padded_mut::<NoPadding>(&mut buf).map(<[u8]>::len)),
-        _ => cbc::Decryptor::<aes::Aes256>::new_from_slices(&key, &iv)
-            .map(|d| d.decrypt_padded_mut::<NoPadding>(&mut buf).map(<[u8]>::len)),
-    };
-    match res {
-        Ok(Ok(n)) if n == buf.len() => {}
+    if !cbc_decrypt(&key, &iv, &mut buf) {
         // Cannot happen: key/iv lengths and block multiple were checked above.
-        _ => return Err(PemCryptError::NotBlockMultiple(ct.len())),
+        return Err(PemCryptError::NotBlockMultiple(ct.len()));
     }
-    let last = usize::from(*buf.last().ok_or(PemCryptError::Empty)?);
-    if last == 0 || last > BLOCK || last > buf.len() {
-        return Err(PemCryptError::IncorrectPassword);
-    }
-    if buf[buf.len() - last..]
-        .iter()
-        .any(|&b| usize::from(b) != last)
-    {
+    // `buf` is at least one block, so the padding length `last` (1..=16)
+    // always fits inside it.
+    let last = usize::from(buf[buf.len() - 1]);
+    let pad_ok = (1..=BLOCK).contains(&last)
+        && buf[buf.len() - last..]
+            .iter()
+            .all(|&b| usize::from(b) == last);
+    if !pad_ok {
         return Err(PemCryptError::IncorrectPassword);
     }
     buf.truncate(buf.len() - last);
@@ -243,12 +249,16 @@ pub fn decrypt_private_key_to_pem(
 
 #[cfg(test)]
 mod tests {
+    use super::super::openssl_cli::{openssl, run_ok, skip_without_openssl};
     use super::*;
     use proptest::prelude::*;
 
     const SHARED: &str = "c9ea6a3f79a000b60b076d4afc990b272f3f0b5aaa3f0b8713c209273e363863";
     const IV: &str = "101112131415161718191a1b1c1d1e1f";
     const DERIVED: &str = "df2e02d45fb9b8b7c98478111b4f761a2ff71aa86b40ae446553e8f6a1137444";
+    /// AES-256-CBC(key=DERIVED, iv=IV) of sixteen 0x10 bytes, from
+    /// `openssl enc -aes-256-cbc -nopad -K <DERIVED> -iv <IV>`.
+    const PADDING_BLOCK_CT: &str = "566f8d85f11f8d6986fe0e012a398ef4";
 
     fn shared() -> [u8; 32] {
         hex::decode(SHARED).unwrap().try_into().unwrap()
@@ -261,6 +271,32 @@ mod tests {
     fn sample_pem(len: usize) -> (Vec<u8>, String) {
         let der: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
         (der.clone(), go_pem_encode("RSA PRIVATE KEY", &[], &der))
+    }
+
+    /// An encrypted-key PEM as Go writes it, with `DEK-Info: <dek_info>`
+    /// around an arbitrary body.
+    fn encrypted_pem(dek_info: &str, body: &[u8]) -> String {
+        go_pem_encode(
+            "RSA PRIVATE KEY",
+            &[
+                ("Proc-Type", "4,ENCRYPTED".into()),
+                ("DEK-Info", dek_info.to_string()),
+            ],
+            body,
+        )
+    }
+
+    /// AES-CBC with IV [`IV`] and no padding of whole blocks in `buf`.
+    fn raw_cbc_encrypt<C>(key: &[u8], mut buf: Vec<u8>) -> Vec<u8>
+    where
+        C: BlockCipher + BlockEncryptMut + KeyInit,
+    {
+        let n = buf.len();
+        cbc::Encryptor::<C>::new_from_slices(key, &iv())
+            .unwrap()
+            .encrypt_padded_mut::<NoPadding>(&mut buf, n)
+            .unwrap();
+        buf
     }
 
     #[test]
@@ -289,14 +325,12 @@ mod tests {
 
     #[test]
     fn known_ciphertext() {
-        // AES-256-CBC(key=DERIVED, iv=IV) of sixteen 0x10 bytes (the padding
-        // block for empty input), computed independently with
-        // `openssl enc -aes-256-cbc -K <DERIVED> -iv <IV> -nopad`.
+        // Empty input encrypts to the padding block alone.
         let out = encrypt_der_with_iv(&[], &shared(), iv());
         let block = pem::parse(&out).unwrap();
         assert_eq!(block.contents().len(), 16);
-        let expected = openssl_enc_reference();
-        if let Some(expected) = expected {
+        assert_eq!(hex::encode(block.contents()), PADDING_BLOCK_CT);
+        if let Some(expected) = openssl_enc_reference() {
             assert_eq!(hex::encode(block.contents()), expected);
         }
     }
@@ -304,8 +338,8 @@ mod tests {
     /// Runs `openssl enc` to get an independent ciphertext, if openssl exists.
     fn openssl_enc_reference() -> Option<String> {
         use std::io::Write;
-        use std::process::{Command, Stdio};
-        let mut child = Command::new("openssl")
+        use std::process::Stdio;
+        let mut child = openssl()
             .args(["enc", "-aes-256-cbc", "-nopad", "-K", DERIVED, "-iv", IV])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -361,20 +395,8 @@ mod tests {
         let mut buf = der.clone();
         let pad = 16 - buf.len() % 16;
         buf.resize(buf.len() + pad, pad as u8);
-        let n = buf.len();
-        let ct = cbc::Encryptor::<aes::Aes128>::new_from_slices(&key, &iv())
-            .unwrap()
-            .encrypt_padded_mut::<NoPadding>(&mut buf, n)
-            .unwrap()
-            .to_vec();
-        let text = go_pem_encode(
-            "RSA PRIVATE KEY",
-            &[
-                ("Proc-Type", "4,ENCRYPTED".into()),
-                ("DEK-Info", format!("AES-128-CBC,{IV}")),
-            ],
-            &ct,
-        );
+        let ct = raw_cbc_encrypt::<aes::Aes128>(&key, buf);
+        let text = encrypted_pem(&format!("AES-128-CBC,{IV}"), &ct);
         assert_eq!(decrypt_private_key(&text, &shared()).unwrap(), der);
     }
 
@@ -402,41 +424,32 @@ mod tests {
             decrypt_private_key("garbage", &shared()),
             Err(PemCryptError::BadPem(_))
         ));
-        let des = enc.replace("AES-256-CBC", "DES-EDE3-CBC");
+        // Edits of the DEK-Info header of a good block, and the error each gives.
+        let dek = format!("AES-256-CBC,{IV}");
+        let dek_cases = [
+            (
+                ("AES-256-CBC", "DES-EDE3-CBC"),
+                PemCryptError::UnsupportedCipher("DES-EDE3-CBC".into()),
+            ),
+            (
+                (dek.as_str(), "AES-256-CBC"),
+                PemCryptError::MalformedDekInfo,
+            ),
+            ((IV, "zz"), PemCryptError::IvNotHex),
+            ((IV, "1011"), PemCryptError::IvLength(2)),
+        ];
+        for ((from, to), want) in dek_cases {
+            let edited = enc.replace(from, to);
+            assert_eq!(decrypt_private_key(&edited, &shared()), Err(want), "{to}");
+        }
         assert_eq!(
-            decrypt_private_key(&des, &shared()),
-            Err(PemCryptError::UnsupportedCipher("DES-EDE3-CBC".into()))
-        );
-        let noc = enc.replace(&format!("AES-256-CBC,{IV}"), "AES-256-CBC");
-        assert_eq!(
-            decrypt_private_key(&noc, &shared()),
-            Err(PemCryptError::MalformedDekInfo)
-        );
-        let badiv = enc.replace(IV, "zz");
-        assert_eq!(
-            decrypt_private_key(&badiv, &shared()),
-            Err(PemCryptError::IvNotHex)
-        );
-        let shortiv = enc.replace(IV, "1011");
-        assert_eq!(
-            decrypt_private_key(&shortiv, &shared()),
-            Err(PemCryptError::IvLength(2))
-        );
-        let trunc = go_pem_encode(
-            "RSA PRIVATE KEY",
-            &[("DEK-Info", format!("AES-256-CBC,{IV}"))],
-            &[1, 2, 3],
-        );
-        assert_eq!(
-            decrypt_private_key(&trunc, &shared()),
+            decrypt_private_key(&encrypted_pem(&dek, &[1, 2, 3]), &shared()),
             Err(PemCryptError::NotBlockMultiple(3))
         );
-        let empty = go_pem_encode(
-            "RSA PRIVATE KEY",
-            &[("DEK-Info", format!("AES-256-CBC,{IV}"))],
-            &[],
+        assert_eq!(
+            decrypt_private_key(&encrypted_pem(&dek, &[]), &shared()),
+            Err(PemCryptError::Empty)
         );
-        assert!(decrypt_private_key(&empty, &shared()).is_err());
     }
 
     #[test]
@@ -446,16 +459,8 @@ mod tests {
         for tail in [vec![0u8], vec![17u8], vec![3u8, 2, 3]] {
             let mut buf = vec![9u8; 32 - tail.len()];
             buf.extend_from_slice(&tail);
-            let ct = cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv())
-                .unwrap()
-                .encrypt_padded_mut::<NoPadding>(&mut buf, 32)
-                .unwrap()
-                .to_vec();
-            let text = go_pem_encode(
-                "RSA PRIVATE KEY",
-                &[("DEK-Info", format!("AES-256-CBC,{IV}"))],
-                &ct,
-            );
+            let ct = raw_cbc_encrypt::<aes::Aes256>(&key, buf);
+            let text = encrypted_pem(&format!("AES-256-CBC,{IV}"), &ct);
             assert_eq!(
                 decrypt_private_key(&text, &shared()),
                 Err(PemCryptError::IncorrectPassword),
@@ -470,23 +475,16 @@ mod tests {
     /// is not installed.
     #[test]
     fn openssl_interop() {
-        use std::process::Command;
-        if Command::new("openssl").arg("version").output().is_err() {
-            eprintln!("openssl not installed, skipping interop check");
+        if skip_without_openssl("interop check") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("plain.pem");
-        let st = Command::new("openssl")
-            .args(["genrsa", "-traditional", "-out"])
-            .arg(&plain)
-            .arg("1024")
-            .output()
-            .unwrap();
-        assert!(
-            st.status.success(),
-            "{}",
-            String::from_utf8_lossy(&st.stderr)
+        run_ok(
+            openssl()
+                .args(["genrsa", "-traditional", "-out"])
+                .arg(&plain)
+                .arg("1024"),
         );
         let plain_text = std::fs::read_to_string(&plain).unwrap();
         let plain_der = pem::parse(&plain_text).unwrap().into_contents();
@@ -497,39 +495,23 @@ mod tests {
         let enc = encrypt_private_key(&plain_text, &pw).unwrap();
         let enc_path = dir.path().join("ours.pem");
         std::fs::write(&enc_path, &enc).unwrap();
-        let out = Command::new("openssl")
-            .args(["rsa", "-traditional", "-passin", &pass_arg, "-in"])
-            .arg(&enc_path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            openssl()
+                .args(["rsa", "-traditional", "-passin", &pass_arg, "-in"])
+                .arg(&enc_path),
         );
         let back = pem::parse(&out.stdout).unwrap().into_contents();
         assert_eq!(back, plain_der);
 
         // openssl -> ours (OpenSSL writes an uppercase IV)
         let theirs = dir.path().join("theirs.pem");
-        let out = Command::new("openssl")
-            .args([
-                "rsa",
-                "-traditional",
-                "-aes256",
-                "-passout",
-                &pass_arg,
-                "-in",
-            ])
-            .arg(&plain)
-            .arg("-out")
-            .arg(&theirs)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            openssl()
+                .args(["rsa", "-traditional", "-aes256", "-passout", &pass_arg])
+                .arg("-in")
+                .arg(&plain)
+                .arg("-out")
+                .arg(&theirs),
         );
         let theirs_text = std::fs::read_to_string(&theirs).unwrap();
         assert!(theirs_text.contains("DEK-Info: AES-256-CBC,"));
@@ -560,11 +542,7 @@ mod tests {
             mode in "(AES-256-CBC|AES-128-CBC|AES-192-CBC|X)",
             ivs in "[0-9a-fA-F]{0,40}",
         ) {
-            let text = go_pem_encode(
-                "RSA PRIVATE KEY",
-                &[("Proc-Type", "4,ENCRYPTED".into()), ("DEK-Info", format!("{mode},{ivs}"))],
-                &body,
-            );
+            let text = encrypted_pem(&format!("{mode},{ivs}"), &body);
             let _ = decrypt_private_key(&text, &shared());
         }
 

@@ -45,8 +45,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use x509_cert::der::Decode;
 
+use super::csr::OID_RSA_ENCRYPTION;
 use super::ed25519::{decode_hex_array, describe_hex_error};
 use super::ksuid::{ksuid_timestamp, new_ksuid_at};
+use super::pem_crypt::pem_error_text;
 
 /// `purpose` of provisioning tokens (also accepted in `sub`).
 pub const PROVISIONING_PURPOSE: &str = "choria_provisioning";
@@ -399,14 +401,21 @@ impl Serialize for GoValue<'_> {
                 }
             }
             Value::Array(a) => s.collect_seq(a.iter().map(GoValue)),
-            Value::Object(m) => {
-                let mut entries: Vec<_> = m.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                s.collect_map(entries.into_iter().map(|(k, v)| (k, GoValue(v))))
-            }
+            Value::Object(m) => serialize_go_map(m, s),
             other => other.serialize(s),
         }
     }
+}
+
+/// A JSON object as Go re-marshals a `map[string]any`: keys sorted, values
+/// as [`GoValue`].
+fn serialize_go_map<S: serde::Serializer>(
+    m: &serde_json::Map<String, serde_json::Value>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let mut entries: Vec<_> = m.iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    s.collect_map(entries.into_iter().map(|(k, v)| (k, GoValue(v))))
 }
 
 fn serialize_extensions<S: serde::Serializer>(
@@ -415,11 +424,7 @@ fn serialize_extensions<S: serde::Serializer>(
 ) -> Result<S::Ok, S::Error> {
     match v {
         None => s.serialize_none(),
-        Some(m) => {
-            let mut entries: Vec<_> = m.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            s.collect_map(entries.into_iter().map(|(k, v)| (k, GoValue(v))))
-        }
+        Some(m) => serialize_go_map(m, s),
     }
 }
 
@@ -1321,17 +1326,11 @@ const CERT_HEADER: &[u8] = b"-----BEGIN CERTIFICATE";
 const PK_HEADER: &[u8] = b"-----BEGIN PUBLIC KEY";
 const RSA_PK_HEADER: &[u8] = b"-----BEGIN RSA PUBLIC KEY";
 
-fn pem_error_text(e: &pem::PemError) -> &'static str {
-    match e {
-        pem::PemError::MismatchedTags(..) => "PEM BEGIN and END labels differ",
-        pem::PemError::MalformedFraming => "no complete -----BEGIN/-----END PEM block",
-        pem::PemError::MissingBeginTag => "PEM BEGIN label missing",
-        pem::PemError::MissingEndTag => "PEM END label missing",
-        pem::PemError::MissingData => "PEM block has no data",
-        pem::PemError::InvalidData(_) => "PEM body is not valid base64",
-        pem::PemError::InvalidHeader(_) => "PEM header line is malformed",
-        pem::PemError::NotUtf8(_) => "PEM text is not UTF-8",
-    }
+fn read_key_file(path: &Path) -> Result<Vec<u8>, KeyError> {
+    std::fs::read(path).map_err(|source| KeyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// A JWT signing key: RSA (⇒ RS256) or ed25519 (⇒ EdDSA). `Debug` redacts.
@@ -1363,12 +1362,7 @@ impl fmt::Debug for TokenSigningKey {
 impl TokenSigningKey {
     /// Loads a key file like `tokens.SignTokenWithKeyFile` (`jwt_signing_key`).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyError> {
-        let path = path.as_ref();
-        let data = std::fs::read(path).map_err(|source| KeyError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_bytes(&data)
+        Self::from_bytes(&read_key_file(path.as_ref())?)
     }
 
     /// Interprets key bytes: a PEM starting `-----BEGIN RSA PRIVATE KEY`
@@ -1435,15 +1429,20 @@ impl TokenSigningKey {
         let mut out = JWT_B64.encode(header.as_bytes());
         out.push('.');
         out.push_str(&JWT_B64.encode(payload));
-        let sig = match self {
-            Self::Rsa(k) => pkcs1v15::SigningKey::<Sha256>::new(k.clone())
-                .sign_with_rng(&mut rand::rngs::OsRng, out.as_bytes())
-                .to_vec(),
-            Self::Ed25519(k) => k.sign(out.as_bytes()).to_bytes().to_vec(),
-        };
+        let sig = self.sign_input(out.as_bytes());
         out.push('.');
         out.push_str(&JWT_B64.encode(sig));
         Ok(out)
+    }
+
+    /// The raw JWS signature of a signing input (`<header>.<claims>`).
+    fn sign_input(&self, input: &[u8]) -> Vec<u8> {
+        match self {
+            Self::Rsa(k) => pkcs1v15::SigningKey::<Sha256>::new(k.clone())
+                .sign_with_rng(&mut rand::rngs::OsRng, input)
+                .to_vec(),
+            Self::Ed25519(k) => k.sign(input).to_bytes().to_vec(),
+        }
     }
 }
 
@@ -1473,12 +1472,7 @@ impl TokenVerifyKey {
 
     /// Reads a verification key file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyError> {
-        let path = path.as_ref();
-        let data = std::fs::read(path).map_err(|source| KeyError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_pem_or_hex(&data)
+        Self::from_pem_or_hex(&read_key_file(path.as_ref())?)
     }
 
     /// `readRSAOrED25519PublicData`: data starting `-----BEGIN CERTIFICATE`
@@ -1519,35 +1513,35 @@ impl TokenVerifyKey {
 
 fn rsa_public_from_der(der: &[u8]) -> Result<RsaPublicKey, KeyError> {
     use x509_cert::spki::SubjectPublicKeyInfoRef;
-    const RSA_OID: &str = "1.2.840.113549.1.1.1";
     if let Ok(spki) = SubjectPublicKeyInfoRef::from_der(der) {
-        if spki.algorithm.oid.to_string() != RSA_OID {
-            return Err(KeyError::RsaPublicKey(format!(
-                "key is not a valid RSA public key (algorithm {})",
-                spki.algorithm.oid
-            )));
-        }
-        return RsaPublicKey::from_public_key_der(der)
-            .map_err(|e| KeyError::RsaPublicKey(e.to_string()));
+        return rsa_public_from_spki(&spki.algorithm.oid, der, "key");
     }
     if let Ok(cert) = x509_cert::Certificate::from_der(der) {
         let spki = &cert.tbs_certificate.subject_public_key_info;
-        if spki.algorithm.oid.to_string() != RSA_OID {
-            return Err(KeyError::RsaPublicKey(format!(
-                "certificate key is not a valid RSA public key (algorithm {})",
-                spki.algorithm.oid
-            )));
-        }
         let spki_der = x509_cert::der::Encode::to_der(spki)
             .map_err(|e| KeyError::RsaPublicKey(e.to_string()))?;
-        return RsaPublicKey::from_public_key_der(&spki_der)
-            .map_err(|e| KeyError::RsaPublicKey(e.to_string()));
+        return rsa_public_from_spki(&spki.algorithm.oid, &spki_der, "certificate key");
     }
     RsaPublicKey::from_pkcs1_der(der).map_err(|e| {
         KeyError::RsaPublicKey(format!(
             "not a PKIX public key, certificate or PKCS#1 public key ({e})"
         ))
     })
+}
+
+/// An RSA key from SPKI DER whose algorithm is `oid`; `what` names the
+/// source in the error for any other algorithm.
+fn rsa_public_from_spki(
+    oid: &x509_cert::spki::ObjectIdentifier,
+    spki_der: &[u8],
+    what: &str,
+) -> Result<RsaPublicKey, KeyError> {
+    if *oid != OID_RSA_ENCRYPTION {
+        return Err(KeyError::RsaPublicKey(format!(
+            "{what} is not a valid RSA public key (algorithm {oid})"
+        )));
+    }
+    RsaPublicKey::from_public_key_der(spki_der).map_err(|e| KeyError::RsaPublicKey(e.to_string()))
 }
 
 // ---------------------------------------------------------------------------
@@ -1824,7 +1818,10 @@ pub fn verify_chain_issued_server_token_at(
 /// `jwt_signing_token`: no verification, but `purpose` must be
 /// `choria_client_id`.
 pub fn parse_client_id_token_unverified(token: &str) -> Result<ClientIdClaims, TokenError> {
-    let claims: ClientIdClaims = parse_unverified(token)?;
+    require_client_purpose(parse_unverified(token)?)
+}
+
+fn require_client_purpose(claims: ClientIdClaims) -> Result<ClientIdClaims, TokenError> {
     if claims.standard.purpose != CLIENT_ID_PURPOSE {
         return Err(TokenError::NotClientToken(clip(&claims.standard.purpose)));
     }
@@ -1838,10 +1835,7 @@ pub fn parse_client_id_token_at(
     key: &TokenVerifyKey,
     now: i64,
 ) -> Result<ClientIdClaims, TokenError> {
-    let claims: ClientIdClaims = parse_verified(token, key, now, true)?;
-    if claims.standard.purpose != CLIENT_ID_PURPOSE {
-        return Err(TokenError::NotClientToken(clip(&claims.standard.purpose)));
-    }
+    let claims = require_client_purpose(parse_verified(token, key, now, true)?)?;
     if !claims.standard.trust_chain_signature.is_empty()
         && claims.standard.issuer.starts_with(CHAIN_ISSUER_PREFIX)
     {
@@ -1854,7 +1848,9 @@ pub fn parse_client_id_token_at(
 mod tests {
     use super::super::csr::tests::test_key;
     use super::super::ed25519::Ed25519KeyPair;
+    use super::super::openssl_cli::{openssl, run_ok, skip_without_openssl};
     use super::*;
+    use crate::choria::json;
     use proptest::prelude::*;
 
     const NOW: i64 = 1_700_000_000;
@@ -1876,13 +1872,15 @@ mod tests {
     /// Builds a token with arbitrary header and claims JSON, signed by `key`.
     fn raw_token(header: &str, claims: &str, key: &TokenSigningKey) -> String {
         let input = format!("{}.{}", b64(header), b64(claims));
-        let sig = match key {
-            TokenSigningKey::Rsa(k) => pkcs1v15::SigningKey::<Sha256>::new(k.clone())
-                .sign_with_rng(&mut rand::rngs::OsRng, input.as_bytes())
-                .to_vec(),
-            TokenSigningKey::Ed25519(k) => k.sign(input.as_bytes()).to_bytes().to_vec(),
-        };
-        format!("{input}.{}", JWT_B64.encode(sig))
+        format!(
+            "{input}.{}",
+            JWT_B64.encode(key.sign_input(input.as_bytes()))
+        )
+    }
+
+    /// [`raw_token`] with the standard EdDSA header, signed by [`ed_key`].
+    fn ed_token(claims: &str) -> String {
+        raw_token(r#"{"alg":"EdDSA","typ":"JWT"}"#, claims, &ed_key())
     }
 
     fn prov_claims() -> ProvisioningClaims {
@@ -1902,7 +1900,7 @@ mod tests {
     fn provisioning_claims_json_order_matches_go() {
         let mut c = prov_claims();
         c.standard.id = "2Y7pSdJ2mF3FZuG8N0ZP6kYbC7D".into();
-        let json = String::from_utf8(to_go_json(&c).unwrap()).unwrap();
+        let json = json::to_string(&c).unwrap();
         assert_eq!(
             json,
             concat!(
@@ -1920,7 +1918,7 @@ mod tests {
         c.standard.trust_chain_signature = "ab".into();
         c.standard.public_key = "cd".into();
         c.standard.issuer_expires_at = Some(5);
-        let json = String::from_utf8(to_go_json(&c).unwrap()).unwrap();
+        let json = json::to_string(&c).unwrap();
         assert!(
             json.contains(r#""extensions":{},"ou":"choria","v2":true,"update":true,"purpose":"choria_provisioning","tcs":"ab","public_key":"cd","issexp":5,"iss":"Choria Tokens Package","sub":"choria_provisioning","aud":["x"],"exp""#),
             "{json}"
@@ -1952,7 +1950,7 @@ mod tests {
         assert_eq!(c.standard.expires_at, Some(NOW + 365 * 24 * 3600));
         assert_eq!(ksuid_timestamp(&c.standard.id).unwrap(), NOW);
         assert!(c.standard.subject.is_empty());
-        let json = String::from_utf8(to_go_json(&c).unwrap()).unwrap();
+        let json = json::to_string(&c).unwrap();
         let expected_prefix = format!(
             r#"{{"identity":"node1.example.net","collectives":["choria"],"permissions":{{"submission":true}},"ou":"choria","pub_subjects":["x.>"],"purpose":"choria_server","public_key":"{}","iss":"Choria Provisioner","exp":{},"nbf":{NOW},"iat":{NOW},"jti":""#,
             kp.public_hex(),
@@ -1968,61 +1966,20 @@ mod tests {
         let pk = kp.public_hex();
         let day = Duration::from_secs(86400);
         assert_eq!(
-            err(ServerClaims::new_at(
-                NOW,
-                "",
-                vec!["c".into()],
-                "",
-                None,
-                vec![],
-                &pk,
-                "",
-                day
-            )),
+            err(plain_server_claims("", &["c"], &pk, day)),
             "invalid claims: identity is required"
         );
         assert_eq!(
-            err(ServerClaims::new_at(
-                NOW,
-                "n",
-                vec![],
-                "",
-                None,
-                vec![],
-                &pk,
-                "",
-                day
-            )),
+            err(plain_server_claims("n", &[], &pk, day)),
             "invalid claims: at least one collective is required"
         );
-        assert!(err(ServerClaims::new_at(
-            NOW,
-            "n",
-            vec!["c".into()],
-            "",
-            None,
-            vec![],
-            "abc",
-            "",
-            day
-        ))
-        .contains("server public key is not a hex ed25519 key"));
+        assert!(err(plain_server_claims("n", &["c"], "abc", day))
+            .contains("server public key is not a hex ed25519 key"));
         assert_eq!(
-            err(ServerClaims::new_at(
-                NOW,
-                "n",
-                vec!["c".into()],
-                "",
-                None,
-                vec![],
-                &pk,
-                "",
-                Duration::ZERO
-            )),
+            err(plain_server_claims("n", &["c"], &pk, Duration::ZERO)),
             "invalid claims: validity is required"
         );
-        let d = ServerClaims::new_at(NOW, "n", vec!["c".into()], "", None, vec![], &pk, "", day)
-            .unwrap();
+        let d = plain_server_claims("n", &["c"], &pk, day).unwrap();
         assert_eq!(d.standard.issuer, DEFAULT_ISSUER);
         // wall clock variant
         let w = ServerClaims::new("n", vec!["c".into()], "o", None, vec![], &pk, "", day).unwrap();
@@ -2039,15 +1996,15 @@ mod tests {
             extensions: Some(serde_json::from_str(input).unwrap()),
             ..Default::default()
         };
-        assert_eq!(String::from_utf8(to_go_json(&c).unwrap()).unwrap(), go);
+        assert_eq!(json::to_string(&c).unwrap(), go);
         // Go's formatting of a big float; the JSON literal is kept out of the
         // vector above because serde_json's default (non `float_roundtrip`)
         // parser rounds 123456789012345678901234 one ulp differently.
         assert_eq!(
-            crate::choria::json::go_float(1.234_567_890_123_456_9e23),
+            json::go_float(1.234_567_890_123_456_9e23),
             "1.2345678901234569e+23"
         );
-        assert_eq!(crate::choria::json::go_float(-2.5e-8), "-2.5e-8");
+        assert_eq!(json::go_float(-2.5e-8), "-2.5e-8");
         // plain serde_json keeps integers natural
         let plain = serde_json::to_string(&c).unwrap();
         assert!(
@@ -2060,7 +2017,7 @@ mod tests {
     fn go_string_escaping() {
         let v = serde_json::json!({"a": "<b>&\u{2028}\u{2029}\n\"é"});
         assert_eq!(
-            String::from_utf8(to_go_json(&v).unwrap()).unwrap(),
+            json::to_string(&v).unwrap(),
             r#"{"a":"\u003cb\u003e\u0026\u2028\u2029\n\"é"}"#
         );
     }
@@ -2096,25 +2053,26 @@ mod tests {
 
     #[test]
     fn rs384_and_rs512_accepted() {
-        use rsa::signature::RandomizedSigner as _;
-        let claims = String::from_utf8(to_go_json(&prov_claims()).unwrap()).unwrap();
-        let key = test_key().clone();
-        for (alg, n) in [("RS384", 384), ("RS512", 512)] {
+        /// A token with header `alg`, signed by [`test_key`] over digest `D`.
+        fn rsa_token<D>(alg: &str, claims: &str) -> String
+        where
+            D: sha2::Digest + sha2::digest::const_oid::AssociatedOid,
+        {
             let input = format!(
                 "{}.{}",
                 b64(&format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#)),
-                b64(&claims)
+                b64(claims)
             );
-            let sig = if n == 384 {
-                pkcs1v15::SigningKey::<Sha384>::new(key.clone())
-                    .sign_with_rng(&mut rand::rngs::OsRng, input.as_bytes())
-                    .to_vec()
-            } else {
-                pkcs1v15::SigningKey::<Sha512>::new(key.clone())
-                    .sign_with_rng(&mut rand::rngs::OsRng, input.as_bytes())
-                    .to_vec()
-            };
-            let token = format!("{input}.{}", JWT_B64.encode(sig));
+            let sig = pkcs1v15::SigningKey::<D>::new(test_key().clone())
+                .sign_with_rng(&mut rand::rngs::OsRng, input.as_bytes())
+                .to_vec();
+            format!("{input}.{}", JWT_B64.encode(sig))
+        }
+        let claims = json::to_string(&prov_claims()).unwrap();
+        for token in [
+            rsa_token::<Sha384>("RS384", &claims),
+            rsa_token::<Sha512>("RS512", &claims),
+        ] {
             parse_provisioning_token_at(&token, &rsa_key().verify_key(), NOW).unwrap();
         }
     }
@@ -2204,65 +2162,36 @@ mod tests {
 
     #[test]
     fn purpose_and_optional_exp() {
-        let ed = ed_key();
-        let vk = ed.verify_key();
+        let vk = ed_key().verify_key();
+        let parse = |claims: &str| parse_provisioning_token_at(&ed_token(claims), &vk, NOW);
         // sub alone is enough, exp is optional, ou defaults
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
-            r#"{"cht":"x","sub":"choria_provisioning"}"#,
-            &ed,
-        );
-        let c = parse_provisioning_token_at(&t, &vk, NOW).unwrap();
+        let c = parse(r#"{"cht":"x","sub":"choria_provisioning"}"#).unwrap();
         assert_eq!(c.organization_unit, "choria");
         assert!(c.standard.expires_at.is_none());
         // wrong purpose
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
-            r#"{"purpose":"choria_server"}"#,
-            &ed,
-        );
         assert_eq!(
-            parse_provisioning_token_at(&t, &vk, NOW)
+            parse(r#"{"purpose":"choria_server"}"#)
                 .unwrap_err()
                 .to_string(),
             "not a provisioning token (purpose \"choria_server\", sub \"\")"
         );
-        // tcs present but not chain issued => expired, like Go's ErrTokenExpired
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
+        for claims in [
+            // tcs present but not chain issued => expired, like Go's ErrTokenExpired
             r#"{"purpose":"choria_provisioning","tcs":"aa","iss":"I-00","exp":1800000000}"#,
-            &ed,
-        );
-        assert!(matches!(
-            parse_provisioning_token_at(&t, &vk, NOW),
-            Err(TokenError::IssuerExpiry(_))
-        ));
-        // tcs with chain issuer but no issexp
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
+            // tcs with chain issuer but no issexp
             r#"{"purpose":"choria_provisioning","tcs":"aa","iss":"C-x.y","exp":1800000000}"#,
-            &ed,
-        );
-        assert!(matches!(
-            parse_provisioning_token_at(&t, &vk, NOW),
-            Err(TokenError::IssuerExpiry(_))
-        ));
-        // tcs with chain issuer and issexp in the past
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
+            // tcs with chain issuer and issexp in the past
             r#"{"purpose":"choria_provisioning","tcs":"aa","iss":"C-x.y","exp":1800000000,"issexp":1600000000}"#,
-            &ed,
-        );
-        assert!(matches!(
-            parse_provisioning_token_at(&t, &vk, NOW),
-            Err(TokenError::IssuerExpiry(_))
-        ));
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
-            r#"{"purpose":"choria_provisioning","tcs":"aa","iss":"C-x.y","exp":1800000000,"issexp":1800000000}"#,
-            &ed,
-        );
-        assert!(parse_provisioning_token_at(&t, &vk, NOW).is_ok());
+        ] {
+            assert!(
+                matches!(parse(claims), Err(TokenError::IssuerExpiry(_))),
+                "{claims}"
+            );
+        }
+        assert!(parse(
+            r#"{"purpose":"choria_provisioning","tcs":"aa","iss":"C-x.y","exp":1800000000,"issexp":1800000000}"#
+        )
+        .is_ok());
     }
 
     #[test]
@@ -2289,11 +2218,7 @@ mod tests {
     #[test]
     fn claims_errors_do_not_echo_values() {
         let ed = ed_key();
-        let t = raw_token(
-            r#"{"alg":"EdDSA","typ":"JWT"}"#,
-            r#"{"purpose":"choria_provisioning","cht":987654321,"chpwd":true}"#,
-            &ed,
-        );
+        let t = ed_token(r#"{"purpose":"choria_provisioning","cht":987654321,"chpwd":true}"#);
         let e = parse_provisioning_token_at(&t, &ed.verify_key(), NOW)
             .unwrap_err()
             .to_string();
@@ -2431,11 +2356,7 @@ mod tests {
         assert!(e.contains("not a valid RSA public key"), "{e}");
 
         // certificate via openssl when available
-        if std::process::Command::new("openssl")
-            .arg("version")
-            .output()
-            .is_ok()
-        {
+        if !skip_without_openssl("certificate check") {
             use rsa::pkcs1::EncodeRsaPrivateKey;
             let kp = dir.path().join("k.pem");
             std::fs::write(
@@ -2447,33 +2368,18 @@ mod tests {
             )
             .unwrap();
             let cp = dir.path().join("cert.pem");
-            let out = std::process::Command::new("openssl")
-                .args([
-                    "req",
-                    "-new",
-                    "-x509",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=signer",
-                    "-key",
-                ])
-                .arg(&kp)
-                .arg("-out")
-                .arg(&cp)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+            run_ok(
+                openssl()
+                    .args(["req", "-new", "-x509", "-days", "1", "-subj", "/CN=signer"])
+                    .arg("-key")
+                    .arg(&kp)
+                    .arg("-out")
+                    .arg(&cp),
             );
             assert_eq!(
                 TokenVerifyKey::from_setting(cp.to_str().unwrap()).unwrap(),
                 want
             );
-        } else {
-            eprintln!("openssl not installed, skipping certificate check");
         }
     }
 
@@ -2581,19 +2487,30 @@ mod tests {
         ));
     }
 
-    fn claims_without_chain() -> ServerClaims {
+    /// [`ServerClaims::new_at`] at [`NOW`] without `ou`, permissions, extra
+    /// subjects or issuer.
+    fn plain_server_claims(
+        identity: &str,
+        collectives: &[&str],
+        public_key_hex: &str,
+        validity: Duration,
+    ) -> Result<ServerClaims, TokenError> {
+        let collectives = collectives.iter().map(|c| c.to_string()).collect();
         ServerClaims::new_at(
             NOW,
-            "n",
-            vec!["c".into()],
+            identity,
+            collectives,
             "",
             None,
             vec![],
-            PUB,
+            public_key_hex,
             "",
-            Duration::from_secs(3600),
+            validity,
         )
-        .unwrap()
+    }
+
+    fn claims_without_chain() -> ServerClaims {
+        plain_server_claims("n", &["c"], PUB, Duration::from_secs(3600)).unwrap()
     }
 
     #[test]
@@ -2601,41 +2518,43 @@ mod tests {
         let c = chain(Duration::from_secs(30 * 86400));
         let org_pub = c.org.verifying_key();
         let (claims, _) = chain_server_token(&c, NOW);
-        let sign = |cl: &ServerClaims| {
-            TokenSigningKey::Ed25519(c.signer_key.clone())
-                .sign(cl)
-                .unwrap()
+        // The verification error for the chain-signed claims after `tamper`,
+        // re-signed with the chain signer's key, at `now`.
+        let tampered = |tamper: fn(&mut ServerClaims), now: i64| {
+            let mut bad = claims.clone();
+            tamper(&mut bad);
+            let token = TokenSigningKey::Ed25519(c.signer_key.clone())
+                .sign(&bad)
+                .unwrap();
+            verify_chain_issued_server_token_at(&token, &org_pub, now).unwrap_err()
         };
 
         // jti not based on iat
-        let mut bad = claims.clone();
-        bad.standard.issued_at = Some(NOW + 1);
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW + 2).unwrap_err();
+        let e = tampered(|c| c.standard.issued_at = Some(NOW + 1), NOW + 2);
         assert_eq!(
             e.to_string(),
             "not signed by issuer: id is not based on issued time"
         );
 
         // jti changed => chain signature no longer matches
-        let mut bad = claims.clone();
-        bad.standard.id = new_ksuid_at(NOW).unwrap();
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW).unwrap_err();
+        let e = tampered(|c| c.standard.id = new_ksuid_at(NOW).unwrap(), NOW);
         assert_eq!(
             e.to_string(),
             "not signed by issuer: invalid chain signature"
         );
 
         // issexp missing
-        let mut bad = claims.clone();
-        bad.standard.issuer_expires_at = None;
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW).unwrap_err();
+        let e = tampered(|c| c.standard.issuer_expires_at = None, NOW);
         assert_eq!(e.to_string(), "not signed by issuer: no issuer expires set");
 
         // issexp passed although exp is later
-        let mut bad = claims.clone();
-        bad.standard.issuer_expires_at = Some(NOW + 5);
-        bad.standard.expires_at = Some(NOW + 100);
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW + 10).unwrap_err();
+        let e = tampered(
+            |c| {
+                c.standard.issuer_expires_at = Some(NOW + 5);
+                c.standard.expires_at = Some(NOW + 100);
+            },
+            NOW + 10,
+        );
         assert!(matches!(e, TokenError::IssuerExpiry(_)), "{e}");
 
         // JWS signed by some other key
@@ -2645,25 +2564,19 @@ mod tests {
         assert!(matches!(e, TokenError::InvalidSignature), "{e}");
 
         // malformed tcs / issuer
-        let mut bad = claims.clone();
-        bad.standard.trust_chain_signature = "abc".into();
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW).unwrap_err();
+        let e = tampered(|c| c.standard.trust_chain_signature = "abc".into(), NOW);
         assert_eq!(
             e.to_string(),
             "not signed by issuer: invalid trust chain signature"
         );
-        let mut bad = claims.clone();
-        bad.standard.issuer = "C-onlyone".into();
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW).unwrap_err();
+        let e = tampered(|c| c.standard.issuer = "C-onlyone".into(), NOW);
         assert_eq!(
             e.to_string(),
             "not signed by issuer: invalid issuer content"
         );
 
         // wrong purpose
-        let mut bad = claims.clone();
-        bad.standard.purpose = CLIENT_ID_PURPOSE.into();
-        let e = verify_chain_issued_server_token_at(&sign(&bad), &org_pub, NOW).unwrap_err();
+        let e = tampered(|c| c.standard.purpose = CLIENT_ID_PURPOSE.into(), NOW);
         assert!(matches!(e, TokenError::NotServerToken(_)), "{e}");
     }
 
