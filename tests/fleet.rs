@@ -2,36 +2,35 @@
 
 mod support;
 
-use choria_provisioner::choria::client::{
-    self, ChoriaClient, ClientError, ConnectOptions, DiscoveryOptions, Identity,
-};
+use choria_provisioner::choria::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
 use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::lifecycle::{self, EventType};
 use choria_provisioner::choria::mcorpc::StatusCode;
-use choria_provisioner::choria::protocol::{RequestSigner, Version};
+use choria_provisioner::choria::protocol::{RequestSigner, RequestSpec, Version};
 use choria_provisioner::choria::security::{csr, ecdh::EcdhKeyPair, ed25519, pem_crypt, tokens};
+use choria_provisioner::choria::{ids, subjects};
 use choria_provisioner::fleet::{self, FleetOptions};
 use futures::StreamExt;
-use serde_json::json;
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use support::{read_journal, NatsServer};
+use support::{
+    assert_no_reply, check_gencsr_reply, discover_provisionable, read_journal, rpc, rpc_ok,
+    NatsServer, RunningFleet,
+};
 
 const TOKEN: &str = "s3cret";
 
+/// The simulated fleet with a known provisioning-JWT signer.
 struct Fleet {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<fleet::FleetSummary>,
-    journal: PathBuf,
+    running: RunningFleet,
     signer_public: String,
     _dir: tempfile::TempDir,
 }
 
 impl Fleet {
-    async fn finish(mut self) -> (fleet::FleetSummary, Vec<serde_json::Value>) {
-        let _ = self.stop.take().unwrap().send(());
-        let summary = self.handle.await.unwrap();
-        (summary, read_journal(&self.journal))
+    async fn finish(self) -> (fleet::FleetSummary, Vec<Value>) {
+        self.running.finish().await
     }
 }
 
@@ -40,62 +39,29 @@ async fn start_fleet(nats: &NatsServer, tweak: impl FnOnce(&mut FleetOptions)) -
     let signer = ed25519::Ed25519KeyPair::generate();
     let seed_path = dir.path().join("signer.seed");
     std::fs::write(&seed_path, signer.seed_hex()).unwrap();
-    let journal = dir.path().join("journal.jsonl");
     let mut opts = FleetOptions {
         nats: vec![nats.url()],
         nodes: 5,
         token: TOKEN.into(),
         jwt_signer: Some(seed_path),
-        journal: Some(journal.clone()),
+        journal: Some(dir.path().join("journal.jsonl")),
         key_pool_size: 2,
         connections: 2,
         ..Default::default()
     };
     tweak(&mut opts);
-    let expected = opts.nodes;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        fleet::run(opts, async {
-            let _ = rx.await;
-        })
-        .await
-        .expect("fleet runs")
-    });
-    // The fleet is ready once every node has announced itself.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let started = read_journal(&journal)
-            .iter()
-            .filter(|e| e["kind"] == "event" && e["event"] == "startup")
-            .count();
-        if started >= expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "fleet did not start ({started}/{expected} startup events)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     Fleet {
-        stop: Some(tx),
-        handle,
-        journal,
+        running: RunningFleet::start(opts).await,
         signer_public: signer.public_hex(),
         _dir: dir,
     }
 }
 
 async fn client_for(nats: &NatsServer, version: Version, identity: &str) -> ChoriaClient {
-    let conn = client::connect(&ConnectOptions {
-        servers: vec![nats.url()],
-        name: identity.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let conn = nats.connect(identity).await;
     let (signer, caller) = match version {
         Version::V1 => (RequestSigner::V1Insecure, format!("choria={identity}")),
+        // The simulator verifies neither v2 signatures nor caller JWTs: any will do.
         Version::V2 => (
             RequestSigner::V2 {
                 seed: Box::new(ed25519_dalek::SigningKey::from_bytes(&[9u8; 32])),
@@ -114,13 +80,14 @@ async fn client_for(nats: &NatsServer, version: Version, identity: &str) -> Chor
     )
 }
 
-async fn discover(c: &ChoriaClient) -> Vec<String> {
-    c.discover(
-        &Filter::with_agent("choria_provision"),
-        DiscoveryOptions::default(),
-    )
-    .await
-    .unwrap()
+/// `choria_provision#<action>` on `node`.
+async fn provision(c: &ChoriaClient, node: &str, action: &str, data: &Value) -> RpcResult {
+    rpc(c, node, "choria_provision", action, data).await
+}
+
+/// `choria_provision#<action>` on `node`, whose reply must have status OK.
+async fn provision_ok(c: &ChoriaClient, node: &str, action: &str, data: &Value) -> RpcResult {
+    rpc_ok(c, node, "choria_provision", action, data).await
 }
 
 #[tokio::test]
@@ -133,16 +100,14 @@ async fn discovery_finds_every_node_and_inventory_matches_go_choria() {
         })
         .await;
         let c = client_for(&nats, version, "provisioner.example.net").await;
-        let found = discover(&c).await;
+        let found = discover_provisionable(&c).await;
         assert_eq!(found.len(), 20, "{version}: {found:?}");
+        assert_eq!(found, fleet.running.identities, "{version}");
         assert_eq!(found[0], "node-000.fleet.example.net");
 
-        let inv = c
-            .rpc(&found[3], "rpcutil", "inventory", &json!({}))
-            .await
-            .unwrap();
-        assert_eq!(inv.body.statuscode, StatusCode::Ok);
-        assert_eq!(inv.reply.sender, found[3]);
+        let inv = rpc(&c, &found[3], "rpcutil", "inventory", &json!({})).await;
+        assert_eq!(inv.body.statuscode, StatusCode::Ok, "{version}: {inv:?}");
+        assert_eq!(inv.reply.sender, found[3], "{version}");
         assert_eq!(
             String::from_utf8(inv.reply.message.clone()).unwrap(),
             r#"{"action":"inventory","statuscode":0,"statusmsg":"OK","data":{"agents":["choria_provision","choria_util","discovery","rpcutil"],"classes":[],"collectives":["provisioning"],"data_plugins":[],"facts":{},"machines":[],"main_collective":"provisioning","version":"0.30.2","upgradable":false}}"#,
@@ -150,15 +115,15 @@ async fn discovery_finds_every_node_and_inventory_matches_go_choria() {
         );
 
         // A client of the other protocol version finds nobody, as with real servers.
-        let other = if version == Version::V1 {
-            Version::V2
-        } else {
-            Version::V1
+        let other = match version {
+            Version::V1 => Version::V2,
+            Version::V2 => Version::V1,
         };
         let c2 = client_for(&nats, other, "other.example.net").await;
+        let found_by_other = discover_provisionable(&c2).await;
         assert!(
-            discover(&c2).await.is_empty(),
-            "{other} client must not discover {version} nodes"
+            found_by_other.is_empty(),
+            "{other} client must not discover {version} nodes: {found_by_other:?}"
         );
         fleet.finish().await;
     }
@@ -167,31 +132,34 @@ async fn discovery_finds_every_node_and_inventory_matches_go_choria() {
 #[tokio::test]
 async fn every_node_announces_startup_in_cloudevents_format() {
     let nats = NatsServer::start();
-    let conn = client::connect(&ConnectOptions {
-        servers: vec![nats.url()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let conn = nats.connect("watcher").await;
     let mut sub = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
         .await
         .unwrap();
     conn.flush().await.unwrap();
     let fleet = start_fleet(&nats, |o| o.nodes = 7).await;
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     while seen.len() < 7 {
         let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
             .await
-            .expect("startup events arrive")
-            .unwrap();
-        let raw: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
-        assert_eq!(raw["specversion"], "1.0");
-        assert_eq!(raw["source"], "io.choria.lifecycle");
-        let (kind, event) = lifecycle::parse(&msg.payload).unwrap();
-        assert_eq!(kind, EventType::Startup);
-        assert_eq!(event.version.as_deref(), Some("0.30.2"));
+            .unwrap_or_else(|_| panic!("startup events arrived only from {seen:?} within 5 s"))
+            .expect("the subscription stays open");
+        let text = String::from_utf8_lossy(&msg.payload);
+        let raw: Value = serde_json::from_slice(&msg.payload)
+            .unwrap_or_else(|e| panic!("startup event is not JSON ({e}): {text}"));
+        assert_eq!(raw["specversion"], "1.0", "{text}");
+        assert_eq!(raw["source"], "io.choria.lifecycle", "{text}");
+        let (kind, event) = lifecycle::parse(&msg.payload)
+            .unwrap_or_else(|e| panic!("not a lifecycle event ({e}): {text}"));
+        assert_eq!(kind, EventType::Startup, "{text}");
+        assert_eq!(event.version.as_deref(), Some("0.30.2"), "{text}");
         seen.insert(event.identity);
     }
+    assert_eq!(
+        seen,
+        fleet.running.identities.iter().cloned().collect(),
+        "every node, and only the fleet's nodes, announced itself"
+    );
     fleet.finish().await;
 }
 
@@ -218,57 +186,41 @@ async fn provision_one(version: Version) {
     conn.flush().await.unwrap();
 
     // jwt: a provisioning token signed by the fleet's signer, and an ECDH key.
-    let r = c
-        .rpc(node, "choria_provision", "jwt", &json!({"token": TOKEN}))
-        .await
-        .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
-    let jwt = r.body.data["jwt"].as_str().unwrap();
+    let r = provision_ok(&c, node, "jwt", &json!({"token": TOKEN})).await;
+    let jwt = r.body.data["jwt"].as_str().expect("jwt in the reply");
     let key = tokens::TokenVerifyKey::from_setting(&fleet.signer_public).unwrap();
-    let claims = tokens::parse_provisioning_token(jwt, &key).unwrap();
+    let claims = tokens::parse_provisioning_token(jwt, &key)
+        .unwrap_or_else(|e| panic!("the fleet's JWT does not verify with its signer: {e}"));
     assert_eq!(claims.token, TOKEN);
-    assert!(claims.prov_default);
-    assert_eq!(claims.proto_v2, version == Version::V2);
-    let node_ecdh = r.body.data["ecdh_public"].as_str().unwrap().to_string();
-    assert_eq!(node_ecdh.len(), 64);
+    assert!(claims.prov_default, "{claims:?}");
+    assert_eq!(claims.proto_v2, version == Version::V2, "{claims:?}");
+    let node_ecdh = r.body.data["ecdh_public"]
+        .as_str()
+        .expect("ecdh_public in the reply")
+        .to_string();
+    assert_eq!(node_ecdh.len(), 64, "ecdh_public {node_ecdh:?}");
 
     // gen25519: the nonce signature verifies with the returned key.
     let nonce = uuid::Uuid::new_v4().simple().to_string();
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "gen25519",
-            &json!({"nonce": nonce, "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
-    ed25519::verify_nonce(
-        r.body.data["public_key"].as_str().unwrap(),
-        &nonce,
-        r.body.data["signature"].as_str().unwrap(),
+    let r = provision_ok(
+        &c,
+        node,
+        "gen25519",
+        &json!({"nonce": nonce, "token": TOKEN}),
     )
-    .unwrap();
+    .await;
+    ed25519::verify_nonce(
+        r.body.data["public_key"].as_str().unwrap_or_default(),
+        &nonce,
+        r.body.data["signature"].as_str().unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("gen25519 signature does not verify ({e}): {:?}", r.body));
 
     // gencsr: a real CSR for the identity that passes the provisioner's checks.
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "gencsr",
-            &json!({"cn": node, "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
-    let info = csr::parse_csr(r.body.data["csr"].as_str().unwrap()).unwrap();
-    info.verify_signature().unwrap();
-    csr::validate_csr_names(&info, node, &csr::default_deny_list()).unwrap();
-    assert!(r.body.data["public_key"]
-        .as_str()
-        .unwrap()
-        .starts_with("-----BEGIN PUBLIC KEY-----"));
+    let r = provision_ok(&c, node, "gencsr", &json!({"cn": node, "token": TOKEN})).await;
+    let info = check_gencsr_reply(node, &r);
+    csr::validate_csr_names(&info, node, &csr::default_deny_list())
+        .unwrap_or_else(|e| panic!("the CSR fails the provisioner's name checks: {e}"));
 
     // configure with a private key encrypted to the node's ECDH key.
     let ours = EcdhKeyPair::generate();
@@ -277,42 +229,30 @@ async fn provision_one(version: Version) {
     let key_pem = csr::private_key_pkcs1_pem(&rsa_key).unwrap();
     let encrypted = pem_crypt::encrypt_private_key(&key_pem, &shared).unwrap();
     let config = json!({"plugin.choria.server.provision": "false", "identity": node}).to_string();
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "configure",
-            &json!({
-                "action_policies": {}, "ca": "-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n",
-                "certificate": "-----BEGIN CERTIFICATE-----\ncert\n-----END CERTIFICATE-----\n",
-                "config": config, "ecdh_public": ours.public_hex(), "key": encrypted,
-                "opa_policies": {}, "server_jwt": "", "ssldir": "/etc/choria/ssl", "token": TOKEN
-            }),
-        )
-        .await
-        .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
+    let r = provision_ok(
+        &c,
+        node,
+        "configure",
+        &json!({
+            "action_policies": {}, "ca": "-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n",
+            "certificate": "-----BEGIN CERTIFICATE-----\ncert\n-----END CERTIFICATE-----\n",
+            "config": config, "ecdh_public": ours.public_hex(), "key": encrypted,
+            "opa_policies": {}, "server_jwt": "", "ssldir": "/etc/choria/ssl", "token": TOKEN
+        }),
+    )
+    .await;
     assert_eq!(
         r.body.data["message"],
         "Wrote 3 lines to /etc/choria-fleet/node-001.fleet.example.net/server.conf"
     );
 
     // restart: the node leaves provisioning within the splay (2 s) plus one second.
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "restart",
-            &json!({"splay": 1, "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
+    let r = provision_ok(&c, node, "restart", &json!({"splay": 1, "token": TOKEN})).await;
     assert_eq!(r.body.data["message"], "Restarting Choria Server after 2s");
     let restarted_at = Instant::now();
     let shutdown = tokio::time::timeout(Duration::from_secs(2), shutdowns.next())
         .await
-        .unwrap()
+        .expect("a shutdown event for component provision_mode_server within 2 s of restart")
         .unwrap();
     assert_eq!(
         lifecycle::parse(&shutdown.payload).unwrap().1.identity,
@@ -323,49 +263,48 @@ async fn provision_one(version: Version) {
         .expect("a startup event for component server after the restart")
         .unwrap();
     assert_eq!(lifecycle::parse(&startup.payload).unwrap().1.identity, node);
-    assert!(restarted_at.elapsed() < Duration::from_secs(3));
-    let found = discover(&c).await;
+    let took = restarted_at.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the node came back as a server only after {took:?}"
+    );
+    let found = discover_provisionable(&c).await;
     assert!(
         !found.contains(&node.to_string()),
         "provisioned node still answers: {found:?}"
     );
-    assert_eq!(found.len(), 2);
-    let gone = c
-        .rpc_with_timeout(
-            node,
-            "rpcutil",
-            "inventory",
-            &json!({}),
-            Duration::from_millis(500),
-        )
-        .await;
-    assert!(matches!(gone, Err(ClientError::Timeout { .. })));
+    assert_eq!(found.len(), 2, "{found:?}");
+    // A provisioned node no longer answers in the provisioning collective.
+    assert_no_reply(&c, node, "rpcutil", "inventory", Duration::from_millis(500)).await;
 
     let (summary, journal) = fleet.finish().await;
-    assert_eq!(summary.provisioned, 1);
+    assert_eq!(summary.provisioned, 1, "{summary:?}");
     let last = journal
         .iter()
         .rev()
         .find(|e| e["kind"] == "final" && e["node"] == node)
-        .unwrap();
-    assert_eq!(last["state"], "provisioned");
-    assert_eq!(last["has_private_key"], true);
-    assert_eq!(last["has_certificate"], true);
-    assert_eq!(last["provision_disabled"], true);
-    assert_eq!(last["restarts"], 1);
-    let actions: Vec<&str> = journal
+        .unwrap_or_else(|| panic!("no final state for {node} in the journal"));
+    assert_eq!(last["state"], "provisioned", "{last}");
+    assert_eq!(last["has_private_key"], true, "{last}");
+    assert_eq!(last["has_certificate"], true, "{last}");
+    assert_eq!(last["provision_disabled"], true, "{last}");
+    assert_eq!(last["restarts"], 1, "{last}");
+    let node_actions: Vec<&Value> = journal
         .iter()
         .filter(|e| e["kind"] == "action" && e["node"] == node)
-        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    let actions: Vec<&str> = node_actions
+        .iter()
+        .map(|e| e["action"].as_str().unwrap_or_default())
         .collect();
     assert_eq!(
         actions,
         ["jwt", "gen25519", "gencsr", "configure", "restart"]
     );
-    assert!(journal
-        .iter()
-        .filter(|e| e["kind"] == "action" && e["node"] == node)
-        .all(|e| e["outcome"] == "ok" && e["caller"] == c.identity().caller.as_str()));
+    for e in node_actions {
+        assert_eq!(e["outcome"], "ok", "{e}");
+        assert_eq!(e["caller"], c.identity().caller.as_str(), "{e}");
+    }
 }
 
 #[tokio::test]
@@ -384,36 +323,37 @@ async fn restart_without_provision_false_comes_back_into_provisioning() {
     let fleet = start_fleet(&nats, |o| o.nodes = 1).await;
     let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
     let node = "node-000.fleet.example.net";
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "configure",
-            &json!({"config": "{\"identity\":\"x\"}", "token": TOKEN}),
-        )
+    let mut startups =
+        client::subscribe_events(c.nats(), EventType::Startup, "provision_mode_server")
+            .await
+            .unwrap();
+    c.nats().flush().await.unwrap();
+    provision_ok(
+        &c,
+        node,
+        "configure",
+        &json!({"config": "{\"identity\":\"x\"}", "token": TOKEN}),
+    )
+    .await;
+    provision_ok(&c, node, "restart", &json!({"splay": 1, "token": TOKEN})).await;
+    // After the splay (2 s) the node announces itself in provisioning mode again.
+    let back = tokio::time::timeout(Duration::from_secs(5), startups.next())
         .await
+        .expect("a provision_mode_server startup event within 5 s of restart")
         .unwrap();
-    assert!(r.body.is_ok(), "{:?}", r.body);
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "restart",
-            &json!({"splay": 1, "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert!(r.body.is_ok());
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(lifecycle::parse(&back.payload).unwrap().1.identity, node);
     assert_eq!(
-        discover(&c).await,
+        discover_provisionable(&c).await,
         [node],
         "the node re-entered provisioning"
     );
     let (_, journal) = fleet.finish().await;
-    let fin = journal.iter().find(|e| e["kind"] == "final").unwrap();
-    assert_eq!(fin["state"], "provisioning");
-    assert_eq!(fin["restarts"], 1);
+    let fin = journal
+        .iter()
+        .find(|e| e["kind"] == "final")
+        .expect("a final state in the journal");
+    assert_eq!(fin["state"], "provisioning", "{fin}");
+    assert_eq!(fin["restarts"], 1, "{fin}");
 }
 
 #[tokio::test]
@@ -423,63 +363,44 @@ async fn bad_token_lock_and_invalid_data_get_go_choria_status_codes() {
     let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
     let node = "node-000.fleet.example.net";
 
-    let r = c
-        .rpc(node, "choria_provision", "jwt", &json!({"token": "wrong"}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Aborted);
+    let r = provision(&c, node, "jwt", &json!({"token": "wrong"})).await;
+    assert_eq!(r.body.statuscode, StatusCode::Aborted, "{:?}", r.body);
     assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
 
     // The first caller now holds the provisioning lock; a second one is refused.
     let other = client_for(&nats, Version::V1, "other-provisioner.example.net").await;
-    let r = other
-        .rpc(node, "choria_provision", "jwt", &json!({"token": TOKEN}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Aborted);
+    let r = provision(&other, node, "jwt", &json!({"token": TOKEN})).await;
+    assert_eq!(r.body.statuscode, StatusCode::Aborted, "{:?}", r.body);
     assert_eq!(r.body.statusmsg, "Could not obtain provisioning lock");
     // restart is not locked.
-    let r = other
-        .rpc(
-            node,
-            "choria_provision",
-            "restart",
-            &json!({"token": "wrong"}),
-        )
-        .await
-        .unwrap();
+    let r = provision(&other, node, "restart", &json!({"token": "wrong"})).await;
     assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
 
-    let r = c
-        .rpc(node, "choria_provision", "jwt", &json!({"token": 42}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::InvalidData);
-    assert!(r
-        .body
-        .statusmsg
-        .starts_with("Could not parse request data for choria_provision#jwt: "));
+    let r = provision(&c, node, "jwt", &json!({"token": 42})).await;
+    assert_eq!(r.body.statuscode, StatusCode::InvalidData, "{:?}", r.body);
+    assert!(
+        r.body
+            .statusmsg
+            .starts_with("Could not parse request data for choria_provision#jwt: "),
+        "{}",
+        r.body.statusmsg
+    );
 
-    let r = c
-        .rpc(node, "choria_provision", "bogus", &json!({}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::UnknownAction);
+    let r = provision(&c, node, "bogus", &json!({})).await;
+    assert_eq!(r.body.statuscode, StatusCode::UnknownAction, "{:?}", r.body);
     assert_eq!(
         r.body.statusmsg,
         "Unknown action bogus for agent choria_provision"
     );
 
-    let r = c
-        .rpc(
-            node,
-            "choria_provision",
-            "configure",
-            &json!({"config": "not json", "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Aborted);
+    let r = provision(
+        &c,
+        node,
+        "configure",
+        &json!({"config": "not json", "token": TOKEN}),
+    )
+    .await;
+    assert_eq!(r.body.statuscode, StatusCode::Aborted, "{:?}", r.body);
     assert!(
         r.body
             .statusmsg
@@ -489,34 +410,18 @@ async fn bad_token_lock_and_invalid_data_get_go_choria_status_codes() {
     );
 
     // An agent the node does not have gets no reply at all.
-    let r = c
-        .rpc_with_timeout(
-            node,
-            "puppet",
-            "status",
-            &json!({}),
-            Duration::from_millis(700),
-        )
-        .await;
-    assert!(matches!(r, Err(ClientError::Timeout { .. })), "{r:?}");
+    assert_no_reply(&c, node, "puppet", "status", Duration::from_millis(700)).await;
     fleet.finish().await;
 }
 
 #[tokio::test]
 async fn requests_outside_the_ttl_window_and_garbage_are_dropped_silently() {
-    use choria_provisioner::choria::protocol::RequestSpec;
-    use choria_provisioner::choria::subjects;
     let nats = NatsServer::start();
     let fleet = start_fleet(&nats, |o| o.nodes = 1).await;
-    let conn = client::connect(&ConnectOptions {
-        servers: vec![nats.url()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let conn = nats.connect("old").await;
     let node = "node-000.fleet.example.net";
-    let id = choria_provisioner::choria::ids::v1_request_id();
-    let reply_to = subjects::reply("provisioning", "choria=old", &id);
+    let id = ids::v1_request_id();
+    let reply_to = subjects::reply(subjects::PROVISIONING_COLLECTIVE, "choria=old", &id);
     let mut sub = conn.subscribe(reply_to.clone()).await.unwrap();
     let filter = Filter::with_agent("rpcutil");
     let old = client::now_nanos() - 61 * 1_000_000_000;
@@ -525,7 +430,7 @@ async fn requests_outside_the_ttl_window_and_garbage_are_dropped_silently() {
             id: &id,
             sender: "old",
             caller: "choria=old",
-            collective: "provisioning",
+            collective: subjects::PROVISIONING_COLLECTIVE,
             agent: "rpcutil",
             ttl: 60,
             time_nanos: old,
@@ -535,7 +440,7 @@ async fn requests_outside_the_ttl_window_and_garbage_are_dropped_silently() {
             connected_url: "",
         })
         .unwrap();
-    let subject = subjects::node("provisioning", node);
+    let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, node);
     conn.publish(subject.clone(), msg.into()).await.unwrap();
     conn.publish(subject.clone(), "garbage".into())
         .await
@@ -547,27 +452,23 @@ async fn requests_outside_the_ttl_window_and_garbage_are_dropped_silently() {
     .await
     .unwrap();
     conn.flush().await.unwrap();
-    assert!(
-        tokio::time::timeout(Duration::from_millis(800), sub.next())
-            .await
-            .is_err(),
-        "a request older than its TTL must not be answered"
-    );
+    // No answer may come; the journal below proves the node did see all three.
+    if let Ok(reply) = tokio::time::timeout(Duration::from_millis(800), sub.next()).await {
+        panic!("a request older than its TTL must not be answered, got {reply:?}");
+    }
     let (_, journal) = fleet.finish().await;
-    let dropped: Vec<&serde_json::Value> = journal
+    let reasons: Vec<&str> = journal
         .iter()
         .filter(|e| e["outcome"] == "dropped")
+        .map(|e| e["statusmsg"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(dropped.len(), 3, "{dropped:?}");
-    assert!(dropped
-        .iter()
-        .any(|e| e["statusmsg"].as_str().unwrap().contains("TTL")));
-    assert!(dropped
-        .iter()
-        .any(|e| e["statusmsg"].as_str().unwrap().contains("not valid JSON")));
-    assert!(dropped
-        .iter()
-        .any(|e| e["statusmsg"].as_str().unwrap().contains("secure request")));
+    assert_eq!(reasons.len(), 3, "dropped: {reasons:?}");
+    for why in ["TTL", "not valid JSON", "secure request"] {
+        assert!(
+            reasons.iter().any(|r| r.contains(why)),
+            "no request dropped for {why:?}: {reasons:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -581,7 +482,7 @@ async fn failure_injection_makes_silent_erroring_and_malformed_nodes() {
     })
     .await;
     let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
-    let found = discover(&c).await;
+    let found = discover_provisionable(&c).await;
     assert_eq!(found.len(), 9, "silent nodes are not discovered: {found:?}");
     let (mut ok, mut errors, mut malformed) = (0, 0, 0);
     for node in &found {
@@ -591,23 +492,32 @@ async fn failure_injection_makes_silent_erroring_and_malformed_nodes() {
         {
             Ok(r) if r.body.is_ok() => ok += 1,
             Ok(r) => {
-                assert_eq!(r.body.statuscode, StatusCode::Aborted);
+                assert_eq!(
+                    r.body.statuscode,
+                    StatusCode::Aborted,
+                    "{node}: {:?}",
+                    r.body
+                );
                 errors += 1
             }
             Err(ClientError::BadReply { reason, .. }) => {
-                assert!(reason.contains("hash mismatch"), "{reason}");
+                assert!(reason.contains("hash mismatch"), "{node}: {reason}");
                 malformed += 1
             }
-            Err(e) => panic!("unexpected {e}"),
+            Err(e) => panic!("{node}: unexpected {e}"),
         }
     }
-    assert_eq!((ok, errors, malformed), (3, 3, 3));
+    assert_eq!(
+        (ok, errors, malformed),
+        (3, 3, 3),
+        "(ok, error status, malformed) replies"
+    );
     let (_, journal) = fleet.finish().await;
     let injected = journal
         .iter()
         .filter(|e| e["kind"] == "final" && e.get("injected_failure").is_some())
         .count();
-    assert_eq!(injected, 9);
+    assert_eq!(injected, 9, "nodes journaled with an injected failure");
 }
 
 #[tokio::test]
@@ -625,10 +535,10 @@ async fn fleet_connects_over_tls_when_the_url_asks_for_it() {
         ..Default::default()
     };
     let summary = fleet::run(opts, std::future::pending()).await.unwrap();
-    assert_eq!(summary.nodes, 2);
+    assert_eq!(summary.nodes, 2, "{summary:?}");
     let events = read_journal(&journal)
         .into_iter()
         .filter(|e| e["event"] == "startup")
         .count();
-    assert_eq!(events, 2);
+    assert_eq!(events, 2, "startup events journaled over TLS");
 }

@@ -16,24 +16,22 @@
 
 mod support;
 
-use choria_provisioner::choria::client::{
-    self, ChoriaClient, ConnectOptions, DiscoveryOptions, Identity,
-};
+use choria_provisioner::choria::client::{self, ChoriaClient, DiscoveryOptions, Identity};
 use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::lifecycle::{self, EventType};
 use choria_provisioner::choria::mcorpc::{self, RpcRequest, StatusCode};
 use choria_provisioner::choria::protocol::{self, RequestSigner, RequestSpec, Version};
-use choria_provisioner::choria::security::{csr, ed25519, tokens};
+use choria_provisioner::choria::security::{ed25519, tokens};
 use choria_provisioner::choria::{ids, subjects};
-use choria_provisioner::fleet::{self, FleetOptions};
+use choria_provisioner::fleet::FleetOptions;
 use futures::StreamExt;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-use support::{read_journal, NatsServer};
+use std::time::Duration;
+use support::{check_gencsr_reply, discover_provisionable, rpc, rpc_ok, NatsServer, RunningFleet};
 
 const TOKEN: &str = "s3cret";
 const VERSION: &str = "0.30.2";
@@ -41,6 +39,8 @@ const PROVISIONER: &str = "provisioner.example.net";
 const AGENTS: [&str; 4] = ["choria_provision", "choria_util", "discovery", "rpcutil"];
 /// How long real servers get to connect and announce themselves.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(40);
+/// How long the lifecycle events of `configure` and `restart` may take.
+const LATER_EVENTS_TIMEOUT: Duration = Duration::from_secs(15);
 
 // ---------------------------------------------------------------------------
 // The real binary, or a loud explanation of why it is missing.
@@ -126,7 +126,26 @@ struct Signers {
     rsa_key: PathBuf,
     rsa_public: PathBuf,
     issuer_seed: PathBuf,
+    issuer_public: PathBuf,
     issuer_public_hex: String,
+}
+
+impl Signers {
+    /// The key that signs provisioning JWTs of `version`.
+    fn signing_key(&self, version: Version) -> &Path {
+        match version {
+            Version::V1 => &self.rsa_key,
+            Version::V2 => &self.issuer_seed,
+        }
+    }
+
+    /// The file that verifies provisioning JWTs of `version`.
+    fn public_key(&self, version: Version) -> &Path {
+        match version {
+            Version::V1 => &self.rsa_public,
+            Version::V2 => &self.issuer_public,
+        }
+    }
 }
 
 fn make_signers(bin: &Path, dir: &Path) -> Signers {
@@ -152,8 +171,30 @@ fn make_signers(bin: &Path, dir: &Path) -> Signers {
         rsa_key: dir.join("prov-signer-key.pem"),
         rsa_public: dir.join("prov-signer-public.pem"),
         issuer_seed: dir.join("issuer.seed"),
+        issuer_public: dir.join("issuer.public"),
         issuer_public_hex,
     }
+}
+
+/// A client JWT for the ed25519 key `public_hex`, issued into `jwt_file` (relative
+/// to `dir`) by the real `choria jwt client ... --server-provisioner`, with
+/// callerid `provisioner`.
+fn issue_client_jwt(bin: &Path, dir: &Path, jwt_file: &str, public_hex: &str, signers: &Signers) {
+    choria_tool(
+        bin,
+        dir,
+        &[
+            "jwt",
+            "client",
+            jwt_file,
+            "provisioner",
+            s(&signers.issuer_seed),
+            &format!("--public-key={public_hex}"),
+            "--server-provisioner",
+            "--validity",
+            "1h",
+        ],
+    );
 }
 
 fn is_hex(s: &str, len: usize) -> bool {
@@ -189,11 +230,7 @@ impl GoServer {
     ) -> GoServer {
         std::fs::create_dir_all(dir).unwrap();
         let jwt_file = dir.join("provisioning.jwt");
-        let mut args = vec!["jwt", "prov", s(&jwt_file)];
-        match version {
-            Version::V1 => args.push(s(&signers.rsa_key)),
-            Version::V2 => args.push(s(&signers.issuer_seed)),
-        }
+        let mut args = vec!["jwt", "prov", s(&jwt_file), s(signers.signing_key(version))];
         args.extend(["--token", TOKEN, "--urls", nats_url, "--default"]);
         if version == Version::V2 {
             args.push("--protocol-v2");
@@ -259,45 +296,113 @@ impl Drop for GoServer {
     }
 }
 
-/// Waits until every identity published a `startup` lifecycle event of
-/// `component`, and returns each one's raw event.
-async fn wait_for_startups(
+/// A raw lifecycle event: the subject it came on and its payload.
+type RawEvent = (String, Vec<u8>);
+
+/// Collects raw lifecycle events until every `(kind, identity)` in `want` was
+/// seen (the first of each kind and identity is kept). On timeout it fails with
+/// what did arrive and the logs of `servers`.
+async fn collect_events(
     sub: &mut async_nats::Subscriber,
-    identities: &[&str],
+    want: &[(EventType, &str)],
     servers: &[&GoServer],
-) -> BTreeMap<String, Vec<u8>> {
-    let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-    let mut seen = BTreeMap::new();
-    while seen.len() < identities.len() {
+    timeout: Duration,
+) -> HashMap<(EventType, String), RawEvent> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut seen = HashMap::new();
+    while !want
+        .iter()
+        .all(|(k, id)| seen.contains_key(&(*k, id.to_string())))
+    {
         let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await else {
             let logs: Vec<String> = servers
                 .iter()
                 .map(|s| format!("--- {} server.log:\n{}", s.identity, s.log()))
                 .collect();
             panic!(
-                "startup events arrived only from {:?} of {identities:?} within {STARTUP_TIMEOUT:?}\n{}",
+                "lifecycle events seen within {timeout:?}: {:?}, wanted {want:?}\n{}",
                 seen.keys().collect::<Vec<_>>(),
                 logs.join("\n")
             );
         };
-        let (kind, event) = lifecycle::parse(&msg.payload).expect("a lifecycle event");
-        assert_eq!(kind, EventType::Startup);
-        if identities.contains(&event.identity.as_str()) {
-            seen.entry(event.identity)
-                .or_insert_with(|| msg.payload.to_vec());
-        }
+        let (kind, event) = lifecycle::parse(&msg.payload).unwrap_or_else(|e| {
+            panic!(
+                "not a lifecycle event on {} ({e}): {}",
+                msg.subject,
+                String::from_utf8_lossy(&msg.payload)
+            )
+        });
+        seen.entry((kind, event.identity))
+            .or_insert_with(|| (msg.subject.to_string(), msg.payload.to_vec()));
     }
     seen
 }
 
-async fn nats_conn(nats: &NatsServer, name: &str) -> async_nats::Client {
-    client::connect(&ConnectOptions {
-        servers: vec![nats.url()],
-        name: name.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
+/// Waits until every identity published a `startup` lifecycle event on `sub`
+/// (a startup subscription), and returns each one's raw event.
+async fn wait_for_startups(
+    sub: &mut async_nats::Subscriber,
+    identities: &[&str],
+    servers: &[&GoServer],
+) -> BTreeMap<String, RawEvent> {
+    let want: Vec<(EventType, &str)> = identities
+        .iter()
+        .map(|id| (EventType::Startup, *id))
+        .collect();
+    let mut startups = BTreeMap::new();
+    for ((kind, id), (subject, raw)) in collect_events(sub, &want, servers, STARTUP_TIMEOUT).await {
+        assert_eq!(kind, EventType::Startup, "{id}: an event on {subject}");
+        if identities.contains(&id.as_str()) {
+            startups.insert(id, (subject, raw));
+        }
+    }
+    startups
+}
+
+/// What every test against real servers starts with: a nats-server offering TLS,
+/// the signers, and a connection already subscribed to provisioning-mode startups.
+struct RealPeers {
+    bin: PathBuf,
+    nats: NatsServer,
+    work: tempfile::TempDir,
+    signers: Signers,
+    conn: async_nats::Client,
+    startups: async_nats::Subscriber,
+}
+
+impl RealPeers {
+    /// `None` (having said why, loudly) when the real binary is not available.
+    async fn start(test: &str) -> Option<RealPeers> {
+        let bin = choria_bin(test)?;
+        let nats = NatsServer::start_tls_available();
+        let work = tempfile::tempdir().unwrap();
+        let signers = make_signers(&bin, work.path());
+        let conn = nats.connect(PROVISIONER).await;
+        let startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
+            .await
+            .unwrap();
+        conn.flush().await.unwrap();
+        Some(RealPeers {
+            bin,
+            nats,
+            work,
+            signers,
+            conn,
+            startups,
+        })
+    }
+
+    /// A real server of `version` named `identity`, working in its own directory.
+    fn go_server(&self, identity: &str, version: Version) -> GoServer {
+        GoServer::start(
+            &self.bin,
+            &self.signers,
+            &self.work.path().join(identity),
+            identity,
+            &self.nats.url(),
+            version,
+        )
+    }
 }
 
 fn v1_client(conn: async_nats::Client) -> ChoriaClient {
@@ -317,28 +422,9 @@ fn v2_caller(bin: &Path, dir: &Path, signers: &Signers) -> (ed25519_dalek::Signi
     let seed = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
     let public = hex::encode(seed.verifying_key().to_bytes());
     let jwt_file = dir.join("client.jwt");
-    choria_tool(
-        bin,
-        dir,
-        &[
-            "jwt",
-            "client",
-            s(&jwt_file),
-            "provisioner",
-            s(&signers.issuer_seed),
-            &format!("--public-key={public}"),
-            "--server-provisioner",
-            "--validity",
-            "1h",
-        ],
-    );
-    (
-        seed,
-        std::fs::read_to_string(jwt_file)
-            .unwrap()
-            .trim()
-            .to_string(),
-    )
+    issue_client_jwt(bin, dir, s(&jwt_file), &public, signers);
+    let jwt = std::fs::read_to_string(jwt_file).unwrap();
+    (seed, jwt.trim().to_string())
 }
 
 fn v2_client(
@@ -359,15 +445,6 @@ fn v2_client(
     )
 }
 
-async fn discover_provisionable(c: &ChoriaClient) -> Vec<String> {
-    c.discover(
-        &Filter::with_agent("choria_provision"),
-        DiscoveryOptions::default(),
-    )
-    .await
-    .unwrap()
-}
-
 fn body_text(r: &client::RpcResult) -> String {
     String::from_utf8(r.reply.message.clone()).unwrap()
 }
@@ -380,11 +457,11 @@ fn assert_real_inventory(node: &str, r: &client::RpcResult) {
         "{node}: {}",
         body_text(r)
     );
-    assert_eq!(r.body.statusmsg, "OK");
-    assert_eq!(r.body.action, "inventory");
+    assert_eq!(r.body.statusmsg, "OK", "{node}");
+    assert_eq!(r.body.action, "inventory", "{node}");
     assert_eq!(r.reply.sender, node);
     assert_eq!(r.reply.transport_sender, node);
-    assert_eq!(r.reply.agent, "rpcutil");
+    assert_eq!(r.reply.agent, "rpcutil", "{node}");
     let d = &r.body.data;
     assert_eq!(d["version"], VERSION, "{node}");
     assert_eq!(d["agents"], json!(AGENTS), "{node}");
@@ -393,47 +470,122 @@ fn assert_real_inventory(node: &str, r: &client::RpcResult) {
     assert_eq!(d["upgradable"], false, "{node}");
 }
 
+/// `choria_provision#jwt` with a wrong token: refused with the exact status, and
+/// the exact body, our simulator answers with.
+async fn check_wrong_token(c: &ChoriaClient, node: &str) {
+    let r = rpc(
+        c,
+        node,
+        "choria_provision",
+        "jwt",
+        &json!({"token": "wrong"}),
+    )
+    .await;
+    assert_eq!(
+        r.body.statuscode,
+        StatusCode::Aborted,
+        "{node}: {}",
+        body_text(&r)
+    );
+    assert_eq!(
+        r.body.statusmsg, "Incorrect provision token supplied",
+        "{node}"
+    );
+    assert_eq!(
+        body_text(&r),
+        String::from_utf8(mcorpc::error_reply(
+            "jwt",
+            StatusCode::Aborted,
+            "Incorrect provision token supplied"
+        ))
+        .unwrap(),
+        "{node}: the real error body is byte-identical to what our simulator sends"
+    );
+}
+
+/// `choria_provision#jwt` on a real server of `version`: its provisioning.jwt
+/// verbatim, verifiable with the signer's public key, with the claims `choria jwt
+/// prov` was given, and an ECDH public key.
+async fn check_real_jwt(
+    c: &ChoriaClient,
+    server: &GoServer,
+    signers: &Signers,
+    version: Version,
+    nats_url: &str,
+) {
+    let node = server.identity.as_str();
+    let r = rpc_ok(c, node, "choria_provision", "jwt", &json!({"token": TOKEN})).await;
+    let jwt = r.body.data["jwt"].as_str().unwrap_or_default();
+    assert_eq!(jwt, server.provisioning_jwt(), "{node}");
+    let key = match version {
+        Version::V1 => tokens::TokenVerifyKey::from_setting(s(&signers.rsa_public)),
+        Version::V2 => tokens::TokenVerifyKey::from_setting(&signers.issuer_public_hex),
+    }
+    .unwrap();
+    let claims = tokens::parse_provisioning_token(jwt, &key).unwrap_or_else(|e| {
+        panic!("{node}: the real {version} JWT does not verify with the signer's public key: {e}")
+    });
+    assert_eq!(claims.token, TOKEN, "{node}");
+    assert!(claims.prov_default, "{node}: {claims:?}");
+    assert_eq!(
+        claims.proto_v2,
+        version == Version::V2,
+        "{node}: the v2 claim is set exactly for v2"
+    );
+    assert_eq!(claims.urls, nats_url, "{node}");
+    let ecdh = r.body.data["ecdh_public"].as_str().unwrap_or_default();
+    assert!(is_hex(ecdh, 64), "{node}: ecdh_public {ecdh:?}");
+}
+
+/// `choria_provision#gen25519` on a real server: the nonce signature verifies with
+/// our ed25519 code, and the key lives in the server's directory.
+async fn check_real_gen25519(c: &ChoriaClient, server: &GoServer) {
+    let node = server.identity.as_str();
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let r = rpc_ok(
+        c,
+        node,
+        "choria_provision",
+        "gen25519",
+        &json!({"nonce": nonce, "token": TOKEN}),
+    )
+    .await;
+    let public_key = r.body.data["public_key"].as_str().unwrap_or_default();
+    assert!(is_hex(public_key, 64), "{node}: public_key {public_key:?}");
+    ed25519::verify_nonce(
+        public_key,
+        &nonce,
+        r.body.data["signature"].as_str().unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("{node}: real gen25519 signature does not verify: {e}"));
+    assert_eq!(r.body.data["directory"], s(&server.dir), "{node}");
+}
+
 // ---------------------------------------------------------------------------
 // 1. Our v1 client against real v1 servers.
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_v1_client_discovers_and_queries_real_v1_servers() {
-    let Some(bin) = choria_bin("our_v1_client_discovers_and_queries_real_v1_servers") else {
+    let Some(mut peers) =
+        RealPeers::start("our_v1_client_discovers_and_queries_real_v1_servers").await
+    else {
         return;
     };
-    let nats = NatsServer::start_tls_available();
-    let work = tempfile::tempdir().unwrap();
-    let signers = make_signers(&bin, work.path());
-    let conn = nats_conn(&nats, PROVISIONER).await;
-    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
-        .await
-        .unwrap();
-    conn.flush().await.unwrap();
-
     let ids = ["go-v1-a.interop.example.net", "go-v1-b.interop.example.net"];
     let servers: Vec<GoServer> = ids
         .iter()
-        .map(|id| {
-            GoServer::start(
-                &bin,
-                &signers,
-                &work.path().join(id),
-                id,
-                &nats.url(),
-                Version::V1,
-            )
-        })
+        .map(|id| peers.go_server(id, Version::V1))
         .collect();
     let refs: Vec<&GoServer> = servers.iter().collect();
-    let events = wait_for_startups(&mut startups, &ids, &refs).await;
-    for (id, raw) in &events {
+    let events = wait_for_startups(&mut peers.startups, &ids, &refs).await;
+    for (id, (_, raw)) in &events {
         let (_, e) = lifecycle::parse(raw).unwrap();
         assert_eq!(e.component, "provision_mode_server", "{id}");
         assert_eq!(e.version.as_deref(), Some(VERSION), "{id}");
     }
 
-    let c = v1_client(conn);
+    let c = v1_client(peers.conn.clone());
     assert_eq!(
         discover_provisionable(&c).await,
         ids,
@@ -448,93 +600,28 @@ async fn our_v1_client_discovers_and_queries_real_v1_servers() {
         "an empty filter (choria ping) finds them too"
     );
 
-    let verify_key = tokens::TokenVerifyKey::from_setting(s(&signers.rsa_public)).unwrap();
     for server in &servers {
         let node = server.identity.as_str();
-        let r = c
-            .rpc(node, "rpcutil", "inventory", &json!({}))
-            .await
-            .unwrap();
+        let r = rpc(&c, node, "rpcutil", "inventory", &json!({})).await;
         assert_real_inventory(node, &r);
 
         // A wrong token: the exact status our simulator answers with.
-        let r = c
-            .rpc(node, "choria_provision", "jwt", &json!({"token": "wrong"}))
-            .await
-            .unwrap();
-        assert_eq!(r.body.statuscode, StatusCode::Aborted, "{}", body_text(&r));
-        assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
-        assert_eq!(
-            body_text(&r),
-            String::from_utf8(mcorpc::error_reply(
-                "jwt",
-                StatusCode::Aborted,
-                "Incorrect provision token supplied"
-            ))
-            .unwrap(),
-            "the real error body is byte-identical to what our simulator sends"
-        );
-
-        // jwt: the server's provisioning.jwt verbatim, verifiable with the RSA key.
-        let r = c
-            .rpc(node, "choria_provision", "jwt", &json!({"token": TOKEN}))
-            .await
-            .unwrap();
-        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
-        let jwt = r.body.data["jwt"].as_str().unwrap();
-        assert_eq!(jwt, server.provisioning_jwt());
-        let claims = tokens::parse_provisioning_token(jwt, &verify_key).unwrap_or_else(|e| {
-            panic!("{node}: the real JWT does not verify with the RSA public key: {e}")
-        });
-        assert_eq!(claims.token, TOKEN);
-        assert!(claims.prov_default);
-        assert!(!claims.proto_v2);
-        assert_eq!(claims.urls, nats.url());
-        let ecdh = r.body.data["ecdh_public"].as_str().unwrap();
-        assert!(is_hex(ecdh, 64), "ecdh_public {ecdh:?}");
-
-        // gen25519: the nonce signature verifies with our ed25519 code.
-        let nonce = uuid::Uuid::new_v4().simple().to_string();
-        let r = c
-            .rpc(
-                node,
-                "choria_provision",
-                "gen25519",
-                &json!({"nonce": nonce, "token": TOKEN}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
-        let public_key = r.body.data["public_key"].as_str().unwrap();
-        assert!(is_hex(public_key, 64));
-        ed25519::verify_nonce(
-            public_key,
-            &nonce,
-            r.body.data["signature"].as_str().unwrap(),
-        )
-        .unwrap_or_else(|e| panic!("{node}: real gen25519 signature does not verify: {e}"));
-        assert_eq!(r.body.data["directory"], s(&server.dir));
+        check_wrong_token(&c, node).await;
+        check_real_jwt(&c, server, &peers.signers, Version::V1, &peers.nats.url()).await;
+        check_real_gen25519(&c, server).await;
 
         // gencsr: a CSR our parser reads, for the identity.
-        let r = c
-            .rpc(
-                node,
-                "choria_provision",
-                "gencsr",
-                &json!({"cn": node, "token": TOKEN}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
-        let info = csr::parse_csr(r.body.data["csr"].as_str().unwrap())
-            .unwrap_or_else(|e| panic!("{node}: our CSR parser refuses the real CSR: {e}"));
+        let r = rpc_ok(
+            &c,
+            node,
+            "choria_provision",
+            "gencsr",
+            &json!({"cn": node, "token": TOKEN}),
+        )
+        .await;
+        let info = check_gencsr_reply(node, &r);
         assert_eq!(info.common_name, node);
-        info.verify_signature().unwrap();
-        assert!(r.body.data["public_key"]
-            .as_str()
-            .unwrap()
-            .starts_with("-----BEGIN PUBLIC KEY-----"));
-        assert_eq!(r.body.data["ssldir"], s(&server.dir.join("ssl")));
+        assert_eq!(r.body.data["ssldir"], s(&server.dir.join("ssl")), "{node}");
     }
 }
 
@@ -544,32 +631,18 @@ async fn our_v1_client_discovers_and_queries_real_v1_servers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_v2_client_discovers_and_queries_real_v2_server() {
-    let Some(bin) = choria_bin("our_v2_client_discovers_and_queries_real_v2_server") else {
+    let Some(mut peers) =
+        RealPeers::start("our_v2_client_discovers_and_queries_real_v2_server").await
+    else {
         return;
     };
-    let nats = NatsServer::start_tls_available();
-    let work = tempfile::tempdir().unwrap();
-    let signers = make_signers(&bin, work.path());
-    let conn = nats_conn(&nats, PROVISIONER).await;
-    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
-        .await
-        .unwrap();
-    conn.flush().await.unwrap();
-
     let id = "go-v2.interop.example.net";
-    let server = GoServer::start(
-        &bin,
-        &signers,
-        &work.path().join(id),
-        id,
-        &nats.url(),
-        Version::V2,
-    );
-    wait_for_startups(&mut startups, &[id], &[&server]).await;
+    let server = peers.go_server(id, Version::V2);
+    wait_for_startups(&mut peers.startups, &[id], &[&server]).await;
 
-    let (seed, jwt) = v2_caller(&bin, work.path(), &signers);
-    let c = v2_client(conn.clone(), seed, jwt);
-    let v1 = v1_client(conn);
+    let (seed, jwt) = v2_caller(&peers.bin, peers.work.path(), &peers.signers);
+    let c = v2_client(peers.conn.clone(), seed, jwt);
+    let v1 = v1_client(peers.conn.clone());
     let (found, found_by_v1) =
         tokio::join!(discover_provisionable(&c), discover_provisionable(&v1));
     assert_eq!(found, [id], "v2 discovery finds the real v2 server");
@@ -578,112 +651,37 @@ async fn our_v2_client_discovers_and_queries_real_v2_server() {
         "a real v2 server must not answer v1: {found_by_v1:?}"
     );
 
-    let r = c.rpc(id, "rpcutil", "inventory", &json!({})).await.unwrap();
+    let r = rpc(&c, id, "rpcutil", "inventory", &json!({})).await;
     assert_eq!(r.reply.version, Version::V2);
     assert_real_inventory(id, &r);
 
-    let r = c
-        .rpc(id, "choria_provision", "jwt", &json!({"token": TOKEN}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
-    let jwt = r.body.data["jwt"].as_str().unwrap();
-    assert_eq!(jwt, server.provisioning_jwt());
-    let key = tokens::TokenVerifyKey::from_setting(&signers.issuer_public_hex).unwrap();
-    let claims = tokens::parse_provisioning_token(jwt, &key)
-        .unwrap_or_else(|e| panic!("the real v2 JWT does not verify with the issuer key: {e}"));
-    assert_eq!(claims.token, TOKEN);
-    assert!(claims.proto_v2, "the v2 claim is set");
-    assert_eq!(claims.urls, nats.url());
-    assert!(claims.prov_default);
-    assert!(is_hex(r.body.data["ecdh_public"].as_str().unwrap(), 64));
-
-    let nonce = uuid::Uuid::new_v4().simple().to_string();
-    let r = c
-        .rpc(
-            id,
-            "choria_provision",
-            "gen25519",
-            &json!({"nonce": nonce, "token": TOKEN}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Ok, "{}", body_text(&r));
-    ed25519::verify_nonce(
-        r.body.data["public_key"].as_str().unwrap(),
-        &nonce,
-        r.body.data["signature"].as_str().unwrap(),
-    )
-    .unwrap();
-
-    let r = c
-        .rpc(id, "choria_provision", "jwt", &json!({"token": "wrong"}))
-        .await
-        .unwrap();
-    assert_eq!(r.body.statuscode, StatusCode::Aborted);
-    assert_eq!(r.body.statusmsg, "Incorrect provision token supplied");
+    check_real_jwt(&c, &server, &peers.signers, Version::V2, &peers.nats.url()).await;
+    check_real_gen25519(&c, &server).await;
+    check_wrong_token(&c, id).await;
 }
 
 // ---------------------------------------------------------------------------
 // 3. The real `choria` CLI against our simulated fleet.
 // ---------------------------------------------------------------------------
 
-struct Fleet {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<fleet::FleetSummary>,
-    journal: PathBuf,
-}
-
-impl Fleet {
-    async fn start(nats: &NatsServer, dir: &Path, tweak: impl FnOnce(&mut FleetOptions)) -> Fleet {
-        let journal = dir.join(format!("journal-{}.jsonl", uuid::Uuid::new_v4().simple()));
-        let mut opts = FleetOptions {
-            nats: vec![nats.url()],
-            nodes: 3,
-            token: TOKEN.into(),
-            journal: Some(journal.clone()),
-            key_pool_size: 1,
-            connections: 2,
-            ..Default::default()
-        };
-        tweak(&mut opts);
-        let expected = opts.nodes;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            fleet::run(opts, async {
-                let _ = rx.await;
-            })
-            .await
-            .expect("fleet runs")
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let started = read_journal(&journal)
-                .iter()
-                .filter(|e| e["kind"] == "event" && e["event"] == "startup")
-                .count();
-            if started >= expected {
-                break;
-            }
-            assert!(!handle.is_finished(), "the fleet stopped during startup");
-            assert!(
-                Instant::now() < deadline,
-                "fleet did not start ({started}/{expected})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Fleet {
-            stop: Some(tx),
-            handle,
-            journal,
-        }
-    }
-
-    async fn finish(mut self) -> (fleet::FleetSummary, Vec<Value>) {
-        let _ = self.stop.take().unwrap().send(());
-        let summary = self.handle.await.unwrap();
-        (summary, read_journal(&self.journal))
-    }
+/// The simulated fleet with the defaults of these tests, journaling into `dir`.
+async fn start_fleet(
+    nats: &NatsServer,
+    dir: &Path,
+    tweak: impl FnOnce(&mut FleetOptions),
+) -> RunningFleet {
+    let journal = dir.join(format!("journal-{}.jsonl", uuid::Uuid::new_v4().simple()));
+    let mut opts = FleetOptions {
+        nats: vec![nats.url()],
+        nodes: 3,
+        token: TOKEN.into(),
+        journal: Some(journal),
+        key_pool_size: 1,
+        connections: 2,
+        ..Default::default()
+    };
+    tweak(&mut opts);
+    RunningFleet::start(opts).await
 }
 
 /// The real CLI as a client: its config file and environment (RECIPE.md §3.d).
@@ -695,18 +693,23 @@ struct Cli {
 }
 
 impl Cli {
-    fn v1(bin: &Path, dir: &Path, nats_url: &str) -> Cli {
-        // The file provider wants these to exist; in insecure mode they are unused.
-        support::make_self_signed(dir);
-        let config = dir.join("client-v1.conf");
+    /// Writes `config_name` in `dir`: a client of the provisioning collective at
+    /// `nats_url` whose security provider and files `security` sets.
+    fn with_config(
+        bin: &Path,
+        dir: &Path,
+        config_name: &str,
+        nats_url: &str,
+        security: &str,
+        env: Vec<(&'static str, String)>,
+    ) -> Cli {
+        let config = dir.join(config_name);
         std::fs::write(
             &config,
             format!(
                 "plugin.choria.middleware_hosts = {nats_url}\nplugin.choria.use_srv = false\n\
                  collectives = provisioning\nmain_collective = provisioning\nidentity = {PROVISIONER}\n\
-                 plugin.security.provider = file\nplugin.security.file.certificate = {d}/cert.pem\n\
-                 plugin.security.file.key = {d}/key.pem\nplugin.security.file.ca = {d}/cert.pem\n",
-                d = dir.display()
+                 {security}"
             ),
         )
         .unwrap();
@@ -714,51 +717,38 @@ impl Cli {
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
             config,
-            env: vec![("INSECURE_YES_REALLY", "true".into())],
+            env,
         }
+    }
+
+    fn v1(bin: &Path, dir: &Path, nats_url: &str) -> Cli {
+        // The file provider wants these to exist; in insecure mode they are unused.
+        support::make_self_signed(dir);
+        let security = format!(
+            "plugin.security.provider = file\nplugin.security.file.certificate = {d}/cert.pem\n\
+             plugin.security.file.key = {d}/key.pem\nplugin.security.file.ca = {d}/cert.pem\n",
+            d = dir.display()
+        );
+        let env = vec![("INSECURE_YES_REALLY", "true".into())];
+        Cli::with_config(bin, dir, "client-v1.conf", nats_url, &security, env)
     }
 
     fn v2(bin: &Path, dir: &Path, nats_url: &str, signers: &Signers) -> Cli {
         choria_tool(bin, dir, &["jwt", "keys", "client.seed", "client.public"]);
         let public = std::fs::read_to_string(dir.join("client.public")).unwrap();
-        choria_tool(
-            bin,
-            dir,
-            &[
-                "jwt",
-                "client",
-                "client.jwt",
-                "provisioner",
-                s(&signers.issuer_seed),
-                &format!("--public-key={public}"),
-                "--server-provisioner",
-                "--validity",
-                "1h",
-            ],
+        issue_client_jwt(bin, dir, "client.jwt", &public, signers);
+        let security = format!(
+            "plugin.security.provider = choria\nplugin.security.choria.token_file = {d}/client.jwt\n\
+             plugin.security.choria.seed_file = {d}/client.seed\nplugin.security.issuer.names = choria\n\
+             plugin.security.issuer.choria.public = {}\n",
+            signers.issuer_public_hex,
+            d = dir.display()
         );
-        let config = dir.join("client-v2.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "plugin.choria.middleware_hosts = {nats_url}\nplugin.choria.use_srv = false\n\
-                 collectives = provisioning\nmain_collective = provisioning\nidentity = {PROVISIONER}\n\
-                 plugin.security.provider = choria\nplugin.security.choria.token_file = {d}/client.jwt\n\
-                 plugin.security.choria.seed_file = {d}/client.seed\nplugin.security.issuer.names = choria\n\
-                 plugin.security.issuer.choria.public = {}\n",
-                signers.issuer_public_hex,
-                d = dir.display()
-            ),
-        )
-        .unwrap();
-        Cli {
-            bin: bin.to_path_buf(),
-            dir: dir.to_path_buf(),
-            config,
-            env: vec![
-                ("USER", "root".into()),
-                ("INSECURE_DISABLE_TLS", "true".into()),
-            ],
-        }
+        let env = vec![
+            ("USER", "root".into()),
+            ("INSECURE_DISABLE_TLS", "true".into()),
+        ];
+        Cli::with_config(bin, dir, "client-v2.conf", nats_url, &security, env)
     }
 
     /// Runs `choria <args> --config <conf>` and returns stdout; fails on a non-zero exit.
@@ -771,15 +761,13 @@ impl Cli {
             .env("HOME", &self.dir)
             .env_remove("INSECURE_YES_REALLY")
             .env_remove("INSECURE_DISABLE_TLS")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
         let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
             .await
             .unwrap_or_else(|_| panic!("choria {args:?} did not finish within 60 s"))
-            .unwrap();
+            .unwrap_or_else(|e| panic!("could not run choria {args:?}: {e}"));
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(
             out.status.success(),
@@ -798,8 +786,8 @@ impl Cli {
         let out = self.run(&args).await;
         let doc: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("choria {args:?}: not JSON ({e}):\n{out}"));
-        assert_eq!(doc["agent"], agent);
-        assert_eq!(doc["action"], action);
+        assert_eq!(doc["agent"], agent, "{doc}");
+        assert_eq!(doc["action"], action, "{doc}");
         let replies = doc["replies"]
             .as_array()
             .unwrap_or_else(|| panic!("no replies: {doc}"));
@@ -818,19 +806,13 @@ async fn real_cli_provisions_our_fleet(version: Version) {
     let nats = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
     let signers = make_signers(&bin, work.path());
-    let signer_file = match version {
-        Version::V1 => signers.rsa_key.clone(),
-        Version::V2 => signers.issuer_seed.clone(),
-    };
-    let fleet = Fleet::start(&nats, work.path(), |o| {
+    let fleet = start_fleet(&nats, work.path(), |o| {
         o.protocol = version;
-        o.jwt_signer = Some(signer_file);
+        o.jwt_signer = Some(signers.signing_key(version).to_path_buf());
         o.identity_suffix = format!(".{version}.fleet.example.net");
     })
     .await;
-    let nodes: Vec<String> = (0..3)
-        .map(|i| format!("node-00{i}.{version}.fleet.example.net"))
-        .collect();
+    let nodes = fleet.identities.clone();
     let (cli, caller) = match version {
         Version::V1 => (
             Cli::v1(&bin, work.path(), &nats.url()),
@@ -859,28 +841,30 @@ async fn real_cli_provisions_our_fleet(version: Version) {
     let node = nodes[1].as_str();
     let inv = cli.req("rpcutil", "inventory", &[], node).await;
     assert_eq!(inv["statuscode"], 0, "{inv}");
-    assert_eq!(inv["statusmsg"], "OK");
-    assert_eq!(inv["data"]["version"], VERSION);
-    assert_eq!(inv["data"]["agents"], json!(AGENTS));
-    assert_eq!(inv["data"]["main_collective"], "provisioning");
+    assert_eq!(inv["statusmsg"], "OK", "{inv}");
+    assert_eq!(inv["data"]["version"], VERSION, "{inv}");
+    assert_eq!(inv["data"]["agents"], json!(AGENTS), "{inv}");
+    assert_eq!(inv["data"]["main_collective"], "provisioning", "{inv}");
 
     let token_arg = format!("token={TOKEN}");
     let r = cli
         .req("choria_provision", "jwt", &[&token_arg], node)
         .await;
     assert_eq!(r["statuscode"], 0, "{r}");
-    let jwt = r["data"]["jwt"].as_str().unwrap();
+    let jwt = r["data"]["jwt"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no jwt: {r}"));
     assert!(
-        is_hex(r["data"]["ecdh_public"].as_str().unwrap(), 64),
+        is_hex(r["data"]["ecdh_public"].as_str().unwrap_or_default(), 64),
         "{r}"
     );
     // The fleet's provisioning JWT validates with the REAL go-choria token code.
     std::fs::write(work.path().join("fleet.jwt"), jwt).unwrap();
-    let public = match version {
-        Version::V1 => signers.rsa_public.clone(),
-        Version::V2 => work.path().join("issuer.public"),
-    };
-    let view = choria_tool(&bin, work.path(), &["jwt", "view", "fleet.jwt", s(&public)]);
+    let view = choria_tool(
+        &bin,
+        work.path(),
+        &["jwt", "view", "fleet.jwt", s(signers.public_key(version))],
+    );
     assert!(
         view.contains("Validated Provisioning Token"),
         "choria jwt view:\n{view}"
@@ -896,7 +880,7 @@ async fn real_cli_provisions_our_fleet(version: Version) {
         .req("choria_provision", "jwt", &["token=wrong"], node)
         .await;
     assert_eq!(r["statuscode"], 1, "{r}");
-    assert_eq!(r["statusmsg"], "Incorrect provision token supplied");
+    assert_eq!(r["statusmsg"], "Incorrect provision token supplied", "{r}");
 
     let config = json!({
         "plugin.choria.server.provision": "false",
@@ -917,10 +901,11 @@ async fn real_cli_provisions_our_fleet(version: Version) {
     assert_eq!(r["statuscode"], 0, "{r}");
     assert_eq!(
         r["data"]["message"],
-        format!("Wrote 5 lines to /etc/choria-fleet/{node}/server.conf")
+        format!("Wrote 5 lines to /etc/choria-fleet/{node}/server.conf"),
+        "{r}"
     );
 
-    let watcher = nats_conn(&nats, "watcher").await;
+    let watcher = nats.connect("watcher").await;
     let mut restarted = client::subscribe_events(&watcher, EventType::Startup, "server")
         .await
         .unwrap();
@@ -934,7 +919,10 @@ async fn real_cli_provisions_our_fleet(version: Version) {
         )
         .await;
     assert_eq!(r["statuscode"], 0, "{r}");
-    assert_eq!(r["data"]["message"], "Restarting Choria Server after 2s");
+    assert_eq!(
+        r["data"]["message"], "Restarting Choria Server after 2s",
+        "{r}"
+    );
     let ev = tokio::time::timeout(Duration::from_secs(5), restarted.next())
         .await
         .expect("the node comes back as a provisioned server")
@@ -942,19 +930,28 @@ async fn real_cli_provisions_our_fleet(version: Version) {
     assert_eq!(lifecycle::parse(&ev.payload).unwrap().1.identity, node);
 
     let (summary, journal) = fleet.finish().await;
-    assert_eq!(summary.provisioned, 1);
-    assert_eq!(summary.provisioning, 2);
+    assert_eq!(summary.provisioned, 1, "{summary:?}");
+    assert_eq!(summary.provisioning, 2, "{summary:?}");
     let fin = journal
         .iter()
         .find(|e| e["kind"] == "final" && e["node"] == node)
-        .unwrap();
+        .unwrap_or_else(|| panic!("no final state for {node} in the journal"));
     assert_eq!(fin["state"], "provisioned", "{fin}");
-    assert_eq!(fin["provision_disabled"], true);
-    assert_eq!(fin["restarts"], 1);
-    let actions: Vec<(&str, &str)> = journal
+    assert_eq!(fin["provision_disabled"], true, "{fin}");
+    assert_eq!(fin["restarts"], 1, "{fin}");
+    let node_actions: Vec<&Value> = journal
         .iter()
-        .filter(|e| e["kind"] == "action" && e["node"] == node && e["agent"] != "discovery")
-        .map(|e| (e["agent"].as_str().unwrap(), e["action"].as_str().unwrap()))
+        .filter(|e| e["kind"] == "action" && e["node"] == node)
+        .collect();
+    let actions: Vec<(&str, &str)> = node_actions
+        .iter()
+        .filter(|e| e["agent"] != "discovery")
+        .map(|e| {
+            (
+                e["agent"].as_str().unwrap_or_default(),
+                e["action"].as_str().unwrap_or_default(),
+            )
+        })
         .collect();
     assert_eq!(
         actions,
@@ -966,10 +963,7 @@ async fn real_cli_provisions_our_fleet(version: Version) {
             ("choria_provision", "restart")
         ]
     );
-    for e in journal
-        .iter()
-        .filter(|e| e["kind"] == "action" && e["node"] == node)
-    {
+    for e in node_actions {
         assert_eq!(
             e["caller"],
             caller.as_str(),
@@ -1170,10 +1164,47 @@ fn normalize(text: &str, sub: &Subst<'_>, url: &str) -> String {
     t
 }
 
+/// A lifecycle event of `identity`, normalized (it belongs to no request).
+fn normalize_event(raw: &[u8], identity: &str, url: &str) -> String {
+    let text = std::str::from_utf8(raw)
+        .unwrap_or_else(|e| panic!("{identity}: lifecycle event is not UTF-8: {e}"));
+    normalize(
+        text,
+        &Subst {
+            identity,
+            request_id: NO_REQUEST,
+            paths: &[],
+        },
+        url,
+    )
+}
+
+/// Compares a real server's lifecycle event with our simulator's, subject and
+/// normalized payload; returns the difference, if any.
+fn event_diff(
+    what: &str,
+    (real, (real_subject, real_raw)): (&str, &RawEvent),
+    (sim, (sim_subject, sim_raw)): (&str, &RawEvent),
+    url: &str,
+) -> Option<String> {
+    let r = normalize_event(real_raw, real, url);
+    let o = normalize_event(sim_raw, sim, url);
+    eprintln!("{what} event:\n  real: {real_subject} {r}\n  ours: {sim_subject} {o}");
+    (r != o || real_subject != sim_subject).then(|| {
+        format!(
+            "{what} event ({real} vs {sim}):\n  real: {real_subject} {}\n  ours: {sim_subject} {}",
+            String::from_utf8_lossy(real_raw),
+            String::from_utf8_lossy(sim_raw)
+        )
+    })
+}
+
 /// A PEM block's layout: armour lines, 64-column body lines, final newline.
 fn pem_shape(pem: &str) -> String {
     let lines: Vec<&str> = pem.lines().collect();
-    let body = &lines[1..lines.len().saturating_sub(1)];
+    let body = lines
+        .get(1..lines.len().saturating_sub(1))
+        .unwrap_or_default();
     let full = body.iter().rev().skip(1).all(|l| l.len() == 64);
     format!(
         "{} | body lines 64 columns but the last: {full} | {} | trailing newline: {}",
@@ -1203,7 +1234,8 @@ fn compare_replies(
             ));
         }
     }
-    // PEM values in the bodies: same armour and layout.
+    // PEM values in the bodies: same armour and layout. (Discovery's body is the
+    // bare word `pong`, not JSON: it has none, and its layers were compared above.)
     let (rb, ob) = (&real_layers[3].1, &our_layers[3].1);
     if let (Ok(rv), Ok(ov)) = (
         serde_json::from_str::<Value>(rb),
@@ -1224,30 +1256,6 @@ fn compare_replies(
         }
     }
     diffs
-}
-
-/// Collects raw lifecycle events until every `(kind, identity)` in `want` was seen.
-async fn collect_events(
-    sub: &mut async_nats::Subscriber,
-    want: &[(EventType, &str)],
-) -> BTreeMap<(String, String), (String, Vec<u8>)> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let mut seen = BTreeMap::new();
-    while !want
-        .iter()
-        .all(|(k, id)| seen.contains_key(&(k.name().to_string(), id.to_string())))
-    {
-        let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await else {
-            panic!(
-                "lifecycle events seen: {:?}, wanted {want:?}",
-                seen.keys().collect::<Vec<_>>()
-            );
-        };
-        let (kind, event) = lifecycle::parse(&msg.payload).expect("a lifecycle event");
-        seen.entry((kind.name().to_string(), event.identity))
-            .or_insert_with(|| (msg.subject.to_string(), msg.payload.to_vec()));
-    }
-    seen
 }
 
 /// One request sent, identically, to a real server and to a simulated node.
@@ -1288,67 +1296,47 @@ impl Case {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_simulator_replies_match_real_server_replies() {
-    let Some(bin) = choria_bin("our_simulator_replies_match_real_server_replies") else {
+    let Some(mut peers) = RealPeers::start("our_simulator_replies_match_real_server_replies").await
+    else {
         return;
     };
-    let nats = NatsServer::start_tls_available();
-    let work = tempfile::tempdir().unwrap();
-    let signers = make_signers(&bin, work.path());
-    let conn = nats_conn(&nats, PROVISIONER).await;
-    let mut startups = client::subscribe_events(&conn, EventType::Startup, "provision_mode_server")
-        .await
-        .unwrap();
-    let mut later_events = conn
+    let mut later_events = peers
+        .conn
         .subscribe("choria.lifecycle.event.*.provision_mode_server")
         .await
         .unwrap();
-    conn.flush().await.unwrap();
+    peers.conn.flush().await.unwrap();
 
     let real_v1 = "real-v1.interop.example.net";
     let real_v2 = "real-v2.interop.example.net";
-    let go_v1 = GoServer::start(
-        &bin,
-        &signers,
-        &work.path().join(real_v1),
-        real_v1,
-        &nats.url(),
-        Version::V1,
-    );
-    let go_v2 = GoServer::start(
-        &bin,
-        &signers,
-        &work.path().join(real_v2),
-        real_v2,
-        &nats.url(),
-        Version::V2,
-    );
+    let go_v1 = peers.go_server(real_v1, Version::V1);
+    let go_v2 = peers.go_server(real_v2, Version::V2);
     let sim_v1 = "sim-v1-000.interop.example.net";
     let sim_v2 = "sim-v2-000.interop.example.net";
-    let fleet_v1 = Fleet::start(&nats, work.path(), |o| {
-        o.nodes = 1;
-        o.connections = 1;
-        o.identity_prefix = "sim-v1-".into();
-        o.identity_suffix = ".interop.example.net".into();
-        o.jwt_signer = Some(signers.rsa_key.clone());
-    })
-    .await;
-    let fleet_v2 = Fleet::start(&nats, work.path(), |o| {
-        o.nodes = 1;
-        o.connections = 1;
-        o.protocol = Version::V2;
-        o.identity_prefix = "sim-v2-".into();
-        o.identity_suffix = ".interop.example.net".into();
-        o.jwt_signer = Some(signers.issuer_seed.clone());
-    })
-    .await;
+    let simulated = |version: Version| {
+        let prefix = format!("sim-{version}-");
+        let signer = peers.signers.signing_key(version).to_path_buf();
+        move |o: &mut FleetOptions| {
+            o.nodes = 1;
+            o.connections = 1;
+            o.protocol = version;
+            o.identity_prefix = prefix;
+            o.identity_suffix = ".interop.example.net".into();
+            o.jwt_signer = Some(signer);
+        }
+    };
+    let fleet_v1 = start_fleet(&peers.nats, peers.work.path(), simulated(Version::V1)).await;
+    let fleet_v2 = start_fleet(&peers.nats, peers.work.path(), simulated(Version::V2)).await;
+    assert_eq!(fleet_v1.identities, [sim_v1]);
+    assert_eq!(fleet_v2.identities, [sim_v2]);
     let events = wait_for_startups(
-        &mut startups,
+        &mut peers.startups,
         &[real_v1, real_v2, sim_v1, sim_v2],
         &[&go_v1, &go_v2],
     )
     .await;
 
-    let url = nats.url();
+    let url = peers.nats.url();
     let mut diffs = Vec::new();
     // Where each side keeps its files: the real server next to its config, the
     // simulator under /etc/choria-fleet/<identity>.
@@ -1356,7 +1344,7 @@ async fn our_simulator_replies_match_real_server_replies() {
     let paths_of = |real: &str, sim: &str| -> (Paths, Paths) {
         (
             vec![(
-                work.path().join(real).display().to_string(),
+                peers.work.path().join(real).display().to_string(),
                 "<CONFIG-DIR>".to_string(),
             )],
             vec![(
@@ -1368,36 +1356,15 @@ async fn our_simulator_replies_match_real_server_replies() {
 
     // Startup events: the same CloudEvent, byte for byte, but for ids, times and names.
     for (real, sim) in [(real_v1, sim_v1), (real_v2, sim_v2)] {
-        let no_paths = Vec::new();
-        let r = normalize(
-            std::str::from_utf8(&events[real]).unwrap(),
-            &Subst {
-                identity: real,
-                request_id: NO_REQUEST,
-                paths: &no_paths,
-            },
+        diffs.extend(event_diff(
+            "startup",
+            (real, &events[real]),
+            (sim, &events[sim]),
             &url,
-        );
-        let o = normalize(
-            std::str::from_utf8(&events[sim]).unwrap(),
-            &Subst {
-                identity: sim,
-                request_id: NO_REQUEST,
-                paths: &no_paths,
-            },
-            &url,
-        );
-        eprintln!("startup event:\n  real: {r}\n  ours: {o}");
-        if r != o {
-            diffs.push(format!(
-                "startup event ({real} vs {sim}):\n  real: {}\n  ours: {}",
-                String::from_utf8_lossy(&events[real]),
-                String::from_utf8_lossy(&events[sim])
-            ));
-        }
+        ));
     }
 
-    let (v2_seed, v2_jwt) = v2_caller(&bin, work.path(), &signers);
+    let (v2_seed, v2_jwt) = v2_caller(&peers.bin, peers.work.path(), &peers.signers);
     let v1_signer = RequestSigner::V1Insecure;
     let v2_signer = RequestSigner::V2 {
         seed: Box::new(v2_seed),
@@ -1462,7 +1429,7 @@ async fn our_simulator_replies_match_real_server_replies() {
         let (real_paths, sim_paths) = paths_of(real, sim);
         for case in &cases {
             let (real_req, real_raw) = raw_request(
-                &conn,
+                &peers.conn,
                 signer,
                 caller,
                 real,
@@ -1472,7 +1439,7 @@ async fn our_simulator_replies_match_real_server_replies() {
             )
             .await;
             let (sim_req, sim_raw) = raw_request(
-                &conn,
+                &peers.conn,
                 signer,
                 caller,
                 sim,
@@ -1552,40 +1519,18 @@ async fn our_simulator_replies_match_real_server_replies() {
             (EventType::Shutdown, real_v2),
             (EventType::Shutdown, sim_v2),
         ],
+        &[&go_v1, &go_v2],
+        LATER_EVENTS_TIMEOUT,
     )
     .await;
     for kind in [EventType::Provisioned, EventType::Shutdown] {
         for (real, sim) in [(real_v1, sim_v1), (real_v2, sim_v2)] {
-            let no_paths = Vec::new();
-            let (rs, rraw) = &later[&(kind.name().to_string(), real.to_string())];
-            let (os, oraw) = &later[&(kind.name().to_string(), sim.to_string())];
-            let r = normalize(
-                std::str::from_utf8(rraw).unwrap(),
-                &Subst {
-                    identity: real,
-                    request_id: NO_REQUEST,
-                    paths: &no_paths,
-                },
+            diffs.extend(event_diff(
+                kind.name(),
+                (real, &later[&(kind, real.to_string())]),
+                (sim, &later[&(kind, sim.to_string())]),
                 &url,
-            );
-            let o = normalize(
-                std::str::from_utf8(oraw).unwrap(),
-                &Subst {
-                    identity: sim,
-                    request_id: NO_REQUEST,
-                    paths: &no_paths,
-                },
-                &url,
-            );
-            eprintln!("{} event:\n  real: {rs} {r}\n  ours: {os} {o}", kind.name());
-            if r != o || rs != os {
-                diffs.push(format!(
-                    "{} event ({real} vs {sim}):\n  real: {rs} {}\n  ours: {os} {}",
-                    kind.name(),
-                    String::from_utf8_lossy(rraw),
-                    String::from_utf8_lossy(oraw)
-                ));
-            }
+            ));
         }
     }
 
@@ -1622,8 +1567,8 @@ async fn our_simulator_replies_match_real_server_replies() {
         }
     }
 
-    drop(fleet_v1.finish().await);
-    drop(fleet_v2.finish().await);
+    fleet_v1.finish().await;
+    fleet_v2.finish().await;
     assert!(
         diffs.is_empty(),
         "{} difference(s) between real go-choria and our simulator:\n\n{}",

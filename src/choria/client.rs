@@ -47,7 +47,7 @@ pub enum ClientError {
     NoServers,
     #[error(transparent)]
     Tls(#[from] TlsError),
-    #[error("could not connect to {servers}: {source}")]
+    #[error("could not connect to {servers}: {source} (check the broker URL and that the broker is running)")]
     Connect {
         servers: String,
         #[source]
@@ -92,7 +92,6 @@ pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, Client
             &opts.name
         })
         .connection_timeout(Duration::from_secs(5))
-        .retry_on_initial_connect()
         .max_reconnects(None::<usize>);
     if opts.tls.is_custom() {
         o = o.tls_client_config(opts.tls.client_config()?);
@@ -131,8 +130,9 @@ pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, Client
                 e,
             ),
         })?;
-    // retry_on_initial_connect makes connect() return at once; wait for the first
-    // connection so callers learn about bad addresses instead of hanging.
+    // The first connection is made before connect() returns, so a bad address is
+    // an error here and the server's INFO (its URL for network hops) is known;
+    // later disconnects are retried for ever.
     let client = o
         .connect(servers)
         .await

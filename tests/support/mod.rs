@@ -1,6 +1,15 @@
-//! Shared test support: a real nats-server on a free loopback port.
+//! Shared test support: a real nats-server on a free loopback port, the
+//! simulated fleet in-process, and RPC helpers that say what failed.
 #![allow(dead_code)]
 
+use choria_provisioner::choria::client::{
+    self, ChoriaClient, ConnectOptions, DiscoveryOptions, RpcResult,
+};
+use choria_provisioner::choria::filter::Filter;
+use choria_provisioner::choria::mcorpc::StatusCode;
+use choria_provisioner::choria::security::csr::{self, CsrInfo};
+use choria_provisioner::fleet::{self, FleetOptions, FleetSummary};
+use serde_json::Value;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -134,12 +143,195 @@ pub fn make_self_signed(dir: &Path) {
     assert!(status.success(), "openssl could not make a certificate");
 }
 
-/// Reads a fleet journal into JSON values.
-pub fn read_journal(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+impl NatsServer {
+    /// A NATS connection to this server, made the way the provisioner makes one.
+    pub async fn connect(&self, name: &str) -> async_nats::Client {
+        client::connect(&ConnectOptions {
+            servers: vec![self.url()],
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("could not connect to {}: {e}", self.url()))
+    }
+}
+
+/// Reads a finished fleet's journal into JSON values: every line must be complete.
+pub fn read_journal(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("could not read the journal {}: {e}", path.display()));
+    parse_journal(&text)
+}
+
+/// The complete lines of a journal the fleet may still be writing: none while
+/// the file does not exist yet, and not a last line still being written.
+fn read_journal_so_far(path: &Path) -> Vec<Value> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => panic!("could not read the journal {}: {e}", path.display()),
+    };
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+    parse_journal(complete)
+}
+
+fn parse_journal(text: &str) -> Vec<Value> {
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad journal line {l:?}: {e}")))
         .collect()
+}
+
+/// The simulated fleet (`fleet::run`) running on a tokio task of the test.
+/// Dropping it without `finish` stops the fleet too.
+pub struct RunningFleet {
+    stop: tokio::sync::oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<FleetSummary>,
+    journal: PathBuf,
+    /// Every node's identity, in node order.
+    pub identities: Vec<String>,
+}
+
+impl RunningFleet {
+    /// How long the fleet may take until every node has announced itself.
+    pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Starts the fleet and returns once every node has journaled its startup
+    /// event. `opts.journal` must be set: that is how readiness is seen.
+    pub async fn start(opts: FleetOptions) -> Self {
+        let journal = opts
+            .journal
+            .clone()
+            .expect("RunningFleet::start needs FleetOptions::journal to see the fleet start");
+        let identities: Vec<String> = (0..opts.nodes)
+            .map(|i| fleet::identity_for(&opts, i))
+            .collect();
+        let expected = opts.nodes;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut handle = tokio::spawn(async move {
+            fleet::run(opts, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap_or_else(|e| panic!("the fleet failed: {e}"))
+        });
+        let deadline = Instant::now() + Self::STARTUP_TIMEOUT;
+        loop {
+            let started = read_journal_so_far(&journal)
+                .iter()
+                .filter(|e| e["kind"] == "event" && e["event"] == "startup")
+                .count();
+            if started >= expected {
+                break;
+            }
+            if handle.is_finished() {
+                let end = (&mut handle).await;
+                panic!("the fleet stopped during startup ({started}/{expected} startup events): {end:?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fleet did not start within {:?} ({started}/{expected} startup events in {})",
+                Self::STARTUP_TIMEOUT,
+                journal.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        RunningFleet {
+            stop,
+            handle,
+            journal,
+            identities,
+        }
+    }
+
+    /// Stops the fleet and returns its summary and its whole journal.
+    pub async fn finish(self) -> (FleetSummary, Vec<Value>) {
+        let _ = self.stop.send(());
+        let summary = self
+            .handle
+            .await
+            .unwrap_or_else(|e| panic!("the fleet task failed: {e}"));
+        (summary, read_journal(&self.journal))
+    }
+}
+
+/// Broadcast discovery of the nodes that have the `choria_provision` agent.
+pub async fn discover_provisionable(c: &ChoriaClient) -> Vec<String> {
+    c.discover(
+        &Filter::with_agent("choria_provision"),
+        DiscoveryOptions::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("discovery of provisionable nodes failed: {e}"))
+}
+
+/// `agent#action` on `node`; panics, naming the call, when no valid reply comes.
+pub async fn rpc(
+    c: &ChoriaClient,
+    node: &str,
+    agent: &str,
+    action: &str,
+    data: &Value,
+) -> RpcResult {
+    c.rpc(node, agent, action, data)
+        .await
+        .unwrap_or_else(|e| panic!("{node} {agent}#{action} {data}: {e}"))
+}
+
+/// `agent#action` on `node`, whose reply must have status OK.
+pub async fn rpc_ok(
+    c: &ChoriaClient,
+    node: &str,
+    agent: &str,
+    action: &str,
+    data: &Value,
+) -> RpcResult {
+    let r = rpc(c, node, agent, action, data).await;
+    assert_eq!(
+        r.body.statuscode,
+        StatusCode::Ok,
+        "{node} {agent}#{action} {data} failed: {}",
+        String::from_utf8_lossy(&r.reply.message)
+    );
+    r
+}
+
+/// Asserts that `node` does not answer `agent#action` within `wait`.
+pub async fn assert_no_reply(
+    c: &ChoriaClient,
+    node: &str,
+    agent: &str,
+    action: &str,
+    wait: Duration,
+) {
+    let r = c
+        .rpc_with_timeout(node, agent, action, &serde_json::json!({}), wait)
+        .await;
+    assert!(
+        matches!(r, Err(client::ClientError::Timeout { .. })),
+        "{node} must not answer {agent}#{action}: {r:?}"
+    );
+}
+
+/// Checks a `choria_provision#gencsr` reply of `node`: a CSR our parser reads and
+/// whose signature verifies, and a PEM public key. Returns the parsed CSR.
+pub fn check_gencsr_reply(node: &str, r: &RpcResult) -> CsrInfo {
+    let info =
+        csr::parse_csr(r.body.data["csr"].as_str().unwrap_or_default()).unwrap_or_else(|e| {
+            panic!(
+                "{node}: our CSR parser refuses the gencsr CSR ({e}): {:?}",
+                r.body
+            )
+        });
+    info.verify_signature()
+        .unwrap_or_else(|e| panic!("{node}: the gencsr CSR's signature does not verify: {e}"));
+    assert!(
+        r.body.data["public_key"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("-----BEGIN PUBLIC KEY-----"),
+        "{node}: gencsr public_key: {:?}",
+        r.body
+    );
+    info
 }
