@@ -4,3 +4,6 @@
 pub mod choria;
 pub mod config;
 pub mod fleet;
+pub mod metrics;
+pub mod monitor;
+pub mod provision;

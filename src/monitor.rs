@@ -1,0 +1,1 @@
+//! The monitoring HTTP endpoint (skeleton; being written).

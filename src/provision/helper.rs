@@ -1,0 +1,1 @@
+//! Running the user helper (skeleton; being written).

@@ -1,0 +1,1 @@
+//! rpm-style version comparison (skeleton; being written).
