@@ -1,37 +1,739 @@
-//! Prometheus metrics with the Go provisioner's names (skeleton; being written).
+//! Prometheus metrics under the Go provisioner's exact names, so existing
+//! dashboards and alerts keep working against this rebuild.
+//!
+//! Every series carries the `site` label and exists from the start at 0:
+//! dashboards then show zeros instead of gaps before the first event.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+/// Every RPC the provisioner performs, as `agent#action`; the `rpc`-labelled
+/// series are pre-created for each of them.
+pub const RPC_NAMES: [&str; 8] = [
+    "choria_provision#jwt",
+    "choria_provision#gen25519",
+    "rpcutil#inventory",
+    "choria_provision#gencsr",
+    "choria_provision#configure",
+    "choria_provision#restart",
+    "choria_provision#shutdown",
+    "choria_provision#release_update",
+];
+
+const SITE: &str = "site";
+const RPC: &str = "rpc";
+
 /// All metrics of one provisioner process, labelled with its `site`.
-pub struct Metrics {}
+///
+/// Each instance owns its registry, so several can live in one process
+/// (tests, the demo) without clashing in the global default registry.
+pub struct Metrics {
+    site: String,
+    registry: Registry,
+    rpc_time: Summary,
+    helper_time: Summary,
+    rpc_errors: IntCounterVec,
+    helper_errors: IntCounter,
+    helper_shutdowns: IntCounter,
+    discovered: IntCounter,
+    event_discovered: IntCounter,
+    discover_cycles: IntCounter,
+    discovery_errors: IntCounter,
+    provision_errors: IntCounter,
+    provisioned: IntCounter,
+    paused: IntGauge,
+    busy_workers: IntGauge,
+    work_queue_entries: IntGauge,
+    waiting_nodes: IntGauge,
+    election_errors: IntCounter,
+    leader: IntGauge,
+    leadership_transitions: IntCounter,
+}
 
 impl Metrics {
-    pub fn new(_site: &str) -> Self {
-        Metrics {}
+    pub fn new(site: &str) -> Self {
+        let registry = Registry::new();
+        // `site` is a constant label: it never varies within one process,
+        // and the hot paths then need no label lookup for it.
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label(SITE, site);
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::with_opts(opts(name, help)).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, c.clone());
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::with_opts(opts(name, help)).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, g.clone());
+            g
+        };
+        let summary = |name: &str, help: &str, labels: &[&str]| {
+            let s = Summary::new(name, help, site, labels).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, s.clone());
+            s
+        };
+
+        let rpc_time = summary(
+            "choria_provisioner_rpc_time",
+            "How long it took to perform RPC requests",
+            &[RPC],
+        );
+        let helper_time = summary(
+            "choria_provisioner_helper_time",
+            "How long it took to run the helper",
+            &[],
+        );
+        let rpc_errors_name = "choria_provisioner_rpc_errors";
+        let rpc_errors = IntCounterVec::new(
+            opts(
+                rpc_errors_name,
+                "How many rpc related errors were encountered",
+            ),
+            &[RPC],
+        )
+        .unwrap_or_else(|e| defect(rpc_errors_name, e));
+        register(&registry, rpc_errors_name, rpc_errors.clone());
+        for rpc in RPC_NAMES {
+            rpc_time.touch(&[rpc]);
+            rpc_errors.with_label_values(&[rpc]);
+        }
+        helper_time.touch(&[]);
+
+        Metrics {
+            rpc_time,
+            helper_time,
+            rpc_errors,
+            helper_errors: counter(
+                "choria_provisioner_helper_errors",
+                "How many helper related errors were encountered",
+            ),
+            helper_shutdowns: counter(
+                "choria_provisioner_helper_shutdown_requests",
+                // The Go provisioner's help text, typo included.
+                "Host many times the helper asked for a node to be shutdown and it succeeded",
+            ),
+            discovered: counter(
+                "choria_provisioner_discovered",
+                "How many nodes were found through discovery",
+            ),
+            event_discovered: counter(
+                "choria_provisioner_event_discovered",
+                "How many nodes were found through receiving an event about them",
+            ),
+            discover_cycles: counter(
+                "choria_provisioner_discover_cycles",
+                "How many discovery cycles were ran",
+            ),
+            discovery_errors: counter(
+                "choria_provisioner_discovery_errors",
+                "How many discovery related errors were encountered",
+            ),
+            provision_errors: counter(
+                "choria_provisioner_provision_errors",
+                "How many provision related errors were encountered",
+            ),
+            provisioned: counter(
+                "choria_provisioner_provisioned",
+                "How many nodes were successfully provisioned",
+            ),
+            paused: gauge(
+                "choria_provisioner_paused",
+                "Indicates if the provisioner is paused",
+            ),
+            busy_workers: gauge(
+                "choria_provisioner_busy_workers",
+                "How many workers are busy provisioning nodes",
+            ),
+            work_queue_entries: gauge(
+                "choria_provisioner_work_queue_entries",
+                "Number of nodes on the work queue waiting to be provisioned",
+            ),
+            waiting_nodes: gauge(
+                "choria_provisioner_waiting_nodes",
+                "The number of nodes currently waiting to be provisioned",
+            ),
+            election_errors: counter(
+                "choria_provisioner_election_errors",
+                "How many leader election errors were encountered",
+            ),
+            leader: gauge(
+                "choria_provisioner_leader",
+                "Indicates if this instance is the elected leader",
+            ),
+            leadership_transitions: counter(
+                "choria_provisioner_leadership_transitions",
+                "How many times leadership was gained or lost",
+            ),
+            site: site.to_string(),
+            registry,
+        }
     }
-    pub fn observe_rpc(&self, _rpc: &str, _took: Duration) {}
-    pub fn rpc_error(&self, _rpc: &str) {}
-    pub fn observe_helper(&self, _took: Duration) {}
-    pub fn helper_error(&self) {}
-    pub fn helper_shutdown(&self) {}
-    pub fn discovered(&self) {}
-    pub fn event_discovered(&self) {}
-    pub fn discover_cycle(&self) {}
-    pub fn discovery_error(&self) {}
-    pub fn provision_error(&self) {}
-    pub fn provisioned(&self) {}
-    pub fn set_paused(&self, _paused: bool) {}
+
+    pub fn site(&self) -> &str {
+        &self.site
+    }
+
+    /// Records one RPC round trip; `rpc` is `agent#action`.
+    pub fn observe_rpc(&self, rpc: &str, took: Duration) {
+        self.rpc_time.observe(&[rpc], took.as_secs_f64());
+    }
+
+    pub fn rpc_error(&self, rpc: &str) {
+        self.rpc_errors.with_label_values(&[rpc]).inc();
+    }
+
+    pub fn observe_helper(&self, took: Duration) {
+        self.helper_time.observe(&[], took.as_secs_f64());
+    }
+
+    pub fn helper_error(&self) {
+        self.helper_errors.inc();
+    }
+
+    pub fn helper_shutdown(&self) {
+        self.helper_shutdowns.inc();
+    }
+
+    pub fn discovered(&self) {
+        self.discovered.inc();
+    }
+
+    pub fn event_discovered(&self) {
+        self.event_discovered.inc();
+    }
+
+    pub fn discover_cycle(&self) {
+        self.discover_cycles.inc();
+    }
+
+    pub fn discovery_error(&self) {
+        self.discovery_errors.inc();
+    }
+
+    pub fn provision_error(&self) {
+        self.provision_errors.inc();
+    }
+
+    pub fn provisioned(&self) {
+        self.provisioned.inc();
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.set(i64::from(paused));
+    }
+
+    /// Counts one busy worker until the returned guard drops, so an early
+    /// return or panic in the worker cannot leave the gauge too high.
     pub fn busy_worker(&self) -> BusyWorker<'_> {
-        BusyWorker { _m: self }
+        self.busy_workers.inc();
+        BusyWorker {
+            gauge: &self.busy_workers,
+        }
     }
-    pub fn set_work_queue_entries(&self, _n: usize) {}
-    pub fn set_waiting_nodes(&self, _n: usize) {}
+
+    pub fn set_work_queue_entries(&self, n: usize) {
+        self.work_queue_entries.set(saturating_i64(n));
+    }
+
+    pub fn set_waiting_nodes(&self, n: usize) {
+        self.waiting_nodes.set(saturating_i64(n));
+    }
+
+    pub fn election_error(&self) {
+        self.election_errors.inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub fn leadership_transition(&self) {
+        self.leadership_transitions.inc();
+    }
+
+    /// All metrics in the Prometheus text exposition format 0.0.4.
     pub fn encode_text(&self) -> String {
-        String::new()
+        let mut out = String::new();
+        // Encoding only fails for a family without series, and the registry
+        // drops those while gathering; log rather than lose a scrape.
+        if let Err(e) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!("could not encode the metrics: {e}");
+        }
+        out
+    }
+
+    /// Current value of a metric by name, summed over its series (e.g. all
+    /// `rpc` labels): counters and gauges give their value, summaries their
+    /// observation count. `None` for an unknown name.
+    pub fn value(&self, name: &str) -> Option<f64> {
+        let family = self
+            .registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?;
+        let kind = family.get_field_type();
+        Some(
+            family
+                .get_metric()
+                .iter()
+                .map(|m| match kind {
+                    MetricType::COUNTER => m.get_counter().get_value(),
+                    MetricType::GAUGE => m.get_gauge().get_value(),
+                    MetricType::SUMMARY => m.get_summary().sample_count() as f64,
+                    // Never registered here.
+                    MetricType::HISTOGRAM | MetricType::UNTYPED => 0.0,
+                })
+                .sum(),
+        )
     }
 }
 
 /// Counts a busy worker while alive.
 pub struct BusyWorker<'a> {
-    _m: &'a Metrics,
+    gauge: &'a IntGauge,
+}
+
+impl Drop for BusyWorker<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+fn saturating_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The metric definitions are constants, so a failure to build or register
+/// one is a bug in this file (the tests construct every metric), not a
+/// runtime condition a caller could handle.
+fn defect(name: &str, e: prometheus::Error) -> ! {
+    panic!("metric {name} is defined wrongly: {e}")
+}
+
+fn register(registry: &Registry, name: &str, collector: impl Collector + 'static) {
+    registry
+        .register(Box::new(collector))
+        .unwrap_or_else(|e| defect(name, e));
+}
+
+/// A summary without quantiles, exported as `_sum` and `_count` only, like
+/// the Go provisioner's `NewSummaryVec` without objectives; the prometheus
+/// crate has no summary type of its own.
+#[derive(Clone)]
+struct Summary(Arc<SummaryCore>);
+
+struct SummaryCore {
+    desc: Desc,
+    // A handful of series per summary: a linear scan is as fast as hashing
+    // and looks up by `&[&str]` without allocating on the hot path.
+    series: Mutex<Vec<SummarySeries>>,
+}
+
+struct SummarySeries {
+    label_values: Vec<String>,
+    count: u64,
+    sum: f64,
+}
+
+impl Summary {
+    fn new(name: &str, help: &str, site: &str, labels: &[&str]) -> prometheus::Result<Self> {
+        let desc = Desc::new(
+            name.to_string(),
+            help.to_string(),
+            labels.iter().map(|l| l.to_string()).collect(),
+            [(SITE.to_string(), site.to_string())].into(),
+        )?;
+        Ok(Summary(Arc::new(SummaryCore {
+            desc,
+            series: Mutex::new(Vec::new()),
+        })))
+    }
+
+    fn observe(&self, label_values: &[&str], v: f64) {
+        self.with_series(label_values, |s| {
+            s.count += 1;
+            s.sum += v;
+        });
+    }
+
+    /// Creates the series at 0 if missing.
+    fn touch(&self, label_values: &[&str]) {
+        self.with_series(label_values, |_| {});
+    }
+
+    fn with_series(&self, label_values: &[&str], f: impl FnOnce(&mut SummarySeries)) {
+        debug_assert_eq!(label_values.len(), self.0.desc.variable_labels.len());
+        // The series hold plain numbers that no panic can leave half
+        // updated, so a poisoned lock is still fine to use.
+        let mut series = self.0.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let pos = series.iter().position(|s| {
+            s.label_values
+                .iter()
+                .map(String::as_str)
+                .eq(label_values.iter().copied())
+        });
+        let idx = pos.unwrap_or_else(|| {
+            series.push(SummarySeries {
+                label_values: label_values.iter().map(|v| v.to_string()).collect(),
+                count: 0,
+                sum: 0.0,
+            });
+            series.len() - 1
+        });
+        f(&mut series[idx]);
+    }
+}
+
+impl Collector for Summary {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let desc = &self.0.desc;
+        let series = self.0.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let metrics = series
+            .iter()
+            .map(|s| {
+                let mut labels: Vec<LabelPair> = desc
+                    .variable_labels
+                    .iter()
+                    .zip(&s.label_values)
+                    .map(|(name, value)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name(name.clone());
+                        pair.set_value(value.clone());
+                        pair
+                    })
+                    .chain(desc.const_label_pairs.iter().cloned())
+                    .collect();
+                // Sorted by name, as the crate's own metrics and Go export them.
+                labels.sort();
+                let mut summary = proto::Summary::default();
+                summary.set_sample_count(s.count);
+                summary.set_sample_sum(s.sum);
+                let mut metric = proto::Metric::default();
+                metric.set_label(labels);
+                metric.set_summary(summary);
+                metric
+            })
+            .collect();
+        drop(series);
+
+        let mut family = MetricFamily::default();
+        family.set_name(desc.fq_name.clone());
+        family.set_help(desc.help.clone());
+        family.set_field_type(MetricType::SUMMARY);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COUNTERS: [&str; 11] = [
+        "choria_provisioner_rpc_errors",
+        "choria_provisioner_helper_errors",
+        "choria_provisioner_helper_shutdown_requests",
+        "choria_provisioner_discovered",
+        "choria_provisioner_event_discovered",
+        "choria_provisioner_discover_cycles",
+        "choria_provisioner_discovery_errors",
+        "choria_provisioner_provision_errors",
+        "choria_provisioner_provisioned",
+        "choria_provisioner_election_errors",
+        "choria_provisioner_leadership_transitions",
+    ];
+    const GAUGES: [&str; 5] = [
+        "choria_provisioner_paused",
+        "choria_provisioner_busy_workers",
+        "choria_provisioner_work_queue_entries",
+        "choria_provisioner_waiting_nodes",
+        "choria_provisioner_leader",
+    ];
+    const SUMMARIES: [&str; 2] = [
+        "choria_provisioner_rpc_time",
+        "choria_provisioner_helper_time",
+    ];
+
+    fn lines(m: &Metrics) -> Vec<String> {
+        m.encode_text().lines().map(str::to_string).collect()
+    }
+
+    fn has_line(m: &Metrics, line: &str) -> bool {
+        lines(m).iter().any(|l| l == line)
+    }
+
+    #[test]
+    fn metrics_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Metrics>();
+    }
+
+    #[test]
+    fn every_go_name_is_exported_at_zero_with_its_site() {
+        let m = Metrics::new("dc1");
+        let text = m.encode_text();
+        let site_only = |n: &&&str| **n != "choria_provisioner_rpc_errors";
+        for name in COUNTERS.iter().chain(&GAUGES).filter(site_only) {
+            let want = format!("{name}{{site=\"dc1\"}} 0");
+            assert!(has_line(&m, &want), "missing {want:?} in\n{text}");
+            assert_eq!(m.value(name), Some(0.0), "{name}");
+        }
+        for name in COUNTERS.iter().chain(&GAUGES) {
+            let kind = if GAUGES.contains(name) {
+                "gauge"
+            } else {
+                "counter"
+            };
+            assert!(
+                has_line(&m, &format!("# TYPE {name} {kind}")),
+                "{name} is not a {kind} in\n{text}"
+            );
+        }
+        let want = "choria_provisioner_helper_time_count{site=\"dc1\"} 0";
+        assert!(has_line(&m, want), "missing {want:?} in\n{text}");
+        for rpc in RPC_NAMES {
+            for want in [
+                format!("choria_provisioner_rpc_errors{{rpc=\"{rpc}\",site=\"dc1\"}} 0"),
+                format!("choria_provisioner_rpc_time_sum{{rpc=\"{rpc}\",site=\"dc1\"}} 0"),
+                format!("choria_provisioner_rpc_time_count{{rpc=\"{rpc}\",site=\"dc1\"}} 0"),
+            ] {
+                assert!(has_line(&m, &want), "missing {want:?} in\n{text}");
+            }
+        }
+        // Every sample line carries the site label.
+        for l in lines(&m).iter().filter(|l| !l.starts_with('#')) {
+            assert!(l.contains("site=\"dc1\""), "no site label: {l}");
+        }
+    }
+
+    #[test]
+    fn the_help_texts_are_the_go_ones() {
+        let m = Metrics::new("dc1");
+        for want in [
+            "# HELP choria_provisioner_rpc_time How long it took to perform RPC requests",
+            "# HELP choria_provisioner_helper_shutdown_requests Host many times the helper asked for a node to be shutdown and it succeeded",
+            "# HELP choria_provisioner_work_queue_entries Number of nodes on the work queue waiting to be provisioned",
+            "# HELP choria_provisioner_leader Indicates if this instance is the elected leader",
+        ] {
+            assert!(has_line(&m, want), "missing {want:?}");
+        }
+    }
+
+    #[test]
+    fn no_name_has_a_total_suffix() {
+        let text = Metrics::new("dc1").encode_text();
+        assert!(!text.contains("_total"), "{text}");
+    }
+
+    #[test]
+    fn summaries_export_sum_and_count_without_quantiles() {
+        let m = Metrics::new("dc1");
+        let text = m.encode_text();
+        for name in SUMMARIES {
+            assert!(
+                has_line(&m, &format!("# TYPE {name} summary")),
+                "{name} is not a summary in\n{text}"
+            );
+            let samples: Vec<_> = lines(&m)
+                .into_iter()
+                .filter(|l| l.starts_with(name))
+                .collect();
+            assert!(!samples.is_empty(), "{name} has no samples");
+            for s in samples {
+                assert!(
+                    s.starts_with(&format!("{name}_sum{{"))
+                        || s.starts_with(&format!("{name}_count{{")),
+                    "unexpected summary sample {s}"
+                );
+            }
+        }
+        assert!(!text.contains("quantile"), "{text}");
+    }
+
+    #[test]
+    fn observations_land_in_their_own_series() {
+        let m = Metrics::new("dc1");
+        m.observe_rpc("choria_provision#jwt", Duration::from_millis(1500));
+        m.observe_rpc("choria_provision#jwt", Duration::from_millis(500));
+        m.observe_rpc("rpcutil#inventory", Duration::from_millis(250));
+        m.observe_helper(Duration::from_millis(3000));
+        // An rpc name outside the pre-created set still gets its series.
+        m.observe_rpc("other#thing", Duration::from_secs(1));
+
+        for want in [
+            "choria_provisioner_rpc_time_sum{rpc=\"choria_provision#jwt\",site=\"dc1\"} 2",
+            "choria_provisioner_rpc_time_count{rpc=\"choria_provision#jwt\",site=\"dc1\"} 2",
+            "choria_provisioner_rpc_time_sum{rpc=\"rpcutil#inventory\",site=\"dc1\"} 0.25",
+            "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"dc1\"} 1",
+            "choria_provisioner_rpc_time_count{rpc=\"choria_provision#gencsr\",site=\"dc1\"} 0",
+            "choria_provisioner_rpc_time_count{rpc=\"other#thing\",site=\"dc1\"} 1",
+            "choria_provisioner_helper_time_sum{site=\"dc1\"} 3",
+            "choria_provisioner_helper_time_count{site=\"dc1\"} 1",
+        ] {
+            assert!(
+                has_line(&m, want),
+                "missing {want:?} in\n{}",
+                m.encode_text()
+            );
+        }
+        assert_eq!(m.value("choria_provisioner_rpc_time"), Some(4.0));
+        assert_eq!(m.value("choria_provisioner_helper_time"), Some(1.0));
+    }
+
+    #[test]
+    fn rpc_errors_count_per_rpc() {
+        let m = Metrics::new("dc1");
+        m.rpc_error("choria_provision#configure");
+        m.rpc_error("choria_provision#configure");
+        m.rpc_error("choria_provision#restart");
+        for want in [
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#configure\",site=\"dc1\"} 2",
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#restart\",site=\"dc1\"} 1",
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#jwt\",site=\"dc1\"} 0",
+        ] {
+            assert!(has_line(&m, want), "missing {want:?}");
+        }
+        assert_eq!(m.value("choria_provisioner_rpc_errors"), Some(3.0));
+    }
+
+    #[test]
+    fn each_counter_method_moves_only_its_counter() {
+        type Inc = fn(&Metrics);
+        let cases: [(Inc, &str); 10] = [
+            (Metrics::helper_error, "choria_provisioner_helper_errors"),
+            (
+                Metrics::helper_shutdown,
+                "choria_provisioner_helper_shutdown_requests",
+            ),
+            (Metrics::discovered, "choria_provisioner_discovered"),
+            (
+                Metrics::event_discovered,
+                "choria_provisioner_event_discovered",
+            ),
+            (
+                Metrics::discover_cycle,
+                "choria_provisioner_discover_cycles",
+            ),
+            (
+                Metrics::discovery_error,
+                "choria_provisioner_discovery_errors",
+            ),
+            (
+                Metrics::provision_error,
+                "choria_provisioner_provision_errors",
+            ),
+            (Metrics::provisioned, "choria_provisioner_provisioned"),
+            (
+                Metrics::election_error,
+                "choria_provisioner_election_errors",
+            ),
+            (
+                Metrics::leadership_transition,
+                "choria_provisioner_leadership_transitions",
+            ),
+        ];
+        for (inc, name) in cases {
+            let m = Metrics::new("dc1");
+            inc(&m);
+            inc(&m);
+            assert!(
+                has_line(&m, &format!("{name}{{site=\"dc1\"}} 2")),
+                "{name} in\n{}",
+                m.encode_text()
+            );
+            for (_, other) in cases.iter().filter(|(_, o)| *o != name) {
+                assert_eq!(m.value(other), Some(0.0), "{name} moved {other}");
+            }
+        }
+    }
+
+    #[test]
+    fn gauges_follow_their_setters() {
+        let m = Metrics::new("dc1");
+        m.set_paused(true);
+        m.set_leader(true);
+        m.set_work_queue_entries(7);
+        m.set_waiting_nodes(3);
+        assert_eq!(m.value("choria_provisioner_paused"), Some(1.0));
+        assert_eq!(m.value("choria_provisioner_leader"), Some(1.0));
+        assert_eq!(m.value("choria_provisioner_work_queue_entries"), Some(7.0));
+        assert_eq!(m.value("choria_provisioner_waiting_nodes"), Some(3.0));
+        assert!(has_line(
+            &m,
+            "choria_provisioner_waiting_nodes{site=\"dc1\"} 3"
+        ));
+
+        m.set_paused(false);
+        m.set_leader(false);
+        m.set_work_queue_entries(0);
+        assert_eq!(m.value("choria_provisioner_paused"), Some(0.0));
+        assert_eq!(m.value("choria_provisioner_leader"), Some(0.0));
+        assert_eq!(m.value("choria_provisioner_work_queue_entries"), Some(0.0));
+    }
+
+    #[test]
+    fn busy_worker_guard_counts_while_alive() {
+        let m = Metrics::new("dc1");
+        let busy = || m.value("choria_provisioner_busy_workers");
+        let a = m.busy_worker();
+        assert_eq!(busy(), Some(1.0));
+        {
+            let _b = m.busy_worker();
+            assert_eq!(busy(), Some(2.0));
+        }
+        assert_eq!(busy(), Some(1.0));
+        drop(a);
+        assert_eq!(busy(), Some(0.0));
+    }
+
+    #[test]
+    fn instances_are_independent_and_keep_their_site() {
+        let a = Metrics::new("dc1");
+        let b = Metrics::new("dc2");
+        a.provisioned();
+        assert_eq!(a.site(), "dc1");
+        assert_eq!(b.site(), "dc2");
+        assert_eq!(a.value("choria_provisioner_provisioned"), Some(1.0));
+        assert_eq!(b.value("choria_provisioner_provisioned"), Some(0.0));
+        assert!(has_line(
+            &b,
+            "choria_provisioner_provisioned{site=\"dc2\"} 0"
+        ));
+    }
+
+    #[test]
+    fn unknown_names_have_no_value() {
+        let m = Metrics::new("dc1");
+        assert_eq!(m.value("choria_provisioner_nope"), None);
+        assert_eq!(m.value("choria_provisioner_provisioned_total"), None);
+    }
+
+    #[test]
+    fn concurrent_observations_are_all_counted() {
+        let m = Arc::new(Metrics::new("dc1"));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = Arc::clone(&m);
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        m.observe_rpc("choria_provision#jwt", Duration::from_millis(1));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(has_line(
+            &m,
+            "choria_provisioner_rpc_time_count{rpc=\"choria_provision#jwt\",site=\"dc1\"} 4000"
+        ));
+    }
 }

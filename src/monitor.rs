@@ -1,1 +1,330 @@
-//! The monitoring HTTP endpoint (skeleton; being written).
+//! The monitoring HTTP endpoint: `/metrics` for Prometheus, `/healthz` for
+//! liveness and `/readyz` for readiness (e.g. Kubernetes probes).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Content type of the Prometheus text exposition format 0.0.4.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error("cannot listen for monitoring on port {port}: {source}")]
+    Bind {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("monitoring endpoint failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Readiness as the conjunction of named checks; clones share the state.
+///
+/// A check that was never set counts as passing, so components report only
+/// once they have something to say.
+#[derive(Clone, Default)]
+pub struct Health {
+    // Only the failing checks, by name: sorted for a stable /readyz body.
+    failing: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+impl Health {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks a named check failing with a reason (e.g. `"broker"`:
+    /// `"disconnected from nats://..."`), or passing.
+    pub fn set(&self, check: &str, result: Result<(), String>) {
+        let mut failing = self.lock();
+        match result {
+            Ok(()) => {
+                failing.remove(check);
+            }
+            Err(reason) => {
+                failing.insert(check.to_string(), reason);
+            }
+        }
+    }
+
+    /// `Ok` when every check passes, otherwise the failing `(check, reason)`
+    /// pairs sorted by check name.
+    pub fn ready(&self) -> Result<(), Vec<(String, String)>> {
+        let failing = self.lock();
+        if failing.is_empty() {
+            return Ok(());
+        }
+        Err(failing
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        // A map of strings cannot be left half updated by a panic.
+        self.failing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("failing", &*self.lock())
+            .finish()
+    }
+}
+
+/// Binds the monitoring listener on all interfaces.
+pub async fn bind(port: u16) -> Result<TcpListener, MonitorError> {
+    TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+        .await
+        .map_err(|source| MonitorError::Bind { port, source })
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Health,
+}
+
+/// Serves the monitoring endpoints on `listener` until `shutdown` is
+/// cancelled, then finishes in-flight requests and returns.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), MonitorError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!("monitoring endpoint listening on http://{addr}/metrics");
+    }
+    axum::serve(listener, router(AppState { metrics, health }))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(MonitorError::Serve)
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode_text(),
+    )
+}
+
+/// Liveness: answering at all is the signal, so readiness checks never fail
+/// it (a disconnected broker must not get the process restarted).
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.health.ready() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(failing) => {
+            let body = failing
+                .iter()
+                .map(|(check, reason)| format!("{check}: {reason}\n"))
+                .collect();
+            (StatusCode::SERVICE_UNAVAILABLE, body)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::task::JoinHandle;
+
+    struct Response {
+        status: u16,
+        headers: String,
+        body: String,
+    }
+
+    /// One plain HTTP/1.1 request; `Connection: close` makes the server end
+    /// the stream after the response, so reading to EOF gets all of it.
+    async fn get(addr: SocketAddr, path: &str) -> Response {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut raw = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut raw))
+            .await
+            .expect("response within 10s")
+            .expect("read");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("header end");
+        let (status_line, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+        let status = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+        Response {
+            status,
+            headers: headers.to_ascii_lowercase(),
+            body: body.to_string(),
+        }
+    }
+
+    struct Server {
+        addr: SocketAddr,
+        metrics: Arc<Metrics>,
+        health: Health,
+        shutdown: CancellationToken,
+        task: JoinHandle<Result<(), MonitorError>>,
+    }
+
+    async fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new("testsite"));
+        let health = Health::new();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
+        Server {
+            addr,
+            metrics,
+            health,
+            shutdown,
+            task,
+        }
+    }
+
+    impl Server {
+        async fn stop(self) {
+            self.shutdown.cancel();
+            let result = tokio::time::timeout(Duration::from_secs(10), self.task)
+                .await
+                .expect("serve ends after the shutdown token")
+                .expect("serve task did not panic");
+            assert!(result.is_ok(), "{result:?}");
+        }
+    }
+
+    #[test]
+    fn health_is_the_conjunction_of_its_checks() {
+        let h = Health::new();
+        assert_eq!(h.ready(), Ok(()));
+        h.set("broker", Err("disconnected".into()));
+        h.set("election", Err("no leader".into()));
+        h.set("helper", Ok(()));
+        let clone = h.clone();
+        assert_eq!(
+            clone.ready(),
+            Err(vec![
+                ("broker".to_string(), "disconnected".to_string()),
+                ("election".to_string(), "no leader".to_string()),
+            ])
+        );
+        h.set("broker", Ok(()));
+        assert_eq!(
+            clone.ready(),
+            Err(vec![("election".to_string(), "no leader".to_string())])
+        );
+        clone.set("election", Ok(()));
+        assert_eq!(h.ready(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn metrics_endpoint_serves_the_text_format() {
+        let s = start().await;
+        s.metrics.provisioned();
+        let r = get(s.addr, "/metrics").await;
+        assert_eq!(r.status, 200);
+        assert!(
+            r.headers
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{}",
+            r.headers
+        );
+        assert!(
+            r.body
+                .lines()
+                .any(|l| l == "choria_provisioner_provisioned{site=\"testsite\"} 1"),
+            "{}",
+            r.body
+        );
+        assert!(r
+            .body
+            .contains("# TYPE choria_provisioner_rpc_time summary"));
+        s.stop().await;
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_checks_and_healthz_does_not() {
+        let s = start().await;
+        let r = get(s.addr, "/readyz").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+
+        s.health
+            .set("broker", Err("disconnected from nats://b:4222".into()));
+        s.health.set("election", Err("lost the lease".into()));
+        let r = get(s.addr, "/readyz").await;
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body,
+            "broker: disconnected from nats://b:4222\nelection: lost the lease\n"
+        );
+        let r = get(s.addr, "/healthz").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+
+        s.health.set("broker", Ok(()));
+        s.health.set("election", Ok(()));
+        let r = get(s.addr, "/readyz").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+        s.stop().await;
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_are_404() {
+        let s = start().await;
+        assert_eq!(get(s.addr, "/nope").await.status, 404);
+        s.stop().await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_the_listener() {
+        let s = start().await;
+        let addr = s.addr;
+        assert_eq!(get(addr, "/healthz").await.status, 200);
+        s.stop().await;
+        assert!(TcpStream::connect(addr).await.is_err(), "still listening");
+    }
+
+    #[tokio::test]
+    async fn bind_names_the_port_it_failed_on() {
+        let taken = bind(0).await.expect("bind an ephemeral port");
+        let port = taken.local_addr().unwrap().port();
+        let err = bind(port).await.expect_err("port is taken");
+        assert!(matches!(err, MonitorError::Bind { port: p, .. } if p == port));
+        assert!(err.to_string().contains(&port.to_string()), "{err}");
+    }
+}
