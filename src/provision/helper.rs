@@ -1,1 +1,1046 @@
-//! Running the user helper (skeleton; being written).
+//! Running the user's helper for one node, with the same contract as the Go
+//! provisioner: the node's details as JSON on stdin, a JSON response on
+//! stdout, exit status 0, at most 10 seconds.
+//!
+//! The input is byte-compatible with Go's `json.Marshal` of its `Host`, and
+//! the response is decoded as leniently as Go's `json.Unmarshal` decodes its
+//! `ConfigResponse` (unknown keys ignored, keys matched case-insensitively,
+//! `null` leaves the default), so existing helpers keep working unchanged.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tracing::debug;
+
+use crate::choria::security::tokens::{ProvisioningClaims, ServerClaims};
+
+/// How long a helper may run, as in Go.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much of the helper's stderr is kept for error messages and logs.
+const STDERR_TAIL: usize = 2048;
+
+/// The node's `choria_provision#gencsr` reply (go-choria `CSRReply`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CsrReply {
+    /// PEM CSR made by the node.
+    pub csr: String,
+    /// PEM public key of the node's private key.
+    pub public_key: String,
+    /// Where the node keeps its key and will store the certificate.
+    pub ssldir: String,
+}
+
+/// The node's `choria_provision#gen25519` reply (go-choria `ED25519Reply`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Ed25519Reply {
+    /// Hex ed25519 public key.
+    pub public_key: String,
+    /// Where the node keeps its seed and will store its JWT.
+    pub directory: String,
+    /// Hex signature over the request nonce.
+    pub signature: String,
+}
+
+/// What the helper reads on stdin. Field order and names are Go's `Host`.
+#[derive(Debug, Serialize)]
+pub struct HelperInput<'a> {
+    /// The node's identity.
+    pub identity: &'a str,
+    /// Present with the `pki` feature.
+    pub csr: Option<&'a CsrReply>,
+    /// Present with the `ed25519` feature.
+    pub ed25519_pubkey: Option<&'a Ed25519Reply>,
+    /// The node's `rpcutil#inventory` reply as a JSON document, sent as a
+    /// string (not an object) like Go does.
+    pub inventory: &'a str,
+    /// The verified provisioning token's claims, with the `jwt` feature.
+    pub jwt: Option<&'a ProvisioningClaims>,
+}
+
+impl HelperInput<'_> {
+    /// The exact bytes Go's `json.Marshal` would send to the helper.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Only strings, bools, options and JSON values are serialized into a
+        // Vec, none of which can fail.
+        crate::choria::json::to_vec(self).expect("helper input always serializes")
+    }
+}
+
+/// The helper's reply (Go `ConfigResponse`).
+#[derive(Default, Clone)]
+pub struct HelperResponse {
+    /// Try the node again later.
+    pub defer: bool,
+    /// Tell the node to shut down instead of provisioning it.
+    pub shutdown: bool,
+    /// Why it was deferred or shut down.
+    pub msg: String,
+    /// Optional PEM private key for the node. Secret: never logged.
+    pub key: String,
+    /// PEM certificate for the node.
+    pub certificate: String,
+    /// PEM CA certificate(s).
+    pub ca: String,
+    /// Where the node should store key, certificate and CA.
+    pub ssldir: String,
+    /// Claims to base the node's server JWT on (ed25519 feature).
+    pub server_claims: Option<ServerClaims>,
+    /// Server configuration settings.
+    pub configuration: BTreeMap<String, String>,
+    /// Action policies by agent name.
+    pub action_policies: BTreeMap<String, String>,
+    /// Open Policy Agent policies by agent name (or `default`).
+    pub opa_policies: BTreeMap<String, String>,
+    /// Version to upgrade the node to before configuring it.
+    pub upgrade: String,
+}
+
+impl fmt::Debug for HelperResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `key` is a private key; configuration values may hold passwords or
+        // tokens, so only their names are shown.
+        let key = if self.key.is_empty() {
+            ""
+        } else {
+            "<redacted>"
+        };
+        f.debug_struct("HelperResponse")
+            .field("defer", &self.defer)
+            .field("shutdown", &self.shutdown)
+            .field("msg", &self.msg)
+            .field("key", &key)
+            .field("certificate", &self.certificate)
+            .field("ca", &self.ca)
+            .field("ssldir", &self.ssldir)
+            .field("server_claims", &self.server_claims)
+            .field("configuration_keys", &self.configuration.keys())
+            .field("action_policies", &self.action_policies)
+            .field("opa_policies", &self.opa_policies)
+            .field("upgrade", &self.upgrade)
+            .finish()
+    }
+}
+
+impl HelperResponse {
+    /// Decodes a helper's output the way Go's `json.Unmarshal` fills a
+    /// `ConfigResponse` (see the module docs).
+    pub fn from_json(data: &[u8]) -> Result<Self, serde_json::Error> {
+        // Go replaces invalid UTF-8 inside strings with U+FFFD instead of
+        // failing; outside strings it is a syntax error either way.
+        match std::str::from_utf8(data) {
+            Ok(s) => serde_json::from_str(s),
+            Err(_) => serde_json::from_str(&String::from_utf8_lossy(data)),
+        }
+    }
+}
+
+/// The response's keys, for Go-style case-insensitive matching.
+#[derive(Clone, Copy)]
+enum Field {
+    Defer,
+    Shutdown,
+    Msg,
+    Key,
+    Certificate,
+    Ca,
+    Ssldir,
+    ServerClaims,
+    Configuration,
+    ActionPolicies,
+    OpaPolicies,
+    Upgrade,
+}
+
+impl Field {
+    /// Matches a key like Go's decoder: case-insensitively, where the
+    /// Kelvin sign and long s also fold to `k` and `s`.
+    fn lookup(key: &str) -> Option<Field> {
+        let mut folded = String::with_capacity(key.len());
+        for c in key.chars() {
+            folded.push(match c {
+                '\u{212A}' => 'k',
+                '\u{017F}' => 's',
+                c if c.is_ascii() => c.to_ascii_lowercase(),
+                // No other character folds to the ASCII field names.
+                _ => return None,
+            });
+        }
+        Some(match folded.as_str() {
+            "defer" => Field::Defer,
+            "shutdown" => Field::Shutdown,
+            "msg" => Field::Msg,
+            "key" => Field::Key,
+            "certificate" => Field::Certificate,
+            "ca" => Field::Ca,
+            "ssldir" => Field::Ssldir,
+            "server_claims" => Field::ServerClaims,
+            "configuration" => Field::Configuration,
+            "action_policies" => Field::ActionPolicies,
+            "opa_policies" => Field::OpaPolicies,
+            "upgrade" => Field::Upgrade,
+            _ => return None,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for HelperResponse {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ResponseVisitor)
+    }
+}
+
+struct ResponseVisitor;
+
+impl<'de> Visitor<'de> for ResponseVisitor {
+    type Value = HelperResponse;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    // Go accepts a bare `null` and leaves every field at its zero value.
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(HelperResponse::default())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut r = HelperResponse::default();
+        // Keys are applied in order, so a repeated key wins like in Go.
+        while let Some(key) = map.next_key::<String>()? {
+            let Some(field) = Field::lookup(&key) else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            match field {
+                Field::Defer => set(&mut r.defer, map.next_value()?),
+                Field::Shutdown => set(&mut r.shutdown, map.next_value()?),
+                Field::Msg => set(&mut r.msg, map.next_value()?),
+                Field::Key => set(&mut r.key, map.next_value()?),
+                Field::Certificate => set(&mut r.certificate, map.next_value()?),
+                Field::Ca => set(&mut r.ca, map.next_value()?),
+                Field::Ssldir => set(&mut r.ssldir, map.next_value()?),
+                Field::Upgrade => set(&mut r.upgrade, map.next_value()?),
+                // Go sets a pointer to nil on `null`.
+                Field::ServerClaims => r.server_claims = map.next_value()?,
+                Field::Configuration => map.next_value_seed(StringMap {
+                    name: "configuration",
+                    map: &mut r.configuration,
+                })?,
+                Field::ActionPolicies => map.next_value_seed(StringMap {
+                    name: "action_policies",
+                    map: &mut r.action_policies,
+                })?,
+                Field::OpaPolicies => map.next_value_seed(StringMap {
+                    name: "opa_policies",
+                    map: &mut r.opa_policies,
+                })?,
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Go leaves a bool or string untouched when it reads `null`.
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}
+
+/// Decodes a Go `map[string]string` into an existing map: a repeated object
+/// adds to it, `null` clears it, `null` values become `""`, and any other
+/// non-string value is an error naming the key.
+struct StringMap<'m> {
+    name: &'static str,
+    map: &'m mut BTreeMap<String, String>,
+}
+
+impl<'de> DeserializeSeed<'de> for StringMap<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringMap<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{} as an object of strings", self.name)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.map.clear();
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            match map.next_value::<MapValue>()? {
+                MapValue::Str(v) => {
+                    self.map.insert(key, v);
+                }
+                MapValue::Null => {
+                    self.map.insert(key, String::new());
+                }
+                MapValue::Other(kind) => {
+                    return Err(de::Error::custom(format!(
+                        "{}[{key:?}] must be a string, not {kind}",
+                        self.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A map value, classified without failing so the error can name its key.
+enum MapValue {
+    Str(String),
+    Null,
+    Other(&'static str),
+}
+
+impl<'de> Deserialize<'de> for MapValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MapValueVisitor)
+    }
+}
+
+struct MapValueVisitor;
+
+impl<'de> Visitor<'de> for MapValueVisitor {
+    type Value = MapValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<MapValue, E> {
+        Ok(MapValue::Str(v.to_string()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<MapValue, E> {
+        Ok(MapValue::Str(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<MapValue, E> {
+        Ok(MapValue::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a boolean"))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<MapValue, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(MapValue::Other("an array"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MapValue, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(MapValue::Other("an object"))
+    }
+}
+
+/// Why running the helper failed. Every message names the helper command.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The command could not be started (missing, not executable...).
+    #[error("could not start helper {command}: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The helper ran too long and was killed.
+    #[error("helper {command} did not finish within {timeout:?} and was killed")]
+    Timeout { command: String, timeout: Duration },
+    /// The helper exited unsuccessfully; `stderr_tail` is the end of what
+    /// it wrote to stderr, the message shows its last line.
+    #[error("helper {command} {}{}", describe_status(.status), last_line_suffix(.stderr_tail))]
+    Exit {
+        command: String,
+        status: ExitStatus,
+        stderr_tail: String,
+    },
+    /// The helper exited 0 without printing anything.
+    #[error("helper {command} exited successfully but printed nothing{}", last_line_suffix(.stderr_tail))]
+    EmptyOutput {
+        command: String,
+        stderr_tail: String,
+    },
+    /// The output is not a valid response.
+    #[error("helper {command} printed an invalid response: {source}")]
+    Decode {
+        command: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Talking to the helper over its pipes failed.
+    #[error("helper {command}: could not {action}: {source}")]
+    Io {
+        command: String,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn describe_status(status: &ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("was killed by signal {signal}");
+        }
+    }
+    format!("failed: {status}")
+}
+
+fn last_line_suffix(stderr: &str) -> String {
+    match stderr.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(line) => format!(": {line}"),
+        None => String::new(),
+    }
+}
+
+/// A helper command and how long it may run.
+#[derive(Clone, Debug)]
+pub struct Helper {
+    argv: Vec<String>,
+    timeout: Duration,
+}
+
+impl Helper {
+    /// `argv` is the already split command line (see
+    /// `crate::config::split_command_line`); the timeout is 10 seconds.
+    pub fn new(argv: Vec<String>) -> Self {
+        Helper {
+            argv,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Overrides the time limit (tests, simulations).
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Helper { timeout, ..self }
+    }
+
+    /// The command line, shell-quoted, for messages.
+    pub fn command_line(&self) -> String {
+        shell_words::join(&self.argv)
+    }
+
+    /// Runs the helper once for `input`.
+    ///
+    /// Dropping the returned future (e.g. on shutdown) kills the helper;
+    /// tokio reaps it in the background.
+    pub async fn run(&self, input: &HelperInput<'_>) -> Result<HelperResponse, HelperError> {
+        let command = self.command_line();
+        let Some((program, args)) = self.argv.split_first() else {
+            return Err(HelperError::Spawn {
+                command,
+                source: io::Error::new(io::ErrorKind::InvalidInput, "empty command line"),
+            });
+        };
+
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HelperError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+
+        let io_err = |action: &'static str| {
+            let command = command.clone();
+            move |source| HelperError::Io {
+                command,
+                action,
+                source,
+            }
+        };
+
+        let input = input.to_json();
+        // All three pipes are serviced at once: a helper that writes while
+        // we are still feeding it a large input must not deadlock.
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let exchange = async {
+            let write = async {
+                if let Some(mut stdin) = stdin {
+                    match stdin.write_all(&input).await {
+                        // A helper may stop reading early; only its output
+                        // and exit status matter.
+                        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                        other => other?,
+                    }
+                    // Dropping stdin here closes it so the helper sees EOF.
+                }
+                Ok::<(), io::Error>(())
+            };
+            let read = async {
+                let mut out = Vec::new();
+                if let Some(mut stdout) = stdout {
+                    stdout.read_to_end(&mut out).await?;
+                }
+                Ok::<_, io::Error>(out)
+            };
+            let (written, out, err) = tokio::join!(write, read, read_tail(stderr));
+            written.map_err(io_err("write its input"))?;
+            let out = out.map_err(io_err("read its output"))?;
+            let status = child.wait().await.map_err(io_err("wait for it"))?;
+            Ok::<_, HelperError>((status, out, err))
+        };
+
+        // Bound first so the exchange, which borrows the child, is dropped
+        // before the child is killed.
+        let finished = tokio::time::timeout(self.timeout, exchange).await;
+        let (status, out, stderr_tail) = match finished {
+            Ok(done) => done?,
+            Err(_) => {
+                // kill() also waits, so no zombie is left behind; it can only
+                // fail if the child is already gone.
+                if let Err(e) = child.kill().await {
+                    debug!(helper = %command, error = %e, "could not kill the timed out helper");
+                }
+                return Err(HelperError::Timeout {
+                    command,
+                    timeout: self.timeout,
+                });
+            }
+        };
+
+        if !stderr_tail.is_empty() {
+            debug!(helper = %command, stderr = %stderr_tail.trim_end(), "helper wrote to stderr");
+        }
+        if !status.success() {
+            return Err(HelperError::Exit {
+                command,
+                status,
+                stderr_tail,
+            });
+        }
+        if out.iter().all(u8::is_ascii_whitespace) {
+            return Err(HelperError::EmptyOutput {
+                command,
+                stderr_tail,
+            });
+        }
+        HelperResponse::from_json(&out).map_err(|source| HelperError::Decode { command, source })
+    }
+}
+
+/// Reads a pipe to its end keeping only the last [`STDERR_TAIL`] bytes.
+/// Read errors just end the capture: stderr is only diagnostics.
+async fn read_tail(pipe: Option<impl AsyncRead + Unpin>) -> String {
+    let Some(mut pipe) = pipe else {
+        return String::new();
+    };
+    let mut tail = Vec::with_capacity(STDERR_TAIL);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        // Trim in batches rather than on every read.
+        if tail.len() > 2 * STDERR_TAIL {
+            tail.drain(..tail.len() - STDERR_TAIL);
+        }
+    }
+    if tail.len() > STDERR_TAIL {
+        tail.drain(..tail.len() - STDERR_TAIL);
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::time::Instant;
+
+    /// Writes an executable `#!/bin/sh` script into `dir`.
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// A helper running `body` through `/bin/sh`. Tests run scripts via the
+    /// shell rather than exec'ing them: another test thread forking while a
+    /// script is still open for writing would make exec fail with ETXTBSY.
+    fn helper(dir: &Path, body: &str) -> Helper {
+        let path = script(dir, "helper.sh", body);
+        Helper::new(vec!["/bin/sh".into(), path.display().to_string()])
+    }
+
+    fn input() -> HelperInput<'static> {
+        HelperInput {
+            identity: "n1.example.net",
+            csr: None,
+            ed25519_pubkey: None,
+            inventory: "{}",
+            jwt: None,
+        }
+    }
+
+    async fn run(dir: &Path, body: &str) -> Result<HelperResponse, HelperError> {
+        helper(dir, body).run(&input()).await
+    }
+
+    fn provisioning_claims() -> ProvisioningClaims {
+        // The example input in the Go provisioner's helper documentation.
+        let mut c = ProvisioningClaims {
+            token: "s3cret".into(),
+            urls: "nats://broker.choria.local:4222".into(),
+            prov_default: true,
+            organization_unit: "choria".into(),
+            proto_v2: true,
+            ..Default::default()
+        };
+        c.standard.purpose = "choria_provisioning".into();
+        c.standard.issuer = "Choria Tokens Package v0.26.2".into();
+        c.standard.subject = "choria_provisioning".into();
+        c.standard.not_before = Some(1669809657);
+        c.standard.issued_at = Some(1669809657);
+        c.standard.id = "3a4f9896e013498daeedbcb9a82fcd3c".into();
+        c
+    }
+
+    #[test]
+    fn input_is_go_json() {
+        let csr = CsrReply {
+            csr: "-----BEGIN CERTIFICATE REQUEST-----\nMII=\n".into(),
+            public_key: "pk".into(),
+            ssldir: "/etc/choria/ssl".into(),
+        };
+        let ed = Ed25519Reply {
+            public_key: "2ddc".into(),
+            directory: "/etc/choria".into(),
+            signature: "34c5".into(),
+        };
+        let jwt = provisioning_claims();
+        let full = HelperInput {
+            identity: "n1.example.net",
+            csr: Some(&csr),
+            ed25519_pubkey: Some(&ed),
+            inventory: r#"{"facts":{"a":"<b>&"},"version":"0.99.0"}"#,
+            jwt: Some(&jwt),
+        };
+        let want = concat!(
+            r#"{"identity":"n1.example.net","#,
+            r#""csr":{"csr":"-----BEGIN CERTIFICATE REQUEST-----\nMII=\n","public_key":"pk","ssldir":"/etc/choria/ssl"},"#,
+            r#""ed25519_pubkey":{"public_key":"2ddc","directory":"/etc/choria","signature":"34c5"},"#,
+            r#""inventory":"{\"facts\":{\"a\":\"\u003cb\u003e\u0026\"},\"version\":\"0.99.0\"}","#,
+            r#""jwt":{"cht":"s3cret","chs":false,"chu":"nats://broker.choria.local:4222","chpd":true,"#,
+            r#""extensions":null,"ou":"choria","v2":true,"purpose":"choria_provisioning","#,
+            r#""iss":"Choria Tokens Package v0.26.2","sub":"choria_provisioning","#,
+            r#""nbf":1669809657,"iat":1669809657,"jti":"3a4f9896e013498daeedbcb9a82fcd3c"}}"#,
+        );
+        assert_eq!(String::from_utf8(full.to_json()).unwrap(), want);
+
+        let bare = String::from_utf8(input().to_json()).unwrap();
+        assert_eq!(
+            bare,
+            r#"{"identity":"n1.example.net","csr":null,"ed25519_pubkey":null,"inventory":"{}","jwt":null}"#
+        );
+    }
+
+    #[test]
+    fn jwt_extensions_and_expiry_serialize_like_go() {
+        let mut jwt = provisioning_claims();
+        let ext = serde_json::json!({"z": 1.0, "a": "x<y", "n": [2.5, 3]});
+        jwt.extensions = Some(ext.as_object().unwrap().clone());
+        jwt.standard.expires_at = Some(1700000000);
+        jwt.standard.audience = vec!["choria".into()];
+        let input = HelperInput {
+            jwt: Some(&jwt),
+            ..input()
+        };
+        let json = String::from_utf8(input.to_json()).unwrap();
+        assert!(
+            json.contains(r#""extensions":{"a":"x\u003cy","n":[2.5,3],"z":1},"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(
+                r#""sub":"choria_provisioning","aud":["choria"],"exp":1700000000,"nbf":"#
+            ),
+            "{json}"
+        );
+    }
+
+    #[tokio::test]
+    async fn decodes_a_full_response() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = r#"cat >/dev/null
+cat <<'EOF'
+{"defer":false,"shutdown":false,"msg":"Done","key":"KEY","certificate":"CERT","ca":"CA",
+ "ssldir":"/etc/choria/ssl",
+ "server_claims":{"ou":"acme","exp":1900000000,"collectives":["c1","c2"],
+   "pub_subjects":["x.>"],"permissions":{"streams":true,"submission":true},"unknown":1},
+ "configuration":{"identity":"n1.example.net","plugin.choria.server.provision":"false"},
+ "action_policies":{"rpcutil":"policy default allow"},
+ "opa_policies":{"default":"package choria"},
+ "upgrade":"0.29.0","extra":{"ignored":[1,2]}}
+EOF"#;
+        let r = run(dir.path(), body).await.unwrap();
+        assert!(!r.defer && !r.shutdown);
+        assert_eq!(
+            (
+                &*r.msg,
+                &*r.key,
+                &*r.certificate,
+                &*r.ca,
+                &*r.ssldir,
+                &*r.upgrade
+            ),
+            ("Done", "KEY", "CERT", "CA", "/etc/choria/ssl", "0.29.0")
+        );
+        let claims = r.server_claims.as_ref().unwrap();
+        assert_eq!(claims.organization_unit, "acme");
+        assert_eq!(claims.standard.expires_at, Some(1900000000));
+        assert_eq!(claims.collectives, ["c1", "c2"]);
+        assert_eq!(claims.additional_publish_subjects, ["x.>"]);
+        let perms = claims.permissions.unwrap();
+        assert!(perms.streams && perms.submission && !perms.governor);
+        assert_eq!(r.configuration["plugin.choria.server.provision"], "false");
+        assert_eq!(r.configuration.len(), 2);
+        assert_eq!(r.action_policies["rpcutil"], "policy default allow");
+        assert_eq!(r.opa_policies["default"], "package choria");
+    }
+
+    #[tokio::test]
+    async fn sends_the_input_on_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("input.json");
+        let h = helper(
+            dir.path(),
+            &format!("cat > '{}'\necho '{{\"msg\":\"ok\"}}'", saved.display()),
+        );
+        let jwt = provisioning_claims();
+        let input = HelperInput {
+            jwt: Some(&jwt),
+            ..input()
+        };
+        assert_eq!(h.run(&input).await.unwrap().msg, "ok");
+        assert_eq!(std::fs::read(&saved).unwrap(), input.to_json());
+    }
+
+    #[tokio::test]
+    async fn execs_the_helper_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(
+            dir.path(),
+            "h.sh",
+            r#"cat >/dev/null; echo '{"msg":"direct"}'"#,
+        );
+        let h = Helper::new(vec![path.display().to_string()]);
+        // See `helper`: a concurrent fork can briefly keep the new script
+        // open for writing, so retry a few times on ETXTBSY.
+        for _ in 0..50 {
+            match h.run(&input()).await {
+                Err(HelperError::Spawn { source, .. }) if source.raw_os_error() == Some(26) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => {
+                    assert_eq!(other.unwrap().msg, "direct");
+                    return;
+                }
+            }
+        }
+        panic!("the script stayed busy");
+    }
+
+    #[tokio::test]
+    async fn large_input_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        // `cat` echoes while still reading, filling stdout before stdin is
+        // done; its output is the input, a valid response with unknown keys.
+        let inventory = "x".repeat(4 << 20);
+        let input = HelperInput {
+            inventory: &inventory,
+            ..input()
+        };
+        let r = helper(dir.path(), "exec cat").run(&input).await.unwrap();
+        assert!(r.configuration.is_empty() && r.msg.is_empty());
+    }
+
+    #[tokio::test]
+    async fn helper_that_ignores_its_input_still_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let inventory = "x".repeat(1 << 20);
+        let input = HelperInput {
+            inventory: &inventory,
+            ..input()
+        };
+        let r = helper(dir.path(), r#"exec 0<&-; echo '{"msg":"early"}'"#)
+            .run(&input)
+            .await
+            .unwrap();
+        assert_eq!(r.msg, "early");
+    }
+
+    #[tokio::test]
+    async fn empty_output_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = run(dir.path(), "cat >/dev/null; echo 'nothing to say' >&2")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HelperError::EmptyOutput { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("helper.sh exited successfully but printed nothing: nothing to say"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_output_is_a_decode_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = run(dir.path(), "echo 'not json'").await.unwrap_err();
+        assert!(matches!(err, HelperError::Decode { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("printed an invalid response"),
+            "{err}"
+        );
+
+        // Go rejects anything after the top-level value too.
+        let err = run(dir.path(), r#"echo '{"msg":"a"} {}'"#)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HelperError::Decode { .. }), "{err:?}");
+
+        let err = run(dir.path(), r#"echo '["msg"]'"#).await.unwrap_err();
+        assert!(matches!(err, HelperError::Decode { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn non_zero_exit_reports_status_and_stderr() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = run(
+            dir.path(),
+            r#"echo '{"msg":"ignored"}'; echo first >&2; echo 'the CA is down' >&2; exit 3"#,
+        )
+        .await
+        .unwrap_err();
+        let HelperError::Exit {
+            status,
+            stderr_tail,
+            ..
+        } = &err
+        else {
+            panic!("{err:?}");
+        };
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(stderr_tail, "first\nthe CA is down\n");
+        let msg = err.to_string();
+        assert!(msg.starts_with("helper /bin/sh "), "{msg}");
+        assert!(
+            msg.ends_with("helper.sh exited with status 3: the CA is down"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stderr_keeps_only_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = r#"i=0; while [ $i -lt 500 ]; do echo "line $i" >&2; i=$((i+1)); done; exit 1"#;
+        let Err(HelperError::Exit { stderr_tail, .. }) = run(dir.path(), body).await else {
+            panic!("expected an exit error");
+        };
+        assert!(stderr_tail.len() <= STDERR_TAIL);
+        assert!(stderr_tail.ends_with("line 499\n"), "{stderr_tail}");
+        assert!(!stderr_tail.contains("line 0\n"));
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_helper_quickly() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let h = helper(
+            dir.path(),
+            &format!("echo $$ > '{}'; sleep 5", pid_file.display()),
+        )
+        .with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = h.run(&input()).await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, HelperError::Timeout { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("did not finish within 300ms"),
+            "{err}"
+        );
+
+        // The helper was killed and reaped: no process, not even a zombie.
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let proc_dir = format!("/proc/{}", pid.trim());
+        assert!(!Path::new(&proc_dir).exists(), "{proc_dir} still exists");
+    }
+
+    #[tokio::test]
+    async fn spawn_failure_names_the_command() {
+        let h = Helper::new(vec![
+            "/nonexistent/helper".into(),
+            "--arg with space".into(),
+        ]);
+        let err = h.run(&input()).await.unwrap_err();
+        assert!(matches!(err, HelperError::Spawn { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("could not start helper /nonexistent/helper '--arg with space': "),
+            "{msg}"
+        );
+
+        let err = Helper::new(vec![]).run(&input()).await.unwrap_err();
+        assert!(matches!(err, HelperError::Spawn { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn example_helper_follows_the_contract() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/helper.sh");
+        let h = Helper::new(vec!["/bin/sh".into(), example.display().to_string()]);
+        let r = h.run(&input()).await.unwrap();
+        assert!(!r.defer && !r.shutdown);
+        assert_eq!(r.configuration["identity"], "n1.example.net");
+        assert_eq!(r.configuration["plugin.choria.server.provision"], "false");
+        assert!(r.configuration["plugin.choria.middleware_hosts"].contains("://"));
+    }
+
+    #[test]
+    fn nulls_decode_to_defaults() {
+        let r = HelperResponse::from_json(
+            br#"{"defer":null,"shutdown":null,"msg":null,"key":null,"certificate":null,
+                "ca":null,"ssldir":null,"server_claims":null,"configuration":null,
+                "action_policies":null,"opa_policies":null,"upgrade":null}"#,
+        )
+        .unwrap();
+        assert!(!r.defer && !r.shutdown && r.msg.is_empty() && r.key.is_empty());
+        assert!(r.server_claims.is_none() && r.configuration.is_empty());
+
+        // A bare null decodes without error in Go as well.
+        let r = HelperResponse::from_json(b"null").unwrap();
+        assert!(r.upgrade.is_empty());
+
+        // A null inside a map is an empty string, as Go stores the zero value.
+        let r = HelperResponse::from_json(br#"{"configuration":{"a":null,"b":"1"}}"#).unwrap();
+        assert_eq!(r.configuration["a"], "");
+        assert_eq!(r.configuration["b"], "1");
+
+        let r = HelperResponse::from_json(br#"{"server_claims":{}}"#).unwrap();
+        assert_eq!(r.server_claims, Some(ServerClaims::default()));
+    }
+
+    #[test]
+    fn keys_match_case_insensitively_and_repeats_apply_in_order() {
+        let r = HelperResponse::from_json(
+            "{\"Defer\":true,\"MSG\":\"x\",\"\u{212A}ey\":\"k\",\"defer\":null,\"Configuration\":{\"a\":\"1\"},\"configuration\":{\"b\":\"2\"}}"
+                .as_bytes(),
+        )
+        .unwrap();
+        assert!(r.defer);
+        assert_eq!(r.msg, "x");
+        assert_eq!(r.key, "k");
+        assert_eq!(r.configuration.len(), 2);
+
+        let r = HelperResponse::from_json(br#"{"upgrade":"1","upgrade":"2"}"#).unwrap();
+        assert_eq!(r.upgrade, "2");
+    }
+
+    #[test]
+    fn non_string_configuration_values_are_errors() {
+        for (json, want) in [
+            (
+                r#"{"configuration":{"loglevel":"info","rpcauthorization":0}}"#,
+                r#"configuration["rpcauthorization"] must be a string, not a number"#,
+            ),
+            (
+                r#"{"configuration":{"plugin.choria.server.provision":false}}"#,
+                r#"configuration["plugin.choria.server.provision"] must be a string, not a boolean"#,
+            ),
+            (
+                r#"{"opa_policies":{"default":["x"]}}"#,
+                r#"opa_policies["default"] must be a string, not an array"#,
+            ),
+        ] {
+            let err = HelperResponse::from_json(json.as_bytes()).unwrap_err();
+            assert!(err.to_string().starts_with(want), "{err}");
+        }
+
+        for json in [
+            r#"{"defer":"yes"}"#,
+            r#"{"msg":1}"#,
+            r#"{"configuration":"a=b"}"#,
+        ] {
+            assert!(
+                HelperResponse::from_json(json.as_bytes()).is_err(),
+                "{json}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_in_strings_is_replaced() {
+        let r = HelperResponse::from_json(b"{\"msg\":\"a\xffb\"}").unwrap();
+        assert_eq!(r.msg, "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn debug_redacts_the_key_and_configuration_values() {
+        let mut r = HelperResponse {
+            key: "-----BEGIN RSA PRIVATE KEY-----\nSECRETKEY".into(),
+            msg: "hello".into(),
+            ..Default::default()
+        };
+        r.configuration
+            .insert("plugin.nats.pass".into(), "hunter2".into());
+        let debug = format!("{r:?}");
+        assert!(
+            !debug.contains("SECRETKEY") && !debug.contains("hunter2"),
+            "{debug}"
+        );
+        assert!(
+            debug.contains("<redacted>") && debug.contains("plugin.nats.pass"),
+            "{debug}"
+        );
+        assert!(debug.contains("hello"), "{debug}");
+    }
+}
