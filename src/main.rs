@@ -8,7 +8,13 @@ use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::protocol::{RequestSigner, Version};
 use choria_provisioner::choria::tls::TlsSettings;
 use choria_provisioner::fleet::{self, FleetOptions};
+use choria_provisioner::config::{
+    self, ChoriaClientConfig, Environment, LogTarget, ProvisionerConfig,
+};
+use choria_provisioner::provision::{self, Provisioner};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,13 +29,9 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true, env = "CHORIA_PROVISIONER_LOG_FORMAT")]
     log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `choria_provisioner=debug`.
-    #[arg(
-        long,
-        default_value = "info",
-        global = true,
-        env = "CHORIA_PROVISIONER_LOG"
-    )]
-    log: String,
+    /// Default: info; for `run`, the config's `loglevel` (Go's default: warn).
+    #[arg(long, global = true, env = "CHORIA_PROVISIONER_LOG")]
+    log: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -42,10 +44,32 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the provisioner (discovery, events, workers, helper).
+    Run(RunArgs),
     /// Simulate many Choria Servers in provisioning mode.
     Fleet(FleetArgs),
     /// Discover provisioning-mode servers and optionally fetch their inventory.
     Discover(DiscoverArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The provisioner configuration (the Go provisioner's YAML).
+    #[arg(long)]
+    config: PathBuf,
+    /// The Choria client configuration (default: ~/.choriarc when it exists
+    /// and we are not root, else /etc/choria/client.conf).
+    #[arg(long)]
+    choria_config: Option<PathBuf>,
+    /// Write our PID to this file while running.
+    #[arg(long)]
+    pid: Option<PathBuf>,
+    /// Log at debug level.
+    #[arg(long)]
+    debug: bool,
+    /// Print a progress line to stderr every second.
+    #[arg(long)]
+    progress: bool,
 }
 
 #[derive(Args)]
@@ -165,17 +189,29 @@ struct DiscoverArgs {
     inventory: usize,
 }
 
-fn init_tracing(cli: &Cli) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).with_context(|| {
+fn init_tracing(format: LogFormat, filter: &str, target: &LogTarget) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| {
         format!(
-            "--log {:?} is not a valid log filter; use a level such as info or debug, or e.g. choria_provisioner=debug",
-            cli.log
+            "log filter {filter:?} is not valid; use a level such as info or debug, or e.g. choria_provisioner=debug"
         )
     })?;
+    let writer = match target {
+        LogTarget::Stdout => BoxMakeWriter::new(std::io::stdout),
+        LogTarget::Stderr => BoxMakeWriter::new(std::io::stderr),
+        LogTarget::Discard => BoxMakeWriter::new(std::io::sink),
+        LogTarget::File(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open the log file {}", path.display()))?;
+            BoxMakeWriter::new(std::sync::Mutex::new(file))
+        }
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
+        .with_writer(writer);
+    match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
@@ -185,10 +221,113 @@ fn init_tracing(cli: &Cli) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    init_tracing(&cli)?;
+    if let Command::Run(args) = cli.command {
+        return run_provisioner(args, cli.log, cli.log_format).await;
+    }
+    init_tracing(
+        cli.log_format,
+        cli.log.as_deref().unwrap_or("info"),
+        &LogTarget::Stderr,
+    )?;
     match cli.command {
+        Command::Run(_) => unreachable!("handled above"),
         Command::Fleet(args) => run_fleet(args).await,
         Command::Discover(args) => run_discover(args).await,
+    }
+}
+
+/// Go's `choria.UserConfig()`.
+fn default_choria_config() -> PathBuf {
+    let is_root = Environment::from_process().is_root;
+    if !is_root {
+        if let Some(home) = std::env::var_os("HOME") {
+            let rc = PathBuf::from(home).join(".choriarc");
+            if rc.exists() {
+                return rc;
+            }
+        }
+    }
+    PathBuf::from("/etc/choria/client.conf")
+}
+
+async fn run_provisioner(args: RunArgs, log: Option<String>, format: LogFormat) -> Result<()> {
+    let cfg = ProvisionerConfig::load(&args.config)
+        .with_context(|| "the provisioner could not be configured")?;
+    let filter = match (&log, args.debug) {
+        (Some(l), _) => l.clone(),
+        (None, true) => "debug".to_string(),
+        (None, false) => cfg.log_level().as_filter().to_string(),
+    };
+    init_tracing(format, &filter, &cfg.log_target())?;
+    config::log_warnings(&cfg.warnings);
+
+    let choria_config = args.choria_config.unwrap_or_else(default_choria_config);
+    let env = Environment::from_process();
+    let ccfg = ChoriaClientConfig::load_with(&choria_config, &env)
+        .with_context(|| "could not load the Choria client configuration")?;
+    let setup = ccfg
+        .client_setup(&cfg, &env)
+        .with_context(|| "could not set up the Choria client")?;
+    config::log_warnings(&setup.warnings);
+
+    let _pid = match &args.pid {
+        Some(path) => Some(PidFile::write(path)?),
+        None => None,
+    };
+    let provisioner = Provisioner::new(cfg, setup, env!("CARGO_PKG_VERSION"));
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signal.cancel();
+    });
+    if args.progress {
+        tokio::spawn(print_progress(provisioner.handle(), shutdown.clone()));
+    }
+    provisioner.run(shutdown).await?;
+    Ok(())
+}
+
+/// One line per second on stderr: what the demo shows while it runs.
+async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
+    let started = std::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let m = &handle.metrics;
+        let v = |name: &str| m.value(name).unwrap_or(0.0) as u64;
+        let provisioned = v("choria_provisioner_provisioned");
+        let minutes = started.elapsed().as_secs_f64() / 60.0;
+        eprintln!(
+            "[{:>5.1}s] provisioned {provisioned}  errors {}  waiting {}  queued {}  busy {}  ({:.0} nodes/min){}",
+            started.elapsed().as_secs_f64(),
+            v("choria_provisioner_provision_errors"),
+            v("choria_provisioner_waiting_nodes"),
+            v("choria_provisioner_work_queue_entries"),
+            v("choria_provisioner_busy_workers"),
+            provisioned as f64 / minutes.max(1e-9),
+            if handle.gate.is_paused() { "  PAUSED" } else { "" },
+        );
+    }
+}
+
+/// Writes our PID on creation and removes the file on drop.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &std::path::Path) -> Result<Self> {
+        std::fs::write(path, std::process::id().to_string())
+            .with_context(|| format!("could not write the PID file {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

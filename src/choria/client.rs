@@ -82,6 +82,16 @@ pub enum ClientError {
 
 /// Opens a NATS connection the way a Choria client or server does.
 pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, ClientError> {
+    connect_observed(opts, None).await
+}
+
+/// [`connect`], handing connection events (disconnected, connected again, slow
+/// consumer...) to `events` so the caller can react, e.g. rediscover after the
+/// broker came back.
+pub async fn connect_observed(
+    opts: &ConnectOptions,
+    events: Option<tokio::sync::mpsc::UnboundedSender<async_nats::Event>>,
+) -> Result<async_nats::Client, ClientError> {
     if opts.servers.is_empty() {
         return Err(ClientError::NoServers);
     }
@@ -117,6 +127,14 @@ pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, Client
     }
     if let Some(prefix) = &opts.inbox_prefix {
         o = o.custom_inbox_prefix(prefix);
+    }
+    if let Some(tx) = events {
+        o = o.event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(event);
+            }
+        });
     }
     let servers: Vec<async_nats::ServerAddr> = opts
         .servers

@@ -39,6 +39,14 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
 /// `server_jwt_validity` when unset or empty (`1y`).
 pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// `discovery_timeout` when unset: the longest one broadcast discovery may
+/// take. Go fixes it at 2 s, which a large fleet can outlast.
+pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// `discovery_window` when unset: discovery ends once no reply came for this
+/// long (Go: 300 ms, too tight when a big fleet answers a broadcast).
+pub const DEFAULT_DISCOVERY_WINDOW: Duration = Duration::from_secs(1);
+/// `helper_timeout` when unset (Go's fixed value).
+pub const DEFAULT_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 
 const KEYS: &[&str] = &[
     "workers",
@@ -64,6 +72,10 @@ const KEYS: &[&str] = &[
     "upgrades_optional",
     "features",
     "election",
+    "discovery_timeout",
+    "discovery_window",
+    "helper_timeout",
+    "rpc_timeout",
 ];
 
 const FEATURE_KEYS: &[&str] = &["pki", "jwt", "ed25519", "upgrades"];
@@ -174,6 +186,15 @@ pub struct ProvisionerConfig {
     pub features: Features,
     /// Resolved election settings (`election:` block or `leader_election`).
     pub election: ElectionConfig,
+    /// Longest broadcast discovery (ours; Go: fixed 2 s).
+    pub discovery_timeout: Duration,
+    /// Discovery ends after this long without a reply (ours; Go: 300 ms).
+    pub discovery_window: Duration,
+    /// How long the helper may run (ours; Go: fixed 10 s).
+    pub helper_timeout: Duration,
+    /// How long one RPC attempt waits for its reply (ours); unset means Go's
+    /// 2 s discovery timeout plus the agent's DDL timeout.
+    pub rpc_timeout: Option<Duration>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -390,6 +411,25 @@ impl ProvisionerConfig {
             ));
         }
 
+        let discovery_timeout = positive_duration(&sec, "discovery_timeout", DEFAULT_DISCOVERY_TIMEOUT)?;
+        let discovery_window = positive_duration(&sec, "discovery_window", DEFAULT_DISCOVERY_WINDOW)?;
+        if discovery_window > discovery_timeout {
+            warnings.push(sec.warning(
+                "discovery_window",
+                "is longer than discovery_timeout, so every discovery runs for the full timeout",
+            ));
+        }
+        let helper_timeout = positive_duration(&sec, "helper_timeout", DEFAULT_HELPER_TIMEOUT)?;
+        let rpc_timeout = match sec.duration("rpc_timeout")? {
+            Some((raw, d)) if !raw.trim().is_empty() => {
+                if d.is_zero() {
+                    return Err(sec.error("rpc_timeout", format!("{raw:?} is zero; use a positive duration such as 5s")));
+                }
+                Some(d)
+            }
+            _ => None,
+        };
+
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -424,6 +464,10 @@ impl ProvisionerConfig {
             upgrades_optional,
             features,
             election,
+            discovery_timeout,
+            discovery_window,
+            helper_timeout,
+            rpc_timeout,
             warnings,
         })
     }
@@ -602,6 +646,19 @@ fn default_workers() -> usize {
 fn is_executable(m: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::PermissionsExt;
     m.permissions().mode() & 0o111 != 0
+}
+
+/// A duration key that must be positive when set; `default` when unset or empty.
+fn positive_duration(sec: &Section, key: &str, default: Duration) -> Result<Duration, ConfigError> {
+    match sec.duration(key)? {
+        None => Ok(default),
+        Some((raw, _)) if raw.trim().is_empty() => Ok(default),
+        Some((raw, d)) if d.is_zero() => Err(sec.error(
+            key,
+            format!("{raw:?} is zero; use a positive duration such as {}", format_duration(default)),
+        )),
+        Some((_, d)) => Ok(d),
+    }
 }
 
 #[cfg(test)]
@@ -1300,3 +1357,4 @@ features:
         );
     }
 }
+

@@ -105,6 +105,20 @@ pub struct FinalState {
     pub has_certificate: bool,
     pub has_private_key: bool,
     pub has_server_jwt: bool,
+    /// What `configure` wrote (public material only: certificates and JWTs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_jwt: Option<String>,
+    /// The node's ed25519 public key from its last `gen25519`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ed25519_public_key: Option<String>,
+    /// SHA-256 of the decrypted private key's DER, so tests can check the key
+    /// arrived intact without the key itself reaching the journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_key_sha256: Option<String>,
     pub version: String,
     /// Failure injected into this node, if any.
     #[serde(skip_serializing_if = "Option::is_none")]

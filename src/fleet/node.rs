@@ -138,8 +138,12 @@ impl Handled {
 struct Written {
     config: Option<BTreeMap<String, String>>,
     certificate: Option<String>,
-    private_key: Option<String>,
+    ca: Option<String>,
+    /// DER of the decrypted private key.
+    private_key: Option<Vec<u8>>,
     server_jwt: Option<String>,
+    /// The public half of the ed25519 seed `gen25519` wrote.
+    ed25519_public: Option<String>,
 }
 
 /// A simulated node.
@@ -508,6 +512,7 @@ impl Node {
         };
         // A new seed invalidates any server JWT issued for the old one.
         self.written.server_jwt = None;
+        self.written.ed25519_public = Some(reply.public_key.clone());
         Ok(self.reply_ok("gen25519", &reply))
     }
 
@@ -622,14 +627,12 @@ impl Node {
                     Err(e) => return Ok(self.abort(a, format!("TLS Setup Failed: {e}"))),
                 };
                 match pem_crypt::decrypt_private_key(&args.key, &shared) {
-                    Ok(der) => {
-                        self.written.private_key =
-                            Some(pem::encode(&pem::Pem::new("RSA PRIVATE KEY", der)));
-                    }
+                    Ok(der) => self.written.private_key = Some(der),
                     Err(e) => return Ok(self.abort(a, format!("TLS Setup Failed: {e}"))),
                 }
             }
             self.written.certificate = Some(args.certificate);
+            self.written.ca = Some(args.ca);
         }
         if !args.server_jwt.is_empty() {
             self.written.server_jwt = Some(args.server_jwt);
@@ -838,6 +841,14 @@ impl Node {
             has_certificate: self.written.certificate.is_some(),
             has_private_key: self.written.private_key.is_some(),
             has_server_jwt: self.written.server_jwt.is_some(),
+            certificate: self.written.certificate.clone(),
+            ca: self.written.ca.clone(),
+            server_jwt: self.written.server_jwt.clone(),
+            ed25519_public_key: self.written.ed25519_public.clone(),
+            private_key_sha256: self.written.private_key.as_ref().map(|der| {
+                use sha2::Digest;
+                hex::encode(sha2::Sha256::digest(der))
+            }),
             version: self.version.clone(),
             injected_failure: self.failure.map(|f| f.name().to_string()),
             provisioned_at: self.provisioned_at.clone(),

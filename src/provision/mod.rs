@@ -1,5 +1,409 @@
-//! The provisioner: discovery and events feed a registry and work queue,
-//! workers run each node's host sequence.
+//! The provisioner: discovery and startup events feed the host registry and
+//! its work queue; workers run each node's [`host::HostSequence`]; the pause
+//! gate decides whether any of it may talk to nodes.
+//!
+//! ```text
+//! discovery (interval, trigger) ─┐
+//!                                ├─> Registry ─> queue ─> workers ─> HostSequence ─> RPC / helper
+//! startup events ────────────────┘      ^                    │
+//!                                       └──── finisher <─────┘ (forget now, or after 60 s)
+//! ```
 
+pub mod gate;
 pub mod helper;
+pub mod host;
+pub mod registry;
 pub mod version;
+
+use crate::choria::client::{self, ChoriaClient, ClientError, DiscoveryOptions};
+use crate::choria::filter::Filter;
+use crate::choria::lifecycle::{self, Event, EventType};
+use crate::config::{ClientSetup, ConfigError, ProvisionerConfig};
+use crate::metrics::Metrics;
+use crate::monitor::{self, Health};
+use futures::StreamExt;
+use gate::{PauseGate, PauseReason};
+use host::{Context, HostSequence, Outcome};
+use registry::{Added, Registry};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// The component name in our own lifecycle events.
+pub const COMPONENT: &str = "provisioner";
+/// How long in-flight nodes get to reach an attempt boundary at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("monitoring endpoint: {0}")]
+    Monitor(#[from] monitor::MonitorError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A running provisioner's shared parts, handed to whatever steers it (the
+/// election, the operator's pause, tests).
+#[derive(Clone)]
+pub struct Handle {
+    pub gate: PauseGate,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub health: Health,
+    trigger: mpsc::Sender<()>,
+}
+
+impl Handle {
+    /// Asks for a discovery now; coalesces with one already pending.
+    pub fn trigger_discovery(&self) {
+        let _ = self.trigger.try_send(());
+    }
+
+    /// Pauses for `reason`; when leadership is lost the registry and queue
+    /// are emptied too, so nothing stale is worked after a later win.
+    pub fn pause(&self, reason: PauseReason, forget_hosts: bool) {
+        self.gate.pause(reason);
+        if forget_hosts {
+            let dropped = self.registry.clear();
+            info!(dropped, "emptied the host registry and work queue");
+        }
+    }
+
+    /// Lifts `reason` and, when that opened the gate, discovers at once.
+    pub fn resume(&self, reason: PauseReason) {
+        self.gate.resume(reason);
+        if !self.gate.is_paused() {
+            self.trigger_discovery();
+        }
+    }
+}
+
+type FinisherRx = mpsc::UnboundedReceiver<(Arc<registry::Ticket>, Duration)>;
+
+/// The `run` subcommand's work, until `shutdown` fires.
+pub struct Provisioner {
+    cfg: Arc<ProvisionerConfig>,
+    setup: ClientSetup,
+    version: String,
+    handle: Handle,
+    trigger_rx: mpsc::Receiver<()>,
+    finisher_rx: FinisherRx,
+}
+
+impl Provisioner {
+    pub fn new(cfg: ProvisionerConfig, setup: ClientSetup, version: &str) -> Self {
+        let metrics = Arc::new(Metrics::new(&cfg.site));
+        let gate = PauseGate::new(metrics.clone());
+        let (registry, finisher_rx) = Registry::new(cfg.interval, metrics.clone());
+        let (trigger, trigger_rx) = mpsc::channel(1);
+        Provisioner {
+            cfg: Arc::new(cfg),
+            setup,
+            version: version.to_string(),
+            handle: Handle {
+                gate,
+                registry,
+                metrics,
+                health: Health::new(),
+                trigger,
+            },
+            trigger_rx,
+            finisher_rx,
+        }
+    }
+
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Runs until `shutdown` fires, then stops gracefully: the gate closes at
+    /// once, in-flight nodes get [`SHUTDOWN_GRACE`] to reach an attempt
+    /// boundary and are then abandoned (whoever leads next retries them).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let Provisioner {
+            cfg,
+            setup,
+            version,
+            handle,
+            mut trigger_rx,
+            finisher_rx,
+        } = self;
+        if cfg.election.enabled() {
+            return Err(RunError::Unsupported(format!(
+                "{}: leader election (backend {}) is not available in this build yet; remove leader_election / election.backend to run a single provisioner",
+                cfg.file.display(),
+                cfg.election.backend.as_str()
+            )));
+        }
+        let metrics = handle.metrics.clone();
+        let health = handle.health.clone();
+        let stop_tasks = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+
+        if let Some(port) = cfg.monitor_port {
+            let listener = monitor::bind(port).await?;
+            info!(port, "serving /metrics, /healthz and /readyz");
+            tasks.spawn(monitor_task(listener, metrics.clone(), health.clone(), stop_tasks.clone()));
+        }
+
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let Some(nats) = connect_until_up(&setup, events_tx, &health, &shutdown).await? else {
+            stop_tasks.cancel();
+            while tasks.join_next().await.is_some() {}
+            return Ok(());
+        };
+        let mut client = ChoriaClient::new(nats.clone(), setup.identity.clone());
+        client.discovery_timeout = Duration::from_secs(2);
+        info!(
+            config = %cfg.file.display(),
+            interval = %cfg.interval_text,
+            workers = cfg.workers,
+            broker = %client::connected_url(&nats),
+            identity = %setup.identity.identity,
+            protocol = %setup.version,
+            "Choria Provisioner starting"
+        );
+
+        let startup = Event::new(EventType::Startup, &setup.identity.identity, COMPONENT, Some(&version));
+        if let Err(e) = client.publish_event(EventType::Startup, &startup).await {
+            error!(error = %e, "could not publish our startup event");
+        }
+
+        let helper = helper::Helper::new(cfg.helper_command()?).with_timeout(cfg.helper_timeout);
+        let abandon = CancellationToken::new();
+        let ctx = Arc::new(Context {
+            cfg: cfg.clone(),
+            client: client.clone(),
+            gate: handle.gate.clone(),
+            metrics: metrics.clone(),
+            helper,
+            deny_list: cfg.cert_deny_regexes()?,
+            rpc_timeout: cfg.rpc_timeout,
+            abandon: abandon.clone(),
+        });
+
+        let events = client::subscribe_events(&nats, EventType::Startup, &cfg.lifecycle_component).await?;
+        tasks.spawn(listen_for_startups(events, handle.clone(), stop_tasks.clone()));
+        tasks.spawn(watch_broker(events_rx, handle.clone(), stop_tasks.clone()));
+        tasks.spawn(handle.registry.clone().run_finisher(finisher_rx, stop_tasks.clone()));
+
+        let mut workers = JoinSet::new();
+        for n in 1..=cfg.workers {
+            workers.spawn(worker(n, ctx.clone(), handle.clone()));
+        }
+
+        let discovery = DiscoveryOptions {
+            timeout: cfg.discovery_timeout,
+            sliding_window: Some(cfg.discovery_window),
+        };
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + cfg.interval, cfg.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        discover(&client, &handle, discovery).await;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => discover(&client, &handle, discovery).await,
+                Some(()) = trigger_rx.recv() => discover(&client, &handle, discovery).await,
+                _ = shutdown.cancelled() => break,
+            }
+        }
+
+        info!("shutting down");
+        handle.gate.pause(PauseReason::Shutdown);
+        handle.registry.close_queue();
+        let dropped = handle.registry.clear();
+        debug!(dropped, "dropped queued nodes");
+        let graceful = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
+        if graceful.is_err() {
+            warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
+            abandon.cancel();
+            while workers.join_next().await.is_some() {}
+        }
+        stop_tasks.cancel();
+        while tasks.join_next().await.is_some() {}
+        if let Err(e) = nats.flush().await {
+            debug!(error = %e, "flush at shutdown failed");
+        }
+        info!("stopped");
+        Ok(())
+    }
+}
+
+/// Connects, retrying while the broker is unreachable (reported on /readyz)
+/// rather than exiting; `None` when shutdown came first.
+async fn connect_until_up(
+    setup: &ClientSetup,
+    events: mpsc::UnboundedSender<async_nats::Event>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Option<async_nats::Client>, RunError> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match client::connect_observed(&setup.connect, Some(events.clone())).await {
+            Ok(nats) => {
+                health.set("broker", Ok(()));
+                return Ok(Some(nats));
+            }
+            Err(e @ (ClientError::NoServers | ClientError::Tls(_))) => return Err(e.into()),
+            Err(e) => {
+                error!(error = %e, retry_in = ?delay, "could not connect to the broker");
+                health.set("broker", Err(e.to_string()));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}
+
+async fn monitor_task(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Health,
+    stop: CancellationToken,
+) {
+    if let Err(e) = monitor::serve(listener, metrics, health, stop).await {
+        error!(error = %e, "the monitoring endpoint stopped");
+    }
+}
+
+/// One discovery round, skipped while paused.
+async fn discover(client: &ChoriaClient, handle: &Handle, opts: DiscoveryOptions) {
+    if let Err(e) = handle.gate.check() {
+        warn!(reason = %e, "skipping discovery");
+        return;
+    }
+    handle.metrics.discover_cycle();
+    info!("looking for provisionable hosts");
+    let started = Instant::now();
+    match client.discover(&Filter::with_agent("choria_provision"), opts).await {
+        Ok(nodes) => {
+            let mut added = 0;
+            for node in &nodes {
+                if handle.registry.add(node) == Added::Queued {
+                    handle.metrics.discovered();
+                    added += 1;
+                }
+            }
+            info!(found = nodes.len(), added, took = ?started.elapsed(), "discovery finished");
+        }
+        Err(e) => {
+            handle.metrics.discovery_error();
+            error!(error = %e, "could not discover nodes");
+        }
+    }
+}
+
+/// Adds nodes that announce themselves with a `startup` event.
+async fn listen_for_startups(
+    mut events: async_nats::Subscriber,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            m = events.next() => match m {
+                Some(m) => m,
+                None => {
+                    error!("the lifecycle event subscription ended");
+                    return;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        if handle.gate.is_paused() {
+            debug!("skipping a lifecycle event while paused");
+            continue;
+        }
+        match lifecycle::parse(&msg.payload) {
+            Ok((EventType::Startup, event)) if !event.identity.is_empty() => {
+                if handle.registry.add(&event.identity) == Added::Queued {
+                    handle.metrics.event_discovered();
+                    info!(node = %event.identity, "adding node after its startup event");
+                }
+            }
+            Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
+            Err(e) => warn!(subject = %msg.subject, error = %e, "could not handle a lifecycle event"),
+        }
+    }
+}
+
+/// Tracks the broker connection: readiness follows it, and a reconnect
+/// triggers a discovery so nodes whose work failed meanwhile are found again.
+async fn watch_broker(
+    mut events: mpsc::UnboundedReceiver<async_nats::Event>,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            e = events.recv() => match e { Some(e) => e, None => return },
+            _ = stop.cancelled() => return,
+        };
+        match event {
+            async_nats::Event::Connected => {
+                info!("connected to the broker again; rediscovering");
+                handle.health.set("broker", Ok(()));
+                handle.trigger_discovery();
+            }
+            async_nats::Event::Disconnected => {
+                warn!("disconnected from the broker; reconnecting");
+                handle.health.set("broker", Err("disconnected from the broker".into()));
+            }
+            other => debug!(event = %other, "broker connection event"),
+        }
+    }
+}
+
+/// Takes nodes off the queue until it is closed and drained.
+async fn worker(n: usize, ctx: Arc<Context>, handle: Handle) {
+    debug!(worker = n, "worker starting");
+    while let Some(ticket) = handle.registry.next().await {
+        // The queue can hold registrations that were since replaced or
+        // dropped (lost leadership): skip those.
+        if !handle.registry.is_current(&ticket) {
+            debug!(node = %ticket.identity, "skipping a stale queue entry");
+            continue;
+        }
+        let _busy = ctx.metrics.busy_worker();
+        info!(node = %ticket.identity, "provisioning");
+        let result = HostSequence::new(&ctx, &ticket.identity)
+            .run(ticket.added.elapsed())
+            .await;
+        match result {
+            Ok(Outcome::Provisioned) => {
+                ctx.metrics.provisioned();
+                info!(node = %ticket.identity, "provisioned");
+                handle.registry.remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+            }
+            Ok(Outcome::Shutdown) => {
+                handle.registry.remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+            }
+            Ok(Outcome::Upgrading { to }) => {
+                info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
+                handle.registry.remove(&ticket);
+            }
+            Err(e) if e.is_pause() => {
+                info!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
+                handle.registry.remove(&ticket);
+            }
+            Err(e) => {
+                ctx.metrics.provision_error();
+                error!(node = %ticket.identity, step = e.step(), error = %e, "could not provision the node");
+                handle.registry.remove(&ticket);
+            }
+        }
+    }
+    debug!(worker = n, "worker stopped");
+}

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod provisioner;
+
 /// Finds the nats-server binary: `$NATS_SERVER_BIN`, the project cache, or `$PATH`.
 pub fn nats_server_bin() -> PathBuf {
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
@@ -43,6 +45,7 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     pub dir: tempfile::TempDir,
+    conf: PathBuf,
 }
 
 impl NatsServer {
@@ -77,6 +80,25 @@ impl NatsServer {
         let conf = dir.path().join("nats.conf");
         let mut f = std::fs::File::create(&conf).unwrap();
         writeln!(f, "listen: 127.0.0.1:{port}\nmax_payload: 1048576\n{extra}").unwrap();
+        let child = Self::spawn(&conf, port);
+        NatsServer {
+            child,
+            port,
+            dir,
+            conf,
+        }
+    }
+
+    /// Kills the server (as a crash would) and starts it again on the same
+    /// port with the same configuration after `down` has passed.
+    pub fn restart(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = Self::spawn(&self.conf, self.port);
+    }
+
+    fn spawn(conf: &Path, port: u16) -> Child {
         // setpriv --pdeathsig: the server dies with the test process even when
         // that is killed outright and Drop never runs.
         let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
@@ -88,7 +110,7 @@ impl NatsServer {
         };
         let child = cmd
             .arg("-c")
-            .arg(&conf)
+            .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -106,7 +128,7 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        NatsServer { child, port, dir }
+        child
     }
 }
 

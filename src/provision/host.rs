@@ -1,0 +1,754 @@
+//! The per-node sequence, step for step as the Go provisioner's `host`
+//! package runs it:
+//!
+//! jwt → gen25519 → rpcutil#inventory → gencsr → helper → (defer | shutdown)
+//! → server JWT → private key encryption → release_update → configure → restart
+//!
+//! Each RPC is a directed request that must get one reply with status OK; it
+//! is retried with Go's backoff up to the per-action tries, and the pause gate
+//! is read before the call and before every attempt, so pausing stops a node
+//! at its next attempt boundary. Errors name the node and the step.
+
+use super::gate::{PauseGate, Paused};
+use super::helper::{CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse};
+use super::version::Version;
+use crate::choria::client::{ChoriaClient, ClientError, RpcResult};
+use crate::choria::security::csr::{parse_csr, validate_csr_names, CsrError};
+use crate::choria::security::ecdh::EcdhKeyPair;
+use crate::choria::security::ed25519::verify_nonce;
+use crate::choria::security::pem_crypt::encrypt_private_key;
+use crate::choria::security::tokens::{
+    parse_provisioning_token, ProvisioningClaims, ServerClaims, TokenError, PROVISIONER_ISSUER,
+};
+use crate::config::{ConfigError, ProvisionerConfig, Secret};
+use crate::metrics::Metrics;
+use regex::Regex;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Everything a host sequence needs; shared by all workers.
+pub struct Context {
+    pub cfg: Arc<ProvisionerConfig>,
+    pub client: ChoriaClient,
+    pub gate: PauseGate,
+    pub metrics: Arc<Metrics>,
+    pub helper: Helper,
+    pub deny_list: Vec<Regex>,
+    /// How long one RPC attempt waits for its reply; `None` is Go's (the
+    /// 2 s discovery timeout plus the agent's DDL timeout).
+    pub rpc_timeout: Option<Duration>,
+    /// Fired at shutdown once in-flight nodes had their grace period: waits
+    /// for replies and backoff sleeps end at once.
+    pub abandon: CancellationToken,
+}
+
+/// How a node's sequence ended without error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Configured and restarted.
+    Provisioned,
+    /// The helper asked for a shutdown and the node was told to shut down.
+    Shutdown,
+    /// `release_update` succeeded; the node restarts on the new version and
+    /// is provisioned when its next startup event arrives.
+    Upgrading { to: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("{0}")]
+    Paused(#[from] Paused),
+    #[error("skipping node that has been waiting {0:?}, more than twice the discovery interval")]
+    Stale(Duration),
+    #[error("shutting down")]
+    Abandoned,
+    #[error("{rpc} failed after {tries} {}: {last}", if *.tries == 1 { "try" } else { "tries" })]
+    Rpc {
+        rpc: &'static str,
+        tries: u32,
+        last: String,
+    },
+    #[error("could not validate JWT: {0}")]
+    Jwt(String),
+    #[error("could not verify the ed25519 public key: {0}")]
+    Ed25519(String),
+    #[error("could not validate CSR: {0}")]
+    Csr(String),
+    #[error("the helper failed: {0}")]
+    Helper(#[from] HelperError),
+    #[error("configuration deferred by the helper: {0}")]
+    Deferred(String),
+    #[error("could not sign the server JWT: {0}")]
+    ServerJwt(String),
+    #[error("could not encrypt the private key for the node: {0}")]
+    KeyEncryption(String),
+    #[error("upgrade to {version} failed: {reason}")]
+    Upgrade { version: String, reason: String },
+    #[error("the helper returned an empty configuration")]
+    EmptyConfiguration,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl ProvisionError {
+    /// The step, for logs (`choria_provision#jwt`, `helper`...).
+    pub fn step(&self) -> &'static str {
+        match self {
+            ProvisionError::Rpc { rpc, .. } => rpc,
+            ProvisionError::Paused(_) | ProvisionError::Abandoned => "pause",
+            ProvisionError::Stale(_) => "queue",
+            ProvisionError::Jwt(_) => "choria_provision#jwt",
+            ProvisionError::Ed25519(_) => "choria_provision#gen25519",
+            ProvisionError::Csr(_) => "choria_provision#gencsr",
+            ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",
+            ProvisionError::ServerJwt(_) => "server_jwt",
+            ProvisionError::KeyEncryption(_) => "key_encryption",
+            ProvisionError::Upgrade { .. } => "choria_provision#release_update",
+            ProvisionError::EmptyConfiguration => "choria_provision#configure",
+            ProvisionError::Config(_) => "config",
+        }
+    }
+
+    /// A pause or shutdown rather than a fault of the node.
+    pub fn is_pause(&self) -> bool {
+        matches!(
+            self,
+            ProvisionError::Paused(_) | ProvisionError::Abandoned
+        )
+    }
+}
+
+/// Go's `backoff.FiveSec` policy: the sleep after try n is `FIVE_SEC[n]`
+/// milliseconds, jittered to 50–150 %.
+const FIVE_SEC: [u64; 11] = [500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000];
+
+fn backoff(try_number: u32) -> Duration {
+    let base = FIVE_SEC[(try_number as usize).min(FIVE_SEC.len() - 1)];
+    Duration::from_millis(base / 2 + rand::random::<u64>() % base)
+}
+
+/// What a node told us along the way.
+#[derive(Default)]
+struct Gathered {
+    raw_jwt: String,
+    jwt: Option<ProvisioningClaims>,
+    /// The node's X25519 public key from the `jwt` reply.
+    ecdh_public: String,
+    ed25519: Option<Ed25519Reply>,
+    inventory: String,
+    version: String,
+    upgradable: bool,
+    csr: Option<CsrReply>,
+}
+
+/// One run of the sequence for one node.
+pub struct HostSequence<'a> {
+    ctx: &'a Context,
+    identity: &'a str,
+    /// The token sent in requests: `token` from the config, or the JWT's `cht`
+    /// when the config has none.
+    token: Secret,
+    got: Gathered,
+}
+
+impl<'a> HostSequence<'a> {
+    pub fn new(ctx: &'a Context, identity: &'a str) -> Self {
+        HostSequence {
+            ctx,
+            identity,
+            token: ctx.cfg.token.clone(),
+            got: Gathered::default(),
+        }
+    }
+
+    /// Runs the whole sequence. `waiting` is how long the node sat in the queue.
+    pub async fn run(mut self, waiting: Duration) -> Result<Outcome, ProvisionError> {
+        let cfg = self.ctx.cfg.clone();
+        if waiting > 2 * cfg.interval {
+            return Err(ProvisionError::Stale(waiting));
+        }
+        if cfg.features.jwt {
+            self.fetch_jwt().await?;
+            self.validate_jwt()?;
+        }
+        if cfg.features.ed25519 {
+            self.fetch_ed25519().await?;
+        }
+        self.fetch_inventory().await?;
+        if cfg.features.pki {
+            self.fetch_csr().await?;
+        }
+
+        let response = self.run_helper().await?;
+        if response.defer {
+            return Err(ProvisionError::Deferred(response.msg));
+        }
+        if response.shutdown {
+            if response.msg.is_empty() {
+                warn!(node = self.identity, "shutting down the node as the helper asked, no reason given");
+            } else {
+                warn!(node = self.identity, reason = %response.msg, "shutting down the node as the helper asked");
+            }
+            self.shutdown().await?;
+            return Ok(Outcome::Shutdown);
+        }
+
+        let server_jwt = if cfg.features.ed25519 {
+            self.sign_server_jwt(&response)?
+        } else {
+            String::new()
+        };
+        let (key, provisioner_ecdh_public) = if response.key.is_empty() {
+            (String::new(), String::new())
+        } else {
+            self.encrypt_key(&response.key)?
+        };
+
+        if cfg.features.upgrades && !response.upgrade.is_empty() {
+            match self.upgrade(&response.upgrade).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Ok(Outcome::Upgrading {
+                        to: response.upgrade.clone(),
+                    })
+                }
+                Err(e) if e.is_pause() => return Err(e),
+                Err(e) if cfg.upgrades_optional => {
+                    warn!(node = self.identity, error = %e, "could not upgrade, continuing as upgrades_optional is set");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+
+        self.configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
+            .await?;
+        self.restart().await?;
+        Ok(Outcome::Provisioned)
+    }
+
+    /// One RPC with retries. `check` turns a reply into the caller's value or a
+    /// retryable error (most start with [`require_ok`]).
+    async fn call<T: Serialize, R>(
+        &self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        mut check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<R, ProvisionError> {
+        let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
+        self.ctx.gate.check()?;
+        let mut last = String::new();
+        for attempt in 1..=tries {
+            // Pausing mid-sequence stops the node here, at an attempt boundary.
+            self.ctx.gate.check()?;
+            debug!(node = self.identity, rpc, attempt, tries, "calling");
+            let started = Instant::now();
+            let client = &self.ctx.client;
+            let request = async {
+                match self.ctx.rpc_timeout {
+                    Some(t) => client.rpc_with_timeout(self.identity, agent, action, data, t).await,
+                    None => client.rpc(self.identity, agent, action, data).await,
+                }
+            };
+            let result = tokio::select! {
+                r = request => r,
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            self.ctx.metrics.observe_rpc(rpc, started.elapsed());
+            let outcome = match result {
+                Ok(r) => check(&r),
+                Err(ClientError::Timeout { timeout, .. }) => {
+                    Err(format!("no reply within {timeout:?}"))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(e) => {
+                    warn!(node = self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+                    last = e;
+                }
+            }
+            if attempt < tries {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff(attempt)) => {}
+                    _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                }
+            }
+        }
+        self.ctx.metrics.rpc_error(rpc);
+        Err(ProvisionError::Rpc { rpc, tries, last })
+    }
+
+    fn token_data(&self) -> TokenOnly<'_> {
+        TokenOnly {
+            token: self.token.expose(),
+        }
+    }
+
+    async fn fetch_jwt(&mut self) -> Result<(), ProvisionError> {
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            #[serde(default)]
+            jwt: String,
+            #[serde(default)]
+            ecdh_public: String,
+        }
+        info!(node = self.identity, "fetching JWT");
+        let (jwt, ecdh) = self
+            .call("choria_provision#jwt", 3, &self.token_data(), |r| {
+                require_ok(r)?;
+                let reply: Reply = decode(&r.body.data)?;
+                if reply.jwt.is_empty() {
+                    return Err("the reply holds no JWT".into());
+                }
+                Ok((reply.jwt, reply.ecdh_public))
+            })
+            .await?;
+        self.got.raw_jwt = jwt;
+        self.got.ecdh_public = ecdh;
+        Ok(())
+    }
+
+    /// Verifies the provisioning JWT with `jwt_verify_cert` (re-read each time
+    /// so a rotated key takes effect) and settles the token to use.
+    fn validate_jwt(&mut self) -> Result<(), ProvisionError> {
+        let key = self.ctx.cfg.load_verify_key()?;
+        let claims = parse_provisioning_token(&self.got.raw_jwt, &key)
+            .map_err(|e: TokenError| ProvisionError::Jwt(e.to_string()))?;
+        if !claims.token.is_empty() {
+            if self.token.is_empty() {
+                // The JWT is signed by the organisation: its `cht` is the token
+                // this node expects, so use it when we were given none.
+                self.token = Secret::new(claims.token.clone());
+            } else if self.token.expose() != claims.token {
+                return Err(ProvisionError::Jwt(
+                    "the node's provisioning JWT expects a different token (its cht claim) than `token` in the provisioner configuration".into(),
+                ));
+            }
+        }
+        self.got.jwt = Some(claims);
+        Ok(())
+    }
+
+    async fn fetch_ed25519(&mut self) -> Result<(), ProvisionError> {
+        #[derive(Serialize)]
+        struct Args<'t> {
+            nonce: &'t str,
+            token: &'t str,
+        }
+        let nonce = crate::choria::ids::v1_request_id();
+        info!(node = self.identity, "fetching ED25519 public key");
+        let reply = self
+            .call(
+                "choria_provision#gen25519",
+                5,
+                &Args {
+                    nonce: &nonce,
+                    token: self.token.expose(),
+                },
+                |r| {
+                    require_ok(r)?;
+                    let reply: Ed25519Reply = decode(&r.body.data)?;
+                    if reply.public_key.is_empty() {
+                        return Err("no public key received".into());
+                    }
+                    if reply.signature.is_empty() {
+                        return Err("no signature received".into());
+                    }
+                    verify_nonce(&reply.public_key, &nonce, &reply.signature)
+                        .map_err(|e| format!("nonce signature check failed: {e}"))?;
+                    Ok(reply)
+                },
+            )
+            .await?;
+        self.got.ed25519 = Some(reply);
+        Ok(())
+    }
+
+    async fn fetch_inventory(&mut self) -> Result<(), ProvisionError> {
+        #[derive(Serialize)]
+        struct Empty {}
+        info!(node = self.identity, "fetching inventory");
+        let (inventory, version, upgradable) = self
+            .call("rpcutil#inventory", 5, &Empty {}, |r| {
+                require_ok(r)?;
+                let data = &r.body.data;
+                if !data.is_object() {
+                    return Err("the inventory reply holds no data".into());
+                }
+                let json = crate::choria::json::to_vec(data)
+                    .map_err(|e| format!("could not encode the inventory: {e}"))?;
+                let version = data
+                    .get("version")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                let upgradable = data
+                    .get("upgradable")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(false);
+                Ok((
+                    String::from_utf8(json).expect("JSON is UTF-8"),
+                    version,
+                    upgradable,
+                ))
+            })
+            .await?;
+        self.got.inventory = inventory;
+        self.got.version = version;
+        self.got.upgradable = upgradable;
+        Ok(())
+    }
+
+    async fn fetch_csr(&mut self) -> Result<(), ProvisionError> {
+        #[derive(Serialize)]
+        struct Args<'t> {
+            cn: &'t str,
+            token: &'t str,
+        }
+        info!(node = self.identity, "fetching CSR");
+        let reply = self
+            .call(
+                "choria_provision#gencsr",
+                1,
+                &Args {
+                    cn: self.identity,
+                    token: self.token.expose(),
+                },
+                |r| {
+                    require_ok(r)?;
+                    decode::<CsrReply>(&r.body.data)
+                },
+            )
+            .await?;
+        if reply.csr.is_empty() {
+            return Err(ProvisionError::Csr("no CSR received".into()));
+        }
+        let info = parse_csr(&reply.csr).map_err(|e: CsrError| ProvisionError::Csr(e.to_string()))?;
+        validate_csr_names(&info, self.identity, &self.ctx.deny_list)
+            .map_err(|e| ProvisionError::Csr(e.to_string()))?;
+        self.got.csr = Some(reply);
+        Ok(())
+    }
+
+    async fn run_helper(&self) -> Result<HelperResponse, ProvisionError> {
+        self.ctx.gate.check()?;
+        let input = HelperInput {
+            identity: self.identity,
+            csr: self.got.csr.as_ref(),
+            ed25519_pubkey: self.got.ed25519.as_ref(),
+            inventory: &self.got.inventory,
+            jwt: self.got.jwt.as_ref(),
+        };
+        let started = Instant::now();
+        let result = tokio::select! {
+            r = self.ctx.helper.run(&input) => r,
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        };
+        self.ctx.metrics.observe_helper(started.elapsed());
+        result.map_err(|e| {
+            self.ctx.metrics.helper_error();
+            ProvisionError::Helper(e)
+        })
+    }
+
+    async fn shutdown(&self) -> Result<(), ProvisionError> {
+        let identity = self.identity;
+        let metrics = &self.ctx.metrics;
+        // A shutdown the node refuses is only logged and not retried, as in
+        // Go: the helper wants the node gone either way.
+        let accepted = self
+            .call("choria_provision#shutdown", 3, &self.token_data(), |r| {
+                if !r.body.is_ok() {
+                    warn!(node = identity, sender = %r.reply.sender, status = %r.body.statusmsg, "the node refused to shut down");
+                }
+                Ok(r.body.is_ok())
+            })
+            .await?;
+        if accepted {
+            metrics.helper_shutdown();
+            info!(node = identity, "node is shutting down");
+        }
+        Ok(())
+    }
+
+    /// The server JWT for ed25519 networks, as Go's `generateServerJWT` makes it.
+    fn sign_server_jwt(&self, response: &HelperResponse) -> Result<String, ProvisionError> {
+        let cfg = &self.ctx.cfg;
+        let err = ProvisionError::ServerJwt;
+        let Some(ed) = self.got.ed25519.as_ref() else {
+            return Err(err("no ed25519 public key set".into()));
+        };
+        let mut org = "choria".to_string();
+        let mut validity = cfg.server_jwt_validity;
+        let mut collectives = vec!["mcollective".to_string()];
+        let mut pub_subjects = Vec::new();
+        let mut permissions = None;
+        // Choria switches its default collective with the v2 security provider.
+        if response
+            .configuration
+            .get("plugin.security.provider")
+            .is_some_and(|p| p == "choria")
+        {
+            collectives = vec!["choria".to_string()];
+        }
+        if let Some(c) = response.configuration.get("collectives") {
+            collectives = c.split(',').map(str::to_string).collect();
+        }
+        if let Some(claims) = &response.server_claims {
+            if !claims.organization_unit.is_empty() {
+                org = claims.organization_unit.clone();
+            }
+            if let Some(exp) = claims.standard.expires_at.filter(|e| *e > 0) {
+                let now = chrono::Utc::now().timestamp();
+                validity = Duration::from_secs(exp.saturating_sub(now).max(0) as u64);
+            }
+            if !claims.collectives.is_empty() {
+                collectives = claims.collectives.clone();
+            }
+            if !claims.additional_publish_subjects.is_empty() {
+                pub_subjects = claims.additional_publish_subjects.clone();
+            }
+            if claims.permissions.is_some() {
+                permissions = claims.permissions;
+            }
+        }
+        if validity <= Duration::from_secs(3600) {
+            warn!(node = self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
+            validity = cfg.server_jwt_validity;
+        }
+        let mut claims = ServerClaims::new(
+            self.identity,
+            collectives,
+            &org,
+            permissions,
+            pub_subjects,
+            &ed.public_key,
+            PROVISIONER_ISSUER,
+            validity,
+        )
+        .map_err(|e| err(e.to_string()))?;
+        // Keys and token are read per node so rotated secrets take effect.
+        let key = cfg.load_signing_key()?;
+        if let Some((_, signer)) = cfg.load_signing_token()? {
+            let Some(ed_key) = key.as_ed25519() else {
+                return Err(err("jwt_signing_key must be an ed25519 seed to chain-sign".into()));
+            };
+            claims
+                .add_chain_issuer_data(&signer, ed_key)
+                .map_err(|e| err(e.to_string()))?;
+        }
+        key.sign(&claims).map_err(|e| err(e.to_string()))
+    }
+
+    /// Encrypts the helper's private key to the node (X25519 + AES-256 PEM);
+    /// returns the encrypted PEM and our public half for the node.
+    fn encrypt_key(&self, key_pem: &str) -> Result<(String, String), ProvisionError> {
+        let err = ProvisionError::KeyEncryption;
+        if self.got.ecdh_public.is_empty() {
+            return Err(err(
+                "the helper returned a private key but the node did not start a Diffie-Hellman exchange (enable features.jwt so its jwt reply carries ecdh_public)".into(),
+            ));
+        }
+        let ours = EcdhKeyPair::generate();
+        let shared = ours
+            .shared_secret(&self.got.ecdh_public)
+            .map_err(|e| err(format!("the node's ecdh_public is unusable: {e}")))?;
+        let encrypted = encrypt_private_key(key_pem, &shared).map_err(|e| err(e.to_string()))?;
+        Ok((encrypted, ours.public_hex()))
+    }
+
+    /// `Ok(true)` when no upgrade is needed, `Ok(false)` when one was started.
+    async fn upgrade(&self, target: &str) -> Result<bool, ProvisionError> {
+        let cfg = &self.ctx.cfg;
+        let fail = |reason: &str| ProvisionError::Upgrade {
+            version: target.to_string(),
+            reason: reason.to_string(),
+        };
+        let Some(repository) = cfg.upgrades_repository.as_deref() else {
+            return Err(fail("upgrades_repository is not configured"));
+        };
+        if self.got.version.is_empty() {
+            return Err(fail("the node's inventory has no version"));
+        }
+        if !self.got.upgradable {
+            return Err(fail("the node does not support upgrades"));
+        }
+        if Version::parse(&self.got.version).equal(&Version::parse(target)) {
+            return Ok(true);
+        }
+        warn!(node = self.identity, from = %self.got.version, to = target, "updating the node's version");
+        #[derive(Serialize)]
+        struct Args<'t> {
+            repository: &'t str,
+            token: &'t str,
+            version: &'t str,
+        }
+        self.call(
+            "choria_provision#release_update",
+            3,
+            &Args {
+                repository,
+                token: self.token.expose(),
+                version: target,
+            },
+            require_ok,
+        )
+        .await?;
+        Ok(false)
+    }
+
+    async fn configure(
+        &self,
+        response: &HelperResponse,
+        key: &str,
+        ecdh_public: &str,
+        server_jwt: &str,
+    ) -> Result<(), ProvisionError> {
+        if response.configuration.is_empty() {
+            return Err(ProvisionError::EmptyConfiguration);
+        }
+        let config = String::from_utf8(
+            crate::choria::json::to_vec(&response.configuration).expect("a string map encodes"),
+        )
+        .expect("JSON is UTF-8");
+        // The CSR's ssldir wins over the helper's, as in Go.
+        let ssldir = match &self.got.csr {
+            Some(csr) if !csr.ssldir.is_empty() => csr.ssldir.as_str(),
+            _ => response.ssldir.as_str(),
+        };
+        // Go's generated client sends every input, in key order.
+        let args = ConfigureArgs {
+            action_policies: &response.action_policies,
+            ca: &response.ca,
+            certificate: &response.certificate,
+            config: &config,
+            ecdh_public,
+            key,
+            opa_policies: &response.opa_policies,
+            server_jwt,
+            ssldir,
+            token: self.token.expose(),
+        };
+        info!(node = self.identity, "configuring node");
+        self.call("choria_provision#configure", 5, &args, require_ok)
+            .await
+    }
+
+    async fn restart(&self) -> Result<(), ProvisionError> {
+        #[derive(Serialize)]
+        struct Args<'t> {
+            splay: u32,
+            token: &'t str,
+        }
+        info!(node = self.identity, "restarting node");
+        self.call(
+            "choria_provision#restart",
+            3,
+            &Args {
+                splay: 1,
+                token: self.token.expose(),
+            },
+            require_ok,
+        )
+        .await
+    }
+}
+
+#[derive(Serialize)]
+struct TokenOnly<'t> {
+    token: &'t str,
+}
+
+/// `choria_provision#configure` inputs, fields in the order Go's map encodes them.
+#[derive(Serialize)]
+struct ConfigureArgs<'t> {
+    action_policies: &'t BTreeMap<String, String>,
+    ca: &'t str,
+    certificate: &'t str,
+    config: &'t str,
+    ecdh_public: &'t str,
+    key: &'t str,
+    opa_policies: &'t BTreeMap<String, String>,
+    server_jwt: &'t str,
+    ssldir: &'t str,
+    token: &'t str,
+}
+
+/// A reply with a status other than OK is a failed attempt, with Go's message.
+fn require_ok(r: &RpcResult) -> Result<(), String> {
+    if r.body.is_ok() {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid response from {}: {} ({})",
+            r.reply.sender, r.body.statusmsg, r.body.statuscode as u8
+        ))
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(data: &serde_json::Value) -> Result<T, String> {
+    serde_json::from_value(data.clone()).map_err(|e| format!("could not decode the reply data: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_go_five_sec_policy_with_jitter() {
+        for (try_number, base) in [(1u32, 750u64), (2, 1000), (3, 1500), (50, 5000)] {
+            for _ in 0..50 {
+                let d = backoff(try_number).as_millis() as u64;
+                assert!(
+                    d >= base / 2 && d < base / 2 + base,
+                    "try {try_number}: {d} ms outside [{}, {})",
+                    base / 2,
+                    base / 2 + base
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn configure_inputs_encode_in_go_map_order() {
+        let empty = BTreeMap::new();
+        let args = ConfigureArgs {
+            action_policies: &empty,
+            ca: "",
+            certificate: "",
+            config: "{\"a\":\"b\"}",
+            ecdh_public: "",
+            key: "",
+            opa_policies: &empty,
+            server_jwt: "",
+            ssldir: "",
+            token: "t",
+        };
+        let json = String::from_utf8(crate::choria::json::to_vec(&args).unwrap()).unwrap();
+        assert_eq!(
+            json,
+            r#"{"action_policies":{},"ca":"","certificate":"","config":"{\"a\":\"b\"}","ecdh_public":"","key":"","opa_policies":{},"server_jwt":"","ssldir":"","token":"t"}"#
+        );
+    }
+
+    #[test]
+    fn errors_name_their_step() {
+        let e = ProvisionError::Rpc {
+            rpc: "choria_provision#jwt",
+            tries: 3,
+            last: "no reply within 2s".into(),
+        };
+        assert_eq!(e.step(), "choria_provision#jwt");
+        assert_eq!(
+            e.to_string(),
+            "choria_provision#jwt failed after 3 tries: no reply within 2s"
+        );
+        assert!(ProvisionError::Paused(Paused("x".into())).is_pause());
+    }
+}

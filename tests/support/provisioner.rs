@@ -1,0 +1,207 @@
+//! The `choria-provisioner run` binary as a child process, with its logs in a
+//! file and its metrics read over HTTP, as an operator would see it.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_choria-provisioner")
+}
+
+pub struct ProvisionerProcess {
+    child: Child,
+    pub monitor_port: u16,
+    pub log_path: PathBuf,
+    /// Where it was started; config files live here.
+    pub dir: PathBuf,
+}
+
+impl ProvisionerProcess {
+    /// Writes `provisioner.yaml` (with `monitor_port` appended) and
+    /// `choria.cfg` into `dir` and starts `run` with `extra` arguments.
+    pub fn start(dir: &Path, yaml: &str, choria_cfg: &str, extra: &[&str]) -> Self {
+        Self::start_named(dir, "provisioner", yaml, choria_cfg, extra)
+    }
+
+    /// [`ProvisionerProcess::start`] with file names prefixed by `name`, so
+    /// several instances can share a directory.
+    pub fn start_named(
+        dir: &Path,
+        name: &str,
+        yaml: &str,
+        choria_cfg: &str,
+        extra: &[&str],
+    ) -> Self {
+        let monitor_port = super::free_port();
+        let config = dir.join(format!("{name}.yaml"));
+        std::fs::write(&config, format!("{yaml}\nmonitor_port: {monitor_port}\n")).unwrap();
+        let ccfg = dir.join(format!("{name}-choria.cfg"));
+        std::fs::write(&ccfg, choria_cfg).unwrap();
+        let log_path = dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args(["--pdeathsig", "KILL"]).arg(binary());
+            c
+        } else {
+            Command::new(binary())
+        };
+        let child = cmd
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--choria-config")
+            .arg(&ccfg)
+            .args(extra)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary()));
+        let p = ProvisionerProcess {
+            child,
+            monitor_port,
+            log_path,
+            dir: dir.to_path_buf(),
+        };
+        p.wait_for_monitor(Duration::from_secs(20));
+        p
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_for_monitor(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while std::net::TcpStream::connect(("127.0.0.1", self.monitor_port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the provisioner's monitor port {} did not open within {timeout:?}; log:\n{}",
+                self.monitor_port,
+                self.logs_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// A plain HTTP GET on the monitor port: (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.monitor_port, path)
+    }
+
+    /// The sum of all series of metric `name` (e.g. every `site`).
+    pub fn metric(&self, name: &str) -> f64 {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "/metrics answered {status}: {body}");
+        metric_sum(&body, name)
+    }
+
+    /// Waits until metric `name` reaches `at_least`; panics with the log tail.
+    pub async fn wait_for_metric(&mut self, name: &str, at_least: f64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the provisioner exited ({status}) while waiting for {name} >= {at_least}; log:\n{}",
+                    self.logs_tail(60)
+                );
+            }
+            let v = self.metric(name);
+            if v >= at_least {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} is {v} after {timeout:?}, expected >= {at_least}; log tail:\n{}",
+                self.logs_tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the provisioner did not exit within {timeout:?}; log tail:\n{}",
+                self.logs_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let logs = self.logs();
+        let all: Vec<&str> = logs.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for ProvisionerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// GET `path` on 127.0.0.1:`port` over HTTP/1.1; (status, body).
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("cannot reach 127.0.0.1:{port}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Sums the samples of metric `name` in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
