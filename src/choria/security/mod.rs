@@ -26,6 +26,7 @@ pub mod ksuid;
 #[cfg(test)]
 mod openssl_cli;
 pub mod pem_crypt;
+pub mod pki;
 pub mod tokens;
 
 pub use csr::{

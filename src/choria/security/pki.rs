@@ -1,0 +1,917 @@
+//! A small certificate authority for tests, benchmarks and the example
+//! helper (`choria-provisioner fleet-helper`).
+//!
+//! It issues what a Choria deployment expects from its CA: RSA keys,
+//! SHA256WithRSA signatures, node certificates whose subject is the CSR's
+//! and whose SANs carry the node's name, usable for both TLS server and
+//! client authentication. It is not meant to run a production PKI: there is
+//! no revocation, no policy and no persistence beyond [`CertificateAuthority::cert_pem`]
+//! and [`CertificateAuthority::key_pem`].
+
+use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey, LineEnding};
+use rsa::pkcs1v15::{Signature as RsaSignature, SigningKey, VerifyingKey};
+use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
+use rsa::signature::{RandomizedSigner, SignatureEncoding, Verifier};
+use rsa::traits::PublicKeyParts;
+use rsa::{RsaPrivateKey, RsaPublicKey};
+use sha2::{Sha256, Sha384, Sha512};
+use std::fmt;
+use std::time::{Duration, SystemTime};
+use x509_cert::attr::AttributeTypeAndValue;
+use x509_cert::der::asn1::{
+    Any, AnyRef, BitString, GeneralizedTime, Ia5String, ObjectIdentifier, OctetString, SetOfVec,
+    UtcTime,
+};
+use x509_cert::der::referenced::OwnedToRef;
+use x509_cert::der::{Decode, Encode, SliceReader, Tag};
+use x509_cert::ext::pkix::name::GeneralName;
+use x509_cert::ext::pkix::{
+    AuthorityKeyIdentifier, BasicConstraints, ExtendedKeyUsage, KeyUsage, KeyUsages,
+    SubjectAltName, SubjectKeyIdentifier,
+};
+use x509_cert::ext::{AsExtension, Extension};
+use x509_cert::name::{Name, RdnSequence, RelativeDistinguishedName};
+use x509_cert::request::CertReq;
+use x509_cert::serial_number::SerialNumber;
+use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
+use x509_cert::time::{Time, Validity};
+use x509_cert::{Certificate, TbsCertificate, Version};
+
+use super::csr::{self, CsrError, OID_RSA_ENCRYPTION};
+use super::pem_crypt::{go_pem_encode, pem_error_text};
+
+const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
+const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
+const OID_SHA512_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
+const OID_KP_SERVER_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.1");
+const OID_KP_CLIENT_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.2");
+
+/// Size of the CA's RSA key.
+pub const CA_KEY_BITS: usize = 2048;
+/// How long a generated CA certificate is valid.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Certificates start this long before they are issued, so that nodes whose
+/// clocks are a little behind accept them straight away.
+const BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// Errors from the CA and certificate checks. Never contains key material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PkiError {
+    /// Key generation, CSR parsing or CSR signature problems.
+    #[error(transparent)]
+    Csr(#[from] CsrError),
+    /// The text is not a well-formed PEM block.
+    #[error("{what}: {reason}")]
+    BadPem {
+        /// What was being read.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// No PEM block with an acceptable label was found.
+    #[error("{what}: no {expected} PEM block found")]
+    MissingPemBlock {
+        /// What was being read.
+        what: &'static str,
+        /// The labels that would have been accepted.
+        expected: &'static str,
+    },
+    /// The CA key is encrypted; we only read plain keys.
+    #[error("CA private key: encrypted keys are not supported, decrypt it first")]
+    EncryptedKey,
+    /// DER that does not parse.
+    #[error("could not parse {what}: {reason}")]
+    Parse {
+        /// What was being parsed.
+        what: &'static str,
+        /// Library error text (never key bytes).
+        reason: String,
+    },
+    /// The CA key does not match the CA certificate.
+    #[error("the CA private key does not belong to the CA certificate")]
+    KeyMismatch,
+    /// DER encoding or signing failed.
+    #[error("could not encode {what}: {reason}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// Library error text.
+        reason: String,
+    },
+    /// A certificate signature algorithm we cannot verify.
+    #[error("certificate signature algorithm {0} is not supported (only SHA256/384/512 with RSA)")]
+    UnsupportedSignatureAlgorithm(String),
+    /// A CA key that is not RSA.
+    #[error("CA public key algorithm {0} is not supported (only RSA)")]
+    UnsupportedPublicKey(String),
+    /// The certificate names another issuer.
+    #[error("certificate was issued by {issuer:?}, not by the CA {ca:?}")]
+    IssuerMismatch {
+        /// The certificate's issuer.
+        issuer: String,
+        /// The CA's subject.
+        ca: String,
+    },
+    /// The certificate signature does not verify with the CA's key.
+    #[error("certificate signature does not verify with the CA's public key")]
+    InvalidSignature,
+    /// The certificate subject has no CN.
+    #[error("certificate subject has no common name")]
+    MissingCommonName,
+}
+
+fn enc_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
+    move |e| PkiError::Encode {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+fn parse_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
+    move |e| PkiError::Parse {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// A self-signed RSA CA that signs node CSRs.
+///
+/// `Debug` shows the CA's subject only; the private key is available solely
+/// through [`CertificateAuthority::key_pem`].
+pub struct CertificateAuthority {
+    cert: Certificate,
+    cert_pem: String,
+    signer: SigningKey<Sha256>,
+    /// The PKCS#1 PEM of the key, made once so `key_pem` cannot fail;
+    /// wiped from memory on drop.
+    key_pem: rsa::pkcs1::der::zeroize::Zeroizing<String>,
+    /// Put into issued certificates as their authority key id, so chain
+    /// builders (OpenSSL, Go) find this CA even when it was made elsewhere.
+    key_id: Vec<u8>,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("subject", &self.cert.tbs_certificate.subject.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertificateAuthority {
+    /// Makes a new CA: a 2048 bit RSA key and a self-signed certificate for
+    /// `CN=<common_name>`, valid for 10 years.
+    pub fn generate(common_name: &str) -> Result<Self, PkiError> {
+        Self::from_key(common_name, csr::generate_rsa_key(CA_KEY_BITS)?)
+    }
+
+    /// Like [`CertificateAuthority::generate`] with an existing key, for
+    /// callers that pre-generate keys (RSA generation is the slow part).
+    pub fn from_key(common_name: &str, key: RsaPrivateKey) -> Result<Self, PkiError> {
+        if common_name.is_empty() {
+            return Err(CsrError::MissingCommonName.into());
+        }
+        let subject = common_name_subject(common_name)?;
+        let spki = rsa_spki(&key.to_public_key())?;
+        let key_id = key_identifier(&spki)?;
+        let now = SystemTime::now();
+        let mut tbs = TbsCertificate {
+            version: Version::V3,
+            serial_number: random_serial()?,
+            signature: sha256_with_rsa(),
+            issuer: subject.clone(),
+            validity: validity(now - BACKDATE, now + CA_VALIDITY)?,
+            subject,
+            subject_public_key_info: spki,
+            issuer_unique_id: None,
+            subject_unique_id: None,
+            extensions: None,
+        };
+        let extensions = vec![
+            ext(
+                &BasicConstraints {
+                    ca: true,
+                    path_len_constraint: None,
+                },
+                &tbs,
+            )?,
+            ext(
+                &KeyUsage(
+                    KeyUsages::KeyCertSign | KeyUsages::CRLSign | KeyUsages::DigitalSignature,
+                ),
+                &tbs,
+            )?,
+            ext(
+                &SubjectKeyIdentifier(OctetString::new(key_id.clone()).map_err(enc_err("key id"))?),
+                &tbs,
+            )?,
+        ];
+        tbs.extensions = Some(extensions);
+        let signer = SigningKey::<Sha256>::new(key);
+        let cert = sign_tbs(&signer, tbs)?;
+        Self::assemble(cert, signer, key_id)
+    }
+
+    /// Loads a CA from its certificate and its unencrypted RSA key, either
+    /// PKCS#1 (`RSA PRIVATE KEY`) or PKCS#8 (`PRIVATE KEY`). The first block
+    /// with a matching label is used, so bundles are fine.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let cert = parse_certificate(cert_pem, "CA certificate")?;
+        let key = parse_private_key(key_pem)?;
+        let spki = &cert.tbs_certificate.subject_public_key_info;
+        if spki.algorithm.oid != OID_RSA_ENCRYPTION {
+            return Err(PkiError::UnsupportedPublicKey(
+                spki.algorithm.oid.to_string(),
+            ));
+        }
+        if rsa_public_key(spki)? != key.to_public_key() {
+            return Err(PkiError::KeyMismatch);
+        }
+        // Prefer the CA's own subject key id: issuers differ in how they
+        // derive it, and the authority key id must match it exactly.
+        let key_id = match cert.tbs_certificate.get::<SubjectKeyIdentifier>() {
+            Ok(Some((_, ski))) => ski.0.as_bytes().to_vec(),
+            Ok(None) => key_identifier(spki)?,
+            Err(e) => return Err(parse_err("CA subject key identifier")(e)),
+        };
+        Self::assemble(cert, SigningKey::<Sha256>::new(key), key_id)
+    }
+
+    fn assemble(
+        cert: Certificate,
+        signer: SigningKey<Sha256>,
+        key_id: Vec<u8>,
+    ) -> Result<Self, PkiError> {
+        let der = cert.to_der().map_err(enc_err("CA certificate"))?;
+        let key_pem = signer
+            .as_ref()
+            .to_pkcs1_pem(LineEnding::LF)
+            .map_err(enc_err("CA private key"))?;
+        Ok(Self {
+            cert,
+            cert_pem: go_pem_encode("CERTIFICATE", &[], &der),
+            signer,
+            key_pem,
+            key_id,
+        })
+    }
+
+    /// The CA certificate as PEM.
+    pub fn cert_pem(&self) -> String {
+        self.cert_pem.clone()
+    }
+
+    /// The CA's private key as PKCS#1 `RSA PRIVATE KEY` PEM. Secret: the
+    /// caller decides where it goes and must not log it.
+    pub fn key_pem(&self) -> String {
+        self.key_pem.as_str().to_owned()
+    }
+
+    /// The CA's subject common name.
+    pub fn common_name(&self) -> Option<String> {
+        last_common_name(&self.cert.tbs_certificate.subject)
+    }
+
+    /// Issues a certificate for a PEM CSR, valid from now (less a few minutes
+    /// for clock skew) for `validity`, but never beyond the CA's own expiry.
+    ///
+    /// The CSR's signature is checked first (proof that the requester holds
+    /// the key). The certificate carries the CSR's subject and public key, the
+    /// CN and the CSR's DNS names as DNS SANs, and is usable for TLS server
+    /// and client authentication. Other CSR extensions are not copied.
+    pub fn sign_csr(&self, csr_pem: &str, validity_period: Duration) -> Result<String, PkiError> {
+        let info = csr::parse_csr(csr_pem)?;
+        info.verify_signature()?;
+        if info.common_name.is_empty() {
+            return Err(CsrError::MissingCommonName.into());
+        }
+        let req = CertReq::from_der(info.der()).map_err(parse_err("CSR"))?;
+
+        let mut names: Vec<&str> = vec![&info.common_name];
+        for name in &info.dns_names {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        let sans = names
+            .into_iter()
+            .map(|n| Ia5String::new(n).map(GeneralName::DnsName))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(enc_err("subjectAltName (DNS names must be ASCII)"))?;
+
+        let now = SystemTime::now();
+        let ca_expiry = self
+            .cert
+            .tbs_certificate
+            .validity
+            .not_after
+            .to_system_time();
+        let not_after = now
+            .checked_add(validity_period)
+            .map_or(ca_expiry, |t| t.min(ca_expiry));
+        let leaf_key_id = key_identifier(&req.info.public_key)?;
+        let mut tbs = TbsCertificate {
+            version: Version::V3,
+            serial_number: random_serial()?,
+            signature: sha256_with_rsa(),
+            issuer: self.cert.tbs_certificate.subject.clone(),
+            validity: validity(now - BACKDATE, not_after)?,
+            subject: req.info.subject,
+            subject_public_key_info: req.info.public_key,
+            issuer_unique_id: None,
+            subject_unique_id: None,
+            extensions: None,
+        };
+        let extensions = vec![
+            ext(
+                &BasicConstraints {
+                    ca: false,
+                    path_len_constraint: None,
+                },
+                &tbs,
+            )?,
+            ext(
+                &KeyUsage(KeyUsages::DigitalSignature | KeyUsages::KeyEncipherment),
+                &tbs,
+            )?,
+            ext(
+                &ExtendedKeyUsage(vec![OID_KP_SERVER_AUTH, OID_KP_CLIENT_AUTH]),
+                &tbs,
+            )?,
+            ext(&SubjectAltName(sans), &tbs)?,
+            ext(
+                &SubjectKeyIdentifier(OctetString::new(leaf_key_id).map_err(enc_err("key id"))?),
+                &tbs,
+            )?,
+            ext(
+                &AuthorityKeyIdentifier {
+                    key_identifier: Some(
+                        OctetString::new(self.key_id.clone()).map_err(enc_err("key id"))?,
+                    ),
+                    ..Default::default()
+                },
+                &tbs,
+            )?,
+        ];
+        tbs.extensions = Some(extensions);
+        let cert = sign_tbs(&self.signer, tbs)?;
+        let der = cert.to_der().map_err(enc_err("certificate"))?;
+        Ok(go_pem_encode("CERTIFICATE", &[], &der))
+    }
+}
+
+/// Checks that `cert_pem` was issued by the CA in `ca_cert_pem`: the
+/// certificate's issuer is the CA's subject and its signature over the TBS
+/// certificate verifies with the CA's RSA key. Validity dates, key usages
+/// and the CA's own trust are not checked.
+pub fn verify_issued_by(cert_pem: &str, ca_cert_pem: &str) -> Result<(), PkiError> {
+    let der = pem_block(cert_pem, "certificate", &["CERTIFICATE"])?.into_contents();
+    let cert = Certificate::from_der(&der).map_err(parse_err("certificate"))?;
+    let ca = parse_certificate(ca_cert_pem, "CA certificate")?;
+
+    let issuer = &cert.tbs_certificate.issuer;
+    let ca_subject = &ca.tbs_certificate.subject;
+    if issuer != ca_subject {
+        return Err(PkiError::IssuerMismatch {
+            issuer: issuer.to_string(),
+            ca: ca_subject.to_string(),
+        });
+    }
+
+    let spki = &ca.tbs_certificate.subject_public_key_info;
+    if spki.algorithm.oid != OID_RSA_ENCRYPTION {
+        return Err(PkiError::UnsupportedPublicKey(
+            spki.algorithm.oid.to_string(),
+        ));
+    }
+    let key = rsa_public_key(spki)?;
+    let sig_bytes = cert
+        .signature
+        .as_bytes()
+        .ok_or(PkiError::InvalidSignature)?;
+    let sig = RsaSignature::try_from(sig_bytes).map_err(|_| PkiError::InvalidSignature)?;
+    let tbs = raw_tbs(&der)?;
+    let verified = match cert.signature_algorithm.oid {
+        o if o == OID_SHA256_RSA => VerifyingKey::<Sha256>::new(key).verify(tbs, &sig),
+        o if o == OID_SHA384_RSA => VerifyingKey::<Sha384>::new(key).verify(tbs, &sig),
+        o if o == OID_SHA512_RSA => VerifyingKey::<Sha512>::new(key).verify(tbs, &sig),
+        o => return Err(PkiError::UnsupportedSignatureAlgorithm(o.to_string())),
+    };
+    verified.map_err(|_| PkiError::InvalidSignature)
+}
+
+/// The (last, like Go) subject CN of a PEM certificate.
+pub fn certificate_common_name(cert_pem: &str) -> Result<String, PkiError> {
+    let cert = parse_certificate(cert_pem, "certificate")?;
+    last_common_name(&cert.tbs_certificate.subject).ok_or(PkiError::MissingCommonName)
+}
+
+/// The signed bytes exactly as they appear in the certificate; re-encoding
+/// the parsed structure could differ from what the issuer signed.
+fn raw_tbs(cert_der: &[u8]) -> Result<&[u8], PkiError> {
+    let body = AnyRef::from_der(cert_der)
+        .map_err(parse_err("certificate"))?
+        .value();
+    let mut reader = SliceReader::new(body).map_err(parse_err("certificate"))?;
+    let tbs = AnyRef::decode(&mut reader).map_err(parse_err("certificate"))?;
+    let len = tbs
+        .encoded_len()
+        .and_then(usize::try_from)
+        .map_err(parse_err("certificate"))?;
+    Ok(&body[..len])
+}
+
+fn last_common_name(name: &Name) -> Option<String> {
+    name.0
+        .iter()
+        .flat_map(|rdn| rdn.0.iter())
+        .filter(|atv| atv.oid == OID_CN)
+        .filter_map(|atv| String::from_utf8(atv.value.value().to_vec()).ok())
+        .next_back()
+}
+
+fn common_name_subject(common_name: &str) -> Result<Name, PkiError> {
+    let atv = AttributeTypeAndValue {
+        oid: OID_CN,
+        value: Any::new(Tag::Utf8String, common_name.as_bytes()).map_err(enc_err("subject"))?,
+    };
+    let set = SetOfVec::try_from(vec![atv]).map_err(enc_err("subject"))?;
+    Ok(RdnSequence(vec![RelativeDistinguishedName(set)]))
+}
+
+fn sha256_with_rsa() -> AlgorithmIdentifierOwned {
+    AlgorithmIdentifierOwned {
+        oid: OID_SHA256_RSA,
+        parameters: Some(Any::null()),
+    }
+}
+
+/// 16 random bytes, top bit clear so the INTEGER stays positive without
+/// padding, and a set bit below it so it is never zero or shortened.
+fn random_serial() -> Result<SerialNumber, PkiError> {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    SerialNumber::new(&bytes).map_err(enc_err("serial number"))
+}
+
+/// RFC 5280: UTCTime through 2049, GeneralizedTime after.
+fn x509_time(t: SystemTime) -> Result<Time, PkiError> {
+    UtcTime::from_system_time(t)
+        .map(Time::UtcTime)
+        .or_else(|_| GeneralizedTime::from_system_time(t).map(Time::GeneralTime))
+        .map_err(enc_err("validity"))
+}
+
+fn validity(not_before: SystemTime, not_after: SystemTime) -> Result<Validity, PkiError> {
+    Ok(Validity {
+        not_before: x509_time(not_before)?,
+        not_after: x509_time(not_after)?,
+    })
+}
+
+fn ext<E: AsExtension>(e: &E, tbs: &TbsCertificate) -> Result<Extension, PkiError> {
+    // Criticality follows RFC 5280 as x509-cert encodes it (basic
+    // constraints and key usage critical, SAN critical only for an empty
+    // subject).
+    e.to_extension(&tbs.subject, &[])
+        .map_err(enc_err("extension"))
+}
+
+/// RFC 5280 method 1: SHA-1 of the subjectPublicKey bits, as OpenSSL and Go
+/// compute it.
+fn key_identifier(spki: &SubjectPublicKeyInfoOwned) -> Result<Vec<u8>, PkiError> {
+    let ski = SubjectKeyIdentifier::try_from(spki.owned_to_ref()).map_err(enc_err("key id"))?;
+    Ok(ski.0.as_bytes().to_vec())
+}
+
+fn rsa_spki(key: &RsaPublicKey) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+    let der = key.to_public_key_der().map_err(enc_err("public key"))?;
+    SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
+}
+
+fn rsa_public_key(spki: &SubjectPublicKeyInfoOwned) -> Result<RsaPublicKey, PkiError> {
+    let der = spki.to_der().map_err(parse_err("CA public key"))?;
+    RsaPublicKey::from_public_key_der(&der).map_err(parse_err("CA public key"))
+}
+
+fn sign_tbs(signer: &SigningKey<Sha256>, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
+    let der = tbs.to_der().map_err(enc_err("TBS certificate"))?;
+    // Randomized signing only blinds the RSA operation; PKCS#1 v1.5
+    // signatures themselves are deterministic.
+    let sig = signer.sign_with_rng(&mut rand::rngs::OsRng, &der).to_vec();
+    Ok(Certificate {
+        signature_algorithm: tbs.signature.clone(),
+        tbs_certificate: tbs,
+        signature: BitString::from_bytes(&sig).map_err(enc_err("signature"))?,
+    })
+}
+
+/// The first PEM block in `text` whose label is one of `labels`.
+fn pem_block(
+    text: &str,
+    what: &'static str,
+    labels: &[&'static str],
+) -> Result<pem::Pem, PkiError> {
+    let blocks = pem::parse_many(text).map_err(|e| PkiError::BadPem {
+        what,
+        reason: pem_error_text(&e),
+    })?;
+    blocks
+        .into_iter()
+        .find(|b| labels.contains(&b.tag()))
+        .ok_or(PkiError::MissingPemBlock {
+            what,
+            expected: labels[0],
+        })
+}
+
+fn parse_certificate(text: &str, what: &'static str) -> Result<Certificate, PkiError> {
+    let block = pem_block(text, what, &["CERTIFICATE"])?;
+    Certificate::from_der(block.contents()).map_err(parse_err(what))
+}
+
+fn parse_private_key(text: &str) -> Result<RsaPrivateKey, PkiError> {
+    const WHAT: &str = "CA private key";
+    let block = pem::parse_many(text)
+        .map_err(|e| PkiError::BadPem {
+            what: WHAT,
+            reason: pem_error_text(&e),
+        })?
+        .into_iter()
+        .find(|b| {
+            matches!(
+                b.tag(),
+                "RSA PRIVATE KEY" | "PRIVATE KEY" | "ENCRYPTED PRIVATE KEY"
+            )
+        })
+        .ok_or(PkiError::MissingPemBlock {
+            what: WHAT,
+            expected: "RSA PRIVATE KEY or PRIVATE KEY",
+        })?;
+    if block.tag() == "ENCRYPTED PRIVATE KEY" || block.headers().get("Proc-Type").is_some() {
+        return Err(PkiError::EncryptedKey);
+    }
+    // The rsa crate's errors describe the structure, never the key bytes.
+    let key = if block.tag() == "RSA PRIVATE KEY" {
+        RsaPrivateKey::from_pkcs1_der(block.contents()).map_err(parse_err(WHAT))?
+    } else {
+        RsaPrivateKey::from_pkcs8_der(block.contents()).map_err(parse_err(WHAT))?
+    };
+    if key.n().bits() < 1024 {
+        return Err(PkiError::Parse {
+            what: WHAT,
+            reason: format!("a {} bit RSA key is too small", key.n().bits()),
+        });
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::csr::tests::test_key;
+    use super::super::csr::CsrSubject;
+    use super::super::openssl_cli::{openssl, run_ok, skip_without_openssl};
+    use super::*;
+    use std::path::Path;
+    use std::str::FromStr;
+    use std::sync::OnceLock;
+
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    /// One real (2048 bit) CA for the whole test run: key generation is slow.
+    fn ca() -> &'static CertificateAuthority {
+        static CA: OnceLock<CertificateAuthority> = OnceLock::new();
+        CA.get_or_init(|| CertificateAuthority::generate("Test CA").unwrap())
+    }
+
+    fn node_csr(cn: &str) -> String {
+        csr::make_csr(test_key(), &CsrSubject::new(cn)).unwrap()
+    }
+
+    fn parse(cert_pem: &str) -> Certificate {
+        parse_certificate(cert_pem, "test certificate").unwrap()
+    }
+
+    fn dns_sans(cert: &Certificate) -> Vec<String> {
+        let (_, san) = cert
+            .tbs_certificate
+            .get::<SubjectAltName>()
+            .unwrap()
+            .expect("SAN extension");
+        san.0
+            .iter()
+            .map(|n| match n {
+                GeneralName::DnsName(s) => s.to_string(),
+                other => panic!("unexpected SAN {other:?}"),
+            })
+            .collect()
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn ca_certificate_is_a_self_signed_ca() {
+        let ca = ca();
+        let pem_text = ca.cert_pem();
+        assert!(pem_text.starts_with("-----BEGIN CERTIFICATE-----\n"));
+        verify_issued_by(&pem_text, &pem_text).unwrap();
+        assert_eq!(certificate_common_name(&pem_text).unwrap(), "Test CA");
+        assert_eq!(ca.common_name().as_deref(), Some("Test CA"));
+
+        let cert = parse(&pem_text);
+        let tbs = &cert.tbs_certificate;
+        let (critical, bc) = tbs.get::<BasicConstraints>().unwrap().unwrap();
+        assert!(critical && bc.ca);
+        let (_, ku) = tbs.get::<KeyUsage>().unwrap().unwrap();
+        assert!(ku.0.contains(KeyUsages::KeyCertSign));
+        assert!(tbs.get::<SubjectKeyIdentifier>().unwrap().is_some());
+        let v = &tbs.validity;
+        let lifetime = v.not_after.to_unix_duration() - v.not_before.to_unix_duration();
+        assert_eq!(lifetime, CA_VALIDITY + BACKDATE);
+        assert_eq!(
+            rsa_public_key(&tbs.subject_public_key_info)
+                .unwrap()
+                .n()
+                .bits(),
+            CA_KEY_BITS
+        );
+    }
+
+    #[test]
+    fn signs_a_csr_for_server_and_client_auth() {
+        let ca = ca();
+        let cert_pem = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+        verify_issued_by(&cert_pem, &ca.cert_pem()).unwrap();
+        assert_eq!(
+            certificate_common_name(&cert_pem).unwrap(),
+            "node1.example.net"
+        );
+
+        let cert = parse(&cert_pem);
+        let tbs = &cert.tbs_certificate;
+        assert_eq!(
+            rsa_public_key(&tbs.subject_public_key_info).unwrap(),
+            test_key().to_public_key()
+        );
+        assert_eq!(dns_sans(&cert), vec!["node1.example.net"]);
+        let (_, eku) = tbs.get::<ExtendedKeyUsage>().unwrap().unwrap();
+        assert_eq!(eku.0, vec![OID_KP_SERVER_AUTH, OID_KP_CLIENT_AUTH]);
+        let (_, bc) = tbs.get::<BasicConstraints>().unwrap().unwrap();
+        assert!(!bc.ca);
+        let (_, aki) = tbs.get::<AuthorityKeyIdentifier>().unwrap().unwrap();
+        assert_eq!(aki.key_identifier.unwrap().as_bytes(), ca.key_id.as_slice());
+        let v = &tbs.validity;
+        assert_eq!(
+            v.not_after.to_unix_duration() - v.not_before.to_unix_duration(),
+            DAY + BACKDATE
+        );
+        // positive, 16 bytes, and fresh for every certificate
+        assert_eq!(tbs.serial_number.as_bytes().len(), 16);
+        let again = parse(&ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap());
+        assert_ne!(tbs.serial_number, again.tbs_certificate.serial_number);
+    }
+
+    #[test]
+    fn csr_dns_names_become_sans_after_the_cn() {
+        use x509_cert::builder::{Builder, RequestBuilder};
+        let signer = SigningKey::<Sha256>::new(test_key().clone());
+        let subject = Name::from_str("CN=node1.example.net,O=Acme").unwrap();
+        let mut builder = RequestBuilder::new(subject.clone(), &signer).unwrap();
+        let names = ["alias.example.net", "node1.example.net"];
+        builder
+            .add_extension(&SubjectAltName(
+                names
+                    .iter()
+                    .map(|n| GeneralName::DnsName(Ia5String::new(n).unwrap()))
+                    .collect(),
+            ))
+            .unwrap();
+        let req = builder
+            .build_with_rng::<RsaSignature>(&mut rand::rngs::OsRng)
+            .unwrap();
+        let csr_pem = go_pem_encode("CERTIFICATE REQUEST", &[], &req.to_der().unwrap());
+
+        let cert = parse(&ca().sign_csr(&csr_pem, DAY).unwrap());
+        assert_eq!(cert.tbs_certificate.subject, subject);
+        assert_eq!(
+            dns_sans(&cert),
+            vec!["node1.example.net", "alias.example.net"]
+        );
+    }
+
+    #[test]
+    fn validity_never_outlives_the_ca() {
+        let ca = ca();
+        let ca_expiry = parse(&ca.cert_pem()).tbs_certificate.validity.not_after;
+        for long in [Duration::from_secs(100 * 365 * 24 * 3600), Duration::MAX] {
+            let cert = parse(&ca.sign_csr(&node_csr("n.example.net"), long).unwrap());
+            assert_eq!(cert.tbs_certificate.validity.not_after, ca_expiry);
+        }
+    }
+
+    #[test]
+    fn certificates_from_another_ca_fail() {
+        let cert = ca().sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+        // A different name is caught by the issuer check...
+        let other = CertificateAuthority::from_key("Other CA", test_key().clone()).unwrap();
+        assert!(matches!(
+            verify_issued_by(&cert, &other.cert_pem()),
+            Err(PkiError::IssuerMismatch { .. })
+        ));
+        // ...the same name with another key by the signature.
+        let impostor = CertificateAuthority::from_key("Test CA", test_key().clone()).unwrap();
+        assert_eq!(
+            verify_issued_by(&cert, &impostor.cert_pem()),
+            Err(PkiError::InvalidSignature)
+        );
+        let forged = impostor.sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+        assert_eq!(
+            verify_issued_by(&forged, &ca().cert_pem()),
+            Err(PkiError::InvalidSignature)
+        );
+    }
+
+    #[test]
+    fn tampered_certificate_fails() {
+        let cert_pem = ca().sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+        let mut der = pem::parse(&cert_pem).unwrap().into_contents();
+        let pos = der.windows(5).position(|w| w == b"node1").unwrap();
+        der[pos] = b'm';
+        let tampered = go_pem_encode("CERTIFICATE", &[], &der);
+        assert_eq!(
+            certificate_common_name(&tampered).unwrap(),
+            "mode1.example.net"
+        );
+        assert_eq!(
+            verify_issued_by(&tampered, &ca().cert_pem()),
+            Err(PkiError::InvalidSignature)
+        );
+    }
+
+    #[test]
+    fn tampered_csr_is_refused() {
+        let mut der = pem::parse(node_csr("node1.example.net"))
+            .unwrap()
+            .into_contents();
+        let pos = der.windows(5).position(|w| w == b"node1").unwrap();
+        der[pos] = b'm';
+        let tampered = go_pem_encode("CERTIFICATE REQUEST", &[], &der);
+        assert_eq!(
+            ca().sign_csr(&tampered, DAY),
+            Err(PkiError::Csr(CsrError::InvalidSignature))
+        );
+        assert!(matches!(
+            ca().sign_csr("not a csr", DAY),
+            Err(PkiError::Csr(CsrError::BadPem(_)))
+        ));
+    }
+
+    #[test]
+    fn from_pem_round_trips_pkcs1_and_pkcs8_keys() {
+        use rsa::pkcs8::EncodePrivateKey;
+        let ca = ca();
+        let pkcs1 = ca.key_pem();
+        assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----\n"));
+        let pkcs8 = parse_private_key(&pkcs1)
+            .unwrap()
+            .to_pkcs8_pem(LineEnding::LF)
+            .unwrap();
+        for key in [pkcs1.as_str(), pkcs8.as_str()] {
+            let loaded = CertificateAuthority::from_pem(&ca.cert_pem(), key).unwrap();
+            assert_eq!(loaded.cert_pem(), ca.cert_pem());
+            assert_eq!(loaded.key_id, ca.key_id);
+            let cert = loaded.sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+            verify_issued_by(&cert, &ca.cert_pem()).unwrap();
+        }
+    }
+
+    #[test]
+    fn from_pem_refuses_bad_input() {
+        let ca = ca();
+        let cert = ca.cert_pem();
+        let other_key = csr::private_key_pkcs1_pem(test_key()).unwrap();
+        assert_eq!(
+            CertificateAuthority::from_pem(&cert, &other_key).unwrap_err(),
+            PkiError::KeyMismatch
+        );
+        let encrypted =
+            crate::choria::security::encrypt_private_key(&ca.key_pem(), &[7; 32]).unwrap();
+        assert_eq!(
+            CertificateAuthority::from_pem(&cert, &encrypted).unwrap_err(),
+            PkiError::EncryptedKey
+        );
+        assert_eq!(
+            CertificateAuthority::from_pem(&cert, &cert).unwrap_err(),
+            PkiError::MissingPemBlock {
+                what: "CA private key",
+                expected: "RSA PRIVATE KEY or PRIVATE KEY"
+            }
+        );
+        assert_eq!(
+            CertificateAuthority::from_pem(&ca.key_pem(), &ca.key_pem())
+                .unwrap_err()
+                .to_string(),
+            "CA certificate: no CERTIFICATE PEM block found"
+        );
+        let err = CertificateAuthority::from_pem("garbage", &ca.key_pem()).unwrap_err();
+        assert!(matches!(err, PkiError::MissingPemBlock { .. }), "{err}");
+        let bad_base64 = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n";
+        assert_eq!(
+            CertificateAuthority::from_pem(bad_base64, &ca.key_pem()).unwrap_err(),
+            PkiError::BadPem {
+                what: "CA certificate",
+                reason: "PEM body is not valid base64"
+            }
+        );
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_the_key() {
+        let ca = ca();
+        let debug = format!("{ca:?}");
+        assert!(debug.contains("Test CA"), "{debug}");
+        assert!(!debug.contains("PRIVATE"), "{debug}");
+        let body: String = ca.key_pem().lines().nth(1).unwrap().into();
+        let err = CertificateAuthority::from_pem(&ca.cert_pem(), &ca.key_pem()[..200])
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains(&body[..20]), "{err}");
+    }
+
+    #[test]
+    fn openssl_verifies_our_certificates() {
+        if skip_without_openssl("certificate chain check") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca();
+        let ca_file = write(dir.path(), "ca.pem", &ca.cert_pem());
+        let cert = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+        let cert_file = write(dir.path(), "cert.pem", &cert);
+        for purpose in ["sslserver", "sslclient"] {
+            let out = run_ok(
+                openssl()
+                    .args(["verify", "-purpose", purpose, "-CAfile"])
+                    .arg(&ca_file)
+                    .arg(&cert_file),
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+        }
+        // and refuses one from another CA
+        let other = CertificateAuthority::from_key("Test CA", test_key().clone()).unwrap();
+        let forged = write(
+            dir.path(),
+            "forged.pem",
+            &other.sign_csr(&node_csr("node1.example.net"), DAY).unwrap(),
+        );
+        let out = openssl()
+            .args(["verify", "-CAfile"])
+            .arg(&ca_file)
+            .arg(&forged)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+
+    #[test]
+    fn signs_with_an_openssl_made_ca() {
+        if skip_without_openssl("OpenSSL CA check") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("ca.key");
+        let ca_file = dir.path().join("ca.pem");
+        run_ok(
+            openssl()
+                .args([
+                    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                ])
+                .args(["-subj", "/O=Acme/CN=OpenSSL CA", "-keyout"])
+                .arg(&key_file)
+                .arg("-out")
+                .arg(&ca_file),
+        );
+        let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+        let key_pem = std::fs::read_to_string(&key_file).unwrap();
+        let ca = CertificateAuthority::from_pem(&ca_pem, &key_pem).unwrap();
+        let cert = ca
+            .sign_csr(&node_csr("node1.example.net"), 30 * DAY)
+            .unwrap();
+        verify_issued_by(&cert, &ca_pem).unwrap();
+        // clamped to the CA's two days
+        let not_after = parse(&cert).tbs_certificate.validity.not_after;
+        assert_eq!(not_after, parse(&ca_pem).tbs_certificate.validity.not_after);
+        let cert_file = write(dir.path(), "cert.pem", &cert);
+        run_ok(
+            openssl()
+                .args(["verify", "-purpose", "sslserver", "-CAfile"])
+                .arg(&ca_file)
+                .arg(&cert_file),
+        );
+    }
+}
