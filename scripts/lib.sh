@@ -26,3 +26,32 @@ ensure_nats_server() {
   ln -sf "$bin" "$CACHE_BIN/nats-server"
   "$CACHE_BIN/nats-server" --version >&2
 }
+
+# ensure_rust installs a Rust toolchain with rustup when cargo is missing.
+ensure_rust() {
+  if command -v cargo >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+    return 0
+  fi
+  log "installing Rust with rustup"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >&2
+  export PATH="$HOME/.cargo/bin:$PATH"
+}
+
+# free_port prints a free TCP port on the loopback interface.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# wait_for_port waits up to 10 s for something to listen on 127.0.0.1:$1.
+wait_for_port() {
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "nothing listens on port $1"
+  return 1
+}

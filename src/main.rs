@@ -46,6 +46,9 @@ enum LogFormat {
 enum Command {
     /// Run the provisioner (discovery, events, workers, helper).
     Run(RunArgs),
+    /// A reference helper for trying the provisioner against `fleet`: reads a
+    /// node's details as JSON on stdin and prints its configuration.
+    FleetHelper(fleet::helper::FleetHelperArgs),
     /// Simulate many Choria Servers in provisioning mode.
     Fleet(FleetArgs),
     /// Discover provisioning-mode servers and optionally fetch their inventory.
@@ -218,9 +221,29 @@ fn init_tracing(format: LogFormat, filter: &str, target: &LogTarget) -> Result<(
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The helper runs once per node: no runtime and no logging on stdout.
+    if let Command::FleetHelper(args) = &cli.command {
+        return fleet::helper::main_with_stdio(args);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(async_main(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main(cli: Cli) -> Result<()> {
     if let Command::Run(args) = cli.command {
         return run_provisioner(args, cli.log, cli.log_format).await;
     }
@@ -230,7 +253,7 @@ async fn main() -> Result<()> {
         &LogTarget::Stderr,
     )?;
     match cli.command {
-        Command::Run(_) => unreachable!("handled above"),
+        Command::Run(_) | Command::FleetHelper(_) => unreachable!("handled above"),
         Command::Fleet(args) => run_fleet(args).await,
         Command::Discover(args) => run_discover(args).await,
     }
