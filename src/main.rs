@@ -7,16 +7,16 @@ use choria_provisioner::choria::client::{
 use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::protocol::{RequestSigner, Version};
 use choria_provisioner::choria::tls::TlsSettings;
-use choria_provisioner::fleet::{self, FleetOptions};
 use choria_provisioner::config::{
     self, ChoriaClientConfig, Environment, LogTarget, ProvisionerConfig,
 };
+use choria_provisioner::fleet::{self, FleetOptions};
 use choria_provisioner::provision::{self, Provisioner};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use tokio_util::sync::CancellationToken;
-use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use std::path::PathBuf;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[derive(Parser)]
 #[command(
@@ -198,6 +198,13 @@ fn init_tracing(format: LogFormat, filter: &str, target: &LogTarget) -> Result<(
             "log filter {filter:?} is not valid; use a level such as info or debug, or e.g. choria_provisioner=debug"
         )
     })?;
+    use std::io::IsTerminal;
+    // Colour only on a terminal: log files and collectors get plain text.
+    let ansi = match target {
+        LogTarget::Stdout => std::io::stdout().is_terminal(),
+        LogTarget::Stderr => std::io::stderr().is_terminal(),
+        LogTarget::Discard | LogTarget::File(_) => false,
+    };
     let writer = match target {
         LogTarget::Stdout => BoxMakeWriter::new(std::io::stdout),
         LogTarget::Stderr => BoxMakeWriter::new(std::io::stderr),
@@ -213,6 +220,7 @@ fn init_tracing(format: LogFormat, filter: &str, target: &LogTarget) -> Result<(
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(writer);
     match format {
         LogFormat::Human => builder.init(),

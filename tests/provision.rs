@@ -150,8 +150,7 @@ impl Run {
             issuer.public_hex(),
             opts.yaml.replace("{dir}", &here)
         );
-        let provisioner =
-            ProvisionerProcess::start(dir.path(), &yaml, &choria_cfg, &["--debug"]);
+        let provisioner = ProvisionerProcess::start(dir.path(), &yaml, &choria_cfg, &["--debug"]);
         Run {
             dir,
             nats,
@@ -240,6 +239,16 @@ impl Finished {
     /// Every node in `nodes` left provisioning exactly once: configured once,
     /// restarted once, and no provisioning request after its restart.
     fn assert_provisioned_once<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) {
+        self.assert_provisioned_once_after(nodes, 0)
+    }
+
+    /// [`Finished::assert_provisioned_once`] for nodes that restarted
+    /// `earlier` times before (an upgrade restarts a node).
+    fn assert_provisioned_once_after<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = &'a String>,
+        earlier: u64,
+    ) {
         let finals = self.finals();
         let configured = self.ok_actions("configure");
         let restarted = self.ok_actions("restart");
@@ -250,7 +259,11 @@ impl Finished {
                 .get(node)
                 .unwrap_or_else(|| panic!("{node} has no final state"));
             assert_eq!(f["state"], "provisioned", "{node}: {f}");
-            assert_eq!(f["restarts"], 1, "{node} restarted more than once: {f}");
+            assert_eq!(
+                f["restarts"].as_u64(),
+                Some(earlier + 1),
+                "{node} restart count: {f}"
+            );
             assert_eq!(configured.get(node), Some(&1), "{node} configure count");
             assert_eq!(restarted.get(node), Some(&1), "{node} restart count");
         }
@@ -393,8 +406,10 @@ async fn ed25519_feature_issues_chain_signed_server_jwts() {
         let jwt = state["server_jwt"]
             .as_str()
             .unwrap_or_else(|| panic!("{node} received no server JWT: {state}"));
-        let claims = tokens::verify_chain_issued_server_token(jwt, &issuer_public)
-            .unwrap_or_else(|e| panic!("{node}'s server JWT does not verify through the chain: {e}"));
+        let claims =
+            tokens::verify_chain_issued_server_token(jwt, &issuer_public).unwrap_or_else(|e| {
+                panic!("{node}'s server JWT does not verify through the chain: {e}")
+            });
         assert_eq!(claims.identity, node);
         assert_eq!(claims.collectives, vec!["choria", "eu"], "{node}");
         assert_eq!(
@@ -421,7 +436,8 @@ async fn upgrades_update_nodes_then_provision_them_after_their_restart() {
     run.wait_provisioned(NODES, Duration::from_secs(300)).await;
     let f = run.finish().await;
     let nodes = all_nodes(&f);
-    f.assert_provisioned_once(&nodes);
+    // One restart onto the new version, one after configure.
+    f.assert_provisioned_once_after(&nodes, 1);
     let updates = f.ok_actions("release_update");
     for (node, state) in f.finals() {
         assert_eq!(state["version"], "0.31.0", "{node}: {state}");
@@ -443,9 +459,16 @@ async fn deferred_nodes_are_provisioned_on_a_later_cycle() {
     .await;
     // Every node is deferred on the first cycle...
     run.provisioner()
-        .wait_for_metric("choria_provisioner_provision_errors", 200.0, Duration::from_secs(60))
+        .wait_for_metric(
+            "choria_provisioner_provision_errors",
+            200.0,
+            Duration::from_secs(60),
+        )
         .await;
-    assert_eq!(run.provisioner().metric("choria_provisioner_provisioned"), 0.0);
+    assert_eq!(
+        run.provisioner().metric("choria_provisioner_provisioned"),
+        0.0
+    );
     // ...and provisioned by the discovery one interval later.
     run.wait_provisioned(200, Duration::from_secs(120)).await;
     let f = run.finish().await;
@@ -455,20 +478,29 @@ async fn deferred_nodes_are_provisioned_on_a_later_cycle() {
         f.logs.contains("deferred once by fleet-helper"),
         "the helper's defer message is logged"
     );
-    assert_eq!(std::fs::read_dir(f.run.path("deferred")).unwrap().count(), 200);
+    assert_eq!(
+        std::fs::read_dir(f.run.path("deferred")).unwrap().count(),
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_helper_can_shut_nodes_down() {
     let mut run = Run::start(Options {
-        helper: vec!["--shutdown-match".into(), "-00[0-4][0-9]\\.".into()],
+        // `=`: the pattern starts with '-', which would read as a flag.
+        helper: vec!["--shutdown-match=-00[0-4][0-9]\\.".into()],
         ..Default::default()
     })
     .await;
     // 50 nodes (0000-0049) are shut down, the rest provisioned.
-    run.wait_provisioned(NODES - 50, Duration::from_secs(300)).await;
+    run.wait_provisioned(NODES - 50, Duration::from_secs(300))
+        .await;
     run.provisioner()
-        .wait_for_metric("choria_provisioner_helper_shutdown_requests", 50.0, Duration::from_secs(30))
+        .wait_for_metric(
+            "choria_provisioner_helper_shutdown_requests",
+            50.0,
+            Duration::from_secs(30),
+        )
         .await;
     let f = run.finish().await;
     let finals = f.finals();
@@ -507,8 +539,7 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
         helper: vec![
             "--fail".into(),
             "crash".into(),
-            "--fail-match".into(),
-            "-00[0-9]\\.".into(),
+            "--fail-match=-00[0-9]\\.".into(),
         ],
         fleet: Box::new(|o| {
             o.fail_error = 0.02;
@@ -553,7 +584,10 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
     assert_eq!(provisioned as usize, healthy.len(), "provisioned counter");
 
     // Helper crashes: counted, logged with node and step, retried next cycle.
-    let crashed = helper_crash.iter().filter(|n| !injected.contains(n)).count();
+    let crashed = helper_crash
+        .iter()
+        .filter(|n| !injected.contains(n))
+        .count();
     assert!(
         helper_errors >= 2.0 * crashed as f64,
         "helper_errors {helper_errors} for {crashed} crashing nodes over 2 cycles"
@@ -589,8 +623,14 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
             "no jwt failure logged for {node}"
         );
     }
-    assert!(rpc_errors >= 2.0 * 0.04 * N as f64 * 0.5, "rpc_errors {rpc_errors}");
-    assert!(provision_errors >= rpc_errors, "provision_errors {provision_errors}");
+    assert!(
+        rpc_errors >= 2.0 * 0.04 * N as f64 * 0.5,
+        "rpc_errors {rpc_errors}"
+    );
+    assert!(
+        provision_errors >= rpc_errors,
+        "provision_errors {provision_errors}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -603,20 +643,25 @@ async fn hanging_or_garbage_printing_helpers_fail_only_their_nodes() {
             helper: vec![
                 "--fail".into(),
                 mode.into(),
-                "--fail-match".into(),
-                "-00[0-9]\\.".into(),
+                "--fail-match=-00[0-9]\\.".into(),
             ],
             ..Default::default()
         })
         .await;
         run.wait_provisioned(N - 10, Duration::from_secs(120)).await;
         run.provisioner()
-            .wait_for_metric("choria_provisioner_helper_errors", 10.0, Duration::from_secs(30))
+            .wait_for_metric(
+                "choria_provisioner_helper_errors",
+                10.0,
+                Duration::from_secs(30),
+            )
             .await;
         let f = run.finish().await;
         let finals = f.finals();
-        let (bad, good): (Vec<String>, Vec<String>) =
-            finals.keys().cloned().partition(|n| n.as_str() < "node-010");
+        let (bad, good): (Vec<String>, Vec<String>) = finals
+            .keys()
+            .cloned()
+            .partition(|n| n.as_str() < "node-010");
         f.assert_provisioned_once(&good);
         for node in &bad {
             assert_eq!(finals[node]["state"], "provisioning", "{mode}: {node}");
@@ -634,7 +679,11 @@ async fn hanging_or_garbage_printing_helpers_fail_only_their_nodes() {
 async fn a_broker_restart_mid_run_loses_no_node() {
     let mut run = Run::start(Options::default()).await;
     run.provisioner()
-        .wait_for_metric("choria_provisioner_provisioned", 300.0, Duration::from_secs(120))
+        .wait_for_metric(
+            "choria_provisioner_provisioned",
+            300.0,
+            Duration::from_secs(120),
+        )
         .await;
     run.nats.restart(Duration::from_secs(1));
     run.wait_provisioned(NODES, Duration::from_secs(300)).await;
@@ -657,7 +706,11 @@ async fn a_broker_restart_mid_run_loses_no_node() {
 async fn sigterm_stops_within_the_grace_period_and_the_next_instance_finishes() {
     let mut run = Run::start(Options::default()).await;
     run.provisioner()
-        .wait_for_metric("choria_provisioner_provisioned", 200.0, Duration::from_secs(120))
+        .wait_for_metric(
+            "choria_provisioner_provisioned",
+            200.0,
+            Duration::from_secs(120),
+        )
         .await;
     let p = run.provisioner();
     let started = std::time::Instant::now();
@@ -686,7 +739,10 @@ async fn sigterm_stops_within_the_grace_period_and_the_next_instance_finishes() 
         if n as usize >= NODES - 200 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "second instance provisioned only {n}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "second instance provisioned only {n}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -411,8 +411,10 @@ impl ProvisionerConfig {
             ));
         }
 
-        let discovery_timeout = positive_duration(&sec, "discovery_timeout", DEFAULT_DISCOVERY_TIMEOUT)?;
-        let discovery_window = positive_duration(&sec, "discovery_window", DEFAULT_DISCOVERY_WINDOW)?;
+        let discovery_timeout =
+            positive_duration(&sec, "discovery_timeout", DEFAULT_DISCOVERY_TIMEOUT)?;
+        let discovery_window =
+            positive_duration(&sec, "discovery_window", DEFAULT_DISCOVERY_WINDOW)?;
         if discovery_window > discovery_timeout {
             warnings.push(sec.warning(
                 "discovery_window",
@@ -423,7 +425,10 @@ impl ProvisionerConfig {
         let rpc_timeout = match sec.duration("rpc_timeout")? {
             Some((raw, d)) if !raw.trim().is_empty() => {
                 if d.is_zero() {
-                    return Err(sec.error("rpc_timeout", format!("{raw:?} is zero; use a positive duration such as 5s")));
+                    return Err(sec.error(
+                        "rpc_timeout",
+                        format!("{raw:?} is zero; use a positive duration such as 5s"),
+                    ));
                 }
                 Some(d)
             }
@@ -655,7 +660,10 @@ fn positive_duration(sec: &Section, key: &str, default: Duration) -> Result<Dura
         Some((raw, _)) if raw.trim().is_empty() => Ok(default),
         Some((raw, d)) if d.is_zero() => Err(sec.error(
             key,
-            format!("{raw:?} is zero; use a positive duration such as {}", format_duration(default)),
+            format!(
+                "{raw:?} is zero; use a positive duration such as {}",
+                format_duration(default)
+            ),
         )),
         Some((_, d)) => Ok(d),
     }
@@ -1357,4 +1365,3 @@ features:
         );
     }
 }
-

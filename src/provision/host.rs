@@ -115,16 +115,15 @@ impl ProvisionError {
 
     /// A pause or shutdown rather than a fault of the node.
     pub fn is_pause(&self) -> bool {
-        matches!(
-            self,
-            ProvisionError::Paused(_) | ProvisionError::Abandoned
-        )
+        matches!(self, ProvisionError::Paused(_) | ProvisionError::Abandoned)
     }
 }
 
 /// Go's `backoff.FiveSec` policy: the sleep after try n is `FIVE_SEC[n]`
 /// milliseconds, jittered to 50–150 %.
-const FIVE_SEC: [u64; 11] = [500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000];
+const FIVE_SEC: [u64; 11] = [
+    500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
+];
 
 fn backoff(try_number: u32) -> Duration {
     let base = FIVE_SEC[(try_number as usize).min(FIVE_SEC.len() - 1)];
@@ -189,7 +188,10 @@ impl<'a> HostSequence<'a> {
         }
         if response.shutdown {
             if response.msg.is_empty() {
-                warn!(node = self.identity, "shutting down the node as the helper asked, no reason given");
+                warn!(
+                    node = self.identity,
+                    "shutting down the node as the helper asked, no reason given"
+                );
             } else {
                 warn!(node = self.identity, reason = %response.msg, "shutting down the node as the helper asked");
             }
@@ -250,7 +252,11 @@ impl<'a> HostSequence<'a> {
             let client = &self.ctx.client;
             let request = async {
                 match self.ctx.rpc_timeout {
-                    Some(t) => client.rpc_with_timeout(self.identity, agent, action, data, t).await,
+                    Some(t) => {
+                        client
+                            .rpc_with_timeout(self.identity, agent, action, data, t)
+                            .await
+                    }
                     None => client.rpc(self.identity, agent, action, data).await,
                 }
             };
@@ -429,7 +435,8 @@ impl<'a> HostSequence<'a> {
         if reply.csr.is_empty() {
             return Err(ProvisionError::Csr("no CSR received".into()));
         }
-        let info = parse_csr(&reply.csr).map_err(|e: CsrError| ProvisionError::Csr(e.to_string()))?;
+        let info =
+            parse_csr(&reply.csr).map_err(|e: CsrError| ProvisionError::Csr(e.to_string()))?;
         validate_csr_names(&info, self.identity, &self.ctx.deny_list)
             .map_err(|e| ProvisionError::Csr(e.to_string()))?;
         self.got.csr = Some(reply);
@@ -537,7 +544,9 @@ impl<'a> HostSequence<'a> {
         let key = cfg.load_signing_key()?;
         if let Some((_, signer)) = cfg.load_signing_token()? {
             let Some(ed_key) = key.as_ed25519() else {
-                return Err(err("jwt_signing_key must be an ed25519 seed to chain-sign".into()));
+                return Err(err(
+                    "jwt_signing_key must be an ed25519 seed to chain-sign".into()
+                ));
             };
             claims
                 .add_chain_issuer_data(&signer, ed_key)
@@ -693,7 +702,8 @@ fn require_ok(r: &RpcResult) -> Result<(), String> {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(data: &serde_json::Value) -> Result<T, String> {
-    serde_json::from_value(data.clone()).map_err(|e| format!("could not decode the reply data: {e}"))
+    serde_json::from_value(data.clone())
+        .map_err(|e| format!("could not decode the reply data: {e}"))
 }
 
 #[cfg(test)]

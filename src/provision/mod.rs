@@ -150,7 +150,12 @@ impl Provisioner {
         if let Some(port) = cfg.monitor_port {
             let listener = monitor::bind(port).await?;
             info!(port, "serving /metrics, /healthz and /readyz");
-            tasks.spawn(monitor_task(listener, metrics.clone(), health.clone(), stop_tasks.clone()));
+            tasks.spawn(monitor_task(
+                listener,
+                metrics.clone(),
+                health.clone(),
+                stop_tasks.clone(),
+            ));
         }
 
         let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -171,7 +176,12 @@ impl Provisioner {
             "Choria Provisioner starting"
         );
 
-        let startup = Event::new(EventType::Startup, &setup.identity.identity, COMPONENT, Some(&version));
+        let startup = Event::new(
+            EventType::Startup,
+            &setup.identity.identity,
+            COMPONENT,
+            Some(&version),
+        );
         if let Err(e) = client.publish_event(EventType::Startup, &startup).await {
             error!(error = %e, "could not publish our startup event");
         }
@@ -189,10 +199,20 @@ impl Provisioner {
             abandon: abandon.clone(),
         });
 
-        let events = client::subscribe_events(&nats, EventType::Startup, &cfg.lifecycle_component).await?;
-        tasks.spawn(listen_for_startups(events, handle.clone(), stop_tasks.clone()));
+        let events =
+            client::subscribe_events(&nats, EventType::Startup, &cfg.lifecycle_component).await?;
+        tasks.spawn(listen_for_startups(
+            events,
+            handle.clone(),
+            stop_tasks.clone(),
+        ));
         tasks.spawn(watch_broker(events_rx, handle.clone(), stop_tasks.clone()));
-        tasks.spawn(handle.registry.clone().run_finisher(finisher_rx, stop_tasks.clone()));
+        tasks.spawn(
+            handle
+                .registry
+                .clone()
+                .run_finisher(finisher_rx, stop_tasks.clone()),
+        );
 
         let mut workers = JoinSet::new();
         for n in 1..=cfg.workers {
@@ -203,7 +223,8 @@ impl Provisioner {
             timeout: cfg.discovery_timeout,
             sliding_window: Some(cfg.discovery_window),
         };
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + cfg.interval, cfg.interval);
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + cfg.interval, cfg.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         discover(&client, &handle, discovery).await;
         loop {
@@ -287,7 +308,10 @@ async fn discover(client: &ChoriaClient, handle: &Handle, opts: DiscoveryOptions
     handle.metrics.discover_cycle();
     info!("looking for provisionable hosts");
     let started = Instant::now();
-    match client.discover(&Filter::with_agent("choria_provision"), opts).await {
+    match client
+        .discover(&Filter::with_agent("choria_provision"), opts)
+        .await
+    {
         Ok(nodes) => {
             let mut added = 0;
             for node in &nodes {
@@ -334,7 +358,9 @@ async fn listen_for_startups(
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
-            Err(e) => warn!(subject = %msg.subject, error = %e, "could not handle a lifecycle event"),
+            Err(e) => {
+                warn!(subject = %msg.subject, error = %e, "could not handle a lifecycle event")
+            }
         }
     }
 }
@@ -359,7 +385,9 @@ async fn watch_broker(
             }
             async_nats::Event::Disconnected => {
                 warn!("disconnected from the broker; reconnecting");
-                handle.health.set("broker", Err("disconnected from the broker".into()));
+                handle
+                    .health
+                    .set("broker", Err("disconnected from the broker".into()));
             }
             other => debug!(event = %other, "broker connection event"),
         }
@@ -385,10 +413,14 @@ async fn worker(n: usize, ctx: Arc<Context>, handle: Handle) {
             Ok(Outcome::Provisioned) => {
                 ctx.metrics.provisioned();
                 info!(node = %ticket.identity, "provisioned");
-                handle.registry.remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+                handle
+                    .registry
+                    .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
             }
             Ok(Outcome::Shutdown) => {
-                handle.registry.remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+                handle
+                    .registry
+                    .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
             }
             Ok(Outcome::Upgrading { to }) => {
                 info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
@@ -400,7 +432,7 @@ async fn worker(n: usize, ctx: Arc<Context>, handle: Handle) {
             }
             Err(e) => {
                 ctx.metrics.provision_error();
-                error!(node = %ticket.identity, step = e.step(), error = %e, "could not provision the node");
+                error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
                 handle.registry.remove(&ticket);
             }
         }

@@ -67,10 +67,7 @@ impl Registry {
     pub fn new(
         interval: Duration,
         metrics: Arc<Metrics>,
-    ) -> (
-        Arc<Self>,
-        mpsc::UnboundedReceiver<(Arc<Ticket>, Duration)>,
-    ) {
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<(Arc<Ticket>, Duration)>) {
         let (queue_tx, queue_rx) = async_channel::bounded(QUEUE_CAPACITY);
         let (finisher, finisher_rx) = mpsc::unbounded_channel();
         let registry = Arc::new(Registry {
@@ -254,7 +251,10 @@ mod tests {
         assert_eq!(r.clear(), 5);
         assert_eq!(r.queued(), 0);
         assert!(r.is_empty());
-        assert!(!r.is_current(&taken), "a worker's ticket is rejected after clear");
+        assert!(
+            !r.is_current(&taken),
+            "a worker's ticket is rejected after clear"
+        );
         // After clearing, the host can be added again at once.
         assert_eq!(r.add("n0"), Added::Queued);
     }
