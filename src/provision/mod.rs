@@ -372,18 +372,24 @@ async fn watch_broker(
     handle: Handle,
     stop: CancellationToken,
 ) {
+    // async-nats also reports the first connection; only a reconnect after a
+    // disconnect calls for a new discovery.
+    let mut disconnected = false;
     loop {
         let event = tokio::select! {
             e = events.recv() => match e { Some(e) => e, None => return },
             _ = stop.cancelled() => return,
         };
         match event {
-            async_nats::Event::Connected => {
+            async_nats::Event::Connected if disconnected => {
+                disconnected = false;
                 info!("connected to the broker again; rediscovering");
                 handle.health.set("broker", Ok(()));
                 handle.trigger_discovery();
             }
+            async_nats::Event::Connected => handle.health.set("broker", Ok(())),
             async_nats::Event::Disconnected => {
+                disconnected = true;
                 warn!("disconnected from the broker; reconnecting");
                 handle
                     .health

@@ -1,0 +1,252 @@
+//! The provisioner in-process against the simulated fleet: the pause gate as
+//! seen from the nodes, and discovery at scale.
+
+mod support;
+
+use choria_provisioner::choria::client::{self, EventFormat};
+use choria_provisioner::choria::lifecycle::{Event, EventType};
+use choria_provisioner::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
+use choria_provisioner::fleet::FleetOptions;
+use choria_provisioner::provision::gate::PauseReason;
+use choria_provisioner::provision::{Handle, Provisioner};
+use serde_json::Value;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::provisioner::binary;
+use support::{NatsServer, RunningFleet};
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    handle: Handle,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the provisioner stops within 5 s")
+            .unwrap();
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        self.handle.metrics.value(name).unwrap_or(0.0)
+    }
+
+    async fn wait_for(&self, name: &str, at_least: f64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.metric(name) < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "{name} is {} after {timeout:?}, expected >= {at_least}",
+                self.metric(name)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Starts the provisioner in this process; `before` runs on its handle
+/// before it starts (e.g. to start paused).
+fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Handle)) -> Running {
+    let yaml_path = dir.join("provisioner.yaml");
+    std::fs::write(
+        &yaml_path,
+        format!("interval: 1m\nchoria_insecure: true\nsite: pipeline\nrpc_timeout: 3s\ndiscovery_window: 500ms\n{yaml}"),
+    )
+    .unwrap();
+    let ccfg_path = dir.join("choria.cfg");
+    std::fs::write(
+        &ccfg_path,
+        format!(
+            "identity = provisioner.pipeline\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let cfg = ProvisionerConfig::load(&yaml_path).unwrap();
+    let env = Environment::from_process();
+    let setup = ChoriaClientConfig::load_with(&ccfg_path, &env)
+        .unwrap()
+        .client_setup(&cfg, &env)
+        .unwrap();
+    let provisioner = Provisioner::new(cfg, setup, "test");
+    let handle = provisioner.handle();
+    before(&handle);
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let task = tokio::spawn(async move {
+        provisioner.run(stop).await.expect("the provisioner runs");
+    });
+    Running {
+        handle,
+        shutdown,
+        task,
+    }
+}
+
+async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
+    RunningFleet::start(FleetOptions {
+        nats: vec![nats.url()],
+        nodes,
+        journal: Some(dir.join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    })
+    .await
+}
+
+fn actions<'a>(journal: &'a [Value], action: &'a str) -> impl Iterator<Item = &'a Value> {
+    journal
+        .iter()
+        .filter(move |e| e["kind"] == "action" && e["action"] == action)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_provisioner_ignores_discovery_and_events_and_resuming_discovers_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let fleet = fleet(&nats, dir.path(), 100).await;
+    let helper = format!("helper: {} fleet-helper\nworkers: 8\n", binary());
+    let p = start(dir.path(), &nats, &helper, |h| {
+        h.pause(PauseReason::Requested, true)
+    });
+    // Paused from the start: no discovery, and a startup event is ignored.
+    let nats_client = nats.connect("event-sender").await;
+    let event = Event::new(
+        EventType::Startup,
+        &fleet.identities[0],
+        "provision_mode_server",
+        Some("0.30.2"),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client::publish_event(
+        &nats_client,
+        EventType::Startup,
+        &event,
+        EventFormat::CloudEvent,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(p.metric("choria_provisioner_paused"), 1.0);
+    assert_eq!(p.metric("choria_provisioner_discover_cycles"), 0.0);
+    assert_eq!(p.metric("choria_provisioner_event_discovered"), 0.0);
+    assert_eq!(p.handle.registry.len(), 0);
+
+    // Resuming discovers at once (the interval is a minute away).
+    let resumed = Instant::now();
+    p.handle.resume(PauseReason::Requested);
+    assert_eq!(p.metric("choria_provisioner_paused"), 0.0);
+    p.wait_for(
+        "choria_provisioner_provisioned",
+        100.0,
+        Duration::from_secs(50),
+    )
+    .await;
+    assert!(
+        resumed.elapsed() < Duration::from_secs(50),
+        "provisioned after resuming"
+    );
+    p.stop().await;
+    let (_, journal) = fleet.finish().await;
+    let first_request = journal
+        .iter()
+        .filter(|e| e["kind"] == "action")
+        .map(|e| e["time_us"].as_i64().unwrap())
+        .min()
+        .unwrap();
+    let resumed_at_us =
+        chrono::Utc::now().timestamp_micros() - resumed.elapsed().as_micros() as i64;
+    assert!(
+        first_request >= resumed_at_us - 100_000,
+        "a node was contacted before resume ({first_request} < {resumed_at_us})"
+    );
+    assert_eq!(actions(&journal, "configure").count(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let fleet = fleet(&nats, dir.path(), 20).await;
+    // A slow helper: every node is inside it when the pause comes.
+    let helper = format!(
+        "helper: sh -c 'sleep 2; exec {} fleet-helper'\nworkers: 20\n",
+        binary()
+    );
+    let p = start(dir.path(), &nats, &helper, |_| {});
+    p.wait_for(
+        "choria_provisioner_busy_workers",
+        20.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    let journal_path = dir.path().join("journal.jsonl");
+    // All 20 have fetched their inventory and sit in the helper.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while actions(&support::read_journal_so_far(&journal_path), "inventory").count() < 20 {
+        assert!(Instant::now() < deadline, "inventory not fetched by all");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.handle.pause(PauseReason::Requested, false);
+    // The helpers finish, but configure must not be sent.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(p.metric("choria_provisioner_busy_workers"), 0.0);
+    assert_eq!(p.metric("choria_provisioner_provisioned"), 0.0);
+    assert_eq!(
+        p.metric("choria_provisioner_provision_errors"),
+        0.0,
+        "a pause is not a provisioning error"
+    );
+    let so_far = support::read_journal_so_far(&journal_path);
+    assert_eq!(
+        actions(&so_far, "configure").count(),
+        0,
+        "configure was sent while paused"
+    );
+    // Resuming rediscovers them and finishes the job.
+    p.handle.resume(PauseReason::Requested);
+    p.wait_for(
+        "choria_provisioner_provisioned",
+        20.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    p.stop().await;
+    let (_, journal) = fleet.finish().await;
+    assert_eq!(actions(&journal, "configure").count(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_discovery_round_finds_a_ten_thousand_node_fleet() {
+    const N: usize = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let fleet = fleet(&nats, dir.path(), N).await;
+    // Default discovery timing; two workers keep the work that follows cheap.
+    let helper = format!("helper: {} fleet-helper\nworkers: 2\n", binary());
+    let started = Instant::now();
+    let p = start(dir.path(), &nats, &helper, |_| {});
+    p.wait_for(
+        "choria_provisioner_discover_cycles",
+        1.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    p.wait_for(
+        "choria_provisioner_discovered",
+        N as f64,
+        Duration::from_secs(30),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(p.metric("choria_provisioner_discover_cycles"), 1.0);
+    assert_eq!(p.metric("choria_provisioner_event_discovered"), 0.0);
+    println!("first discovery found {N} nodes; {took:?} after start");
+    p.stop().await;
+    drop(fleet);
+}
