@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod gopeers;
 pub mod provisioner;
 
 /// Finds the nats-server binary: `$NATS_SERVER_BIN`, the project cache, or `$PATH`.
