@@ -3,6 +3,7 @@
 
 pub mod choria;
 pub mod config;
+pub mod election;
 pub mod fleet;
 pub mod metrics;
 pub mod monitor;

@@ -39,6 +39,8 @@ pub const DEFAULT_STREAMS_BUCKET: &str = "CHORIA_LEADER_ELECTION";
 pub const DEFAULT_STREAMS_NAME: &str = "provisioner";
 /// The JetStream API prefix the Choria broker imports into the provisioning account.
 pub const DEFAULT_STREAMS_API_PREFIX: &str = "choria.streams";
+/// The TTL of a bucket we create (the Choria broker's default).
+pub const DEFAULT_BUCKET_TTL: Duration = Duration::from_secs(60);
 /// Default Kubernetes Lease name.
 pub const DEFAULT_LEASE_NAME: &str = "choria-provisioner";
 /// client-go's defaults.
@@ -79,6 +81,11 @@ pub struct ElectionConfig {
     /// Streams: JetStream API prefix without a trailing dot; empty means the
     /// account's own `$JS.API`.
     pub api_prefix: String,
+    /// Streams: create the bucket with `bucket_ttl` when it is missing
+    /// (normally the Choria broker creates it).
+    pub create_bucket: bool,
+    /// Streams: the TTL of a bucket we create.
+    pub bucket_ttl: Duration,
     /// Lease: object name.
     pub lease_name: String,
     /// Lease: namespace; `None` means the namespace the pod runs in.
@@ -95,6 +102,8 @@ impl Default for ElectionConfig {
             bucket: DEFAULT_STREAMS_BUCKET.into(),
             name: DEFAULT_STREAMS_NAME.into(),
             api_prefix: DEFAULT_STREAMS_API_PREFIX.into(),
+            create_bucket: false,
+            bucket_ttl: DEFAULT_BUCKET_TTL,
             lease_name: DEFAULT_LEASE_NAME.into(),
             lease_namespace: None,
             lease_duration: DEFAULT_LEASE_DURATION,
@@ -109,13 +118,21 @@ const KEYS: &[&str] = &[
     "bucket",
     "name",
     "api_prefix",
+    "create_bucket",
+    "bucket_ttl",
     "lease_name",
     "lease_namespace",
     "lease_duration",
     "renew_deadline",
     "retry_period",
 ];
-const STREAMS_KEYS: &[&str] = &["bucket", "name", "api_prefix"];
+const STREAMS_KEYS: &[&str] = &[
+    "bucket",
+    "name",
+    "api_prefix",
+    "create_bucket",
+    "bucket_ttl",
+];
 const LEASE_KEYS: &[&str] = &[
     "lease_name",
     "lease_namespace",
@@ -209,6 +226,16 @@ impl ElectionConfig {
                 valid_string(&sec, "api_prefix", is_subject_prefix, "subject prefix")?
             {
                 cfg.api_prefix = strip_trailing_dot(&prefix).to_string();
+            }
+            cfg.create_bucket = sec.bool("create_bucket")?.unwrap_or(false);
+            if let Some((raw, d)) = sec.duration("bucket_ttl")? {
+                // Go refuses buckets whose TTL is outside 4 s..1 h.
+                if d < Duration::from_secs(4) || d > Duration::from_secs(3600) {
+                    return Err(
+                        sec.error("bucket_ttl", format!("{raw:?} must be between 4s and 1h"))
+                    );
+                }
+                cfg.bucket_ttl = d;
             }
         }
 

@@ -18,7 +18,8 @@ pub mod version;
 use crate::choria::client::{self, ChoriaClient, ClientError, DiscoveryOptions};
 use crate::choria::filter::Filter;
 use crate::choria::lifecycle::{self, Event, EventType};
-use crate::config::{ClientSetup, ConfigError, ProvisionerConfig};
+use crate::config::{ClientSetup, ConfigError, ElectionBackend, ProvisionerConfig};
+use crate::election;
 use crate::metrics::Metrics;
 use crate::monitor::{self, Health};
 use futures::StreamExt;
@@ -57,6 +58,8 @@ pub struct Handle {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     pub health: Health,
+    /// Who leads (with an election); `None` when unknown or no election.
+    pub leader: tokio::sync::watch::Receiver<Option<String>>,
     trigger: mpsc::Sender<()>,
 }
 
@@ -95,6 +98,7 @@ pub struct Provisioner {
     handle: Handle,
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
+    leader_tx: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Provisioner {
@@ -103,6 +107,11 @@ impl Provisioner {
         let gate = PauseGate::new(metrics.clone());
         let (registry, finisher_rx) = Registry::new(cfg.interval, metrics.clone());
         let (trigger, trigger_rx) = mpsc::channel(1);
+        let (leader_tx, leader) = tokio::sync::watch::channel(None);
+        // With an election every replica starts paused, before any work.
+        if cfg.election.enabled() {
+            gate.pause(PauseReason::Election);
+        }
         Provisioner {
             cfg: Arc::new(cfg),
             setup,
@@ -112,10 +121,12 @@ impl Provisioner {
                 registry,
                 metrics,
                 health: Health::new(),
+                leader,
                 trigger,
             },
             trigger_rx,
             finisher_rx,
+            leader_tx,
         }
     }
 
@@ -134,12 +145,12 @@ impl Provisioner {
             handle,
             mut trigger_rx,
             finisher_rx,
+            leader_tx,
         } = self;
-        if cfg.election.enabled() {
+        if cfg.election.backend == ElectionBackend::Lease {
             return Err(RunError::Unsupported(format!(
-                "{}: leader election (backend {}) is not available in this build yet; remove leader_election / election.backend to run a single provisioner",
-                cfg.file.display(),
-                cfg.election.backend.as_str()
+                "{}: election.backend lease is not available in this build yet; use streams or none",
+                cfg.file.display()
             )));
         }
         let metrics = handle.metrics.clone();
@@ -214,6 +225,19 @@ impl Provisioner {
                 .run_finisher(finisher_rx, stop_tasks.clone()),
         );
 
+        let election_stop = CancellationToken::new();
+        let election = match cfg.election.backend {
+            ElectionBackend::Streams => Some(tokio::spawn(election::run_streams(
+                nats.clone(),
+                cfg.election.clone(),
+                candidate_identity(&setup.identity.identity),
+                handle.clone(),
+                election_stop.clone(),
+                leader_tx,
+            ))),
+            ElectionBackend::None | ElectionBackend::Lease => None,
+        };
+
         let mut workers = JoinSet::new();
         for n in 1..=cfg.workers {
             workers.spawn(worker(n, ctx.clone(), handle.clone()));
@@ -226,12 +250,23 @@ impl Provisioner {
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + cfg.interval, cfg.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        discover(&client, &handle, discovery).await;
+        // Discover at once, then on the interval and on triggers; shutdown
+        // wins over a pending trigger and cuts a running discovery short.
+        let mut first = true;
         loop {
+            if !first {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = ticker.tick() => {}
+                    Some(()) = trigger_rx.recv() => {}
+                }
+            }
+            first = false;
             tokio::select! {
-                _ = ticker.tick() => discover(&client, &handle, discovery).await,
-                Some(()) = trigger_rx.recv() => discover(&client, &handle, discovery).await,
+                biased;
                 _ = shutdown.cancelled() => break,
+                _ = discover(&client, &handle, discovery) => {}
             }
         }
 
@@ -249,6 +284,13 @@ impl Provisioner {
             abandon.cancel();
             while workers.join_next().await.is_some() {}
         }
+        // Only now, with our workers stopped, may a standby take over.
+        election_stop.cancel();
+        if let Some(task) = election {
+            if let Err(e) = task.await {
+                error!(error = %e, "the election task failed");
+            }
+        }
         stop_tasks.cancel();
         while tasks.join_next().await.is_some() {}
         if let Err(e) = nats.flush().await {
@@ -257,6 +299,16 @@ impl Provisioner {
         info!("stopped");
         Ok(())
     }
+}
+
+/// The name we campaign under: the pod name in Kubernetes (replicas share
+/// their configuration, so the Choria identity is not unique), else the
+/// Choria identity, as Go candidates use it.
+fn candidate_identity(choria_identity: &str) -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| choria_identity.to_string())
 }
 
 /// Connects, retrying while the broker is unreachable (reported on /readyz)

@@ -188,7 +188,7 @@ pub fn read_journal(path: &Path) -> Vec<Value> {
 
 /// The complete lines of a journal the fleet may still be writing: none while
 /// the file does not exist yet, and not a last line still being written.
-fn read_journal_so_far(path: &Path) -> Vec<Value> {
+pub fn read_journal_so_far(path: &Path) -> Vec<Value> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),

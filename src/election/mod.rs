@@ -1,0 +1,205 @@
+//! Leader election: every replica starts paused and only the winner works.
+//!
+//! [`machine`] holds the rules (client-go's, for every backend); a backend
+//! only performs one campaign, renewal or release against its store:
+//! [`streams`] — the Choria Streams KV bucket Go provisioners use — or
+//! [`lease`] — a Kubernetes Lease. [`run`] drives a backend and steers the
+//! provisioner through its [`Handle`]: on winning it resumes and discovers at
+//! once; on losing it pauses and empties the registry and queue. Errors are
+//! retried with backoff, logged, counted and reported on `/readyz` — never a
+//! silent pause and never a process exit.
+
+pub mod machine;
+pub mod streams;
+
+use crate::provision::gate::PauseReason;
+use crate::provision::Handle;
+use machine::{Machine, Outcome, Timings, Transition};
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// The readiness check the election reports under.
+pub const HEALTH_CHECK: &str = "election";
+/// How long a release on shutdown may take.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    #[error("{0}")]
+    Streams(#[from] streams::StreamsError),
+    #[error("{0}")]
+    Other(String),
+    #[error("{what} did not finish within {timeout:?}")]
+    Timeout {
+        what: &'static str,
+        timeout: Duration,
+    },
+}
+
+/// One election store.
+pub trait Backend: Send {
+    /// For logs: `streams CHORIA_LEADER_ELECTION/provisioner`.
+    fn describe(&self) -> String;
+    fn identity(&self) -> &str;
+    fn timings(&self) -> Timings;
+    /// One attempt to become leader.
+    fn campaign(&mut self) -> impl Future<Output = Result<Outcome, ElectionError>> + Send;
+    /// One attempt to keep leadership.
+    fn renew(&mut self) -> impl Future<Output = Result<Outcome, ElectionError>> + Send;
+    /// Gives leadership up so a standby can take over at once.
+    fn release(&mut self) -> impl Future<Output = Result<(), ElectionError>> + Send;
+    /// Resolves when leadership may have become free (a release was
+    /// announced), so a follower campaigns at once instead of waiting.
+    fn vacancy(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+}
+
+/// Who leads, for status reporting (the operator's `status.leader`).
+pub type LeaderWatch = watch::Receiver<Option<String>>;
+
+/// Runs the election until `stop` fires, then releases leadership if held.
+/// The caller pauses the provisioner for [`PauseReason::Election`] before any
+/// work starts and cancels `stop` only once its workers have stopped, so the
+/// next leader never overlaps with us.
+pub async fn run<B: Backend>(
+    mut backend: B,
+    handle: Handle,
+    stop: CancellationToken,
+    leader_tx: watch::Sender<Option<String>>,
+) {
+    let me = backend.identity().to_string();
+    let mut machine = Machine::new(backend.timings());
+    info!(election = %backend.describe(), identity = %me, "campaigning for leadership");
+    handle.metrics.set_leader(false);
+    let mut next = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = backend.vacancy(), if !machine.is_leader() => {
+                debug!("leadership was released; campaigning now");
+            }
+            _ = stop.cancelled() => break,
+        }
+        let now = tokio::time::Instant::now();
+        if let Some(t) = machine.check_deadline(now.into_std()) {
+            apply(&t, &handle, &me);
+        }
+        let leading = machine.is_leader();
+        let timeout = machine.attempt_timeout(now.into_std());
+        let attempt = async {
+            if leading {
+                backend.renew().await
+            } else {
+                backend.campaign().await
+            }
+        };
+        let result = tokio::select! {
+            r = tokio::time::timeout(timeout, attempt) => r.unwrap_or(Err(ElectionError::Timeout {
+                what: if leading { "renewal" } else { "campaign" },
+                timeout,
+            })),
+            _ = stop.cancelled() => break,
+        };
+        if let Err(e) = &result {
+            handle.metrics.election_error();
+            handle.health.set(HEALTH_CHECK, Err(e.to_string()));
+            if machine.errors() == 0 {
+                error!(election = %backend.describe(), error = %e, "election attempt failed; retrying");
+            } else {
+                warn!(election = %backend.describe(), error = %e, failures = machine.errors() + 1, "election still failing");
+            }
+        } else if machine.errors() > 0 {
+            info!(election = %backend.describe(), "election works again");
+        }
+        if result.is_ok() {
+            handle.health.set(HEALTH_CHECK, Ok(()));
+        }
+        let now = tokio::time::Instant::now().into_std();
+        if let Some(t) = machine.observe(now, &result, &me) {
+            apply(&t, &handle, &me);
+        }
+        let leader = machine.leader().map(str::to_string);
+        leader_tx.send_if_modified(|l| {
+            let changed = *l != leader;
+            *l = leader.clone();
+            changed
+        });
+        next = tokio::time::Instant::from_std(machine.next_attempt(now));
+    }
+
+    if machine.is_leader() {
+        // Stop working before giving the record away (the caller already
+        // stopped its workers), then release so a standby takes over at once.
+        if let Some(t) = machine.release() {
+            apply(&t, &handle, &me);
+        }
+        match tokio::time::timeout(RELEASE_TIMEOUT, backend.release()).await {
+            Ok(Ok(())) => info!(election = %backend.describe(), "released leadership"),
+            Ok(Err(e)) => {
+                handle.metrics.election_error();
+                warn!(election = %backend.describe(), error = %e, "could not release leadership; it expires instead");
+            }
+            Err(_) => {
+                warn!(election = %backend.describe(), "releasing leadership timed out; it expires instead")
+            }
+        }
+        leader_tx.send_replace(None);
+    }
+    debug!("election stopped");
+}
+
+fn apply(t: &Transition, handle: &Handle, me: &str) {
+    handle.metrics.leadership_transition();
+    match t {
+        Transition::Won => {
+            handle.metrics.set_leader(true);
+            warn!(identity = me, "became leader; resuming and discovering");
+            handle.resume(PauseReason::Election);
+        }
+        Transition::Lost(reason) => {
+            handle.metrics.set_leader(false);
+            warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
+            handle.pause(PauseReason::Election, true);
+        }
+    }
+}
+
+/// Sets up the streams backend — retrying with backoff while the bucket is
+/// unreachable, reported on `/readyz` and in `election_errors` — then runs
+/// the election until `stop`.
+pub async fn run_streams(
+    nats: async_nats::Client,
+    cfg: crate::config::ElectionConfig,
+    identity: String,
+    handle: Handle,
+    stop: CancellationToken,
+    leader_tx: watch::Sender<Option<String>>,
+) {
+    let create = cfg.create_bucket.then_some(cfg.bucket_ttl);
+    let mut delay = Duration::from_secs(1);
+    let backend = loop {
+        match streams::StreamsBackend::connect(nats.clone(), &cfg, &identity, create).await {
+            Ok(b) => break b,
+            Err(e) => {
+                handle.metrics.election_error();
+                handle.health.set(
+                    HEALTH_CHECK,
+                    Err(format!("cannot set up the election: {e}")),
+                );
+                error!(error = %e, retry_in = ?delay, "cannot set up the streams election; staying paused");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    info!(bucket = %cfg.bucket, key = %cfg.name, ttl = ?backend.ttl(), "streams election ready");
+    handle.health.set(HEALTH_CHECK, Ok(()));
+    run(backend, handle, stop, leader_tx).await
+}

@@ -1,0 +1,431 @@
+//! The Choria Streams election: go-choria's algorithm on the JetStream KV
+//! bucket `CHORIA_LEADER_ELECTION`, spoken with plain NATS requests so that
+//! it works through the two subjects a Choria broker imports into the
+//! provisioning account (`STREAM.INFO` of the bucket under the API prefix,
+//! and the election key).
+//!
+//! * campaign: a put with `Nats-Expected-Last-Subject-Sequence: 0` (the key
+//!   must be absent — an explicit expectation, never a fallback to an
+//!   unconditional put);
+//! * renew: a put expecting our last sequence;
+//! * release: a delete marker expecting our last sequence. Standbys behind a
+//!   Choria broker cannot read that marker, so the leader also announces its
+//!   sequence on a plain subject and our standbys claim the key expecting it.
+//!   Go standbys cannot, and wait for the marker to expire (the bucket TTL).
+//!
+//! The value is the candidate's identity, as Go candidates write it, so
+//! `choria election view` shows who leads.
+
+use super::machine::{Outcome, Timings};
+use super::{Backend, ElectionError};
+use crate::config::ElectionConfig;
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use serde::Deserialize;
+use std::time::Duration;
+use tracing::{debug, info};
+
+const EXPECTED_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+const KV_OPERATION: &str = "KV-Operation";
+/// JetStream's "wrong last sequence" error code.
+const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// Go's limits on the bucket TTL.
+const MIN_TTL: Duration = Duration::from_secs(4);
+const MAX_TTL: Duration = Duration::from_secs(3600);
+/// How far inside the TTL the leader steps down when it cannot renew.
+const SAFETY_MARGIN_SHARE: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamsError {
+    #[error("no responder on {subject}: is JetStream enabled and the election bucket reachable (API prefix {prefix:?})?")]
+    NoResponders { subject: String, prefix: String },
+    #[error("NATS request to {subject} failed: {reason}")]
+    Request { subject: String, reason: String },
+    #[error(
+        "the election bucket {bucket} does not exist (create it, or set election.create_bucket)"
+    )]
+    NoBucket { bucket: String },
+    #[error("JetStream error on {subject}: {description} (code {code}, err_code {err_code})")]
+    Api {
+        subject: String,
+        code: u64,
+        err_code: u64,
+        description: String,
+    },
+    #[error("the election bucket's TTL {ttl:?} is outside {min:?}..{max:?}")]
+    BadTtl {
+        ttl: Duration,
+        min: Duration,
+        max: Duration,
+    },
+    #[error("unexpected reply on {subject}: {reason}")]
+    BadReply { subject: String, reason: String },
+}
+
+#[derive(Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    code: u64,
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+struct PubAck {
+    #[serde(default)]
+    seq: u64,
+    error: Option<ApiError>,
+}
+
+#[derive(Deserialize)]
+struct StreamInfo {
+    config: Option<StreamConfig>,
+    error: Option<ApiError>,
+}
+
+#[derive(Deserialize)]
+struct StreamConfig {
+    /// Nanoseconds.
+    #[serde(default)]
+    max_age: u64,
+}
+
+/// The release announcement our standbys listen for.
+#[derive(serde::Serialize, Deserialize)]
+struct Released {
+    bucket: String,
+    key: String,
+    /// Sequence of the delete marker.
+    revision: u64,
+    identity: String,
+    /// Unique per process: replicas may share an identity.
+    instance: String,
+}
+
+pub struct StreamsBackend {
+    nats: async_nats::Client,
+    bucket: String,
+    key: String,
+    identity: String,
+    instance: String,
+    /// Prefix for JetStream API subjects, e.g. `choria.streams` or `$JS.API`.
+    api_prefix: String,
+    /// The key's subject as we publish to it.
+    put_subject: String,
+    ttl: Duration,
+    last_seq: u64,
+    /// A released key's marker sequence, when announced.
+    vacated: Option<u64>,
+    releases: async_nats::Subscriber,
+}
+
+/// The plain subject releases are announced on.
+pub fn release_subject(bucket: &str, key: &str) -> String {
+    format!("choria.provisioner.election.{bucket}.{key}.released")
+}
+
+impl StreamsBackend {
+    /// Reads the bucket's TTL (creating the bucket when `create_ttl` is set
+    /// and it is missing) and subscribes to release announcements.
+    pub async fn connect(
+        nats: async_nats::Client,
+        cfg: &ElectionConfig,
+        identity: &str,
+        create_ttl: Option<Duration>,
+    ) -> Result<Self, StreamsError> {
+        let api_prefix = if cfg.api_prefix.is_empty() {
+            "$JS.API".to_string()
+        } else {
+            cfg.api_prefix.trim_end_matches('.').to_string()
+        };
+        // nats.go puts through a custom API prefix by prepending it to the
+        // key's subject; with the default API the plain subject is used.
+        let key_subject = format!("$KV.{}.{}", cfg.bucket, cfg.name);
+        let put_subject = if api_prefix == "$JS.API" {
+            key_subject
+        } else {
+            format!("{api_prefix}.{key_subject}")
+        };
+        let releases = nats
+            .subscribe(release_subject(&cfg.bucket, &cfg.name))
+            .await
+            .map_err(|e| StreamsError::Request {
+                subject: release_subject(&cfg.bucket, &cfg.name),
+                reason: e.to_string(),
+            })?;
+        let mut backend = StreamsBackend {
+            nats,
+            bucket: cfg.bucket.clone(),
+            key: cfg.name.clone(),
+            identity: identity.to_string(),
+            instance: uuid::Uuid::new_v4().simple().to_string(),
+            api_prefix,
+            put_subject,
+            ttl: Duration::ZERO,
+            last_seq: 0,
+            vacated: None,
+            releases,
+        };
+        backend.ttl = match backend.bucket_ttl().await {
+            Err(StreamsError::NoBucket { .. }) if create_ttl.is_some() => {
+                backend
+                    .create_bucket(create_ttl.unwrap_or_default())
+                    .await?;
+                backend.bucket_ttl().await?
+            }
+            other => other?,
+        };
+        if !(MIN_TTL..=MAX_TTL).contains(&backend.ttl) {
+            return Err(StreamsError::BadTtl {
+                ttl: backend.ttl,
+                min: MIN_TTL,
+                max: MAX_TTL,
+            });
+        }
+        Ok(backend)
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    async fn request(
+        &self,
+        subject: String,
+        headers: Option<HeaderMap>,
+        body: Vec<u8>,
+    ) -> Result<async_nats::Message, StreamsError> {
+        let result = match headers {
+            Some(h) => {
+                self.nats
+                    .request_with_headers(subject.clone(), h, body.into())
+                    .await
+            }
+            None => self.nats.request(subject.clone(), body.into()).await,
+        };
+        result.map_err(|e| match e.kind() {
+            async_nats::RequestErrorKind::NoResponders => StreamsError::NoResponders {
+                subject: subject.clone(),
+                prefix: self.api_prefix.clone(),
+            },
+            _ => StreamsError::Request {
+                subject,
+                reason: e.to_string(),
+            },
+        })
+    }
+
+    async fn bucket_ttl(&self) -> Result<Duration, StreamsError> {
+        let subject = format!("{}.STREAM.INFO.KV_{}", self.api_prefix, self.bucket);
+        let reply = self.request(subject.clone(), None, Vec::new()).await?;
+        let info: StreamInfo =
+            serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
+                subject: subject.clone(),
+                reason: e.to_string(),
+            })?;
+        if let Some(e) = info.error {
+            if e.code == 404 {
+                return Err(StreamsError::NoBucket {
+                    bucket: self.bucket.clone(),
+                });
+            }
+            return Err(api_error(subject, e));
+        }
+        let max_age = info.config.map(|c| c.max_age).unwrap_or(0);
+        Ok(Duration::from_nanos(max_age))
+    }
+
+    /// Creates the bucket as the Choria broker would (history 1, TTL).
+    async fn create_bucket(&self, ttl: Duration) -> Result<(), StreamsError> {
+        let subject = format!("{}.STREAM.CREATE.KV_{}", self.api_prefix, self.bucket);
+        let config = serde_json::json!({
+            "name": format!("KV_{}", self.bucket),
+            "subjects": [format!("$KV.{}.>", self.bucket)],
+            "retention": "limits",
+            "max_consumers": -1,
+            "max_msgs_per_subject": 1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": ttl.as_nanos() as u64,
+            "max_msg_size": 1024,
+            "storage": "file",
+            "discard": "new",
+            "num_replicas": 1,
+            "deny_delete": true,
+            "allow_rollup_hdrs": true,
+            "allow_direct": true,
+        });
+        let reply = self
+            .request(
+                subject.clone(),
+                None,
+                serde_json::to_vec(&config).unwrap_or_default(),
+            )
+            .await?;
+        let info: StreamInfo =
+            serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
+                subject: subject.clone(),
+                reason: e.to_string(),
+            })?;
+        if let Some(e) = info.error {
+            return Err(api_error(subject, e));
+        }
+        info!(bucket = %self.bucket, ?ttl, "created the election bucket");
+        Ok(())
+    }
+
+    /// A put of our identity expecting `expected` as the key's last sequence;
+    /// `Ok(None)` when that expectation failed (someone else wrote).
+    async fn put(&self, expected: u64, delete: bool) -> Result<Option<u64>, StreamsError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(EXPECTED_SEQ, expected.to_string().as_str());
+        let body = if delete {
+            headers.insert(KV_OPERATION, "DEL");
+            Vec::new()
+        } else {
+            self.identity.as_bytes().to_vec()
+        };
+        let reply = self
+            .request(self.put_subject.clone(), Some(headers), body)
+            .await?;
+        let ack: PubAck =
+            serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
+                subject: self.put_subject.clone(),
+                reason: format!("{e}: {}", String::from_utf8_lossy(&reply.payload)),
+            })?;
+        match ack.error {
+            None if ack.seq > 0 => Ok(Some(ack.seq)),
+            None => Err(StreamsError::BadReply {
+                subject: self.put_subject.clone(),
+                reason: "publish acknowledgement without a sequence".into(),
+            }),
+            Some(e) if e.err_code == ERR_WRONG_LAST_SEQUENCE => Ok(None),
+            Some(e) => Err(api_error(self.put_subject.clone(), e)),
+        }
+    }
+
+    /// The key's last entry when it is a delete or purge marker, read with
+    /// DIRECT.GET — only reachable on a plain server, not through a Choria
+    /// broker's imports (then `None`).
+    async fn deleted_marker(&self) -> Option<u64> {
+        let subject = format!("{}.DIRECT.GET.KV_{}", self.api_prefix, self.bucket);
+        let body =
+            serde_json::json!({ "last_by_subj": format!("$KV.{}.{}", self.bucket, self.key) });
+        let reply = self
+            .request(subject, None, serde_json::to_vec(&body).ok()?)
+            .await
+            .ok()?;
+        let headers = reply.headers.as_ref()?;
+        let op = headers.get(KV_OPERATION)?.as_str();
+        if op != "DEL" && op != "PURGE" {
+            return None;
+        }
+        headers.get("Nats-Sequence")?.as_str().parse().ok()
+    }
+}
+
+fn api_error(subject: String, e: ApiError) -> StreamsError {
+    StreamsError::Api {
+        subject,
+        code: e.code,
+        err_code: e.err_code,
+        description: e.description,
+    }
+}
+
+impl Backend for StreamsBackend {
+    fn describe(&self) -> String {
+        format!("streams {}/{}", self.bucket, self.key)
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Renew four times per TTL; step down a quarter TTL before the record
+    /// expires for the others; campaign every quarter TTL (at most 1 s).
+    fn timings(&self) -> Timings {
+        let quarter = self.ttl / SAFETY_MARGIN_SHARE;
+        Timings {
+            retry_period: quarter.min(Duration::from_secs(1)),
+            renew_period: quarter.min(Duration::from_secs(2)),
+            renew_deadline: self.ttl - quarter,
+        }
+    }
+
+    async fn campaign(&mut self) -> Result<Outcome, ElectionError> {
+        // A release we were told about lets us claim the key on its marker.
+        let expected = self.vacated.take().unwrap_or(0);
+        if let Some(seq) = self.put(expected, false).await? {
+            self.last_seq = seq;
+            return Ok(Outcome::Leading);
+        }
+        // The key exists. When it is a delete marker we can read, claim it
+        // on the marker's sequence, as nats.go's Create does.
+        if let Some(marker) = self.deleted_marker().await {
+            if let Some(seq) = self.put(marker, false).await? {
+                self.last_seq = seq;
+                return Ok(Outcome::Leading);
+            }
+        }
+        Ok(Outcome::Following(None))
+    }
+
+    async fn renew(&mut self) -> Result<Outcome, ElectionError> {
+        match self.put(self.last_seq, false).await? {
+            Some(seq) => {
+                self.last_seq = seq;
+                Ok(Outcome::Leading)
+            }
+            // Evicted (`choria election evict`) or expired and taken.
+            None => Ok(Outcome::Following(None)),
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), ElectionError> {
+        let Some(marker) = self.put(self.last_seq, true).await? else {
+            debug!("the key changed before we released it");
+            return Ok(());
+        };
+        let announcement = Released {
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            revision: marker,
+            identity: self.identity.clone(),
+            instance: self.instance.clone(),
+        };
+        let subject = release_subject(&self.bucket, &self.key);
+        self.nats
+            .publish(
+                subject.clone(),
+                serde_json::to_vec(&announcement).unwrap_or_default().into(),
+            )
+            .await
+            .map_err(|e| StreamsError::Request {
+                subject,
+                reason: e.to_string(),
+            })?;
+        let _ = self.nats.flush().await;
+        Ok(())
+    }
+
+    async fn vacancy(&mut self) {
+        while let Some(msg) = self.releases.next().await {
+            match serde_json::from_slice::<Released>(&msg.payload) {
+                Ok(r)
+                    if r.bucket == self.bucket
+                        && r.key == self.key
+                        && r.instance != self.instance =>
+                {
+                    self.vacated = Some(r.revision);
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => debug!(error = %e, "ignoring a malformed release announcement"),
+            }
+        }
+        std::future::pending::<()>().await
+    }
+}
