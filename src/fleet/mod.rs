@@ -312,7 +312,17 @@ pub async fn run(
         })
         .collect();
 
-    // Connect like provisioning-mode servers: the provisioning JWT as the token.
+    // Connect like provisioning-mode servers: the provisioning JWT as the
+    // token — unless the URL carries a user, as when a test broker with
+    // accounts (which would refuse the token) stands in for a Choria broker.
+    let url_has_user = opts.nats.iter().any(|u| {
+        u.split_once("://")
+            .map_or(u.as_str(), |(_, rest)| rest)
+            .split('/')
+            .next()
+            .is_some_and(|authority| authority.contains('@'))
+    });
+    let token = (!url_has_user).then(|| jwt.clone());
     let connections = opts.connections.min(opts.nodes);
     let mut conns = Vec::with_capacity(connections);
     for c in 0..connections {
@@ -320,7 +330,7 @@ pub async fn run(
             servers: opts.nats.clone(),
             name: format!("choria-fleet-{c}"),
             tls: opts.tls.clone(),
-            token: Some(jwt.clone()),
+            token: token.clone(),
             ..Default::default()
         })
         .await?;

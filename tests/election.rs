@@ -1,0 +1,393 @@
+//! Leader-elected replicas over the Choria Streams election, against a real
+//! nats-server whose accounts reproduce a Choria broker's provisioning
+//! account: only the bucket's STREAM.INFO and the election key are imported.
+//! Three `choria-provisioner run` processes share a simulated fleet; the
+//! leader is killed (-9) or stopped (TERM) again and again while the journal
+//! shows which instance sent each request.
+//!
+//! `CHORIA_ELECTION_LONG=1` runs the full 20 kills + 20 stops; the default run
+//! does fewer to stay inside CI's time.
+
+mod support;
+
+use choria_provisioner::fleet::FleetOptions;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::provisioner::{binary, ProvisionerProcess};
+use support::{NatsServer, RunningFleet};
+
+/// The bucket TTL of the test broker (Go's minimum is 4 s).
+const TTL: Duration = Duration::from_secs(5);
+
+/// nats-server with JetStream in a CHORIA account and a PROVISIONING account
+/// that imports exactly what a Choria broker imports for the election.
+fn choria_like_broker() -> NatsServer {
+    let store = tempfile::tempdir().unwrap();
+    let extra = format!(
+        r#"
+jetstream {{ store_dir: "{}" }}
+accounts {{
+  CHORIA: {{ jetstream: enabled, users: [{{user: admin, password: admin}}],
+    exports: [{{service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}},
+              {{service: "$KV.CHORIA_LEADER_ELECTION.provisioner"}}] }}
+  PROVISIONING: {{ users: [{{user: prov, password: prov}}], imports: [
+    {{service: {{account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}},
+     to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}}
+    {{service: {{account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}},
+     to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}}
+    {{service: {{account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}}}} ] }}
+}}
+no_auth_user: prov
+"#,
+        store.path().display()
+    );
+    let nats = NatsServer::start_with(&extra);
+    std::mem::forget(store); // lives as long as the test process
+    nats
+}
+
+/// Creates the election bucket as the broker would, from the CHORIA account.
+async fn create_bucket(nats: &NatsServer, ttl: Duration) {
+    let admin = async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
+        .connect(nats.url())
+        .await
+        .unwrap();
+    let config = serde_json::json!({
+        "name": "KV_CHORIA_LEADER_ELECTION",
+        "subjects": ["$KV.CHORIA_LEADER_ELECTION.>"],
+        "retention": "limits", "max_consumers": -1, "max_msgs_per_subject": 1,
+        "max_msgs": -1, "max_bytes": -1, "max_age": ttl.as_nanos() as u64,
+        "max_msg_size": 1024, "storage": "file", "discard": "new", "num_replicas": 1,
+        "deny_delete": true, "allow_rollup_hdrs": true, "allow_direct": true,
+    });
+    let reply = admin
+        .request(
+            "$JS.API.STREAM.CREATE.KV_CHORIA_LEADER_ELECTION",
+            serde_json::to_vec(&config).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert!(v.get("error").is_none(), "bucket creation failed: {v}");
+}
+
+fn yaml(workers: usize) -> String {
+    format!(
+        "workers: {workers}\ninterval: 1m\ntoken: s3cret\nsite: election\nhelper: sh -c 'sleep 0.1; exec {} fleet-helper'\nchoria_insecure: true\nrpc_timeout: 2s\ndiscovery_timeout: 2s\ndiscovery_window: 500ms\nleader_election: true\n",
+        binary()
+    )
+}
+
+fn choria_cfg(nats: &NatsServer, identity: &str) -> String {
+    format!(
+        "identity = {identity}\nplugin.choria.middleware_hosts = {}\n",
+        nats.url()
+    )
+}
+
+struct Replicas<'a> {
+    dir: &'a Path,
+    nats: &'a NatsServer,
+    running: Vec<(String, ProvisionerProcess)>,
+    started: usize,
+}
+
+impl<'a> Replicas<'a> {
+    fn start(&mut self) {
+        self.started += 1;
+        let name = format!("p{}", self.started);
+        let p = ProvisionerProcess::start_named(
+            self.dir,
+            &name,
+            &yaml(8),
+            &choria_cfg(self.nats, &format!("{name}.provisioners.example.net")),
+            &[],
+        );
+        self.running.push((name, p));
+    }
+
+    /// Index of the instance whose leader gauge is 1; waits up to `timeout`.
+    async fn leader(&mut self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let leaders: Vec<usize> = self
+                .running
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, p))| p.metric("choria_provisioner_leader") == 1.0)
+                .map(|(i, _)| i)
+                .collect();
+            assert!(
+                leaders.len() <= 1,
+                "two leaders at once: {:?}",
+                leaders
+                    .iter()
+                    .map(|i| &self.running[*i].0)
+                    .collect::<Vec<_>>()
+            );
+            if let [i] = leaders[..] {
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader within {timeout:?}; logs:\n{}",
+                self.running
+                    .iter()
+                    .map(|(n, p)| format!("--- {n}\n{}", p.logs_tail(15)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until one of the others is working (its paused gauge is 0) and
+    /// returns how long that took since `since`.
+    async fn failover(&mut self, since: Instant, timeout: Duration) -> Duration {
+        loop {
+            for (_, p) in &self.running {
+                if p.metric("choria_provisioner_paused") == 0.0 {
+                    return since.elapsed();
+                }
+            }
+            assert!(
+                since.elapsed() < timeout,
+                "no instance resumed within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Checks that no instance sent a request to a node while another
+/// instance's sequence on that node was between its first and last call.
+fn assert_no_overlap(journal: &[Value]) {
+    // node -> list of (sender, time) in journal order
+    let mut per_node: BTreeMap<&str, Vec<(&str, i64, &str)>> = BTreeMap::new();
+    for e in journal.iter().filter(|e| e["kind"] == "action") {
+        per_node
+            .entry(e["node"].as_str().unwrap())
+            .or_default()
+            .push((
+                e["sender"].as_str().unwrap_or(""),
+                e["time_us"].as_i64().unwrap(),
+                e["action"].as_str().unwrap_or(""),
+            ));
+    }
+    let mut checked = 0;
+    for (node, mut calls) in per_node {
+        calls.sort_by_key(|c| c.1);
+        // A sequence starts with `jwt`; it spans to the sender's last call
+        // before its next sequence.
+        let mut spans: Vec<(&str, i64, i64)> = Vec::new();
+        for (sender, t, action) in &calls {
+            if *action == "ping" {
+                continue; // discovery is broadcast, not a sequence
+            }
+            match spans.iter_mut().rev().find(|s| s.0 == *sender) {
+                Some(span) if *action != "jwt" => span.2 = *t,
+                _ => spans.push((sender, *t, *t)),
+            }
+        }
+        for (sender, t, action) in &calls {
+            if *action == "ping" {
+                continue;
+            }
+            for (other, start, end) in &spans {
+                assert!(
+                    other == sender || !(*start < *t && *t < *end),
+                    "{node}: {sender} sent {action} at {t} inside {other}'s sequence {start}..{end}"
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked > 0);
+}
+
+async fn kill_and_stop(kills: usize, stops: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    create_bucket(&nats, TTL).await;
+    // Simulated servers send their provisioning JWT as a token, which an
+    // account-based server would refuse; they log in as the provisioning user.
+    let fleet = RunningFleet::start(FleetOptions {
+        nats: vec![nats.url().replace("nats://", "nats://prov:prov@")],
+        nodes: 2000,
+        token: "s3cret".into(),
+        journal: Some(dir.path().join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    })
+    .await;
+    let mut replicas = Replicas {
+        dir: dir.path(),
+        nats: &nats,
+        running: Vec::new(),
+        started: 0,
+    };
+    for _ in 0..3 {
+        replicas.start();
+    }
+    let mut crash = Vec::new();
+    let mut graceful = Vec::new();
+    // Alternate kills and stops (then whatever is left), at pseudo-random moments.
+    let plan: Vec<bool> = (0..kills.max(stops))
+        .flat_map(|i| [(i < kills).then_some(true), (i < stops).then_some(false)])
+        .flatten()
+        .collect();
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    for (round, kill) in plan.iter().enumerate() {
+        let leader = replicas.leader(TTL * 3).await;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Let the leader work for 0.5–2.5 s first.
+        tokio::time::sleep(Duration::from_millis(500 + rng % 2000)).await;
+        let (name, mut p) = replicas.running.remove(leader);
+        let t0 = Instant::now();
+        if *kill {
+            p.signal("KILL");
+        } else {
+            p.signal("TERM");
+        }
+        let status = p.wait_exit(Duration::from_secs(10));
+        if !*kill {
+            assert!(status.success(), "{name} exited with {status} after TERM");
+            let logs = p.logs();
+            assert!(
+                logs.contains("released on shutdown") && !logs.contains("could not release"),
+                "{name} did not release: {}",
+                p.logs_tail(20)
+            );
+        }
+        let took = replicas
+            .failover(
+                t0,
+                if *kill {
+                    TTL * 3
+                } else {
+                    Duration::from_secs(10)
+                },
+            )
+            .await;
+        println!(
+            "round {round}: {} {name}: failover {took:?}",
+            if *kill { "kill -9" } else { "TERM" }
+        );
+        if *kill {
+            crash.push(took);
+        } else {
+            graceful.push(took);
+        }
+        replicas.start();
+    }
+    // Let the last leader finish the fleet.
+    let leader = replicas.leader(TTL * 3).await;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let finals_done = support::read_journal_so_far(&dir.path().join("journal.jsonl"))
+            .iter()
+            .filter(|e| {
+                e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup"
+            })
+            .count();
+        if finals_done >= 2000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {finals_done} nodes provisioned; leader log:\n{}",
+            replicas.running[leader].1.logs_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (_, journal) = fleet.finish().await;
+    assert_no_overlap(&journal);
+    for e in journal.iter().filter(|e| e["kind"] == "final") {
+        assert_eq!(e["state"], "provisioned", "{e}");
+        assert_eq!(e["restarts"], 1, "{e}");
+    }
+    let report = |name: &str, v: &mut Vec<Duration>| {
+        if v.is_empty() {
+            return;
+        }
+        v.sort();
+        println!(
+            "{name}: n={} min {:?} median {:?} max {:?}",
+            v.len(),
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    };
+    report("crash failover", &mut crash);
+    report("graceful failover", &mut graceful);
+    if let Some(max) = crash.iter().max() {
+        assert!(
+            *max <= TTL + Duration::from_secs(2),
+            "crash failover {max:?} > TTL + 2 s"
+        );
+    }
+    if let Some(max) = graceful.iter().max() {
+        assert!(
+            *max <= Duration::from_secs(2),
+            "graceful failover {max:?} > 2 s"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_election_survives_killed_and_stopped_leaders_without_overlap() {
+    let long = std::env::var("CHORIA_ELECTION_LONG").is_ok_and(|v| v == "1");
+    if long {
+        kill_and_stop(20, 20).await;
+    } else {
+        kill_and_stop(3, 3).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_bucket_is_reported_and_retried_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    // No bucket yet: the election cannot be set up.
+    let mut p = ProvisionerProcess::start_named(
+        dir.path(),
+        "p1",
+        &yaml(2),
+        &choria_cfg(&nats, "p1.example.net"),
+        &[],
+    );
+    p.wait_for_metric(
+        "choria_provisioner_election_errors",
+        2.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(
+        p.is_running(),
+        "an election failure must not end the process"
+    );
+    assert_eq!(p.metric("choria_provisioner_paused"), 1.0);
+    let (status, body) = p.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("election"), "{body}");
+    assert_eq!(
+        p.get("/healthz").0,
+        200,
+        "liveness is not tied to the election"
+    );
+    // Once the bucket exists, it campaigns, wins and becomes ready.
+    create_bucket(&nats, TTL).await;
+    p.wait_for_metric("choria_provisioner_leader", 1.0, Duration::from_secs(60))
+        .await;
+    assert_eq!(p.metric("choria_provisioner_paused"), 0.0);
+    assert_eq!(p.get("/readyz").0, 200);
+    assert!(p.metric("choria_provisioner_leadership_transitions") >= 1.0);
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(5)).success());
+}
