@@ -391,3 +391,92 @@ async fn an_unreachable_bucket_is_reported_and_retried_not_fatal() {
     p.signal("TERM");
     assert!(p.wait_exit(Duration::from_secs(5)).success());
 }
+
+/// The real `choria` CLI, from the CHORIA account, sees our leader in the
+/// bucket, and `choria election evict` makes our leader step down; a leader
+/// follows once the delete marker expires (our standbys cannot read it
+/// through the provisioning account's imports, exactly like Go standbys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choria_cli_views_our_leader_and_evict_moves_leadership() {
+    let Some(choria) =
+        support::gopeers::choria_bin("choria_cli_views_our_leader_and_evict_moves_leadership")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    create_bucket(&nats, TTL).await;
+    let mut replicas = Replicas {
+        dir: dir.path(),
+        nats: &nats,
+        running: Vec::new(),
+        started: 0,
+    };
+    replicas.start();
+    replicas.start();
+    let leader = replicas.leader(TTL * 3).await;
+    let leader_identity = format!("{}.provisioners.example.net", replicas.running[leader].0);
+
+    // A client configuration for the CHORIA account (where the bucket
+    // lives); the x509 files only have to exist with INSECURE_YES_REALLY.
+    for f in ["cert.pem", "key.pem", "ca.pem"] {
+        std::fs::write(dir.path().join(f), "").unwrap();
+    }
+    let cfg = dir.path().join("client.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "plugin.choria.middleware_hosts = {}\nidentity = admin.example.net\nplugin.security.provider = file\nplugin.security.file.certificate = {d}/cert.pem\nplugin.security.file.key = {d}/key.pem\nplugin.security.file.ca = {d}/ca.pem\nplugin.nats.user = admin\nplugin.nats.pass = admin\n",
+            nats.url(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&choria)
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .env("INSECURE_YES_REALLY", "true")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "choria {args:?} failed: {text}");
+        text
+    };
+    let view = run(&["election", "view", "provisioner"]);
+    println!("{view}");
+    assert!(
+        view.contains(&leader_identity),
+        "`choria election view` does not show our leader {leader_identity}:\n{view}"
+    );
+
+    let evicted = Instant::now();
+    let out = run(&["election", "evict", "provisioner", "--force"]);
+    assert!(out.contains("Evicted"), "{out}");
+    // Our leader steps down at its next renewal...
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while replicas.running[leader]
+        .1
+        .metric("choria_provisioner_leadership_transitions")
+        < 2.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the evicted leader did not step down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stepped_down = evicted.elapsed();
+    // ...and a leader follows once the marker has expired.
+    replicas.leader(TTL * 3).await;
+    println!(
+        "evicted leader stepped down after {stepped_down:?}; a leader followed after {:?}",
+        evicted.elapsed()
+    );
+    assert!(stepped_down < Duration::from_secs(3), "{stepped_down:?}");
+}
