@@ -9,6 +9,7 @@
 //! retried with backoff, logged, counted and reported on `/readyz` — never a
 //! silent pause and never a process exit.
 
+pub mod lease;
 pub mod machine;
 pub mod streams;
 

@@ -1,0 +1,961 @@
+//! The Kubernetes election: a `coordination.k8s.io/v1` Lease spoken the way
+//! client-go's `leaderelection` package speaks it, so our replicas and any
+//! client-go tooling reading the Lease agree on who leads.
+//!
+//! * every campaign and renewal GETs the Lease (creating it with us as holder
+//!   when it does not exist);
+//! * a Lease held by someone else counts as expired only once
+//!   `leaseDurationSeconds` have passed on *our* clock since we first saw
+//!   its current record — the holder's `renewTime` is never compared with
+//!   our clock, so clock skew between nodes does not matter;
+//! * every write is a PUT of the object we read, so its `resourceVersion`
+//!   makes it conditional: of two candidates racing for an expired Lease only
+//!   one wins, the other gets 409 Conflict;
+//! * release clears the holder and sets `leaseDurationSeconds: 1`, so
+//!   standbys take over on their next attempt.
+//!
+//! The renew deadline is enforced by the driver ([`super::run`]).
+
+use super::machine::{Outcome, Timings};
+use super::{Backend, ElectionError, HEALTH_CHECK};
+use crate::config::ElectionConfig;
+use crate::provision::Handle;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+/// Where Kubernetes mounts the pod's namespace.
+pub const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("cannot build a Kubernetes client (in-cluster service account or KUBECONFIG): {0}")]
+    Client(#[source] kube::Error),
+    #[error("{action} of lease {lease} failed: {reason}")]
+    Api {
+        action: &'static str,
+        lease: String,
+        reason: String,
+    },
+}
+
+impl From<LeaseError> for ElectionError {
+    fn from(e: LeaseError) -> Self {
+        ElectionError::Other(e.to_string())
+    }
+}
+
+/// Time as the election needs it; injected so tests control it.
+pub trait Clock: Send + Sync {
+    /// Monotonic time, for judging expiry from local observation.
+    fn now(&self) -> Instant;
+    /// Wall-clock time, written to `renewTime` and `acquireTime`.
+    fn wall(&self) -> Timestamp;
+}
+
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn wall(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// The fields client-go compares to notice that the holder did something.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    /// Empty when nobody holds the Lease.
+    holder: String,
+    duration_seconds: Option<i32>,
+    acquire_time: Option<MicroTime>,
+    renew_time: Option<MicroTime>,
+    transitions: Option<i32>,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Record {
+            holder: spec.holder_identity.unwrap_or_default(),
+            duration_seconds: spec.lease_duration_seconds,
+            acquire_time: spec.acquire_time,
+            renew_time: spec.renew_time,
+            transitions: spec.lease_transitions,
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.duration_seconds.unwrap_or(0).max(0) as u64)
+    }
+}
+
+pub struct LeaseBackend {
+    api: Api<Lease>,
+    name: String,
+    namespace: String,
+    identity: String,
+    /// What we write as `leaseDurationSeconds`.
+    duration_seconds: i32,
+    timings: Timings,
+    clock: Arc<dyn Clock>,
+    /// The record last seen and when we first saw it.
+    observed: Option<(Record, Instant)>,
+    /// The object last read or written: release writes over it.
+    last: Option<Lease>,
+}
+
+impl LeaseBackend {
+    pub fn new(
+        client: kube::Client,
+        cfg: &ElectionConfig,
+        identity: &str,
+        namespace: &str,
+    ) -> Self {
+        LeaseBackend {
+            api: Api::namespaced(client, namespace),
+            name: cfg.lease_name.clone(),
+            namespace: namespace.to_string(),
+            identity: identity.to_string(),
+            // client-go truncates to whole seconds; zero would mean "expired".
+            duration_seconds: (cfg.lease_duration.as_secs().min(i32::MAX as u64) as i32).max(1),
+            timings: Timings {
+                retry_period: cfg.retry_period,
+                renew_period: cfg.retry_period,
+                renew_deadline: cfg.renew_deadline,
+            },
+            clock: Arc::new(SystemClock),
+            observed: None,
+            last: None,
+        }
+    }
+
+    /// Builds the client from the service account (or KUBECONFIG) and picks
+    /// the namespace: configured, else the pod's, else the client's default.
+    pub async fn connect(cfg: &ElectionConfig, identity: &str) -> Result<Self, LeaseError> {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(LeaseError::Client)?;
+        let namespace = resolve_namespace(
+            cfg.lease_namespace.as_deref(),
+            Path::new(POD_NAMESPACE_FILE),
+            client.default_namespace(),
+        );
+        Ok(Self::new(client, cfg, identity, &namespace))
+    }
+
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn lease(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn api_error(&self, action: &'static str, e: kube::Error) -> LeaseError {
+        LeaseError::Api {
+            action,
+            lease: self.lease(),
+            reason: describe_error(&e),
+        }
+    }
+
+    /// The API server stores microseconds; writing exactly that keeps the
+    /// record we remember equal to the one we read back.
+    fn wall_now(&self) -> MicroTime {
+        let t = self.clock.wall();
+        MicroTime(Timestamp::from_microsecond(t.as_microsecond()).unwrap_or(t))
+    }
+
+    fn remember(&mut self, written: Lease) {
+        self.observed = Some((Record::of(&written), self.clock.now()));
+        self.last = Some(written);
+    }
+
+    /// client-go's `tryAcquireOrRenew`.
+    async fn try_acquire_or_renew(&mut self) -> Result<Outcome, LeaseError> {
+        let got = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| self.api_error("get", e))?;
+        let Some(mut lease) = got else {
+            return self.create().await;
+        };
+
+        let record = Record::of(&lease);
+        let now = self.clock.now();
+        let observed_at = match &self.observed {
+            Some((seen, at)) if *seen == record => *at,
+            _ => {
+                self.observed = Some((record.clone(), now));
+                now
+            }
+        };
+        self.last = Some(lease.clone());
+        let ours = record.holder == self.identity;
+        // Compared this way round so a huge leaseDurationSeconds cannot overflow.
+        let unexpired = now.saturating_duration_since(observed_at) < record.duration();
+        if !record.holder.is_empty() && !ours && unexpired {
+            debug!(lease = %self.lease(), holder = %record.holder, "the lease is held and has not expired");
+            return Ok(Outcome::Following(Some(record.holder)));
+        }
+
+        let stamp = self.wall_now();
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.identity.clone());
+        spec.lease_duration_seconds = Some(self.duration_seconds);
+        spec.renew_time = Some(stamp.clone());
+        if !ours {
+            spec.acquire_time = Some(stamp);
+            spec.lease_transitions = Some(record.transitions.unwrap_or(0).saturating_add(1));
+        }
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                if !ours {
+                    info!(lease = %self.lease(), previous = %record.holder, "acquired the lease");
+                }
+                self.remember(written);
+                Ok(Outcome::Leading)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Someone wrote since our GET; the next attempt reads who.
+                debug!(lease = %self.lease(), "lost a race to write the lease");
+                Ok(Outcome::Following(None))
+            }
+            Err(e) => Err(self.api_error("update", e)),
+        }
+    }
+
+    async fn create(&mut self) -> Result<Outcome, LeaseError> {
+        let stamp = self.wall_now();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(self.duration_seconds),
+                acquire_time: Some(stamp.clone()),
+                renew_time: Some(stamp),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(written) => {
+                info!(lease = %self.lease(), "created the lease");
+                self.remember(written);
+                Ok(Outcome::Leading)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(lease = %self.lease(), "another candidate created the lease first");
+                Ok(Outcome::Following(None))
+            }
+            Err(e) => Err(self.api_error("create", e)),
+        }
+    }
+
+    async fn give_up(&mut self) -> Result<(), LeaseError> {
+        let held = matches!(&self.observed, Some((r, _)) if r.holder == self.identity);
+        let Some(mut lease) = self.last.clone().filter(|_| held) else {
+            return Ok(());
+        };
+        let stamp = self.wall_now();
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        // As client-go: an empty holder with a one second duration, so
+        // candidates take over on their next attempt.
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        spec.acquire_time = Some(stamp.clone());
+        spec.renew_time = Some(stamp);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                self.remember(written);
+                Ok(())
+            }
+            Err(e) => Err(self.api_error("release", e)),
+        }
+    }
+}
+
+impl Backend for LeaseBackend {
+    fn describe(&self) -> String {
+        format!("lease {}", self.lease())
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn timings(&self) -> Timings {
+        self.timings
+    }
+
+    async fn campaign(&mut self) -> Result<Outcome, ElectionError> {
+        Ok(self.try_acquire_or_renew().await?)
+    }
+
+    async fn renew(&mut self) -> Result<Outcome, ElectionError> {
+        Ok(self.try_acquire_or_renew().await?)
+    }
+
+    async fn release(&mut self) -> Result<(), ElectionError> {
+        Ok(self.give_up().await?)
+    }
+}
+
+/// Status code, reason and message only: never request details, and never
+/// an exec credential plugin's output (it may hold a token).
+fn describe_error(e: &kube::Error) -> String {
+    use kube::client::AuthError;
+    let exec_failure = |a: &AuthError| match a {
+        AuthError::AuthExecRun { cmd, out } => Some(format!(
+            "auth exec command '{cmd}' failed with {} (output not shown)",
+            out.status
+        )),
+        _ => None,
+    };
+    let hidden = match e {
+        kube::Error::Api(s) => return format!("{} {}: {}", s.code, s.reason, s.message),
+        kube::Error::Auth(a) => exec_failure(a),
+        kube::Error::Service(b) => b.downcast_ref::<AuthError>().and_then(exec_failure),
+        _ => None,
+    };
+    hidden.unwrap_or_else(|| e.to_string())
+}
+
+fn resolve_namespace(configured: Option<&str>, pod_file: &Path, client_default: &str) -> String {
+    if let Some(ns) = configured.filter(|n| !n.is_empty()) {
+        return ns.to_string();
+    }
+    std::fs::read_to_string(pod_file)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| client_default.to_string())
+}
+
+/// Sets up the Lease backend — retrying with backoff while no Kubernetes
+/// client can be built, reported on `/readyz` and in `election_errors` —
+/// then runs the election until `stop`.
+pub async fn run_lease(
+    cfg: ElectionConfig,
+    identity: String,
+    handle: Handle,
+    stop: CancellationToken,
+    leader_tx: watch::Sender<Option<String>>,
+) {
+    let mut delay = Duration::from_secs(1);
+    let backend = loop {
+        match LeaseBackend::connect(&cfg, &identity).await {
+            Ok(b) => break b,
+            Err(e) => {
+                handle.metrics.election_error();
+                handle.health.set(
+                    HEALTH_CHECK,
+                    Err(format!("cannot set up the election: {e}")),
+                );
+                error!(error = %e, retry_in = ?delay, "cannot set up the lease election; staying paused");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    info!(lease = %backend.lease(), lease_duration = ?cfg.lease_duration, "lease election ready");
+    handle.health.set(HEALTH_CHECK, Ok(()));
+    super::run(backend, handle, stop, leader_tx).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+    use serde_json::{json, Value};
+    use std::sync::Mutex;
+
+    type ApiServer = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/choria/leases";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/choria/leases/prov";
+
+    struct FakeClock {
+        start: Instant,
+        wall0: Timestamp,
+        elapsed: Mutex<Duration>,
+    }
+
+    impl FakeClock {
+        fn advance(&self, d: Duration) {
+            *self.elapsed.lock().unwrap() += d;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Instant {
+            self.start + *self.elapsed.lock().unwrap()
+        }
+        fn wall(&self) -> Timestamp {
+            self.wall0 + *self.elapsed.lock().unwrap()
+        }
+    }
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn mt(s: &str) -> Option<MicroTime> {
+        Some(MicroTime(ts(s)))
+    }
+
+    const WALL0: &str = "2026-05-01T10:00:00Z";
+
+    fn setup(identity: &str) -> (LeaseBackend, ApiServer, Arc<FakeClock>) {
+        let (svc, server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let cfg = ElectionConfig {
+            lease_name: "prov".into(),
+            lease_namespace: Some("choria".into()),
+            ..ElectionConfig::default()
+        };
+        let clock = Arc::new(FakeClock {
+            start: Instant::now(),
+            wall0: ts(WALL0),
+            elapsed: Mutex::new(Duration::ZERO),
+        });
+        let backend = LeaseBackend::new(client, &cfg, identity, "choria").with_clock(clock.clone());
+        (backend, server, clock)
+    }
+
+    fn lease(
+        rv: &str,
+        holder: &str,
+        duration: i32,
+        acquire: &str,
+        renew: &str,
+        transitions: i32,
+    ) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("prov".into()),
+                namespace: Some("choria".into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(duration),
+                acquire_time: mt(acquire),
+                renew_time: mt(renew),
+                lease_transitions: Some(transitions),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    enum Reply {
+        Json(StatusCode, Value),
+        /// The written object back, at a new resourceVersion.
+        Echo(&'static str),
+    }
+
+    fn status(code: u16, reason: &str) -> Reply {
+        Reply::Json(
+            StatusCode::from_u16(code).unwrap(),
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                   "message": format!("test says {reason}"), "reason": reason, "code": code}),
+        )
+    }
+
+    fn found(l: &Lease) -> Reply {
+        Reply::Json(StatusCode::OK, serde_json::to_value(l).unwrap())
+    }
+
+    /// Answers exactly these requests in order; returns the bodies written.
+    async fn serve(server: &mut ApiServer, steps: Vec<(Method, &str, Reply)>) -> Vec<Lease> {
+        let mut written = Vec::new();
+        for (method, path, reply) in steps {
+            let (req, send) = server.next_request().await.expect("a request");
+            assert_eq!((req.method(), req.uri().path()), (&method, path));
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let (code, reply) = match reply {
+                Reply::Json(code, v) => (code, v),
+                Reply::Echo(rv) => {
+                    let mut v: Value = serde_json::from_slice(&body).unwrap();
+                    v["metadata"]["resourceVersion"] = json!(rv);
+                    (StatusCode::OK, v)
+                }
+            };
+            if !body.is_empty() {
+                written.push(serde_json::from_slice(&body).unwrap());
+            }
+            let resp = Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap();
+            send.send_response(resp);
+        }
+        written
+    }
+
+    /// Runs one backend call against exactly `steps`; an unexpected extra
+    /// request (say, a write where none may happen) hangs and times out.
+    async fn exchange<T>(
+        call: impl std::future::Future<Output = T>,
+        server: &mut ApiServer,
+        steps: Vec<(Method, &str, Reply)>,
+    ) -> (T, Vec<Lease>) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(call, serve(server, steps))
+        })
+        .await
+        .expect("the backend made exactly the expected requests")
+    }
+
+    fn spec(l: &Lease) -> &LeaseSpec {
+        l.spec.as_ref().unwrap()
+    }
+
+    #[tokio::test]
+    async fn takes_a_free_lease_with_a_conditional_put() {
+        let (mut b, mut server, _) = setup("me");
+        let free = lease(
+            "41",
+            "",
+            1,
+            "2026-05-01T09:00:00Z",
+            "2026-05-01T09:59:59Z",
+            3,
+        );
+        let (r, w) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&free)),
+                (Method::PUT, LEASE, Reply::Echo("42")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+        assert_eq!(w[0].metadata.resource_version.as_deref(), Some("41"));
+        let s = spec(&w[0]);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.lease_transitions, Some(4));
+        assert_eq!(s.lease_duration_seconds, Some(15));
+        assert_eq!(s.acquire_time, mt(WALL0));
+        assert_eq!(s.renew_time, mt(WALL0));
+    }
+
+    #[tokio::test]
+    async fn creates_the_lease_when_absent() {
+        let (mut b, mut server, _) = setup("me");
+        let (r, w) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, status(404, "NotFound")),
+                (Method::POST, LEASES, Reply::Echo("1")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+        assert_eq!(w[0].metadata.name.as_deref(), Some("prov"));
+        assert_eq!(w[0].metadata.resource_version, None);
+        let s = spec(&w[0]);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.lease_transitions, Some(0));
+        assert_eq!(s.lease_duration_seconds, Some(15));
+        assert_eq!(
+            (s.acquire_time.clone(), s.renew_time.clone()),
+            (mt(WALL0), mt(WALL0))
+        );
+    }
+
+    #[tokio::test]
+    async fn losing_the_create_race_follows() {
+        let (mut b, mut server, _) = setup("me");
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, status(404, "NotFound")),
+                (Method::POST, LEASES, status(409, "AlreadyExists")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Following(None));
+    }
+
+    #[tokio::test]
+    async fn a_held_lease_expires_by_local_observation_time_only() {
+        let (mut b, mut server, clock) = setup("me");
+        let held = lease(
+            "7",
+            "other",
+            15,
+            "2026-05-01T09:00:00Z",
+            "2026-05-01T09:59:58Z",
+            2,
+        );
+        for wait in [0, 14] {
+            clock.advance(Duration::from_secs(wait));
+            let (r, w) = exchange(
+                b.campaign(),
+                &mut server,
+                vec![(Method::GET, LEASE, found(&held))],
+            )
+            .await;
+            assert_eq!(r.unwrap(), Outcome::Following(Some("other".into())));
+            assert!(w.is_empty());
+        }
+        // The holder renews at 14 s: the observation starts over.
+        let renewed = lease(
+            "8",
+            "other",
+            15,
+            "2026-05-01T09:00:00Z",
+            "2026-05-01T10:00:14Z",
+            2,
+        );
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![(Method::GET, LEASE, found(&renewed))],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Following(Some("other".into())));
+        clock.advance(Duration::from_secs(14));
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![(Method::GET, LEASE, found(&renewed))],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Following(Some("other".into())));
+        // 15 s of our time without a change: it expired.
+        clock.advance(Duration::from_secs(1));
+        let (r, w) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&renewed)),
+                (Method::PUT, LEASE, Reply::Echo("9")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+        assert_eq!(w[0].metadata.resource_version.as_deref(), Some("8"));
+        let s = spec(&w[0]);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.lease_transitions, Some(3));
+        assert_eq!(s.acquire_time, mt("2026-05-01T10:00:29Z"));
+    }
+
+    #[tokio::test]
+    async fn an_old_renew_time_is_not_taken_as_expiry() {
+        // Far in the past by our clock (or theirs is skewed): only our own
+        // observation counts, so the first sight never takes over.
+        let (mut b, mut server, clock) = setup("me");
+        let stale = lease(
+            "5",
+            "other",
+            15,
+            "2020-01-01T00:00:00Z",
+            "2020-01-01T00:00:00Z",
+            1,
+        );
+        let (r, w) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![(Method::GET, LEASE, found(&stale))],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Following(Some("other".into())));
+        assert!(w.is_empty());
+        clock.advance(Duration::from_secs(15));
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&stale)),
+                (Method::PUT, LEASE, Reply::Echo("6")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+    }
+
+    #[tokio::test]
+    async fn renewing_keeps_acquire_time_and_transitions() {
+        let (mut b, mut server, clock) = setup("me");
+        let ours = lease(
+            "20",
+            "me",
+            15,
+            "2026-05-01T09:00:00Z",
+            "2026-05-01T09:59:59Z",
+            2,
+        );
+        clock.advance(Duration::from_millis(2500));
+        let (r, w) = exchange(
+            b.renew(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&ours)),
+                (Method::PUT, LEASE, Reply::Echo("21")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+        assert_eq!(w[0].metadata.resource_version.as_deref(), Some("20"));
+        let s = spec(&w[0]);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.lease_transitions, Some(2));
+        assert_eq!(s.acquire_time, mt("2026-05-01T09:00:00Z"));
+        assert_eq!(s.renew_time, mt("2026-05-01T10:00:02.5Z"));
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_write_follows() {
+        let (mut b, mut server, _) = setup("me");
+        let free = lease("3", "", 1, WALL0, WALL0, 0);
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&free)),
+                (Method::PUT, LEASE, status(409, "Conflict")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Following(None));
+    }
+
+    #[tokio::test]
+    async fn release_clears_the_holder_over_our_last_write() {
+        let (mut b, mut server, clock) = setup("me");
+        let (r, _) = exchange(b.release(), &mut server, vec![]).await;
+        r.expect("nothing to release, no request");
+
+        let free = lease("10", "", 1, WALL0, WALL0, 4);
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&free)),
+                (Method::PUT, LEASE, Reply::Echo("11")),
+            ],
+        )
+        .await;
+        assert_eq!(r.unwrap(), Outcome::Leading);
+        clock.advance(Duration::from_secs(1));
+        let (r, w) = exchange(
+            b.release(),
+            &mut server,
+            vec![(Method::PUT, LEASE, Reply::Echo("12"))],
+        )
+        .await;
+        r.unwrap();
+        assert_eq!(w[0].metadata.resource_version.as_deref(), Some("11"));
+        let s = spec(&w[0]);
+        assert_eq!(s.holder_identity.as_deref(), Some(""));
+        assert_eq!(s.lease_duration_seconds, Some(1));
+        assert_eq!(s.lease_transitions, Some(5));
+        assert_eq!(s.acquire_time, mt("2026-05-01T10:00:01Z"));
+        assert_eq!(s.renew_time, mt("2026-05-01T10:00:01Z"));
+        // Released: a second release writes nothing.
+        let (r, _) = exchange(b.release(), &mut server, vec![]).await;
+        r.unwrap();
+    }
+
+    #[tokio::test]
+    async fn api_errors_are_errors_with_context() {
+        let (mut b, mut server, _) = setup("me");
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![(Method::GET, LEASE, status(500, "InternalError"))],
+        )
+        .await;
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("get of lease choria/prov failed: 500 InternalError"),
+            "{e}"
+        );
+        let free = lease("3", "", 1, WALL0, WALL0, 0);
+        let (r, _) = exchange(
+            b.campaign(),
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&free)),
+                (Method::PUT, LEASE, status(403, "Forbidden")),
+            ],
+        )
+        .await;
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("update of lease choria/prov failed: 403 Forbidden"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn describes_itself_and_uses_client_go_timings() {
+        let (b, _server, _) = setup("pod-0");
+        assert_eq!(b.describe(), "lease choria/prov");
+        assert_eq!(b.identity(), "pod-0");
+        assert_eq!(
+            b.timings(),
+            Timings {
+                retry_period: Duration::from_secs(2),
+                renew_period: Duration::from_secs(2),
+                renew_deadline: Duration::from_secs(10),
+            }
+        );
+    }
+
+    /// A provisioner's handle, without running it.
+    fn provisioner(dir: &Path) -> crate::provision::Provisioner {
+        use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
+        let yaml = dir.join("provisioner.yaml");
+        std::fs::write(
+            &yaml,
+            "interval: 1m\nchoria_insecure: true\nsite: lease\nhelper: /bin/true\n",
+        )
+        .unwrap();
+        let ccfg = dir.join("choria.cfg");
+        std::fs::write(
+            &ccfg,
+            "identity = provisioner.lease\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let cfg = ProvisionerConfig::load(&yaml).unwrap();
+        let env = Environment::from_process();
+        let setup = ChoriaClientConfig::load_with(&ccfg, &env)
+            .unwrap()
+            .client_setup(&cfg, &env)
+            .unwrap();
+        crate::provision::Provisioner::new(cfg, setup, "test")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_driver_resumes_on_winning_and_releases_on_stop() {
+        use crate::provision::gate::PauseReason;
+        let dir = tempfile::tempdir().unwrap();
+        let p = provisioner(dir.path());
+        let handle = p.handle();
+        handle.pause(PauseReason::Election, false);
+        let (b, mut server, _) = setup("me");
+        let (leader_tx, mut leader) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(super::super::run(
+            b,
+            handle.clone(),
+            stop.clone(),
+            leader_tx,
+        ));
+
+        let free = lease("1", "", 1, WALL0, WALL0, 0);
+        let mut w = serve(
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&free)),
+                (Method::PUT, LEASE, Reply::Echo("2")),
+            ],
+        )
+        .await;
+        leader
+            .wait_for(|l| l.as_deref() == Some("me"))
+            .await
+            .unwrap();
+        assert!(!handle.gate.is_paused(), "the winner works");
+
+        // A renewal one retry period later (tokio's clock is paused and
+        // jumps ahead), then the release on stop.
+        let mut ours = w.remove(0);
+        ours.metadata.resource_version = Some("2".into());
+        serve(
+            &mut server,
+            vec![
+                (Method::GET, LEASE, found(&ours)),
+                (Method::PUT, LEASE, Reply::Echo("3")),
+            ],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.cancel();
+        let w = serve(&mut server, vec![(Method::PUT, LEASE, Reply::Echo("4"))]).await;
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("the election stops")
+            .unwrap();
+        assert_eq!(w[0].metadata.resource_version.as_deref(), Some("3"));
+        assert_eq!(spec(&w[0]).holder_identity.as_deref(), Some(""));
+        assert_eq!(*leader.borrow(), None);
+        assert!(handle.gate.is_paused(), "paused once released");
+        drop(p);
+    }
+
+    #[test]
+    fn exec_plugin_output_stays_out_of_errors() {
+        use std::os::unix::process::ExitStatusExt;
+        let run = || kube::client::AuthError::AuthExecRun {
+            cmd: "get-token".into(),
+            out: Box::new(std::process::Output {
+                status: std::process::ExitStatus::from_raw(256),
+                stdout: b"{\"token\":\"s3cr3t\"}".to_vec(),
+                stderr: b"s3cr3t".to_vec(),
+            }),
+        };
+        for e in [
+            kube::Error::Auth(run()),
+            kube::Error::Service(Box::new(run())),
+        ] {
+            let text = describe_error(&e);
+            assert!(text.contains("get-token"), "{text}");
+            assert!(!text.contains("s3cr3t"), "{text}");
+        }
+    }
+
+    #[test]
+    fn namespace_configured_then_pod_then_client_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("namespace");
+        let missing = dir.path().join("absent");
+        assert_eq!(resolve_namespace(Some("cfg"), &file, "dflt"), "cfg");
+        assert_eq!(resolve_namespace(None, &missing, "dflt"), "dflt");
+        std::fs::write(&file, "pod-ns\n").unwrap();
+        assert_eq!(resolve_namespace(None, &file, "dflt"), "pod-ns");
+        std::fs::write(&file, "  \n").unwrap();
+        assert_eq!(resolve_namespace(None, &file, "dflt"), "dflt");
+    }
+}
