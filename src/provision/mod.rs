@@ -147,12 +147,6 @@ impl Provisioner {
             finisher_rx,
             leader_tx,
         } = self;
-        if cfg.election.backend == ElectionBackend::Lease {
-            return Err(RunError::Unsupported(format!(
-                "{}: election.backend lease is not available in this build yet; use streams or none",
-                cfg.file.display()
-            )));
-        }
         let metrics = handle.metrics.clone();
         let health = handle.health.clone();
         let stop_tasks = CancellationToken::new();
@@ -235,7 +229,14 @@ impl Provisioner {
                 election_stop.clone(),
                 leader_tx,
             ))),
-            ElectionBackend::None | ElectionBackend::Lease => None,
+            ElectionBackend::Lease => Some(tokio::spawn(election::lease::run_lease(
+                cfg.election.clone(),
+                candidate_identity(&setup.identity.identity),
+                handle.clone(),
+                election_stop.clone(),
+                leader_tx,
+            ))),
+            ElectionBackend::None => None,
         };
 
         let mut workers = JoinSet::new();
