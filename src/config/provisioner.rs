@@ -55,6 +55,8 @@ const KEYS: &[&str] = &[
     "loglevel",
     "helper",
     "token",
+    "token_file",
+    "broker_provisioning_password_file",
     "lifecycle_component",
     "choria_insecure",
     "site",
@@ -154,6 +156,10 @@ pub struct ProvisionerConfig {
     pub helper: String,
     /// Provisioning token sent with every `choria_provision` request.
     pub token: Secret,
+    /// Ours: read `token` from this file (a mounted Kubernetes Secret), at load.
+    pub token_file: Option<PathBuf>,
+    /// Ours: read `broker_provisioning_password` from this file, at load.
+    pub broker_provisioning_password_file: Option<PathBuf>,
     /// Lifecycle component whose startup events mean "needs provisioning".
     pub lifecycle_component: String,
     /// Speak protocol v1 without TLS or signatures.
@@ -204,7 +210,8 @@ impl ProvisionerConfig {
     /// ([`ProvisionerConfig::check_files`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let cfg = Self::parse(&super::read_file(path)?, path)?;
+        let mut cfg = Self::parse(&super::read_file(path)?, path)?;
+        cfg.read_secret_files()?;
         cfg.check_files()?;
         Ok(cfg)
     }
@@ -274,7 +281,11 @@ impl ProvisionerConfig {
         }
 
         let token = Secret::new(sec.string("token")?.unwrap_or_default());
-        if token.is_empty() {
+        let token_file = non_empty(sec.string("token_file")?).map(PathBuf::from);
+        if !token.is_empty() && token_file.is_some() {
+            return Err(sec.error("token_file", "set together with token; use one of them"));
+        }
+        if token.is_empty() && token_file.is_none() {
             warnings.push(sec.warning(
                 "token",
                 "not set; requests carry an empty token, which only servers whose provisioning.jwt has no token accept",
@@ -321,6 +332,14 @@ impl ProvisionerConfig {
         }
         let broker_provisioning_password =
             non_empty(sec.string("broker_provisioning_password")?).map(Secret::new);
+        let broker_provisioning_password_file =
+            non_empty(sec.string("broker_provisioning_password_file")?).map(PathBuf::from);
+        if broker_provisioning_password.is_some() && broker_provisioning_password_file.is_some() {
+            return Err(sec.error(
+                "broker_provisioning_password_file",
+                "set together with broker_provisioning_password; use one of them",
+            ));
+        }
 
         let cert_deny_list = match sec.string_list("cert_deny_list")? {
             Some(list) if !list.is_empty() => list,
@@ -452,6 +471,8 @@ impl ProvisionerConfig {
             loglevel,
             helper,
             token,
+            token_file,
+            broker_provisioning_password_file,
             lifecycle_component,
             choria_insecure,
             site,
@@ -495,6 +516,24 @@ impl ProvisionerConfig {
                 }
                 self.load_signing_token()?;
             }
+        }
+        Ok(())
+    }
+
+    /// Reads `token_file` and `broker_provisioning_password_file` into
+    /// `token` and `broker_provisioning_password` (trailing newline removed).
+    pub fn read_secret_files(&mut self) -> Result<(), ConfigError> {
+        let read = |key: &str, path: &Path| -> Result<Secret, ConfigError> {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| self.err(key, format!("{}: {e}", path.display())))?;
+            Ok(Secret::new(text.trim_end_matches(['\r', '\n']).to_string()))
+        };
+        if let Some(path) = self.token_file.clone() {
+            self.token = read("token_file", &path)?;
+        }
+        if let Some(path) = self.broker_provisioning_password_file.clone() {
+            let password = read("broker_provisioning_password_file", &path)?;
+            self.broker_provisioning_password = (!password.is_empty()).then_some(password);
         }
         Ok(())
     }
@@ -1363,5 +1402,31 @@ features:
             )),
             "{e}"
         );
+    }
+
+    #[test]
+    fn secrets_can_come_from_files_but_not_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        let pass = dir.path().join("pass");
+        std::fs::write(&token, "t0ken\n").unwrap();
+        std::fs::write(&pass, "pa55").unwrap();
+        let mut cfg = ok(&format!(
+            "helper: /bin/true\ntoken_file: {}\nbroker_provisioning_password_file: {}\n",
+            token.display(),
+            pass.display()
+        ));
+        assert!(cfg.token.is_empty(), "parse does not read files");
+        cfg.read_secret_files().unwrap();
+        assert_eq!(cfg.token.expose(), "t0ken");
+        assert_eq!(
+            cfg.broker_provisioning_password.as_ref().map(|p| p.expose()),
+            Some("pa55")
+        );
+        let both = parse("helper: /bin/true\ntoken: a\ntoken_file: /x\n").unwrap_err();
+        assert!(both.to_string().contains("token_file"), "{both}");
+        let mut missing = ok("helper: /bin/true\ntoken_file: /nonexistent/token\n");
+        let e = missing.read_secret_files().unwrap_err().to_string();
+        assert!(e.contains("token_file") && e.contains("/nonexistent/token"), "{e}");
     }
 }
