@@ -523,19 +523,20 @@ impl ProvisionerConfig {
     /// Reads `token_file` and `broker_provisioning_password_file` into
     /// `token` and `broker_provisioning_password` (trailing newline removed).
     pub fn read_secret_files(&mut self) -> Result<(), ConfigError> {
-        let read = |key: &str, path: &Path| -> Result<Secret, ConfigError> {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| self.err(key, format!("{}: {e}", path.display())))?;
-            Ok(Secret::new(text.trim_end_matches(['\r', '\n']).to_string()))
-        };
-        if let Some(path) = self.token_file.clone() {
-            self.token = read("token_file", &path)?;
+        if let Some(path) = &self.token_file {
+            self.token = self.read_secret("token_file", path)?;
         }
-        if let Some(path) = self.broker_provisioning_password_file.clone() {
-            let password = read("broker_provisioning_password_file", &path)?;
+        if let Some(path) = &self.broker_provisioning_password_file {
+            let password = self.read_secret("broker_provisioning_password_file", path)?;
             self.broker_provisioning_password = (!password.is_empty()).then_some(password);
         }
         Ok(())
+    }
+
+    fn read_secret(&self, key: &str, path: &Path) -> Result<Secret, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| self.err(key, format!("{}: {e}", path.display())))?;
+        Ok(Secret::new(text.trim_end_matches(['\r', '\n']).to_string()))
     }
 
     /// The helper command line split into program and arguments.
