@@ -1,0 +1,579 @@
+#!/usr/bin/env bash
+# Checks the Kubernetes manifests without a cluster, helm binary or network
+# (after the first run): the Helm chart in charts/choria-provisioner-operator and
+# the plain manifests in deploy/.
+#
+#   scripts/check-manifests.sh                 check; exit 1 on any failure
+#   scripts/check-manifests.sh --write-deploy  regenerate deploy/crd.yaml,
+#       deploy/rbac.yaml, deploy/operator.yaml and the chart's CRD copy from
+#       crds/provisioner.yaml and the chart's default render, then check
+#
+# What it does:
+#   1. helm lint --strict (kube 1.34) with default values and variants, and checks
+#      that values.schema.json refuses bad values;
+#   2. renders the chart (helm-python-sdk, Helm's own Go engine) with default values
+#      and variants (ServiceMonitor on, one replica without leader election and so
+#      without PDB, one watched namespace, CRD off, PDB off, image by digest) and
+#      checks what each variant must contain;
+#   3. validates every rendered object and everything in deploy/ with
+#      kubernetes-validate against Kubernetes 1.34, strict (unknown fields fail).
+#      ServiceMonitor has no schema there and is skipped with a note; Provisioner
+#      objects are validated against the CRD's openAPIV3Schema with jsonschema;
+#   4. RBAC: no wildcards; the operator holds every permission the Roles it builds
+#      for provisioner pods grant (Kubernetes refuses to let it create them
+#      otherwise); restricted pod security settings;
+#   5. the chart's CRD copy and deploy/crd.yaml equal crds/provisioner.yaml, and
+#      deploy/ equals the chart's default render (namespace choria-provisioner);
+#   6. the Dockerfile parses (BuildKit's parser, PyPI dockerfile), runs as 65532
+#      with the documented entrypoint, and .dockerignore lets in what it copies.
+#      No image is built: there is no container engine here.
+#
+# Tools (PyPI kubernetes-validate, helm-python-sdk, jsonschema, dockerfile) are installed once
+# into the project cache's virtualenv ($HOME/.cache/choria-provisioner-rs/venv).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+
+VENV="$CACHE_DIR/venv"
+TOOLS="kubernetes-validate==1.37.0 helm-python-sdk==0.2.2 jsonschema>=4.18,<5 PyYAML>=6,<7 dockerfile==3.4.0"
+STAMP="$VENV/.check-manifests-tools"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$TOOLS" ]; then
+  log "installing $TOOLS into $VENV"
+  python3 -m venv "$VENV" >/dev/null
+  # shellcheck disable=SC2086 # TOOLS is a list of requirement specifiers
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $TOOLS
+  printf '%s' "$TOOLS" >"$STAMP"
+fi
+
+exec "$VENV/bin/python" - "$ROOT" "$@" <<'PYTHON'
+import copy
+import functools
+import json
+import os
+import sys
+import tempfile
+
+import jsonschema
+import kubernetes_validate
+import kubernetes_validate.utils as kv
+import yaml
+
+# kubernetes-validate reads and parses its JSON schemas (several MB) on every
+# call; they do not change, so read each once.
+kv.schema_contents = functools.lru_cache(maxsize=None)(kv.schema_contents)
+
+import helm_python as helm  # noqa: E402
+
+ROOT = sys.argv[1]
+WRITE = "--write-deploy" in sys.argv[2:]
+for arg in sys.argv[2:]:
+    if arg != "--write-deploy":
+        sys.exit(f"check-manifests: unknown argument {arg}")
+
+CHART = os.path.join(ROOT, "charts", "choria-provisioner-operator")
+CHART_CRD = os.path.join(CHART, "files", "crds", "provisioner.yaml")
+CRD_SRC = os.path.join(ROOT, "crds", "provisioner.yaml")
+DEPLOY = os.path.join(ROOT, "deploy")
+KUBE = "1.34"
+NAMESPACE = "choria-provisioner"
+RELEASE = "choria-provisioner-operator"
+LEASE = "choria-provisioner-operator"
+
+failures = []
+counts = {"validated": 0, "crs": 0, "skipped": 0}
+
+
+def ok(msg):
+    print(f"  ok    {msg}")
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"  FAIL  {msg}")
+
+
+def check(cond, msg):
+    if cond:
+        ok(msg)
+    else:
+        fail(msg)
+    return cond
+
+
+def section(title):
+    print(f"\n== {title}")
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def load_docs(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def kn(doc):
+    ns = doc.get("metadata", {}).get("namespace")
+    name = doc.get("metadata", {}).get("name", "?")
+    return f"{doc.get('kind', '?')}/{ns + '/' if ns else ''}{name}"
+
+
+# ---------------------------------------------------------------------------
+# The CRD: source, copies, and the Provisioner schema derived from it.
+
+def provisioner_schema():
+    if not os.path.exists(CRD_SRC):
+        return None
+    crd = load_docs(read(CRD_SRC))[0]
+    versions = crd["spec"]["versions"]
+    version = next((v for v in versions if v.get("storage")), versions[0])
+
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items()
+                    if k != "nullable" and not k.startswith("x-kubernetes-")}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    schema = strip(version["schema"]["openAPIV3Schema"])
+    # The apiserver fills apiVersion/kind/metadata itself; check them here.
+    group = crd["spec"]["group"]
+    schema.setdefault("properties", {})
+    schema["properties"]["apiVersion"] = {"const": f"{group}/{version['name']}"}
+    schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                                "maxLength": 63}},
+    }
+    schema.setdefault("required", [])
+    schema["required"] = sorted(set(schema["required"]) | {"apiVersion", "kind", "metadata"})
+    return schema
+
+
+PROV_SCHEMA = None
+
+
+def validate_doc(doc, where):
+    """kubernetes-validate strict for built-in kinds; the CRD schema for Provisioner."""
+    kind = doc.get("kind")
+    if kind == "ServiceMonitor":
+        counts["skipped"] += 1
+        print(f"  note  {where}: {kn(doc)} skipped (monitoring.coreos.com has no schema in kubernetes-validate)")
+        return
+    if kind == "Provisioner":
+        if PROV_SCHEMA is None:
+            fail(f"{where}: {kn(doc)} cannot be validated: {rel(CRD_SRC)} is missing")
+            return
+        errors = sorted(jsonschema.Draft7Validator(PROV_SCHEMA).iter_errors(doc), key=lambda e: list(e.path))
+        if errors:
+            for e in errors:
+                fail(f"{where}: {kn(doc)}: {'.'.join(map(str, e.path)) or '<root>'}: {e.message}")
+        else:
+            counts["crs"] += 1
+            ok(f"{where}: {kn(doc)} valid against the CRD's openAPIV3Schema")
+        return
+    try:
+        kubernetes_validate.validate(doc, KUBE, strict=True)
+        counts["validated"] += 1
+        return kn(doc)
+    except kv.ValidationError as e:
+        fail(f"{where}: {kn(doc)}: {'.'.join(map(str, e.path))}: {e.message}")
+    except kv.SchemaNotFoundError as e:
+        fail(f"{where}: {e.message}")
+
+
+def validate_all(docs, where):
+    valid = [v for v in (validate_doc(d, where) for d in docs) if v]
+    if valid:
+        ok(f"{where}: {len(valid)} valid: {', '.join(sorted(v.split('/')[0] for v in valid))}")
+
+
+# ---------------------------------------------------------------------------
+# Rendering.
+
+def render(values):
+    with helm.Chart.load(CHART) as ch:
+        out = ch.render(values, name=RELEASE, namespace=NAMESPACE)
+    docs = []
+    for path in sorted(out):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(load_docs(out[path]))
+    return docs, out
+
+
+def find(docs, kind, name=None):
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def deployment_args(docs):
+    dep = find(docs, "Deployment")
+    return dep[0]["spec"]["template"]["spec"]["containers"][0].get("args", []) if dep else []
+
+
+# What Roles built by the operator for provisioner pods grant (src/operator): the
+# operator may only create them while holding the same permissions itself.
+DELEGATED = [
+    ("provisioning.choria.io", "provisioners", {"get", "list", "watch"}),
+    ("provisioning.choria.io", "provisioners/status", {"get", "patch", "update"}),
+    ("coordination.k8s.io", "leases", {"get", "create", "update"}),
+]
+# What the operator itself does, cluster-wide (or in the watched namespace).
+NEEDED = DELEGATED + [
+    ("", "configmaps", {"get", "list", "watch", "create", "patch"}),
+    ("", "services", {"get", "list", "watch", "create", "patch"}),
+    ("", "serviceaccounts", {"get", "list", "watch", "create", "patch"}),
+    ("apps", "deployments", {"get", "list", "watch", "create", "patch"}),
+    ("policy", "poddisruptionbudgets", {"get", "list", "watch", "create", "patch"}),
+    ("rbac.authorization.k8s.io", "roles", {"get", "list", "watch", "create", "patch"}),
+    ("rbac.authorization.k8s.io", "rolebindings", {"get", "list", "watch", "create", "patch"}),
+    ("events.k8s.io", "events", {"create", "patch"}),
+]
+
+
+def granted(rules, group, resource):
+    verbs = set()
+    for r in rules:
+        if r.get("resourceNames"):
+            continue
+        if group in r.get("apiGroups", []) and resource in r.get("resources", []):
+            verbs |= set(r.get("verbs", []))
+    return verbs
+
+
+def rbac_problems(docs):
+    problems = []
+    for d in docs:
+        for r in d.get("rules", []) if d["kind"] in ("ClusterRole", "Role") else []:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                if any("*" in str(x) for x in r.get(key, [])):
+                    problems.append(f"{kn(d)} has a wildcard in {key}: {r}")
+    roles = find(docs, "ClusterRole")
+    if roles:
+        rules = roles[0]["rules"]
+        for g, res, v in NEEDED:
+            if v - granted(rules, g, res):
+                problems.append(f"ClusterRole lacks {sorted(v - granted(rules, g, res))} on {g or 'core'}/{res}")
+    for role in find(docs, "Role"):
+        r = role["rules"]
+        own = [x for x in r if LEASE in x.get("resourceNames", [])]
+        if not (any("create" in x["verbs"] for x in r) and own and {"get", "update"} <= set(own[0]["verbs"])):
+            problems.append(f"{kn(role)} does not cover the operator's own Lease {LEASE}")
+    return problems
+
+
+def security_problems(docs):
+    problems = []
+    for dep in find(docs, "Deployment"):
+        spec = dep["spec"]["template"]["spec"]
+        pod = spec.get("securityContext", {})
+        if pod.get("runAsNonRoot") is not True:
+            problems.append("pod runAsNonRoot")
+        if pod.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append("pod seccompProfile RuntimeDefault")
+        for c in spec["containers"]:
+            sc = c.get("securityContext", {})
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{c['name']} allowPrivilegeEscalation false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{c['name']} readOnlyRootFilesystem")
+            if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                problems.append(f"{c['name']} drop ALL")
+            if (sc.get("runAsUser", pod.get("runAsUser")) or 0) == 0:
+                problems.append(f"{c['name']} non-root UID")
+    return [f"Pod Security 'restricted' not met: {p}" for p in problems]
+
+
+def kinds(docs):
+    return sorted({d["kind"] for d in docs})
+
+
+BASE_KINDS = ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
+              "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
+
+VARIANTS = [
+    ("default", {}, lambda d: check(kinds(d) == BASE_KINDS, f"default: objects {kinds(d)}")),
+    ("serviceMonitor", {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+     lambda d: check(len(find(d, "ServiceMonitor")) == 1
+                     and find(d, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "metrics",
+                     "serviceMonitor: one ServiceMonitor scraping port 'metrics'")),
+    ("single", {"replicas": 1, "leaderElection": {"enabled": False}},
+     lambda d: check(not find(d, "PodDisruptionBudget") and not find(d, "Role")
+                     and "--leader-election=false" in deployment_args(d),
+                     "single: no PDB, no Lease Role, --leader-election=false")),
+    ("single-elected", {"replicas": 1},
+     lambda d: check(not find(d, "PodDisruptionBudget") and find(d, "Role"),
+                     "single-elected: no PDB with one replica, Lease Role kept")),
+    ("pdb-3", {"replicas": 3, "podDisruptionBudget": {"minAvailable": 2}},
+     lambda d: check([p["spec"]["minAvailable"] for p in find(d, "PodDisruptionBudget")] == [2],
+                     "pdb-3: PDB minAvailable 2")),
+    ("pdb-off", {"podDisruptionBudget": {"enabled": False}},
+     lambda d: check(not find(d, "PodDisruptionBudget"), "pdb-off: no PDB")),
+    ("watchNamespace", {"watchNamespace": "choria"},
+     lambda d: check(not find(d, "ClusterRoleBinding")
+                     and any(b["metadata"].get("namespace") == "choria" and b["roleRef"]["kind"] == "ClusterRole"
+                             for b in find(d, "RoleBinding"))
+                     and "--namespace=choria" in deployment_args(d),
+                     "watchNamespace: RoleBinding in 'choria' instead of a ClusterRoleBinding, --namespace=choria")),
+    ("crds-off", {"crds": {"install": False}},
+     lambda d: check(not find(d, "CustomResourceDefinition"), "crds-off: no CRD")),
+    ("crds-not-kept", {"crds": {"keep": False}},
+     lambda d: check(all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {})
+                         for c in find(d, "CustomResourceDefinition")), "crds-not-kept: no resource-policy")),
+    ("digest", {"image": {"repository": "registry.example.net/choria-provisioner", "digest": "sha256:" + "a" * 64}},
+     lambda d: check(find(d, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+                     == "registry.example.net/choria-provisioner@sha256:" + "a" * 64, "digest: image by digest")),
+]
+
+# Values that must be refused (values.schema.json or the templates' own checks).
+REFUSED = [
+    ("replicas: two", {"replicas": "two"}),
+    ("replicas: 0", {"replicas": 0}),
+    ("2 replicas without leader election", {"replicas": 2, "leaderElection": {"enabled": False}}),
+    ("unknown key", {"replica": 2}),
+    ("bad logFormat", {"logFormat": "xml"}),
+    ("bad watchNamespace", {"watchNamespace": "Not_A_Namespace"}),
+]
+
+
+INFOS = set()
+
+
+def lint(values, label):
+    res = helm.lint(CHART, strict=True, kube_version=f"v{KUBE}.0", values=values)
+    msgs = res.get("messages", [])
+    for m in msgs:
+        info = f"{m['path']}: {m['error'].strip()}"
+        if m["severity"] <= 1 and info not in INFOS:
+            INFOS.add(info)
+            print(f"  info  lint (not a failure): {info}")
+    bad = [m for m in msgs if m["severity"] > 1] + [{"path": "", "error": e} for e in res.get("errors", [])]
+    return bad
+
+
+# ---------------------------------------------------------------------------
+# deploy/ as the chart's default render, without Helm's bookkeeping.
+
+HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+DEPLOY_FILES = {
+    "rbac.yaml": ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
+    "operator.yaml": ["Deployment", "Service", "PodDisruptionBudget"],
+}
+
+
+def plain(doc):
+    doc = copy.deepcopy(doc)
+    md = doc.get("metadata", {})
+    for key in HELM_LABELS:
+        (md.get("labels") or {}).pop(key, None)
+    return doc
+
+
+class Dumper(yaml.SafeDumper):
+    def increase_indent(self, flow=False, indentless=False):  # indent lists under their key
+        return super().increase_indent(flow, False)
+
+
+def _list(dumper, data):
+    # Short lists of strings (RBAC verbs, args) on one line, as people write them.
+    flow = bool(data) and all(isinstance(x, str) for x in data) and sum(len(x) + 4 for x in data) < 80
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+Dumper.add_representer(list, _list)
+
+
+def dump(docs):
+    return "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
+                        for d in docs)
+
+
+def expected_deploy(default_docs):
+    out = {}
+    for name, order in DEPLOY_FILES.items():
+        out[name] = [plain(d) for k in order for d in default_docs if d["kind"] == k]
+    return out
+
+
+HEADER = ("# Generated by scripts/check-manifests.sh --write-deploy from the Helm chart\n"
+          "# charts/choria-provisioner-operator (default values, namespace choria-provisioner).\n"
+          "# Edit the chart, not this file; scripts/check-manifests.sh fails when they differ.\n")
+
+
+def write_deploy(default_docs):
+    section("--write-deploy")
+    for name, docs in expected_deploy(default_docs).items():
+        path = os.path.join(DEPLOY, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(HEADER + "---\n" + dump(docs))
+        print(f"  wrote {rel(path)} ({', '.join(kn(d) for d in docs)})")
+
+
+def check_dockerfile():
+    import fnmatch
+
+    import dockerfile
+    try:
+        cmds = dockerfile.parse_file(os.path.join(ROOT, "Dockerfile"))
+    except dockerfile.GoParseError as e:
+        fail(f"Dockerfile does not parse: {e}")
+        return
+    ok(f"Dockerfile parses ({len(cmds)} instructions, {sum(c.cmd == 'FROM' for c in cmds)} stages)")
+    last = max(i for i, c in enumerate(cmds) if c.cmd == "FROM")
+    final = cmds[last:]
+    user = [c.value[0] for c in final if c.cmd == "USER"]
+    check(user and user[-1].split(":")[0] == "65532", f"final stage runs as UID 65532 (USER {user[-1] if user else '-'})")
+    entry = [c for c in final if c.cmd == "ENTRYPOINT"]
+    check(entry and entry[-1].json and list(entry[-1].value) == ["/usr/local/bin/choria-provisioner"],
+          'ENTRYPOINT ["/usr/local/bin/choria-provisioner"]')
+    # .dockerignore: "*" then "!path" exceptions; every context COPY source must be let in.
+    rules = [line.strip() for line in read(os.path.join(ROOT, ".dockerignore")).splitlines()
+             if line.strip() and not line.startswith("#")]
+
+    def included(path):
+        keep = True
+        for r in rules:
+            neg = r.startswith("!")
+            pat = r[1:].rstrip("/") if neg else r.rstrip("/")
+            if fnmatch.fnmatch(path, pat) or path.startswith(pat + "/"):
+                keep = neg
+        return keep
+
+    sources = [v for c in cmds if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags)
+               for v in c.value[:-1]]
+    missing = [s for s in sources if not included(s) or not os.path.exists(os.path.join(ROOT, s))]
+    check(not missing, f"COPY sources exist and pass .dockerignore: {', '.join(sources)}"
+          + (f" (not: {missing})" if missing else ""))
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    global PROV_SCHEMA
+    from importlib.metadata import version
+    print(f"helm-python-sdk {helm.helm_c_version()} (Helm SDK {helm.helm_sdk_version()}), "
+          f"kubernetes-validate {version('kubernetes-validate')} (schemas for Kubernetes {KUBE}), "
+          f"jsonschema {version('jsonschema')}")
+
+    section("CRD copies")
+    if check(os.path.exists(CRD_SRC), f"{rel(CRD_SRC)} exists (committed output of `choria-provisioner crd`)"):
+        PROV_SCHEMA = provisioner_schema()
+        src = read(CRD_SRC)
+        for dst in (CHART_CRD, os.path.join(DEPLOY, "crd.yaml")):
+            if WRITE:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                with open(dst, "w", encoding="utf-8") as f:
+                    f.write(src)
+                print(f"  wrote {rel(dst)}")
+            check(os.path.exists(dst) and read(dst) == src, f"{rel(dst)} is identical to {rel(CRD_SRC)}")
+
+    section(f"helm lint --strict (kube {KUBE})")
+    for label, values, _ in VARIANTS:
+        bad = lint(values, label)
+        check(not bad, f"lint {label}" + (": " + "; ".join(f"{m['path']}: {m['error'].strip()}" for m in bad) if bad else ""))
+    for label, values in REFUSED:
+        bad = lint(values, label)
+        check(bool(bad), f"refused: {label}" + (f" ({bad[0]['error'].strip().splitlines()[-1]})" if bad else " -- was accepted"))
+
+    section("render variants")
+    rendered = {}
+    for label, values, expect in VARIANTS:
+        try:
+            docs, _ = render(values)
+        except helm.HelmError as e:
+            fail(f"render {label}: {e}")
+            continue
+        rendered[label] = docs
+        expect(docs)
+        problems = rbac_problems(docs) + security_problems(docs)
+        for p in problems:
+            fail(f"{label}: {p}")
+        if not problems:
+            ok(f"{label}: RBAC without wildcards, holds what the operator does and delegates; "
+               "own Lease covered; pod security 'restricted'")
+        crds = find(docs, "CustomResourceDefinition")
+        if crds and PROV_SCHEMA is not None:
+            c = copy.deepcopy(crds[0])
+            for key in ("labels", "annotations"):
+                c["metadata"].pop(key, None)
+            s = load_docs(read(CRD_SRC))[0]
+            for key in ("labels", "annotations"):
+                s["metadata"].pop(key, None)
+            check(c == s, f"{label}: rendered CRD equals {rel(CRD_SRC)} apart from labels/annotations")
+
+    section(f"kubernetes-validate {KUBE} --strict: rendered chart")
+    for label, docs in rendered.items():
+        validate_all(docs, f"chart[{label}]")
+
+    if WRITE and "default" in rendered:
+        write_deploy(rendered["default"])
+
+    section(f"kubernetes-validate {KUBE} --strict: deploy/")
+    names = sorted(n for n in os.listdir(DEPLOY) if n.endswith((".yaml", ".yml")))
+    for n in ("namespace.yaml", "crd.yaml", "rbac.yaml", "operator.yaml", "example-provisioner.yaml"):
+        check(n in names, f"deploy/{n} exists")
+    deploy_docs = {}
+    for n in names:
+        try:
+            deploy_docs[n] = load_docs(read(os.path.join(DEPLOY, n)))
+        except yaml.YAMLError as e:
+            fail(f"deploy/{n}: not YAML: {e}")
+            continue
+        validate_all(deploy_docs[n], f"deploy/{n}")
+
+    section("deploy/ equals the chart's default render")
+    if "default" in rendered:
+        for n, want in expected_deploy(rendered["default"]).items():
+            have = deploy_docs.get(n)
+            key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
+            if have is None:
+                fail(f"deploy/{n} missing (run scripts/check-manifests.sh --write-deploy)")
+            elif sorted(have, key=key) == sorted(want, key=key):
+                ok(f"deploy/{n} matches ({len(want)} objects)")
+            else:
+                import difflib
+                a = dump(sorted(want, key=key)).splitlines()
+                b = dump(sorted(have, key=key)).splitlines()
+                diff = list(difflib.unified_diff(a, b, "chart render", f"deploy/{n}", lineterm="", n=1))
+                print("\n".join("        " + line for line in diff[:30]))
+                fail(f"deploy/{n} differs from the chart's default render (run scripts/check-manifests.sh --write-deploy)")
+        ns_docs = [d for docs in deploy_docs.values() for d in docs if d.get("metadata", {}).get("namespace")]
+        check(all(d["metadata"]["namespace"] in (NAMESPACE, ) or d["kind"] in ("Provisioner", "ConfigMap", "Secret")
+                  for d in ns_docs), f"deploy/: operator objects are in namespace {NAMESPACE}")
+
+    section("deploy/example-provisioner.yaml")
+    ex = deploy_docs.get("example-provisioner.yaml", [])
+    check(len(find(ex, "Provisioner")) == 1, "one Provisioner")
+    helper = read(os.path.join(ROOT, "examples", "helper.sh"))
+    cms = [c for c in find(ex, "ConfigMap") if helper in (c.get("data") or {}).values()]
+    check(bool(cms), "a ConfigMap carries examples/helper.sh unchanged")
+
+    section("Dockerfile")
+    check_dockerfile()
+
+    print("\n== summary")
+    print(f"  {counts['validated']} objects valid against Kubernetes {KUBE} (strict), "
+          f"{counts['crs']} Provisioner(s) valid against the CRD, "
+          f"{counts['skipped']} ServiceMonitor(s) skipped (no schema)")
+    if failures:
+        print(f"  {len(failures)} FAILURE(S):")
+        for f in failures:
+            print(f"    - {f}")
+        return 1
+    print("  all manifest checks passed")
+    return 0
+
+
+sys.exit(main())
+PYTHON
