@@ -3,11 +3,12 @@
 //! [`machine`] holds the rules (client-go's, for every backend); a backend
 //! only performs one campaign, renewal or release against its store:
 //! [`streams`] — the Choria Streams KV bucket Go provisioners use — or
-//! [`lease`] — a Kubernetes Lease. [`run`] drives a backend and steers the
-//! provisioner through its [`Handle`]: on winning it resumes and discovers at
-//! once; on losing it pauses and empties the registry and queue. Errors are
-//! retried with backoff, logged, counted and reported on `/readyz` — never a
-//! silent pause and never a process exit.
+//! [`lease`] — a Kubernetes Lease. [`run`] drives a backend and tells a
+//! [`Steer`] when leadership is won or lost: the provisioner's [`Handle`]
+//! resumes and discovers at once on winning, and pauses and empties the
+//! registry and queue on losing; the operator follows a `watch` channel.
+//! Errors are retried with backoff, logged, counted and reported on `/readyz`
+//! — never a silent pause and never a process exit.
 
 pub mod lease;
 pub mod machine;
@@ -15,7 +16,7 @@ pub mod streams;
 
 use crate::provision::gate::PauseReason;
 use crate::provision::Handle;
-use machine::{Machine, Outcome, Timings, Transition};
+use machine::{LossReason, Machine, Outcome, Timings, Transition};
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -62,20 +63,70 @@ pub trait Backend: Send {
 /// Who leads, for status reporting (the operator's `status.leader`).
 pub type LeaderWatch = watch::Receiver<Option<String>>;
 
+/// What an election steers. `me` is our identity, for logs.
+pub trait Steer: Send {
+    /// We lead now: start working.
+    fn won(&self, me: &str);
+    /// We no longer lead (taken over, renew deadline missed, or released):
+    /// stop working.
+    fn lost(&self, me: &str, reason: &LossReason);
+    /// An election attempt failed; reported until one [`Steer::worked`].
+    fn failed(&self, _error: &str) {}
+    /// An election attempt worked.
+    fn worked(&self) {}
+}
+
+impl Steer for Handle {
+    fn won(&self, me: &str) {
+        self.metrics.leadership_transition();
+        self.metrics.set_leader(true);
+        warn!(identity = me, "became leader; resuming and discovering");
+        self.resume(PauseReason::Election);
+    }
+
+    fn lost(&self, me: &str, reason: &LossReason) {
+        self.metrics.leadership_transition();
+        self.metrics.set_leader(false);
+        warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
+        self.pause(PauseReason::Election, true);
+    }
+
+    fn failed(&self, error: &str) {
+        self.metrics.election_error();
+        self.health.set(HEALTH_CHECK, Err(error.to_string()));
+    }
+
+    fn worked(&self) {
+        self.health.set(HEALTH_CHECK, Ok(()));
+    }
+}
+
+/// `true` while we lead: for callers that start and stop work themselves.
+impl Steer for watch::Sender<bool> {
+    fn won(&self, me: &str) {
+        info!(identity = me, "became leader");
+        self.send_replace(true);
+    }
+
+    fn lost(&self, me: &str, reason: &LossReason) {
+        warn!(identity = me, %reason, "lost leadership");
+        self.send_replace(false);
+    }
+}
+
 /// Runs the election until `stop` fires, then releases leadership if held.
 /// The caller pauses the provisioner for [`PauseReason::Election`] before any
 /// work starts and cancels `stop` only once its workers have stopped, so the
 /// next leader never overlaps with us.
-pub async fn run<B: Backend>(
+pub async fn run<B: Backend, S: Steer>(
     mut backend: B,
-    handle: Handle,
+    steer: S,
     stop: CancellationToken,
     leader_tx: watch::Sender<Option<String>>,
 ) {
     let me = backend.identity().to_string();
     let mut machine = Machine::new(backend.timings());
     info!(election = %backend.describe(), identity = %me, "campaigning for leadership");
-    handle.metrics.set_leader(false);
     let mut next = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -87,7 +138,7 @@ pub async fn run<B: Backend>(
         }
         let now = tokio::time::Instant::now();
         if let Some(t) = machine.check_deadline(now.into_std()) {
-            apply(&t, &handle, &me);
+            apply(&t, &steer, &me);
         }
         let leading = machine.is_leader();
         let timeout = machine.attempt_timeout(now.into_std());
@@ -106,8 +157,7 @@ pub async fn run<B: Backend>(
             _ = stop.cancelled() => break,
         };
         if let Err(e) = &result {
-            handle.metrics.election_error();
-            handle.health.set(HEALTH_CHECK, Err(e.to_string()));
+            steer.failed(&e.to_string());
             if machine.errors() == 0 {
                 error!(election = %backend.describe(), error = %e, "election attempt failed; retrying");
             } else {
@@ -117,11 +167,11 @@ pub async fn run<B: Backend>(
             info!(election = %backend.describe(), "election works again");
         }
         if result.is_ok() {
-            handle.health.set(HEALTH_CHECK, Ok(()));
+            steer.worked();
         }
         let now = tokio::time::Instant::now().into_std();
         if let Some(t) = machine.observe(now, &result, &me) {
-            apply(&t, &handle, &me);
+            apply(&t, &steer, &me);
         }
         let leader = machine.leader().map(str::to_string);
         leader_tx.send_if_modified(|l| {
@@ -136,12 +186,12 @@ pub async fn run<B: Backend>(
         // Stop working before giving the record away (the caller already
         // stopped its workers), then release so a standby takes over at once.
         if let Some(t) = machine.release() {
-            apply(&t, &handle, &me);
+            apply(&t, &steer, &me);
         }
         match tokio::time::timeout(RELEASE_TIMEOUT, backend.release()).await {
             Ok(Ok(())) => info!(election = %backend.describe(), "released leadership"),
             Ok(Err(e)) => {
-                handle.metrics.election_error();
+                steer.failed(&format!("could not release leadership: {e}"));
                 warn!(election = %backend.describe(), error = %e, "could not release leadership; it expires instead");
             }
             Err(_) => {
@@ -153,19 +203,10 @@ pub async fn run<B: Backend>(
     debug!("election stopped");
 }
 
-fn apply(t: &Transition, handle: &Handle, me: &str) {
-    handle.metrics.leadership_transition();
+fn apply<S: Steer>(t: &Transition, steer: &S, me: &str) {
     match t {
-        Transition::Won => {
-            handle.metrics.set_leader(true);
-            warn!(identity = me, "became leader; resuming and discovering");
-            handle.resume(PauseReason::Election);
-        }
-        Transition::Lost(reason) => {
-            handle.metrics.set_leader(false);
-            warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
-            handle.pause(PauseReason::Election, true);
-        }
+        Transition::Won => steer.won(me),
+        Transition::Lost(reason) => steer.lost(me, reason),
     }
 }
 
