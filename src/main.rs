@@ -73,6 +73,10 @@ struct RunArgs {
     /// Print a progress line to stderr every second.
     #[arg(long)]
     progress: bool,
+    /// The `Provisioner` resource (NAMESPACE/NAME) this pod belongs to: its
+    /// `spec.paused` is followed and, while leading, its status gets our name.
+    #[arg(long, env = "CHORIA_PROVISIONER_RESOURCE")]
+    provisioner: Option<provision::resource::ResourceRef>,
 }
 
 #[derive(Args)]
@@ -305,7 +309,10 @@ async fn run_provisioner(args: RunArgs, log: Option<String>, format: LogFormat) 
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
-    let provisioner = Provisioner::new(cfg, setup, env!("CARGO_PKG_VERSION"));
+    let mut provisioner = Provisioner::new(cfg, setup, env!("CARGO_PKG_VERSION"));
+    if let Some(r) = args.provisioner {
+        provisioner = provisioner.with_resource(r);
+    }
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {

@@ -13,6 +13,7 @@ pub mod gate;
 pub mod helper;
 pub mod host;
 pub mod registry;
+pub mod resource;
 pub mod version;
 
 use crate::choria::client::{self, ChoriaClient, ClientError, DiscoveryOptions};
@@ -99,6 +100,7 @@ pub struct Provisioner {
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
     leader_tx: tokio::sync::watch::Sender<Option<String>>,
+    resource: Option<resource::ResourceRef>,
 }
 
 impl Provisioner {
@@ -127,7 +129,15 @@ impl Provisioner {
             trigger_rx,
             finisher_rx,
             leader_tx,
+            resource: None,
         }
+    }
+
+    /// Follows this Provisioner resource (pause, leader status), as pods the
+    /// operator runs do.
+    pub fn with_resource(mut self, resource: resource::ResourceRef) -> Self {
+        self.resource = Some(resource);
+        self
     }
 
     pub fn handle(&self) -> Handle {
@@ -146,6 +156,7 @@ impl Provisioner {
             mut trigger_rx,
             finisher_rx,
             leader_tx,
+            resource,
         } = self;
         let metrics = handle.metrics.clone();
         let health = handle.health.clone();
@@ -238,6 +249,15 @@ impl Provisioner {
             ))),
             ElectionBackend::None => None,
         };
+
+        if let Some(r) = resource {
+            tasks.spawn(resource::run(
+                r,
+                candidate_identity(&setup.identity.identity),
+                handle.clone(),
+                stop_tasks.clone(),
+            ));
+        }
 
         let mut workers = JoinSet::new();
         for n in 1..=cfg.workers {

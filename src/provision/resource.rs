@@ -1,0 +1,230 @@
+//! The pod's link to its own `Provisioner` resource when the operator runs it
+//! (`run --provisioner NAMESPACE/NAME`):
+//!
+//! * it watches the resource and follows `spec.paused` — the operator never
+//!   restarts pods for a pause, and a mounted ConfigMap would take a minute
+//!   to change — pausing and resuming through the gate (a resume discovers
+//!   at once);
+//! * while it leads, it writes `status.leader` and `status.provisioned` with
+//!   its own field manager, next to the operator's fields, so `kubectl get
+//!   prov` shows the leader for either election backend.
+//!
+//! Kubernetes trouble is logged, counted nowhere else and retried: it never
+//! stops provisioning.
+
+use super::gate::PauseReason;
+use super::Handle;
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::watcher;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The field manager of the pods' status writes.
+pub const FIELD_MANAGER: &str = "choria-provisioner-pod";
+/// How often the leader refreshes its status fields.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+
+/// `NAMESPACE/NAME` of a Provisioner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ResourceRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ResourceRef {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
+impl std::fmt::Display for ResourceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("provisioning.choria.io", "v1alpha1", "Provisioner"),
+        "provisioners",
+    )
+}
+
+/// Whether `spec.paused` is set on the object.
+pub fn spec_paused(obj: &DynamicObject) -> bool {
+    obj.data
+        .get("spec")
+        .and_then(|s| s.get("paused"))
+        .and_then(|p| p.as_bool())
+        .unwrap_or(false)
+}
+
+/// The status patch the leader applies.
+pub fn status_patch(leader: Option<&str>, provisioned: u64) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "status": { "leader": leader, "provisioned": provisioned },
+    })
+}
+
+/// Runs both duties until `stop`; builds its kube client first, retrying.
+pub async fn run(resource: ResourceRef, me: String, handle: Handle, stop: CancellationToken) {
+    let mut delay = Duration::from_secs(1);
+    let client = loop {
+        match kube::Client::try_default().await {
+            Ok(c) => break c,
+            Err(e) => {
+                warn!(error = %e, retry_in = ?delay, "cannot reach Kubernetes to follow {resource}");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, &resource.namespace, &api_resource());
+    tokio::join!(
+        follow_pause(api.clone(), resource.clone(), handle.clone(), stop.clone()),
+        report_leadership(api, resource, me, handle, stop),
+    );
+}
+
+/// Mirrors `spec.paused` into the pause gate.
+pub async fn follow_pause(
+    api: Api<DynamicObject>,
+    resource: ResourceRef,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", resource.name));
+    let mut events = watcher(api, config).boxed();
+    let mut paused: Option<bool> = None;
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = stop.cancelled() => return,
+        };
+        let obj = match event {
+            Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => obj,
+            Some(Ok(watcher::Event::Delete(_))) => {
+                warn!(%resource, "the Provisioner was deleted; keeping the current pause state");
+                continue;
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => {
+                // The watcher retries by itself; say why it is not watching.
+                warn!(%resource, error = %e, "watching the Provisioner failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            None => return,
+        };
+        let want = spec_paused(&obj);
+        if paused == Some(want) {
+            continue;
+        }
+        paused = Some(want);
+        if want {
+            info!(%resource, "paused by spec.paused");
+            handle.pause(PauseReason::Requested, false);
+        } else {
+            info!(%resource, "resumed by spec.paused");
+            handle.resume(PauseReason::Requested);
+        }
+    }
+}
+
+/// While we lead, keeps `status.leader` (us) and `status.provisioned` current.
+async fn report_leadership(
+    api: Api<DynamicObject>,
+    resource: ResourceRef,
+    me: String,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut leader = handle.leader.clone();
+    let mut was_leader = false;
+    let mut tick = tokio::time::interval(STATUS_REFRESH);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = leader.changed() => if r.is_err() { return },
+            _ = stop.cancelled() => return,
+        }
+        let leading = leader.borrow().as_deref() == Some(me.as_str());
+        if !leading && !was_leader {
+            continue;
+        }
+        let provisioned = handle
+            .metrics
+            .value("choria_provisioner_provisioned")
+            .unwrap_or(0.0) as u64;
+        // A leader that just lost clears its name once; the next leader
+        // writes its own within a refresh.
+        let patch = status_patch(leading.then_some(me.as_str()), provisioned);
+        match api
+            .patch_status(&resource.name, &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => debug!(%resource, leading, provisioned, "status updated"),
+            Err(e) => warn!(%resource, error = %e, "could not update the Provisioner's status"),
+        }
+        was_leader = leading;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_refs_parse_namespace_and_name() {
+        let r: ResourceRef = "choria/prov-a".parse().unwrap();
+        assert_eq!(r.namespace, "choria");
+        assert_eq!(r.name, "prov-a");
+        assert_eq!(r.to_string(), "choria/prov-a");
+        for bad in ["", "x", "/x", "x/", "a/b/c"] {
+            assert!(bad.parse::<ResourceRef>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paused_is_read_from_the_spec() {
+        let mut obj = DynamicObject::new("p", &api_resource());
+        assert!(!spec_paused(&obj));
+        obj.data = serde_json::json!({"spec": {"paused": true}});
+        assert!(spec_paused(&obj));
+        obj.data = serde_json::json!({"spec": {"paused": false}});
+        assert!(!spec_paused(&obj));
+    }
+
+    #[test]
+    fn the_status_patch_carries_only_the_pods_fields() {
+        let p = status_patch(Some("pod-a"), 42);
+        assert_eq!(
+            p["status"],
+            serde_json::json!({"leader": "pod-a", "provisioned": 42})
+        );
+        assert_eq!(p["kind"], "Provisioner");
+        assert_eq!(
+            status_patch(None, 0)["status"]["leader"],
+            serde_json::Value::Null
+        );
+    }
+}
