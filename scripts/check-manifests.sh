@@ -130,6 +130,7 @@ def kn(doc):
 # The CRD: source, copies, and the Provisioner schema derived from it.
 
 def provisioner_schema():
+    """The stored version's openAPIV3Schema as JSON Schema, for Provisioner objects."""
     if not os.path.exists(CRD_SRC):
         return None
     crd = load_docs(read(CRD_SRC))[0]
@@ -137,9 +138,15 @@ def provisioner_schema():
     version = next((v for v in versions if v.get("storage")), versions[0])
 
     def strip(node):
+        # OpenAPI extensions out; and, as kubectl's strict field validation does,
+        # unknown fields refused wherever the schema does not preserve them.
         if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items()
-                    if k != "nullable" and not k.startswith("x-kubernetes-")}
+            out = {k: strip(v) for k, v in node.items()
+                   if k != "nullable" and not k.startswith("x-kubernetes-")}
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                out["additionalProperties"] = False
+            return out
         if isinstance(node, list):
             return [strip(v) for v in node]
         return node
