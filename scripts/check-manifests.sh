@@ -242,7 +242,7 @@ NEEDED = DELEGATED + [
     ("", "services", {"get", "list", "watch", "create", "patch"}),
     ("", "serviceaccounts", {"get", "list", "watch", "create", "patch"}),
     ("apps", "deployments", {"get", "list", "watch", "create", "patch"}),
-    ("policy", "poddisruptionbudgets", {"get", "list", "watch", "create", "patch"}),
+    ("policy", "poddisruptionbudgets", {"get", "list", "watch", "create", "patch", "delete"}),
     ("rbac.authorization.k8s.io", "roles", {"get", "list", "watch", "create", "patch"}),
     ("rbac.authorization.k8s.io", "rolebindings", {"get", "list", "watch", "create", "patch"}),
     ("events.k8s.io", "events", {"create", "patch"}),
