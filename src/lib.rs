@@ -7,4 +7,5 @@ pub mod election;
 pub mod fleet;
 pub mod metrics;
 pub mod monitor;
+pub mod operator;
 pub mod provision;

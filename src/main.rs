@@ -53,6 +53,10 @@ enum Command {
     Fleet(FleetArgs),
     /// Discover provisioning-mode servers and optionally fetch their inventory.
     Discover(DiscoverArgs),
+    /// Print the `Provisioner` CustomResourceDefinition as YAML.
+    Crd,
+    /// Run the Kubernetes operator for `Provisioner` resources.
+    Operator(choria_provisioner::operator::OperatorArgs),
 }
 
 #[derive(Args)]
@@ -268,6 +272,13 @@ async fn async_main(cli: Cli) -> Result<()> {
         Command::Run(_) | Command::FleetHelper(_) => unreachable!("handled above"),
         Command::Fleet(args) => run_fleet(args).await,
         Command::Discover(args) => run_discover(args).await,
+        Command::Crd => {
+            print!("{}", choria_provisioner::operator::crd::crd_yaml());
+            Ok(())
+        }
+        Command::Operator(args) => {
+            Ok(choria_provisioner::operator::run(args, shutdown_signal()).await?)
+        }
     }
 }
 

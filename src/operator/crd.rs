@@ -1,0 +1,659 @@
+//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`).
+//!
+//! The spec mirrors `provisioner.yaml` in camelCase, plus what a Deployment
+//! needs (image, replicas, resources, pod placement) and references to the
+//! Secrets the provisioner reads as mounted files. Doc comments become the
+//! schema's descriptions, so `kubectl explain provisioner.spec` documents it.
+//!
+//! Status is shared by two field managers: the operator owns `conditions`,
+//! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
+//! `leader` and `provisioned`.
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The API group.
+pub const GROUP: &str = "provisioning.choria.io";
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the resource.
+pub const API_VERSION: &str = "provisioning.choria.io/v1alpha1";
+/// `kind` of the resource.
+pub const KIND: &str = "Provisioner";
+/// `spec.monitorPort` when unset.
+pub const DEFAULT_MONITOR_PORT: i32 = 8080;
+/// `spec.replicas` when unset: one leader and one standby.
+pub const DEFAULT_REPLICAS: i32 = 2;
+
+/// A Choria provisioner: a Deployment of leader-elected `choria-provisioner run`
+/// replicas configured from this spec.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "provisioning.choria.io",
+    version = "v1alpha1",
+    kind = "Provisioner",
+    namespaced,
+    status = "ProvisionerStatus",
+    shortname = "prov",
+    doc = "A Choria provisioner: leader-elected replicas that provision Choria Servers waiting in provisioning mode.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+    ),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader"),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
+    printcolumn(
+        name = "Provisioned",
+        type_ = "integer",
+        json_path = ".status.provisioned"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvisionerSpec {
+    /// Provisioner pods. With an election only the leader provisions; the
+    /// others stand by to take over. A PodDisruptionBudget keeps one running
+    /// when there are at least two.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+
+    /// The container image with the `choria-provisioner` binary.
+    #[serde(default = "default_image")]
+    pub image: String,
+
+    /// When the kubelet pulls the image (Kubernetes' default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// CPU and memory requests and limits of the provisioner container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Stops provisioning without restarting the pods: the pods read it from
+    /// this resource and pause or resume.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// Leader election among the replicas.
+    #[serde(default)]
+    pub election: ElectionSpec,
+
+    /// Nodes provisioned at once (default: the pod's CPU count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub workers: Option<i32>,
+
+    /// Discovery interval, at least `1m` (default `1m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+
+    /// Lifecycle component whose `startup` events mean "needs provisioning"
+    /// (default `provision_mode_server`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle_component: Option<String>,
+
+    /// The `site` label on every metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+
+    /// Speak protocol v1 without TLS or signatures (test networks only).
+    #[serde(default)]
+    pub choria_insecure: bool,
+
+    /// What is done for each node.
+    #[serde(default)]
+    pub features: Features,
+
+    /// Regular expressions refused in CSR names (default: the Go
+    /// provisioner's list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cert_deny_list: Vec<String>,
+
+    /// Validity of the server JWTs issued with `features.ed25519`, a Choria
+    /// duration such as `1y` or `90d` (default `1y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_jwt_validity: Option<String>,
+
+    /// Where nodes download upgrades from (`features.upgrades`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrades_repository: Option<String>,
+
+    /// Provision a node even when its upgrade fails.
+    #[serde(default)]
+    pub upgrades_optional: bool,
+
+    /// Log level of the provisioner (default `warn`, as in Go).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<LogLevel>,
+
+    /// The longest one broadcast discovery may take (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_timeout: Option<String>,
+
+    /// Discovery ends after this long without a reply (default `1s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_window: Option<String>,
+
+    /// How long the helper may run per node (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helper_timeout: Option<String>,
+
+    /// How long one RPC attempt waits for its reply (default: Go's 2s plus
+    /// the agent's timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_timeout: Option<String>,
+
+    /// Port of `/metrics`, `/healthz` and `/readyz` in the pods, and of the
+    /// `<name>-metrics` Service.
+    #[serde(default = "default_monitor_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub monitor_port: i32,
+
+    /// The Choria broker and how to log in to it.
+    pub broker: BrokerSpec,
+
+    /// The provisioning token sent to nodes (their `provisioning.jwt`'s
+    /// `cht` claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret: Option<SecretKeyRef>,
+
+    /// Password of the broker user `provisioner`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_password_secret: Option<SecretKeyRef>,
+
+    /// Public key or certificate (PEM, or a hex ed25519 key) that verifies the
+    /// nodes' `provisioning.jwt`; required with `features.jwt` or
+    /// `features.ed25519`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_verify_key_secret: Option<SecretKeyRef>,
+
+    /// Key that signs server JWTs (hex ed25519 seed); required with
+    /// `features.ed25519`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_signing_key_secret: Option<SecretKeyRef>,
+
+    /// Our chain-issuer client JWT, adding chain-issuer data to server JWTs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_signing_token_secret: Option<SecretKeyRef>,
+
+    /// The helper that decides each node's configuration.
+    pub helper: HelperSpec,
+
+    /// Placement and metadata of the provisioner pods.
+    #[serde(default, skip_serializing_if = "PodOverrides::is_empty")]
+    pub pod: PodOverrides,
+}
+
+fn default_replicas() -> i32 {
+    DEFAULT_REPLICAS
+}
+
+/// `spec.image` when unset: the image of this build.
+pub fn default_image() -> String {
+    format!("choria-provisioner:{}", env!("CARGO_PKG_VERSION"))
+}
+
+fn default_monitor_port() -> i32 {
+    DEFAULT_MONITOR_PORT
+}
+
+/// A container image pull policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// The provisioner's log level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Fatal,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+            LogLevel::Fatal => "fatal",
+        }
+    }
+}
+
+/// Which election decides the provisioning replica (`election.backend` of
+/// `provisioner.yaml`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ElectionBackend {
+    /// A Kubernetes Lease named like this resource.
+    #[default]
+    Lease,
+    /// The Choria Streams KV bucket Go provisioners use.
+    Streams,
+    /// No election: every replica provisions.
+    None,
+}
+
+impl ElectionBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElectionBackend::Lease => "lease",
+            ElectionBackend::Streams => "streams",
+            ElectionBackend::None => "none",
+        }
+    }
+}
+
+/// Leader election settings; durations are strings such as `15s`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionSpec {
+    /// `lease` (a Kubernetes Lease), `streams` (Choria Streams, compatible
+    /// with Go provisioners) or `none`.
+    #[serde(default)]
+    pub backend: ElectionBackend,
+    /// Lease: how long a leader's record is valid (default `15s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration: Option<String>,
+    /// Lease: the leader steps down when it could not renew for this long
+    /// (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_deadline: Option<String>,
+    /// Lease: time between attempts (default `2s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period: Option<String>,
+    /// Streams: the KV bucket (default `CHORIA_LEADER_ELECTION`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Streams: the election name, the KV key (default `provisioner`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Streams: the JetStream API prefix (default `choria.streams`; empty for
+    /// the account's own `$JS.API`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_prefix: Option<String>,
+}
+
+/// `features:` of `provisioner.yaml`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Features {
+    /// Fetch a CSR from each node for the helper to sign (not with `ed25519`).
+    #[serde(default)]
+    pub pki: bool,
+    /// Fetch and verify each node's provisioning JWT.
+    #[serde(default)]
+    pub jwt: bool,
+    /// Organization Issuer networks: sign a server JWT for each node (turns
+    /// `jwt` on).
+    #[serde(default)]
+    pub ed25519: bool,
+    /// Honour the helper's `upgrade` version.
+    #[serde(default)]
+    pub upgrades: bool,
+}
+
+/// The broker the provisioner connects to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerSpec {
+    /// Broker URLs, such as `nats://broker.example.net:4222`.
+    pub urls: Vec<String>,
+    /// Our Choria identity (default: this resource's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// A `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and `ca.crt`:
+    /// the `file` security provider (x509, protocol v1). With
+    /// `clientJwtSecret`, its CA verifies the broker and its certificate is
+    /// the TLS client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret: Option<String>,
+    /// A Secret with `token` (client JWT) and `seed` (hex ed25519 seed): the
+    /// `choria` security provider (protocol v2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_jwt_secret: Option<String>,
+}
+
+/// A key of a Secret in this resource's namespace; it reaches the pods as a
+/// file, never as configuration text.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    pub name: String,
+    /// The key in the Secret.
+    pub key: String,
+}
+
+/// The helper program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HelperSpec {
+    /// The command line run for each node, e.g.
+    /// `/etc/choria-provisioner/helper/helper.sh`.
+    pub command: String,
+    /// A ConfigMap mounted read-only (mode 0755) at
+    /// `/etc/choria-provisioner/helper`, e.g. holding `helper.sh`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+}
+
+/// Pod placement and metadata.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Node labels the pods must run on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Extra pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Extra pod labels (the operator's selector labels win).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl PodOverrides {
+    fn is_empty(&self) -> bool {
+        *self == PodOverrides::default()
+    }
+}
+
+/// Observed state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvisionerStatus {
+    /// `Ready`, `LeaderElected`, `Paused` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` the operator last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The pod that leads, as written by that pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Ready provisioner pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Nodes provisioned by the leading pod since it started, as written by
+    /// that pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<i64>,
+}
+
+/// Conditions as a map keyed by `type`, so server-side apply merges each
+/// condition instead of replacing the list.
+fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}
+
+impl ProvisionerStatus {
+    /// The condition of this type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// The CRD as YAML, as `choria-provisioner crd` prints it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    // Serializing a derived CRD cannot fail: it is plain data.
+    serde_norway::to_string(&Provisioner::crd()).expect("the CRD serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+    use serde_json::Value;
+
+    #[test]
+    fn committed_crd_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/provisioner.yaml");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == crd_yaml(),
+            "crds/provisioner.yaml differs from the CRD the code generates; \
+             run `choria-provisioner crd > crds/provisioner.yaml` and commit it"
+        );
+    }
+
+    /// The rules a CRD's schema must follow to be structural
+    /// (apiextensions' "Specifying a structural schema").
+    fn structural_problems(node: &Value, path: &str, in_junctor: bool, out: &mut Vec<String>) {
+        let Some(obj) = node.as_object() else {
+            out.push(format!("{path}: not an object"));
+            return;
+        };
+        let flag = |k: &str| obj.get(k).and_then(Value::as_bool) == Some(true);
+        if in_junctor {
+            // Only `required` and nested structure are allowed inside
+            // anyOf/oneOf/allOf/not.
+            for k in obj.keys() {
+                if !matches!(
+                    k.as_str(),
+                    "required" | "properties" | "items" | "anyOf" | "oneOf" | "allOf" | "not"
+                ) {
+                    out.push(format!("{path}: {k} inside a junctor"));
+                }
+            }
+        } else if !obj.contains_key("type")
+            && !flag("x-kubernetes-int-or-string")
+            && !flag("x-kubernetes-preserve-unknown-fields")
+        {
+            out.push(format!("{path}: no type"));
+        }
+        if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
+            out.push(format!("{path}: both properties and additionalProperties"));
+        }
+        if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                structural_problems(v, &format!("{path}.{k}"), in_junctor, out);
+            }
+        }
+        if let Some(items) = obj.get("items") {
+            structural_problems(items, &format!("{path}[]"), in_junctor, out);
+        }
+        if let Some(ap) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+            structural_problems(ap, &format!("{path}{{}}"), in_junctor, out);
+        }
+        for junctor in ["anyOf", "oneOf", "allOf"] {
+            for (i, v) in obj
+                .get(junctor)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                structural_problems(v, &format!("{path}.{junctor}[{i}]"), true, out);
+            }
+        }
+        if let Some(not) = obj.get("not") {
+            structural_problems(not, &format!("{path}.not"), true, out);
+        }
+    }
+
+    fn schema() -> Value {
+        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+    }
+
+    #[test]
+    fn schema_is_structural() {
+        let mut problems = Vec::new();
+        structural_problems(&schema(), "", false, &mut problems);
+        assert!(
+            problems.is_empty(),
+            "not structural:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_walker_catches_what_is_not_structural() {
+        let bad = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "free": {},
+                "both": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+                "alt": {"type": "object", "anyOf": [{"type": "string"}]},
+                "ok": {"x-kubernetes-int-or-string": true}
+            }
+        });
+        let mut problems = Vec::new();
+        structural_problems(&bad, "", false, &mut problems);
+        assert_eq!(
+            problems,
+            [
+                ".alt.anyOf[0]: type inside a junctor",
+                ".both: both properties and additionalProperties",
+                ".free: no type",
+            ]
+        );
+    }
+
+    #[test]
+    fn names_columns_defaults_and_descriptions() {
+        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        let spec = &crd["spec"];
+        assert_eq!(
+            crd["metadata"]["name"],
+            "provisioners.provisioning.choria.io"
+        );
+        assert_eq!(spec["scope"], "Namespaced");
+        assert_eq!(spec["names"]["shortNames"], serde_json::json!(["prov"]));
+        let version = &spec["versions"][0];
+        assert_eq!(version["name"], VERSION);
+        assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+        let columns: Vec<(&str, &str, &str)> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap(),
+                    c["type"].as_str().unwrap(),
+                    c["jsonPath"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                (
+                    "Ready",
+                    "string",
+                    r#".status.conditions[?(@.type=="Ready")].status"#
+                ),
+                ("Leader", "string", ".status.leader"),
+                ("Paused", "boolean", ".spec.paused"),
+                ("Provisioned", "integer", ".status.provisioned"),
+                ("Age", "date", ".metadata.creationTimestamp"),
+            ]
+        );
+
+        let s = schema();
+        let props = &s["properties"]["spec"]["properties"];
+        assert_eq!(props["replicas"]["default"], 2);
+        assert_eq!(props["monitorPort"]["default"], 8080);
+        assert_eq!(props["image"]["default"], default_image());
+        assert_eq!(
+            props["election"]["properties"]["backend"]["default"],
+            "lease"
+        );
+        assert_eq!(
+            props["election"]["properties"]["backend"]["enum"],
+            serde_json::json!(["lease", "streams", "none"])
+        );
+        let required = s["properties"]["spec"]["required"].as_array().unwrap();
+        assert!(required.contains(&"broker".into()) && required.contains(&"helper".into()));
+        assert_eq!(
+            props["broker"]["required"],
+            serde_json::json!(["urls"]),
+            "{}",
+            props["broker"]
+        );
+        // Every spec field is documented.
+        fn undocumented(node: &Value, path: &str, out: &mut Vec<String>) {
+            if let Some(p) = node.get("properties").and_then(Value::as_object) {
+                for (k, v) in p {
+                    let here = format!("{path}.{k}");
+                    if v.get("description").is_none() {
+                        out.push(here.clone());
+                    }
+                    undocumented(v, &here, out);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        undocumented(&s["properties"]["spec"], "spec", &mut missing);
+        assert!(missing.is_empty(), "no description: {missing:?}");
+
+        let conditions = &s["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
+        assert_eq!(conditions["items"]["type"], "object");
+    }
+
+    #[test]
+    fn a_minimal_resource_gets_the_defaults() {
+        let p: Provisioner = serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "prov", "namespace": "choria"},
+            "spec": {
+                "broker": {"urls": ["nats://broker:4222"]},
+                "helper": {"command": "/bin/helper"}
+            }
+        }))
+        .unwrap();
+        assert_eq!(p.spec.replicas, 2);
+        assert_eq!(p.spec.monitor_port, 8080);
+        assert_eq!(p.spec.election.backend, ElectionBackend::Lease);
+        assert!(!p.spec.paused);
+        assert_eq!(p.spec.image, default_image());
+        assert!(p.status.is_none());
+    }
+}

@@ -1,0 +1,345 @@
+//! The Kubernetes operator (`choria-provisioner operator`): each
+//! `Provisioner` resource becomes a Deployment of leader-elected
+//! `choria-provisioner run` pods with their configuration, RBAC, metrics
+//! Service and PodDisruptionBudget.
+//!
+//! * [`crd`]: the resource's types and CRD;
+//! * [`build`]: the owned objects, built without a cluster;
+//! * [`validate`]: what makes a spec invalid, with messages saying what to fix;
+//! * [`reconcile`]: one reconciliation (server-side apply, status, events);
+//! * [`telemetry`]: counters and the `/metrics`, `/healthz`, `/readyz` endpoint.
+//!
+//! The operator runs HA: every replica campaigns for the Lease
+//! `choria-provisioner-operator` through [`crate::election`], and only the
+//! leader runs the controller. On losing leadership the controller is shut
+//! down (in-flight reconciliations get [`DRAIN`] to finish) and the replica
+//! campaigns again, building a fresh controller when it wins. The process is
+//! not exited: the election already keeps campaigning, a new controller
+//! starts from a fresh watch anyway, and an exit would only add a restart
+//! with its back-off.
+
+pub mod build;
+pub mod crd;
+pub mod reconcile;
+pub mod telemetry;
+pub mod validate;
+
+use crate::config::{ElectionBackend as ConfigBackend, ElectionConfig};
+use crate::election::machine::LossReason;
+use crate::election::{self, lease::LeaseBackend, Steer};
+use crate::monitor::{self, Health, MonitorError};
+use crd::Provisioner;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{watcher, Controller};
+use kube::Client;
+use reconcile::{describe, Context};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use telemetry::Metrics;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// The field manager of everything the operator writes.
+pub const FIELD_MANAGER: &str = "choria-provisioner-operator";
+/// The field manager the provisioner pods write `status.leader` and
+/// `status.provisioned` with.
+pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
+/// The Lease operator replicas campaign for.
+pub const LEASE_NAME: &str = "choria-provisioner-operator";
+/// How long in-flight reconciliations may finish after leadership is lost.
+pub const DRAIN: Duration = Duration::from_secs(10);
+/// Where Kubernetes mounts the pod's namespace.
+const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// `choria-provisioner operator`.
+#[derive(clap::Args, Debug)]
+pub struct OperatorArgs {
+    /// Watch Provisioners only in this namespace and hold the operator's
+    /// Lease there (default: all namespaces; the Lease in the pod's namespace).
+    #[arg(long, env = "CHORIA_PROVISIONER_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Port of `/metrics`, `/healthz` and `/readyz`; 0 disables them.
+    #[arg(long, default_value_t = 8080)]
+    pub metrics_port: u16,
+    /// Campaign for the Lease before reconciling; `--leader-election=false`
+    /// only with a single operator replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("cannot build a Kubernetes client (in-cluster service account or KUBECONFIG): {0}")]
+    Client(String),
+    #[error(
+        "cannot list Provisioners ({0}); is the CRD installed? Install it with `choria-provisioner crd | kubectl apply -f -`"
+    )]
+    NoCrd(String),
+    #[error(transparent)]
+    Monitor(#[from] MonitorError),
+}
+
+/// What the election steers: the controller follows `leading`; health and
+/// metrics follow the election.
+struct Leadership {
+    leading: watch::Sender<bool>,
+    health: Health,
+    metrics: Arc<Metrics>,
+}
+
+impl Steer for Leadership {
+    fn won(&self, me: &str) {
+        self.metrics.set_leader(true);
+        self.leading.won(me);
+    }
+
+    fn lost(&self, me: &str, reason: &LossReason) {
+        self.metrics.set_leader(false);
+        self.leading.lost(me, reason);
+    }
+
+    fn failed(&self, error: &str) {
+        self.health
+            .set(election::HEALTH_CHECK, Err(error.to_string()));
+    }
+
+    fn worked(&self) {
+        self.health.set(election::HEALTH_CHECK, Ok(()));
+    }
+}
+
+/// Runs the operator until `shutdown` resolves: stops the controller
+/// (draining reconciliations), then releases the Lease.
+pub async fn run(
+    args: OperatorArgs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), OperatorError> {
+    let client = Client::try_default()
+        .await
+        .map_err(|e| OperatorError::Client(describe(&e)))?;
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| hostname_from_proc())
+        .unwrap_or_else(|| "choria-provisioner-operator".into());
+    let lease_namespace = args
+        .namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .or_else(|| {
+            std::fs::read_to_string(POD_NAMESPACE_FILE)
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_string());
+
+    let provisioners: Api<Provisioner> = scoped(&client, args.namespace.as_deref());
+    provisioners
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| OperatorError::NoCrd(describe(&e)))?;
+
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new();
+    let stop = CancellationToken::new();
+    let monitor = if args.metrics_port > 0 {
+        let listener = monitor::bind(args.metrics_port).await?;
+        Some(tokio::spawn(telemetry::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            stop.clone(),
+        )))
+    } else {
+        None
+    };
+
+    let election_cfg = ElectionConfig {
+        backend: ConfigBackend::Lease,
+        lease_name: LEASE_NAME.into(),
+        lease_namespace: Some(lease_namespace.clone()),
+        ..ElectionConfig::default()
+    };
+    let (leading_tx, leading) = watch::channel(false);
+    let election_stop = CancellationToken::new();
+    // Without an election the sender is kept, as dropping it would end the
+    // wait for leadership below.
+    let (election, _always_leading) = if args.leader_election {
+        let (leader_tx, _leader) = watch::channel(None);
+        let backend = LeaseBackend::new(client.clone(), &election_cfg, &identity, &lease_namespace);
+        info!(identity = %identity, lease = %format!("{lease_namespace}/{LEASE_NAME}"), "campaigning for leadership");
+        let task = tokio::spawn(election::run(
+            backend,
+            Leadership {
+                leading: leading_tx,
+                health: health.clone(),
+                metrics: metrics.clone(),
+            },
+            election_stop.clone(),
+            leader_tx,
+        ));
+        (Some(task), None)
+    } else {
+        warn!("leader election is off: run a single operator replica");
+        metrics.set_leader(true);
+        leading_tx.send_replace(true);
+        (None, Some(leading_tx))
+    };
+    info!(
+        scope = args.namespace.as_deref().unwrap_or("all namespaces"),
+        "operator started"
+    );
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        metrics: metrics.clone(),
+    });
+    let shutting_down = CancellationToken::new();
+    let signal = shutting_down.clone();
+    let lead_loop = async {
+        let mut leading = leading.clone();
+        loop {
+            tokio::select! {
+                r = leading.wait_for(|l| *l) => if r.is_err() { break },
+                _ = shutting_down.cancelled() => break,
+            }
+            lead(
+                &client,
+                args.namespace.as_deref(),
+                ctx.clone(),
+                leading.clone(),
+                shutting_down.clone(),
+            )
+            .await;
+            if shutting_down.is_cancelled() {
+                break;
+            }
+        }
+    };
+    tokio::join!(lead_loop, async {
+        shutdown.await;
+        info!("shutting down: draining reconciliations, then releasing the lease");
+        signal.cancel();
+    });
+
+    election_stop.cancel();
+    if let Some(Err(e)) = match election {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
+        error!(error = %e, "the election task failed");
+    }
+    stop.cancel();
+    if let Some(m) = monitor {
+        match m.await {
+            Ok(Err(e)) => warn!(error = %e, "monitoring endpoint failed"),
+            Err(e) => warn!(error = %e, "monitoring endpoint task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}
+
+/// An Api over one namespace, or all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller while we lead and until shutdown.
+async fn lead(
+    client: &Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    info!("leading: starting the controller");
+    let stop = CancellationToken::new();
+    // Owned objects are watched by the label we put on them, so the operator
+    // does not cache every ConfigMap and Deployment of the cluster.
+    let owned = || {
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            build::MANAGED_BY_LABEL,
+            build::MANAGED_BY
+        ))
+    };
+    let stopped = stop.clone();
+    let controller = Controller::new(
+        scoped::<Provisioner>(client, namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .owns(scoped::<ConfigMap>(client, namespace), owned())
+    .owns(scoped::<Deployment>(client, namespace), owned())
+    .owns(scoped::<Service>(client, namespace), owned())
+    .owns(scoped::<ServiceAccount>(client, namespace), owned())
+    .owns(scoped::<Role>(client, namespace), owned())
+    .owns(scoped::<RoleBinding>(client, namespace), owned())
+    .owns(scoped::<PodDisruptionBudget>(client, namespace), owned())
+    .graceful_shutdown_on(async move { stopped.cancelled().await })
+    .run(reconcile::reconcile, reconcile::error_policy, ctx)
+    .for_each(|result| async move {
+        use kube::runtime::controller::Error as E;
+        match result {
+            Ok((obj, _)) => tracing::debug!(provisioner = %obj, "reconciled"),
+            // error_policy logged it.
+            Err(E::ReconcilerFailed(..)) => {}
+            Err(E::QueueError(e)) => warn!(error = %describe_watch(&e), "watch failed; retrying"),
+            Err(e) => warn!(error = %e, "controller error"),
+        }
+    });
+    tokio::pin!(controller);
+    tokio::select! {
+        _ = &mut controller => {
+            warn!("the controller stopped by itself");
+            return;
+        }
+        _ = leading.wait_for(|l| !*l) => info!("leadership lost: stopping the controller"),
+        _ = shutdown.cancelled() => {}
+    }
+    stop.cancel();
+    if tokio::time::timeout(DRAIN, controller).await.is_err() {
+        warn!(drain = ?DRAIN, "reconciliations did not finish in time; abandoned");
+    }
+}
+
+/// A watch error as text, without exec-plugin output (see [`describe`]).
+fn describe_watch(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(k) => format!("initial list failed: {}", describe(k)),
+        watcher::Error::WatchStartFailed(k) => {
+            format!("starting the watch failed: {}", describe(k))
+        }
+        watcher::Error::WatchFailed(k) => format!("the watch failed: {}", describe(k)),
+        other => other.to_string(),
+    }
+}
+
+fn hostname_from_proc() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}

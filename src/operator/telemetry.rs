@@ -1,0 +1,200 @@
+//! The operator's metrics and its `/metrics`, `/healthz`, `/readyz`
+//! endpoint. Readiness comes from [`crate::monitor::Health`] (the election
+//! reports there); standbys are ready, so a rollout never waits for them to
+//! lead.
+
+use crate::monitor::{Health, MonitorError, METRICS_CONTENT_TYPE};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Reconciliation counters and the leader gauge, in a registry of their own.
+pub struct Metrics {
+    registry: Registry,
+    reconciliations: IntCounter,
+    failures: IntCounterVec,
+    invalid: IntCounter,
+    leader: IntGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconciliations = IntCounter::with_opts(Opts::new(
+            "choria_provisioner_operator_reconciliations_total",
+            "Reconciliations of Provisioner resources",
+        ))
+        .expect("valid metric");
+        let failures = IntCounterVec::new(
+            Opts::new(
+                "choria_provisioner_operator_reconcile_failures_total",
+                "Reconciliations that failed, by error",
+            ),
+            &["error"],
+        )
+        .expect("valid metric");
+        let invalid = IntCounter::with_opts(Opts::new(
+            "choria_provisioner_operator_invalid_specs_total",
+            "Reconciliations that found an invalid spec",
+        ))
+        .expect("valid metric");
+        let leader = IntGauge::with_opts(Opts::new(
+            "choria_provisioner_operator_leader",
+            "1 while this operator replica leads",
+        ))
+        .expect("valid metric");
+        for c in [
+            Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(failures.clone()),
+            Box::new(invalid.clone()),
+            Box::new(leader.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            reconciliations,
+            failures,
+            invalid,
+            leader,
+        }
+    }
+
+    pub fn reconciled(&self) {
+        self.reconciliations.inc();
+    }
+
+    pub fn failed(&self, error: &str) {
+        self.failures.with_label_values(&[error]).inc();
+    }
+
+    pub fn invalid_spec(&self) {
+        self.invalid.inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The Prometheus text exposition format.
+    pub fn encode_text(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!("could not encode the metrics: {e}");
+        }
+        out
+    }
+
+    /// Current value of a counter or gauge, summed over its labels.
+    pub fn value(&self, name: &str) -> Option<f64> {
+        let family = self
+            .registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?;
+        let gauge = family.get_field_type() == prometheus::proto::MetricType::GAUGE;
+        Some(
+            family
+                .get_metric()
+                .iter()
+                .map(|m| {
+                    if gauge {
+                        m.get_gauge().get_value()
+                    } else {
+                        m.get_counter().get_value()
+                    }
+                })
+                .sum(),
+        )
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Health,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), MonitorError> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { metrics, health });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(MonitorError::Serve)
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode_text(),
+    )
+}
+
+async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.health.ready() {
+        Ok(()) => (StatusCode::OK, "ok".into()),
+        Err(failing) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            failing
+                .iter()
+                .map(|(check, reason)| format!("{check}: {reason}\n"))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_start_at_zero_and_count() {
+        let m = Metrics::new();
+        assert_eq!(
+            m.value("choria_provisioner_operator_reconciliations_total"),
+            Some(0.0)
+        );
+        m.reconciled();
+        m.reconciled();
+        m.failed("apply");
+        m.set_leader(true);
+        assert_eq!(
+            m.value("choria_provisioner_operator_reconciliations_total"),
+            Some(2.0)
+        );
+        assert_eq!(
+            m.value("choria_provisioner_operator_reconcile_failures_total"),
+            Some(1.0)
+        );
+        assert_eq!(m.value("choria_provisioner_operator_leader"), Some(1.0));
+        let text = m.encode_text();
+        assert!(
+            text.contains(
+                "choria_provisioner_operator_reconcile_failures_total{error=\"apply\"} 1"
+            ),
+            "{text}"
+        );
+    }
+}

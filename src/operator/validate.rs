@@ -1,0 +1,262 @@
+//! Checks of a `Provisioner` spec before anything is applied, so a mistake
+//! shows up as `Degraded` with a message saying what to fix instead of as
+//! crash-looping pods.
+//!
+//! First the spec's own rules (each message names the field), then the
+//! generated `provisioner.yaml` and `choria.cfg` go through the provisioner's
+//! own parsers, so every rule the pods would apply at start is applied here
+//! too.
+
+use super::build;
+use super::crd::{ElectionBackend, Provisioner, SecretKeyRef};
+use crate::config::provisioner::MIN_INTERVAL;
+use crate::config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
+use kube::ResourceExt;
+use std::time::Duration;
+
+/// The longest Provisioner name: `<name>-metrics` must be a DNS label.
+pub const MAX_NAME_LEN: usize = 63 - "-metrics".len();
+
+/// Every problem found, each saying what to fix; empty when the spec is valid.
+pub fn validate(p: &Provisioner) -> Vec<String> {
+    let mut problems = Vec::new();
+    let s = &p.spec;
+    let mut problem = |m: String| problems.push(m);
+
+    let name = p.name_any();
+    if !is_dns_label(&name)
+        || !name.starts_with(|c: char| c.is_ascii_lowercase())
+        || name.len() > MAX_NAME_LEN
+    {
+        problem(format!(
+            "metadata.name {name:?} cannot name the Service {name}-metrics: use at most {MAX_NAME_LEN} lower case letters, digits and '-', starting with a letter"
+        ));
+    }
+    if s.replicas < 0 {
+        problem(format!("spec.replicas is {}; use 0 or more", s.replicas));
+    }
+    if !(1..=65535).contains(&s.monitor_port) {
+        problem(format!(
+            "spec.monitorPort {} is not a port; use 1-65535 (default 8080)",
+            s.monitor_port
+        ));
+    }
+    if matches!(s.workers, Some(w) if w < 0) {
+        problem(
+            "spec.workers is negative; use a positive number, or leave it out for one per CPU"
+                .into(),
+        );
+    }
+    if s.image.trim().is_empty() {
+        problem("spec.image is empty; name the choria-provisioner image".into());
+    }
+
+    // Broker and its security.
+    let b = &s.broker;
+    if b.urls.is_empty() {
+        problem("spec.broker.urls is empty; list at least one broker, e.g. nats://broker.example.net:4222".into());
+    }
+    for (i, url) in b.urls.iter().enumerate() {
+        if url.trim().is_empty() || url.contains(char::is_whitespace) || url.contains(',') {
+            problem(format!(
+                "spec.broker.urls[{i}] {url:?} is not a broker address; use host:port or nats://host:port"
+            ));
+        }
+    }
+    if let Some(id) = &b.identity {
+        if id.trim().is_empty() || id.contains(char::is_whitespace) {
+            problem(format!(
+                "spec.broker.identity {id:?} is not a Choria identity; leave it out to use the resource name"
+            ));
+        }
+    }
+    match (&b.tls_secret, &b.client_jwt_secret, s.choria_insecure) {
+        (None, None, false) => problem(
+            "no broker credentials: set spec.broker.tlsSecret (x509, the file security provider), spec.broker.clientJwtSecret (the choria security provider), or spec.choriaInsecure: true for test networks".into(),
+        ),
+        (_, Some(_), true) => problem(
+            "spec.choriaInsecure: true contradicts spec.broker.clientJwtSecret (protocol v2 is always signed); remove one of them".into(),
+        ),
+        _ => {}
+    }
+    for (field, secret) in [
+        ("spec.broker.tlsSecret", &b.tls_secret),
+        ("spec.broker.clientJwtSecret", &b.client_jwt_secret),
+    ] {
+        if let Some(secret) = secret {
+            check_object_name(field, secret, &mut problem);
+        }
+    }
+
+    // Secret references.
+    for (field, r) in [
+        ("spec.tokenSecret", &s.token_secret),
+        ("spec.brokerPasswordSecret", &s.broker_password_secret),
+        ("spec.jwtVerifyKeySecret", &s.jwt_verify_key_secret),
+        ("spec.jwtSigningKeySecret", &s.jwt_signing_key_secret),
+        ("spec.jwtSigningTokenSecret", &s.jwt_signing_token_secret),
+    ] {
+        if let Some(r) = r {
+            check_secret_ref(field, r, &mut problem);
+        }
+    }
+
+    // Features and the keys they need.
+    let f = &s.features;
+    if f.pki && f.ed25519 {
+        problem("spec.features: pki and ed25519 cannot both be enabled; enable only one".into());
+    }
+    if f.ed25519 && s.jwt_signing_key_secret.is_none() {
+        problem("spec.features.ed25519 needs spec.jwtSigningKeySecret: the Secret key holding the ed25519 seed that signs server JWTs".into());
+    }
+    if (f.jwt || f.ed25519) && s.jwt_verify_key_secret.is_none() {
+        let feature = if f.ed25519 { "ed25519" } else { "jwt" };
+        problem(format!(
+            "spec.features.{feature} needs spec.jwtVerifyKeySecret: the Secret key holding the public key or certificate that verifies the nodes' provisioning.jwt"
+        ));
+    }
+
+    // Durations.
+    let duration = |field: &str,
+                    value: &Option<String>,
+                    problem: &mut dyn FnMut(String)|
+     -> Option<Duration> {
+        let raw = value.as_deref()?;
+        match parse_duration(raw) {
+            Ok(d) if d.is_zero() => {
+                problem(format!(
+                    "spec.{field} {raw:?} is zero; use a positive duration such as 10s"
+                ));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                problem(format!("spec.{field}: {e}"));
+                None
+            }
+        }
+    };
+    if let Some(d) = duration("interval", &s.interval, &mut problem) {
+        if d < MIN_INTERVAL {
+            problem(format!(
+                "spec.interval {:?} is below the minimum of 1m; use for example 10m or 1h",
+                s.interval.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    for (field, value) in [
+        ("serverJwtValidity", &s.server_jwt_validity),
+        ("discoveryTimeout", &s.discovery_timeout),
+        ("discoveryWindow", &s.discovery_window),
+        ("helperTimeout", &s.helper_timeout),
+        ("rpcTimeout", &s.rpc_timeout),
+    ] {
+        duration(field, value, &mut problem);
+    }
+    let e = &s.election;
+    if e.backend == ElectionBackend::Lease {
+        let lease = duration("election.leaseDuration", &e.lease_duration, &mut problem);
+        let renew = duration("election.renewDeadline", &e.renew_deadline, &mut problem);
+        let retry = duration("election.retryPeriod", &e.retry_period, &mut problem);
+        let defaults = crate::config::ElectionConfig::default();
+        let (lease, renew, retry) = (
+            lease.unwrap_or(defaults.lease_duration),
+            renew.unwrap_or(defaults.renew_deadline),
+            retry.unwrap_or(defaults.retry_period),
+        );
+        if lease <= renew {
+            problem(format!(
+                "spec.election.leaseDuration ({lease:?}) must be longer than renewDeadline ({renew:?})"
+            ));
+        }
+        if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+            problem(format!(
+                "spec.election.renewDeadline ({renew:?}) must be longer than 1.2 × retryPeriod ({retry:?})"
+            ));
+        }
+    }
+
+    // Helper.
+    if s.helper.command.trim().is_empty() {
+        problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
+    }
+    if let Some(cm) = &s.helper.config_map {
+        check_object_name("spec.helper.configMap", cm, &mut problem);
+    }
+
+    // The provisioner's own rules, applied to what the pods will read. Only
+    // when the spec passed, so one mistake is not reported twice.
+    if problems.is_empty() {
+        problems.extend(check_generated(p));
+    }
+    problems
+}
+
+/// Runs the generated files through the provisioner's parsers.
+fn check_generated(p: &Provisioner) -> Vec<String> {
+    let mut problems = Vec::new();
+    match build::provisioner_yaml(p) {
+        Ok(text) => {
+            if let Err(e) = ProvisionerConfig::parse(&text, build::PROVISIONER_YAML) {
+                problems.push(format!(
+                    "the provisioner would refuse its configuration: {e}"
+                ));
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    match build::choria_cfg(p) {
+        Ok(text) => {
+            let checked =
+                ChoriaClientConfig::parse(&text, build::CHORIA_CFG, &Environment::default())
+                    .and_then(|c| {
+                        c.middleware_servers()?;
+                        c.security_provider(p.spec.choria_insecure)
+                    });
+            if let Err(e) = checked {
+                problems.push(format!(
+                    "the provisioner would refuse its Choria configuration: {e}"
+                ));
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    problems
+}
+
+fn check_secret_ref(field: &str, r: &SecretKeyRef, problem: &mut dyn FnMut(String)) {
+    check_object_name(&format!("{field}.name"), &r.name, problem);
+    // A key becomes a file name in the Secret's directory.
+    let valid_key = !r.key.is_empty()
+        && r.key.len() <= 253
+        && r.key != "."
+        && r.key != ".."
+        && r.key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+    if !valid_key {
+        problem(format!(
+            "{field}.key {:?} is not a Secret key; use letters, digits, '-', '_' and '.'",
+            r.key
+        ));
+    }
+}
+
+fn check_object_name(field: &str, name: &str, problem: &mut dyn FnMut(String)) {
+    let valid = !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label);
+    if !valid {
+        problem(format!(
+            "{field} {name:?} is not an object name; use lower case letters, digits, '-' and '.'"
+        ));
+    }
+}
+
+/// An RFC 1123 label.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
