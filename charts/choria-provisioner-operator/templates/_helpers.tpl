@@ -58,10 +58,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The Lease the operator campaigns for. Its name is fixed in the operator; it lives
-in the namespace the operator runs in (the release namespace).
+in the watched namespace when there is one (--namespace), otherwise in the
+operator's own (the release namespace).
 */}}
 {{- define "cpo.leaseName" -}}
 choria-provisioner-operator
+{{- end }}
+
+{{- define "cpo.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.watchNamespace }}
 {{- end }}
 
 {{/*
