@@ -31,6 +31,8 @@ pub const DEFAULT_REPLICAS: i32 = 2;
 
 /// A Choria provisioner: a Deployment of leader-elected `choria-provisioner run`
 /// replicas configured from this spec.
+// clippy takes the repeated `printcolumn(type_ = ...)` for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "provisioning.choria.io",

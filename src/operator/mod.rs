@@ -128,7 +128,7 @@ pub async fn run(
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|n| !n.is_empty())
-        .or_else(|| hostname_from_proc())
+        .or_else(hostname_from_proc)
         .unwrap_or_else(|| "choria-provisioner-operator".into());
     let lease_namespace = args
         .namespace
@@ -343,3 +343,6 @@ fn hostname_from_proc() -> Option<String> {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
 }
+
+#[cfg(test)]
+mod fixtures;

@@ -260,3 +260,176 @@ fn is_dns_label(s: &str) -> bool {
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::fixtures::provisioner;
+    use serde_json::json;
+
+    fn problems(spec: serde_json::Value) -> Vec<String> {
+        validate(&provisioner(spec))
+    }
+
+    /// Exactly one problem, containing every fragment.
+    fn one(spec: serde_json::Value, fragments: &[&str]) {
+        let found = problems(spec.clone());
+        assert_eq!(found.len(), 1, "{spec}: {found:#?}");
+        for f in fragments {
+            assert!(found[0].contains(f), "{spec}: {:?} lacks {f:?}", found[0]);
+        }
+    }
+
+    #[test]
+    fn the_fixture_is_valid() {
+        assert_eq!(problems(json!({})), Vec::<String>::new());
+    }
+
+    #[test]
+    fn feature_rules() {
+        let keys = json!({
+            "jwtVerifyKeySecret": {"name": "k", "key": "verify"},
+            "jwtSigningKeySecret": {"name": "k", "key": "seed"},
+        });
+        let mut both = keys.clone();
+        crate::operator::fixtures::merge(
+            &mut both,
+            json!({"features": {"pki": true, "ed25519": true}}),
+        );
+        one(
+            both,
+            &["spec.features", "pki and ed25519", "enable only one"],
+        );
+        one(
+            json!({"features": {"ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "verify"}}),
+            &[
+                "spec.features.ed25519 needs spec.jwtSigningKeySecret",
+                "ed25519 seed",
+            ],
+        );
+        one(
+            json!({"features": {"jwt": true}}),
+            &["spec.features.jwt needs spec.jwtVerifyKeySecret"],
+        );
+        let mut ok = keys;
+        crate::operator::fixtures::merge(&mut ok, json!({"features": {"ed25519": true}}));
+        assert!(problems(ok).is_empty());
+    }
+
+    #[test]
+    fn durations() {
+        one(
+            json!({"interval": "30s"}),
+            &["spec.interval", "below the minimum of 1m", "10m"],
+        );
+        one(json!({"interval": "10"}), &["spec.interval", "unit"]);
+        one(
+            json!({"helperTimeout": "0s"}),
+            &["spec.helperTimeout", "zero"],
+        );
+        one(
+            json!({"discoveryTimeout": "soon"}),
+            &["spec.discoveryTimeout"],
+        );
+        one(
+            json!({"election": {"leaseDuration": "10s", "renewDeadline": "10s"}}),
+            &["spec.election.leaseDuration", "longer than renewDeadline"],
+        );
+        one(
+            json!({"election": {"retryPeriod": "9s"}}),
+            &["spec.election.renewDeadline", "1.2 × retryPeriod"],
+        );
+        // Lease timing is not checked for other backends (it is not used).
+        assert!(
+            problems(json!({"election": {"backend": "streams", "retryPeriod": "9s"}})).is_empty()
+        );
+        assert!(problems(json!({"interval": "1h", "serverJwtValidity": "90d"})).is_empty());
+    }
+
+    #[test]
+    fn broker_rules() {
+        one(
+            json!({"broker": {"urls": []}}),
+            &["spec.broker.urls is empty", "nats://"],
+        );
+        one(
+            json!({"broker": {"urls": ["a:4222", "b c"]}}),
+            &["spec.broker.urls[1]"],
+        );
+        one(
+            json!({"broker": {"tlsSecret": null}}),
+            &[
+                "no broker credentials",
+                "tlsSecret",
+                "clientJwtSecret",
+                "choriaInsecure",
+            ],
+        );
+        one(
+            json!({"broker": {"clientJwtSecret": "jwt"}, "choriaInsecure": true}),
+            &["spec.choriaInsecure", "contradicts"],
+        );
+        one(
+            json!({"broker": {"tlsSecret": "Bad_Name"}}),
+            &["spec.broker.tlsSecret", "not an object name"],
+        );
+        one(
+            json!({"broker": {"identity": "a b"}}),
+            &["spec.broker.identity"],
+        );
+    }
+
+    #[test]
+    fn names_and_references() {
+        one(
+            json!({"tokenSecret": {"name": "s", "key": "../etc/passwd"}}),
+            &["spec.tokenSecret.key", "not a Secret key"],
+        );
+        one(
+            json!({"brokerPasswordSecret": {"name": "", "key": "p"}}),
+            &["spec.brokerPasswordSecret.name"],
+        );
+        one(
+            json!({"helper": {"command": " "}}),
+            &["spec.helper.command is empty"],
+        );
+        one(
+            json!({"helper": {"configMap": "x/y"}}),
+            &["spec.helper.configMap"],
+        );
+        one(json!({"monitorPort": 0}), &["spec.monitorPort"]);
+        one(json!({"replicas": -1}), &["spec.replicas"]);
+        let mut p = provisioner(json!({}));
+        p.metadata.name = Some("a".repeat(MAX_NAME_LEN + 1));
+        let found = validate(&p);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("metadata.name") && found[0].contains("-metrics"),
+            "{found:?}"
+        );
+        p.metadata.name = Some("a".repeat(MAX_NAME_LEN));
+        assert!(validate(&p).is_empty());
+    }
+
+    #[test]
+    fn the_provisioners_own_rules_apply_too() {
+        one(
+            json!({"lifecycleComponent": "a.b"}),
+            &[
+                "the provisioner would refuse its configuration",
+                "lifecycle_component",
+            ],
+        );
+        one(
+            json!({"certDenyList": ["("]}),
+            &[
+                "the provisioner would refuse its configuration",
+                "cert_deny_list",
+            ],
+        );
+        one(
+            json!({"election": {"backend": "streams", "bucket": "no spaces"}}),
+            &["election.bucket"],
+        );
+    }
+}
