@@ -272,6 +272,14 @@ def rbac_problems(docs):
         for g, res, v in NEEDED:
             if v - granted(rules, g, res):
                 problems.append(f"ClusterRole lacks {sorted(v - granted(rules, g, res))} on {g or 'core'}/{res}")
+        # Least privilege both ways: nothing beyond what is needed.
+        allowed = {(g, res): v for g, res, v in NEEDED}
+        for r in rules:
+            for g in r.get("apiGroups", []):
+                for res in r.get("resources", []):
+                    extra = set(r.get("verbs", [])) - allowed.get((g, res), set())
+                    if extra:
+                        problems.append(f"ClusterRole grants more than needed: {sorted(extra)} on {g or 'core'}/{res}")
     for role in find(docs, "Role"):
         r = role["rules"]
         own = [x for x in r if LEASE in x.get("resourceNames", [])]
