@@ -19,9 +19,10 @@
 #      kubernetes-validate against Kubernetes 1.34, strict (unknown fields fail).
 #      ServiceMonitor has no schema there and is skipped with a note; Provisioner
 #      objects are validated against the CRD's openAPIV3Schema with jsonschema;
-#   4. RBAC: no wildcards; the operator holds every permission the Roles it builds
-#      for provisioner pods grant (Kubernetes refuses to let it create them
-#      otherwise); restricted pod security settings;
+#   4. RBAC: no wildcards; the ClusterRole holds exactly what the operator does
+#      plus what the Roles it builds for provisioner pods grant (Kubernetes refuses
+#      to let it create them otherwise), nothing more; its own Lease is covered;
+#      the Deployment meets Pod Security "restricted";
 #   5. the chart's CRD copy and deploy/crd.yaml equal crds/provisioner.yaml, and
 #      deploy/ equals the chart's default render (namespace choria-provisioner);
 #   6. the Dockerfile parses (BuildKit's parser, PyPI dockerfile), runs as 65532
@@ -50,11 +51,12 @@ fi
 
 exec "$VENV/bin/python" - "$ROOT" "$@" <<'PYTHON'
 import copy
+import difflib
+import fnmatch
 import functools
-import json
 import os
 import sys
-import tempfile
+from importlib.metadata import version
 
 import jsonschema
 import kubernetes_validate
@@ -135,7 +137,7 @@ def provisioner_schema():
         return None
     crd = load_docs(read(CRD_SRC))[0]
     versions = crd["spec"]["versions"]
-    version = next((v for v in versions if v.get("storage")), versions[0])
+    stored = next((v for v in versions if v.get("storage")), versions[0])
 
     def strip(node):
         # OpenAPI extensions out; and, as kubectl's strict field validation does,
@@ -151,11 +153,11 @@ def provisioner_schema():
             return [strip(v) for v in node]
         return node
 
-    schema = strip(version["schema"]["openAPIV3Schema"])
+    schema = strip(stored["schema"]["openAPIV3Schema"])
     # The apiserver fills apiVersion/kind/metadata itself; check them here.
     group = crd["spec"]["group"]
     schema.setdefault("properties", {})
-    schema["properties"]["apiVersion"] = {"const": f"{group}/{version['name']}"}
+    schema["properties"]["apiVersion"] = {"const": f"{group}/{stored['name']}"}
     schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
     schema["properties"]["metadata"] = {
         "type": "object",
@@ -438,8 +440,6 @@ def write_deploy(default_docs):
 
 
 def check_dockerfile():
-    import fnmatch
-
     import dockerfile
     try:
         cmds = dockerfile.parse_file(os.path.join(ROOT, "Dockerfile"))
@@ -478,7 +478,6 @@ def check_dockerfile():
 
 def main():
     global PROV_SCHEMA
-    from importlib.metadata import version
     print(f"helm-python-sdk {helm.helm_c_version()} (Helm SDK {helm.helm_sdk_version()}), "
           f"kubernetes-validate {version('kubernetes-validate')} (schemas for Kubernetes {KUBE}), "
           f"jsonschema {version('jsonschema')}")
@@ -561,7 +560,6 @@ def main():
             elif sorted(have, key=key) == sorted(want, key=key):
                 ok(f"deploy/{n} matches ({len(want)} objects)")
             else:
-                import difflib
                 a = dump(sorted(want, key=key)).splitlines()
                 b = dump(sorted(have, key=key)).splitlines()
                 diff = list(difflib.unified_diff(a, b, "chart render", f"deploy/{n}", lineterm="", n=1))
