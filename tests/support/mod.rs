@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod gopeers;
+pub mod kube;
 pub mod provisioner;
 
 /// Finds the nats-server binary: `$NATS_SERVER_BIN`, the project cache, or `$PATH`.
