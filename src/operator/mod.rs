@@ -85,6 +85,8 @@ pub enum OperatorError {
     NoCrd(String),
     #[error(transparent)]
     Monitor(#[from] MonitorError),
+    #[error("the leader election stopped unexpectedly")]
+    ElectionEnded,
 }
 
 /// What the election steers: the controller follows `leading`; health and
@@ -130,6 +132,17 @@ pub async fn run(
         .filter(|n| !n.is_empty())
         .or_else(hostname_from_proc)
         .unwrap_or_else(|| "choria-provisioner-operator".into());
+    run_with(client, &identity, args, shutdown).await
+}
+
+/// [`run`] with a given client and identity (tests use a mocked client).
+pub async fn run_with(
+    client: Client,
+    identity: &str,
+    args: OperatorArgs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), OperatorError> {
+    let identity = identity.to_string();
     let lease_namespace = args
         .namespace
         .clone()
@@ -216,7 +229,8 @@ pub async fn run(
         let mut leading = leading.clone();
         loop {
             tokio::select! {
-                r = leading.wait_for(|l| *l) => if r.is_err() { break },
+                // The guard wait_for returns is not Send: keep only the outcome.
+                won = async { leading.wait_for(|l| *l).await.is_ok() } => if !won { break },
                 _ = shutting_down.cancelled() => break,
             }
             lead(
@@ -232,11 +246,17 @@ pub async fn run(
             }
         }
     };
-    tokio::join!(lead_loop, async {
-        shutdown.await;
-        info!("shutting down: draining reconciliations, then releasing the lease");
-        signal.cancel();
-    });
+    tokio::pin!(lead_loop);
+    let outcome = tokio::select! {
+        // Only when the election task is gone: nothing can lead any more.
+        _ = &mut lead_loop => Err(OperatorError::ElectionEnded),
+        _ = shutdown => {
+            info!("shutting down: draining reconciliations, then releasing the lease");
+            signal.cancel();
+            lead_loop.await;
+            Ok(())
+        }
+    };
 
     election_stop.cancel();
     if let Some(Err(e)) = match election {
@@ -253,7 +273,7 @@ pub async fn run(
             Ok(Ok(())) => {}
         }
     }
-    Ok(())
+    outcome
 }
 
 /// An Api over one namespace, or all of them.
@@ -313,10 +333,14 @@ async fn lead(
     tokio::pin!(controller);
     tokio::select! {
         _ = &mut controller => {
-            warn!("the controller stopped by itself");
+            warn!("the controller stopped by itself; restarting it");
+            // Not a busy loop if it keeps stopping.
+            tokio::time::sleep(Duration::from_secs(1)).await;
             return;
         }
-        _ = leading.wait_for(|l| !*l) => info!("leadership lost: stopping the controller"),
+        _ = async { leading.wait_for(|l| !*l).await.is_ok() } => {
+            info!("leadership lost: stopping the controller")
+        }
         _ = shutdown.cancelled() => {}
     }
     stop.cancel();
@@ -346,3 +370,175 @@ fn hostname_from_proc() -> Option<String> {
 
 #[cfg(test)]
 mod fixtures;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{json, Value};
+    use std::sync::Mutex;
+
+    const PROVISIONERS: &str = "/apis/provisioning.choria.io/v1alpha1/namespaces/ops/provisioners";
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
+
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    /// An empty cluster with a Lease store. Lists are empty, watches never
+    /// answer. Returns the Lease as last written once the client is gone.
+    fn fake_cluster() -> (Client, Log, tokio::task::JoinHandle<Option<Value>>) {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "ops");
+        let log: Log = Arc::default();
+        let seen = log.clone();
+        let task = tokio::spawn(async move {
+            let mut lease: Option<Value> = None;
+            let mut version = 0;
+            let mut watches = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await.unwrap();
+                let path = parts.uri.path().to_string();
+                let method = parts.method.to_string();
+                let watch = parts.uri.query().unwrap_or_default().contains("watch=true");
+                let suffix = if watch { " watch" } else { "" };
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{method} {path}{suffix}"));
+                if watch {
+                    watches.push(send);
+                    continue;
+                }
+                let (code, reply) = if path.starts_with(LEASES) {
+                    match (method.as_str(), &lease) {
+                        ("GET", Some(l)) => (200, l.clone()),
+                        ("GET", None) => (
+                            404,
+                            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": "NotFound", "code": 404, "message": "not found"}),
+                        ),
+                        _ => {
+                            version += 1;
+                            let mut l: Value = serde_json::from_slice(&bytes).unwrap();
+                            l["metadata"]["resourceVersion"] = json!(version.to_string());
+                            lease = Some(l.clone());
+                            (if method == "POST" { 201 } else { 200 }, l)
+                        }
+                    }
+                } else {
+                    (
+                        200,
+                        json!({"apiVersion": "v1", "kind": "List",
+                               "metadata": {"resourceVersion": "1"}, "items": []}),
+                    )
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                        .unwrap(),
+                );
+            }
+            lease
+        });
+        (client, log, task)
+    }
+
+    async fn wait_for_line(log: &Log, line: &str) {
+        let found = async {
+            while !log.lock().unwrap().iter().any(|l| l == line) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), found)
+            .await
+            .is_err()
+        {
+            panic!("no {line:?} in {:#?}", log.lock().unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_leader_runs_the_controller_and_releases_the_lease_on_shutdown() {
+        let (client, log, server) = fake_cluster();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let args = OperatorArgs {
+            namespace: Some("ops".into()),
+            metrics_port: 0,
+            leader_election: true,
+        };
+        let run = tokio::spawn(run_with(client, "operator-0", args, async {
+            let _ = stop_rx.await;
+        }));
+        wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;
+        stop_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(15), run)
+            .await
+            .expect("the operator stops")
+            .unwrap()
+            .unwrap();
+        let lease = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the client is gone")
+            .unwrap()
+            .expect("a Lease was written");
+
+        let lines = log.lock().unwrap().clone();
+        assert_eq!(
+            lines[0],
+            format!("GET {PROVISIONERS}"),
+            "the CRD check first"
+        );
+        let first = |l: &str| lines.iter().position(|x| x == l);
+        let created = first(&format!("POST {LEASES}")).expect("the Lease is created");
+        let watching = first(&format!("GET {PROVISIONERS} watch")).unwrap();
+        assert!(
+            created < watching,
+            "the controller starts only once leading: {lines:#?}"
+        );
+        for kind in [
+            "/api/v1/namespaces/ops/configmaps",
+            "/apis/apps/v1/namespaces/ops/deployments",
+            "/apis/policy/v1/namespaces/ops/poddisruptionbudgets",
+        ] {
+            assert!(
+                lines.contains(&format!("GET {kind} watch")),
+                "{kind}: {lines:#?}"
+            );
+        }
+        assert_eq!(
+            lines.last().unwrap(),
+            &format!("PUT {LEASES}/{LEASE_NAME}"),
+            "released last"
+        );
+        assert_eq!(lease["metadata"]["name"], LEASE_NAME);
+        assert_eq!(lease["spec"]["holderIdentity"], "", "released: {lease}");
+    }
+
+    #[tokio::test]
+    async fn losing_leadership_stops_the_controller() {
+        let (client, log, _server) = fake_cluster();
+        let (leading_tx, leading) = watch::channel(true);
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
+            metrics: Arc::new(Metrics::new()),
+        });
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { lead(&client, Some("ops"), ctx, leading, shutdown).await }
+        });
+        wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;
+        assert!(!task.is_finished());
+        leading_tx.send_replace(false);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the controller stops when leadership is lost")
+            .unwrap();
+        assert!(
+            !shutdown.is_cancelled(),
+            "the process goes on, to campaign again"
+        );
+    }
+}
