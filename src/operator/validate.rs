@@ -57,6 +57,15 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         problem("spec.broker.urls is empty; list at least one broker, e.g. nats://broker.example.net:4222".into());
     }
     for (i, url) in b.urls.iter().enumerate() {
+        // A password in a URL would land in the ConfigMap; the URL is not
+        // repeated here, as it would put it in the status and events.
+        let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+        if authority.split('/').next().is_some_and(|a| a.contains('@')) {
+            problem(format!(
+                "spec.broker.urls[{i}] carries credentials; remove them and use spec.brokerPasswordSecret (user provisioner) or the broker Secrets"
+            ));
+            continue;
+        }
         if url.trim().is_empty() || url.contains(char::is_whitespace) || url.contains(',') {
             problem(format!(
                 "spec.broker.urls[{i}] {url:?} is not a broker address; use host:port or nats://host:port"
@@ -376,6 +385,16 @@ mod tests {
         one(
             json!({"broker": {"identity": "a b"}}),
             &["spec.broker.identity"],
+        );
+        let found = problems(json!({"broker": {"urls": ["nats://provisioner:hunter2@b:4222"]}}));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("spec.broker.urls[0] carries credentials"),
+            "{found:?}"
+        );
+        assert!(
+            !found[0].contains("hunter2"),
+            "the password is not repeated: {found:?}"
         );
     }
 
