@@ -181,7 +181,7 @@ pub fn format_duration(d: Duration) -> String {
     let secs = d.as_secs();
     if d.subsec_nanos() == 0 && secs > 0 {
         for (unit, size) in [("y", 365 * 86_400), ("d", 86_400), ("h", 3_600), ("m", 60)] {
-            if secs % size == 0 {
+            if secs.is_multiple_of(size) {
                 return format!("{}{unit}", secs / size);
             }
         }

@@ -1421,13 +1421,18 @@ features:
         cfg.read_secret_files().unwrap();
         assert_eq!(cfg.token.expose(), "t0ken");
         assert_eq!(
-            cfg.broker_provisioning_password.as_ref().map(|p| p.expose()),
+            cfg.broker_provisioning_password
+                .as_ref()
+                .map(|p| p.expose()),
             Some("pa55")
         );
         let both = parse("helper: /bin/true\ntoken: a\ntoken_file: /x\n").unwrap_err();
         assert!(both.to_string().contains("token_file"), "{both}");
         let mut missing = ok("helper: /bin/true\ntoken_file: /nonexistent/token\n");
         let e = missing.read_secret_files().unwrap_err().to_string();
-        assert!(e.contains("token_file") && e.contains("/nonexistent/token"), "{e}");
+        assert!(
+            e.contains("token_file") && e.contains("/nonexistent/token"),
+            "{e}"
+        );
     }
 }

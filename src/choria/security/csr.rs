@@ -470,7 +470,7 @@ fn directory_string(value: &Any) -> Result<String, CsrError> {
         | Tag::VisibleString => String::from_utf8(bytes.to_vec())
             .map_err(|_| CsrError::Parse("subject string is not valid UTF-8".into())),
         Tag::BmpString => {
-            if bytes.len() % 2 != 0 {
+            if !bytes.len().is_multiple_of(2) {
                 return Err(CsrError::Parse("BMPString has an odd length".into()));
             }
             let units: Vec<u16> = bytes
