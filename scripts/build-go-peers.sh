@@ -12,8 +12,9 @@
 #                          refuses every version of that module (403), see
 #                          tests/gopeers/RECIPE.md
 #
-# Usage: scripts/build-go-peers.sh [choria] [natstap] [provisioner]
-#        (default: all three; use "choria natstap" for what builds today)
+# Usage: scripts/build-go-peers.sh [choria] [natstap] [election-candidate] [provisioner]
+#        (default: all four; use "choria natstap election-candidate" for what
+#        builds today)
 #
 # Each build is skipped when the binary exists and its stamp (a hash of the Go
 # version, the module's go.mod/go.sum/*.go inputs and the ldflags) matches.
@@ -106,6 +107,13 @@ build_natstap() {
   build_peer natstap "$CACHE_BIN/natstap" "$moddir" "$stamp" -- ./natstap
 }
 
+build_election_candidate() {
+  local moddir="$GOPEERS/choria"
+  local stamp
+  stamp="$(stamp_of "$moddir/go.mod" "$moddir/go.sum" "$moddir/candidate" -- "pkg=./candidate")"
+  build_peer election-candidate "$CACHE_BIN/choria-election-candidate" "$moddir" "$stamp" -- ./candidate
+}
+
 build_provisioner() {
   local moddir="$GOPEERS/provisioner"
   local stamp
@@ -126,7 +134,7 @@ build_provisioner() {
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(choria natstap provisioner)
+[ ${#targets[@]} -eq 0 ] && targets=(choria natstap election-candidate provisioner)
 
 failed=0
 built=()
@@ -134,8 +142,9 @@ for t in "${targets[@]}"; do
   case "$t" in
     choria) build_choria && built+=("$CACHE_BIN/choria") || failed=1 ;;
     natstap) build_natstap && built+=("$CACHE_BIN/natstap") || failed=1 ;;
+    election-candidate) build_election_candidate && built+=("$CACHE_BIN/choria-election-candidate") || failed=1 ;;
     provisioner) build_provisioner && built+=("$CACHE_BIN/choria-go-provisioner") || failed=1 ;;
-    *) echo "build-go-peers: unknown peer '$t' (want: choria, natstap, provisioner)" >&2; exit 2 ;;
+    *) echo "build-go-peers: unknown peer '$t' (want: choria, natstap, election-candidate, provisioner)" >&2; exit 2 ;;
   esac
 done
 

@@ -23,8 +23,8 @@ fi
 # The real Go peers: go-choria's `choria` (server + CLI) for the interop tier.
 # A peer that cannot be built is reported loudly; the tests then say so too.
 peer_log="$CACHE_DIR/build-go-peers.log"
-if "$ROOT/scripts/build-go-peers.sh" choria natstap >"$peer_log.out" 2>"$peer_log"; then
-  export CHORIA_BIN="$CACHE_BIN/choria"
+if "$ROOT/scripts/build-go-peers.sh" choria natstap election-candidate >"$peer_log.out" 2>"$peer_log"; then
+  export CHORIA_BIN="$CACHE_BIN/choria" CHORIA_ELECTION_CANDIDATE_BIN="$CACHE_BIN/choria-election-candidate"
   log "go-choria peer: $CHORIA_BIN"
 else
   export CHORIA_GO_PEERS_UNAVAILABLE="$(tail -n 20 "$peer_log")"
