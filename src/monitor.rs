@@ -95,15 +95,27 @@ pub async fn bind(port: u16) -> Result<TcpListener, MonitorError> {
 
 #[derive(Clone)]
 struct AppState {
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Health,
+}
+
+/// Anything whose metrics `/metrics` serves in the Prometheus text format
+/// (the provisioner's and the operator's registries).
+pub trait Exposition: Send + Sync + 'static {
+    fn encode_text(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn encode_text(&self) -> String {
+        Metrics::encode_text(self)
+    }
 }
 
 /// Serves the monitoring endpoints on `listener` until `shutdown` is
 /// cancelled, then finishes in-flight requests and returns.
 pub async fn serve(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), MonitorError> {

@@ -166,7 +166,7 @@ pub async fn run_with(
     let stop = CancellationToken::new();
     let monitor = if args.metrics_port > 0 {
         let listener = monitor::bind(args.metrics_port).await?;
-        Some(tokio::spawn(telemetry::serve(
+        Some(tokio::spawn(monitor::serve(
             listener,
             metrics.clone(),
             health.clone(),

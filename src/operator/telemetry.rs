@@ -3,16 +3,7 @@
 //! reports there); standbys are ready, so a rollout never waits for them to
 //! lead.
 
-use crate::monitor::{Health, MonitorError, METRICS_CONTENT_TYPE};
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
-use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// Reconciliation counters and the leader gauge, in a registry of their own.
 pub struct Metrics {
@@ -121,47 +112,9 @@ impl Metrics {
     }
 }
 
-#[derive(Clone)]
-struct AppState {
-    metrics: Arc<Metrics>,
-    health: Health,
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    health: Health,
-    shutdown: CancellationToken,
-) -> Result<(), MonitorError> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(MonitorError::Serve)
-}
-
-async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        state.metrics.encode_text(),
-    )
-}
-
-async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
-    match state.health.ready() {
-        Ok(()) => (StatusCode::OK, "ok".into()),
-        Err(failing) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            failing
-                .iter()
-                .map(|(check, reason)| format!("{check}: {reason}\n"))
-                .collect(),
-        ),
+impl crate::monitor::Exposition for Metrics {
+    fn encode_text(&self) -> String {
+        Metrics::encode_text(self)
     }
 }
 
