@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod election;
 pub mod gopeers;
 pub mod kube;
 pub mod provisioner;
