@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Provisioning throughput benchmark: a local nats-server, the `fleet`
+# simulator and a provisioner (ours, and the Go one when it can be built),
+# the same scenario for both, several runs each, medians reported.
+#
+#   scripts/bench.sh                      # jwt and pki, 1,000 and 10,000 nodes, 3 runs each
+#   scripts/bench.sh --quick              # 1,000 nodes, 1 run, both scenarios
+#   scripts/bench.sh --scenario jwt --nodes 10000 --workers 16,32,64,128 --runs 1
+#
+# Options:
+#   --nodes N[,N...]      fleet sizes (default 1000,10000)
+#   --runs R              runs per configuration and implementation (default 3)
+#   --workers W[,W...]    provisioner `workers` (default 16: on 2 cores the run is
+#                         CPU-bound from 16 on, more workers only add latency)
+#   --scenario S          jwt | pki | all (default all)
+#   --quick               --nodes 1000 --runs 1
+#   --helper CMD          helper command line for the jwt scenario instead of
+#                         examples/helper.sh (experiments)
+#   --set KEY=VALUE       extra provisioner.yaml line (repeatable), e.g.
+#                         --set discovery_window=300ms; the Go provisioner gets
+#                         the same file (it ignores keys it does not know)
+#   --timeout S           give up on one run of ours after S seconds (default 900);
+#                         a Go run is capped at 300 s
+#   --bin PATH            use this choria-provisioner binary instead of building
+#   --no-go               do not try to build the Go provisioner
+#   --profile             perf-record our provisioner in every run (perf.data +
+#                         perf-report.txt in the run directory)
+#   --out DIR             where results go (default ~/.cache/choria-provisioner-rs/bench-results/<date>)
+#
+# Environment: GO_PROVISIONER_BIN=PATH uses a Go provisioner built elsewhere
+# instead of scripts/build-go-peers.sh provisioner.
+#
+# Scenarios (both with the `jwt` feature: the fleet's provisioning JWTs are
+# signed by an RSA key made with openssl and the provisioner verifies them):
+#   jwt   helper examples/helper.sh (sh + sed: configuration only)
+#   pki   features jwt + pki; helper `choria-provisioner fleet-helper --ca-cert
+#         --ca-key`, which signs each node's CSR with a CA made by openssl
+#
+# For every run: nodes/min from the journal (first discovery request a node
+# received to the last `restart` acknowledged), the end-to-end time from
+# starting `run` until choria_provisioner_provisioned reaches N, the
+# provisioner's CPU seconds and peak RSS (/proc/<pid>/stat utime+stime,
+# /proc/<pid>/status VmHWM, read just before it is stopped), the CPU of the
+# helper processes (reaped children, cutime+cstime), the fleet's and
+# nats-server's CPU during the run and peak RSS, p50/p99 time per node (first
+# request to the node -> its restart acknowledged) and how busy the whole
+# machine was. A run whose journal does not show every node configured once,
+# restarted once and finally provisioned is listed but not reported as a figure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+REPORT="$ROOT/scripts/bench_report.py"
+ORIG_ARGS="$*"
+
+NODES_LIST="1000,10000"
+RUNS=3
+WORKERS_LIST="16"
+SCENARIO="all"
+TIMEOUT=900
+GO_TIMEOUT=300
+BIN=""
+TRY_GO=1
+PROFILE=0
+OUT=""
+EXTRA=()
+JWT_HELPER="$ROOT/examples/helper.sh"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) NODES_LIST="$2"; shift 2 ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    --workers) WORKERS_LIST="$2"; shift 2 ;;
+    --scenario) SCENARIO="$2"; shift 2 ;;
+    --quick) NODES_LIST=1000; RUNS=1; shift ;;
+    --set) EXTRA+=("$2"); shift 2 ;;
+    --helper) JWT_HELPER="$2"; shift 2 ;;
+    --timeout) TIMEOUT="$2"; shift 2 ;;
+    --bin) BIN="$2"; shift 2 ;;
+    --no-go) TRY_GO=0; shift ;;
+    --profile) PROFILE=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "bench.sh: unknown option $1" >&2; usage ;;
+  esac
+done
+case "$SCENARIO" in
+  jwt) SCENARIOS=(jwt) ;;
+  pki) SCENARIOS=(pki) ;;
+  all) SCENARIOS=(jwt pki) ;;
+  *) echo "bench.sh: --scenario must be jwt, pki or all" >&2; exit 2 ;;
+esac
+IFS=, read -r -a NODES_ARR <<<"$NODES_LIST"
+IFS=, read -r -a WORKERS_ARR <<<"$WORKERS_LIST"
+for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do
+  case "$e" in *=*) ;; *) echo "bench.sh: --set wants KEY=VALUE, got '$e'" >&2; exit 2 ;; esac
+done
+
+if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null; then
+  log "--profile: perf is not installed (apt-get install linux-perf); running without a profile"
+  PROFILE=0
+fi
+command -v openssl >/dev/null || { log "openssl is needed (JWT signer, CA)"; exit 1; }
+command -v python3 >/dev/null || { log "python3 is needed"; exit 1; }
+ensure_nats_server
+
+OUT="${OUT:-$CACHE_DIR/bench-results/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT/runs"
+OUT="$(cd "$OUT" && pwd)"
+WORK="$OUT/work"
+mkdir -p "$WORK"
+
+# ---- binaries --------------------------------------------------------------
+if [ -z "$BIN" ]; then
+  ensure_rust
+  log "building choria-provisioner (release)"
+  cargo build --release --quiet
+  BIN="$CARGO_TARGET_DIR/release/choria-provisioner"
+fi
+[ -x "$BIN" ] || { log "no executable at $BIN"; exit 1; }
+# A private copy: a rebuild elsewhere must not swap the binary mid-benchmark.
+cp "$BIN" "$WORK/choria-provisioner"
+BIN="$WORK/choria-provisioner"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
+  COMMIT="$COMMIT+dirty"
+fi
+
+GO_BIN=""
+GO_STATUS=""
+if [ -n "${GO_PROVISIONER_BIN:-}" ]; then
+  # A Go provisioner built elsewhere (the module proxy refuses the module here).
+  [ -x "$GO_PROVISIONER_BIN" ] || { log "GO_PROVISIONER_BIN=$GO_PROVISIONER_BIN is not executable"; exit 1; }
+  GO_BIN="$GO_PROVISIONER_BIN"
+  GO_STATUS="given: $GO_BIN ($("$GO_BIN" --version 2>&1 | head -n1 || true))"
+elif [ "$TRY_GO" = 1 ]; then
+  log "trying to build the Go provisioner (github.com/choria-io/provisioner@v0.16.0)"
+  if GO_OUT="$("$ROOT/scripts/build-go-peers.sh" provisioner 2>"$OUT/go-build.log")"; then
+    GO_BIN="$(printf '%s\n' "$GO_OUT" | grep 'choria-go-provisioner$' | tail -n1)"
+    GO_STATUS="built: $GO_BIN"
+  else
+    reason="$(grep -m1 -E '403|Forbidden|not available' "$OUT/go-build.log" ||
+      grep -m1 -E 'FAILED|error' "$OUT/go-build.log" || true)"
+    reason="$(printf '%s' "$reason" | sed 's/^[ |]*//; s/^go: //')"
+    GO_STATUS="unavailable: ${reason:-see $OUT/go-build.log}"
+  fi
+else
+  GO_STATUS="unavailable: not attempted (--no-go)"
+fi
+if [ -z "$GO_BIN" ]; then
+  {
+    echo
+    echo "################################################################################"
+    echo "#  THE GO PROVISIONER IS NOT AVAILABLE: reporting choria-provisioner-rs ONLY."
+    echo "#  $GO_STATUS"
+    echo "#  (build log: $OUT/go-build.log; see tests/gopeers/RECIPE.md)"
+    echo "################################################################################"
+    echo
+  } >&2
+fi
+
+# ---- shared material -------------------------------------------------------
+openssl genrsa -out "$WORK/signer.key" 2048 2>/dev/null
+openssl rsa -in "$WORK/signer.key" -pubout -out "$WORK/signer.pub" 2>/dev/null
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" \
+  -days 30 -subj "/CN=bench CA" 2>/dev/null
+
+python3 "$REPORT" machine >"$OUT/machine.json"
+{
+  echo "command: scripts/bench.sh $ORIG_ARGS"
+  echo "commit: $COMMIT"
+  echo "binary: $BIN"
+  echo "go: $GO_STATUS"
+} >"$OUT/info.txt"
+RESULTS="$OUT/results.jsonl"
+: >"$RESULTS"
+
+# ---- one run ---------------------------------------------------------------
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]+"${PIDS[@]}"}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# stop PID [SECONDS]: SIGTERM, then SIGKILL after SECONDS (default 15).
+stop() {
+  local pid="$1" grace="${2:-15}"
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq $((grace * 10))); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    sleep 0.1
+  done
+  log "pid $pid ignored SIGTERM for ${grace}s: killing it"
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# run_one IMPL SCENARIO NODES WORKERS RUN
+run_one() {
+  local impl="$1" scenario="$2" nodes="$3" workers="$4" run="$5"
+  local dir="$OUT/runs/$scenario-$nodes-w$workers-$impl-r$run"
+  mkdir -p "$dir"
+  local port monitor limit prov_bin
+  port="$(free_port)"
+  monitor="$(free_port)"
+  if [ "$impl" = go ]; then limit="$GO_TIMEOUT"; prov_bin="$GO_BIN"; else limit="$TIMEOUT"; prov_bin="$BIN"; fi
+
+  printf 'listen: 127.0.0.1:%s\nmax_payload: 4MB\n' "$port" >"$dir/nats.conf"
+  "$CACHE_BIN/nats-server" -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
+  local nats_pid=$!
+  PIDS+=("$nats_pid")
+  wait_for_port "$port"
+
+  "$BIN" fleet --nats "nats://127.0.0.1:$port" --nodes "$nodes" --token s3cret \
+    --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done \
+    --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
+  local fleet_pid=$!
+  PIDS+=("$fleet_pid")
+  # The provisioner starts only once every node has announced itself, so
+  # discovery (not startup events) finds the fleet.
+  local started=0
+  for _ in $(seq 1200); do
+    started="$(grep -c '"event":"startup"' "$dir/journal.jsonl" 2>/dev/null || true)"
+    [ "${started:-0}" -ge "$nodes" ] && break
+    kill -0 "$fleet_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "${started:-0}" -lt "$nodes" ]; then
+    log "the fleet did not start $nodes nodes (see $dir/fleet.log)"
+    stop "$fleet_pid"; stop "$nats_pid"
+    PIDS=()
+    python3 "$REPORT" record impl="$impl" scenario="$scenario" nodes="$nodes" workers="$workers" \
+      run="$run" commit="$COMMIT" dir="$dir" note="the fleet did not start" >>"$RESULTS"
+    return 1
+  fi
+
+  local helper
+  if [ "$scenario" = pki ]; then
+    helper="$BIN fleet-helper --broker nats://broker.bench.example.net:4222 --ca-cert $WORK/ca.pem --ca-key $WORK/ca.key"
+  else
+    helper="$JWT_HELPER"
+  fi
+  {
+    echo "workers: $workers"
+    echo "interval: 1m"
+    echo "token: s3cret"
+    echo "site: bench"
+    echo "helper: $helper"
+    echo "choria_insecure: true"
+    echo "monitor_port: $monitor"
+    echo "loglevel: warn"
+    echo "jwt_verify_cert: $WORK/signer.pub"
+    echo "features:"
+    echo "  jwt: true"
+    [ "$scenario" = pki ] && echo "  pki: true"
+    for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do echo "${e%%=*}: ${e#*=}"; done
+  } >"$dir/provisioner.yaml"
+  cat >"$dir/choria.cfg" <<EOF
+identity = provisioner.bench
+plugin.choria.middleware_hosts = nats://127.0.0.1:$port
+plugin.security.provider = file
+EOF
+
+  python3 "$REPORT" snap fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap0.json"
+  local start_ns prov_pid perf_pid=""
+  start_ns=$(date +%s%N)
+  BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner.yaml" \
+    --choria-config "$dir/choria.cfg" >"$dir/provisioner.log" 2>&1 &
+  prov_pid=$!
+  PIDS+=("$prov_pid")
+  if [ "$PROFILE" = 1 ] && [ "$impl" = rust ] && command -v perf >/dev/null; then
+    perf record -F 199 --call-graph dwarf,16384 -p "$prov_pid" -o "$dir/perf.data" >"$dir/perf.log" 2>&1 &
+    perf_pid=$!
+  fi
+
+  python3 "$REPORT" wait --url "http://127.0.0.1:$monitor/metrics" --target "$nodes" \
+    --timeout "$limit" --pid "$prov_pid" >"$dir/wait.json"
+  # Read /proc just before stopping anything.
+  python3 "$REPORT" snap provisioner="$prov_pid" fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap1.json"
+  python3 "$REPORT" metrics --url "http://127.0.0.1:$monitor/metrics" >"$dir/metrics.json"
+  curl -s "http://127.0.0.1:$monitor/metrics" >"$dir/metrics.txt" 2>/dev/null || true
+  [ -n "$perf_pid" ] && { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; }
+  stop "$prov_pid"
+
+  # The fleet leaves by itself once every node restarted out of provisioning
+  # mode (a 2-3 s splay after the last restart); it then writes the final states.
+  for _ in $(seq 300); do kill -0 "$fleet_pid" 2>/dev/null || break; sleep 0.1; done
+  stop "$fleet_pid"
+  stop "$nats_pid"
+  PIDS=()
+
+  python3 "$REPORT" journal "$dir/journal.jsonl" --nodes "$nodes" >"$dir/journal-check.json"
+  python3 "$REPORT" record impl="$impl" scenario="$scenario" nodes="$nodes" workers="$workers" \
+    run="$run" start_ns="$start_ns" commit="$COMMIT" dir="$dir" helper="$helper" \
+    settings="${EXTRA[*]+"${EXTRA[*]}"}" \
+    --wait "$dir/wait.json" --snap0 "$dir/snap0.json" --snap1 "$dir/snap1.json" \
+    --journal "$dir/journal-check.json" --metrics "$dir/metrics.json" >>"$RESULTS"
+  python3 - "$RESULTS" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+f = lambda v, s="{:.1f}": "-" if v is None else s.format(v)
+state = "ok" if r["valid"] else "NOT VALID"
+print(f"    {r['impl']:4} {r['scenario']} {r['nodes']} nodes w{r['workers']} run {r['run']}: {state}; "
+      f"{f(r['nodes_per_min'], '{:,.0f}')} nodes/min, e2e {f(r['e2e_s'])} s, "
+      f"p50/p99 {f(r['per_node_p50_s'], '{:.3f}')}/{f(r['per_node_p99_s'], '{:.3f}')} s, "
+      f"prov CPU {f(r['prov_cpu_s'], '{:.2f}')} s RSS {f(r['prov_hwm_mib'])} MiB, "
+      f"helpers {f(r['helper_cpu_s'], '{:.2f}')} s, fleet {f(r['fleet_cpu_s'], '{:.2f}')} s, "
+      f"nats {f(r['nats_cpu_s'], '{:.2f}')} s, machine busy {f(r['machine_busy_pct'], '{:.0f}')} %, "
+      f"other {f(r['other_cpu_s'])} s, 1st discovery {f(r['first_cycle_discovered'], '{:.0f}')}, "
+      f"cycles {f(r['discover_cycles'], '{:.0f}')}", file=sys.stderr)
+if not r["valid"]:
+    for p in (r.get("journal_problems") or [])[:5]:
+        print(f"      {p}", file=sys.stderr)
+PY
+  if [ "$PROFILE" = 1 ] && [ -s "$dir/perf.data" ]; then
+    # Only the provisioner's own threads (helper children are left out: their
+    # CPU is the "helper CPU" figure), bucketed by what the stack was doing.
+    perf report -i "$dir/perf.data" --pid "$prov_pid" --no-children --stdio --sort symbol \
+      -g none --percent-limit 0.3 >"$dir/perf-report.txt" 2>/dev/null || true
+    perf script -i "$dir/perf.data" --pid "$prov_pid" --no-inline -F comm,tid,period,ip,sym,dso \
+      >"$dir/perf.script" 2>/dev/null || true
+    python3 "$REPORT" perf-buckets "$dir/perf.script" --nodes "$nodes" \
+      --cpu-s "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["procs"]["provisioner"]["cpu_s"])' "$dir/snap1.json")" \
+      >"$dir/perf-buckets.md" 2>/dev/null || true
+    rm -f "$dir/perf.script"
+    log "profile: $dir/perf-buckets.md"
+    cat "$dir/perf-buckets.md" >&2
+  fi
+}
+
+# ---- the matrix ------------------------------------------------------------
+log "results in $OUT"
+for scenario in "${SCENARIOS[@]}"; do
+  for nodes in "${NODES_ARR[@]}"; do
+    for workers in "${WORKERS_ARR[@]}"; do
+      for run in $(seq "$RUNS"); do
+        log "$scenario, $nodes nodes, $workers workers, run $run/$RUNS"
+        run_one rust "$scenario" "$nodes" "$workers" "$run" || log "run failed"
+        # Alternate with Go so both see the same background load.
+        if [ -n "$GO_BIN" ]; then
+          run_one go "$scenario" "$nodes" "$workers" "$run" || log "run failed"
+        fi
+      done
+    done
+  done
+done
+
+python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" >"$OUT/report.md"
+echo
+cat "$OUT/report.md"
+echo
+log "report: $OUT/report.md; per-run data: $RESULTS and $OUT/runs/"
