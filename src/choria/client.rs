@@ -364,6 +364,17 @@ impl ChoriaClient {
         filter: &Filter,
         opts: DiscoveryOptions,
     ) -> Result<Vec<String>, ClientError> {
+        self.discover_each(filter, opts, |_| {}).await
+    }
+
+    /// [`ChoriaClient::discover`], calling `on_found` for each node as its
+    /// reply arrives, so work can start before the discovery window closes.
+    pub async fn discover_each(
+        &self,
+        filter: &Filter,
+        opts: DiscoveryOptions,
+        mut on_found: impl FnMut(&str),
+    ) -> Result<Vec<String>, ClientError> {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let msg = self.encode(&id, "discovery", filter, b"cGluZw==", &reply_to)?;
@@ -393,7 +404,10 @@ impl ChoriaClient {
             match tokio::time::timeout_at(deadline, sub.next()).await {
                 Ok(Some(m)) => match protocol::transport_sender(&m.payload) {
                     Ok(sender) => {
-                        found.insert(sender);
+                        if !found.contains(&sender) {
+                            on_found(&sender);
+                            found.insert(sender);
+                        }
                         if let Some(w) = opts.sliding_window {
                             window_deadline = tokio::time::Instant::now() + w;
                         }

@@ -18,7 +18,8 @@ use crate::choria::security::ecdh::EcdhKeyPair;
 use crate::choria::security::ed25519::verify_nonce;
 use crate::choria::security::pem_crypt::encrypt_private_key;
 use crate::choria::security::tokens::{
-    parse_provisioning_token, ProvisioningClaims, ServerClaims, TokenError, PROVISIONER_ISSUER,
+    parse_provisioning_token, ProvisioningClaims, ServerClaims, TokenError, TokenVerifyKey,
+    PROVISIONER_ISSUER,
 };
 use crate::config::{ConfigError, ProvisionerConfig, Secret};
 use crate::metrics::Metrics;
@@ -44,6 +45,40 @@ pub struct Context {
     /// Fired at shutdown once in-flight nodes had their grace period: waits
     /// for replies and backoff sleeps end at once.
     pub abandon: CancellationToken,
+    pub verify_key: VerifyKeyCache,
+}
+
+/// `jwt_verify_cert`, parsed once and parsed again only when its file
+/// changes (Go re-reads it for every node so that a replaced key takes
+/// effect; the file's modification time and size give us the same).
+#[derive(Default)]
+pub struct VerifyKeyCache {
+    slot: std::sync::Mutex<Option<(FileStamp, Arc<TokenVerifyKey>)>>,
+}
+
+/// Modification time and size of a key file; `None` for a key given inline.
+type FileStamp = Option<(std::time::SystemTime, u64)>;
+
+impl VerifyKeyCache {
+    pub fn get(&self, cfg: &ProvisionerConfig) -> Result<Arc<TokenVerifyKey>, ConfigError> {
+        let stamp = cfg
+            .jwt_verify_cert
+            .as_deref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .and_then(|m| Some((m.modified().ok()?, m.len())));
+        let mut slot = self
+            .slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((cached, key)) = slot.as_ref() {
+            if *cached == stamp {
+                return Ok(key.clone());
+            }
+        }
+        let key = Arc::new(cfg.load_verify_key()?);
+        *slot = Some((stamp, key.clone()));
+        Ok(key)
+    }
 }
 
 /// How a node's sequence ended without error.
@@ -323,7 +358,7 @@ impl<'a> HostSequence<'a> {
     /// Verifies the provisioning JWT with `jwt_verify_cert` (re-read each time
     /// so a rotated key takes effect) and settles the token to use.
     fn validate_jwt(&mut self) -> Result<(), ProvisionError> {
-        let key = self.ctx.cfg.load_verify_key()?;
+        let key = self.ctx.verify_key.get(&self.ctx.cfg)?;
         let claims = parse_provisioning_token(&self.got.raw_jwt, &key)
             .map_err(|e: TokenError| ProvisionError::Jwt(e.to_string()))?;
         if !claims.token.is_empty() {
@@ -745,6 +780,36 @@ mod tests {
             json,
             r#"{"action_policies":{},"ca":"","certificate":"","config":"{\"a\":\"b\"}","ecdh_public":"","key":"","opa_policies":{},"server_jwt":"","ssldir":"","token":"t"}"#
         );
+    }
+
+    #[test]
+    fn the_verify_key_is_read_again_only_when_its_file_changes() {
+        use crate::choria::security::ed25519::Ed25519KeyPair;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("verify.key");
+        let (a, b) = (Ed25519KeyPair::generate(), Ed25519KeyPair::generate());
+        std::fs::write(&path, a.public_hex()).unwrap();
+        let cfg = ProvisionerConfig::parse(
+            &format!(
+                "helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: {}\n",
+                path.display()
+            ),
+            "p.yaml",
+        )
+        .unwrap();
+        let cache = VerifyKeyCache::default();
+        let first = cache.get(&cfg).unwrap();
+        assert!(Arc::ptr_eq(&first, &cache.get(&cfg).unwrap()), "cached");
+        std::fs::write(&path, b.public_hex()).unwrap();
+        let later = std::time::SystemTime::now() + Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let second = cache.get(&cfg).unwrap();
+        assert_ne!(*first, *second, "a replaced key takes effect");
     }
 
     #[test]

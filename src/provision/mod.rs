@@ -213,6 +213,7 @@ impl Provisioner {
             deny_list: cfg.cert_deny_regexes()?,
             rpc_timeout: cfg.rpc_timeout,
             abandon: abandon.clone(),
+            verify_key: host::VerifyKeyCache::default(),
         });
 
         let events =
@@ -381,18 +382,19 @@ async fn discover(client: &ChoriaClient, handle: &Handle, opts: DiscoveryOptions
     handle.metrics.discover_cycle();
     info!("looking for provisionable hosts");
     let started = Instant::now();
-    match client
-        .discover(&Filter::with_agent("choria_provision"), opts)
-        .await
-    {
-        Ok(nodes) => {
-            let mut added = 0;
-            for node in &nodes {
-                if handle.registry.add(node) == Added::Queued {
-                    handle.metrics.discovered();
-                    added += 1;
-                }
+    // Nodes are queued as their replies arrive: workers start while the
+    // discovery window is still open.
+    let mut added = 0;
+    let found = client
+        .discover_each(&Filter::with_agent("choria_provision"), opts, |node| {
+            if handle.registry.add(node) == Added::Queued {
+                handle.metrics.discovered();
+                added += 1;
             }
+        })
+        .await;
+    match found {
+        Ok(nodes) => {
             info!(found = nodes.len(), added, took = ?started.elapsed(), "discovery finished");
         }
         Err(e) => {
