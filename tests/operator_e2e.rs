@@ -1,0 +1,1642 @@
+//! The operator and its provisioner pods against a real control plane
+//! (tests/support/kube.rs: etcd + kube-apiserver, no kubelet, scheduler or
+//! controller-manager):
+//!
+//! * `choria-provisioner operator` runs as a child process logged in as the
+//!   chart's ServiceAccount with only the chart's RBAC (deploy/rbac.yaml) and
+//!   reconciles `Provisioner`s into their owned objects;
+//! * `choria-provisioner run` processes stand in for the pods: a simulated
+//!   kubelet materializes the Deployment the operator wrote (its ConfigMap and
+//!   Secret volumes under a directory, its args, its fieldRef env) and they log
+//!   in with a token of the ServiceAccount the operator bound to the Role it
+//!   generated. They follow `spec.paused`, report the leader in the status and
+//!   fail over through the Lease while a simulated fleet is provisioned.
+//!
+//! The replicas share the Choria identity of the generated choria.cfg, as a
+//! Deployment's pods do, so the fleet's journal cannot name the replica that
+//! sent a request: the leaders' own logs give their terms, and every request
+//! must fall into exactly one term.
+//!
+//! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not built
+//! the binaries. `CHORIA_ELECTION_LONG=1` runs 20 kills + 20 stops instead of
+//! 3 + 3; `OPERATOR_E2E_KEEP=1` keeps the logs and journals.
+
+mod support;
+
+use base64::Engine as _;
+use choria_provisioner::fleet::FleetOptions;
+use choria_provisioner::operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG, CONFIG_DIR};
+use choria_provisioner::operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::kube::{expect_ok, Bins, ControlPlane};
+use support::provisioner::{binary, http_get, metric_sum};
+use support::{free_port, read_journal_so_far, NatsServer, RunningFleet};
+
+/// The tests of this file share two cores: one at a time, so the failover
+/// figures measure the election rather than a neighbouring control plane.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Where deploy/rbac.yaml puts the operator.
+const OPERATOR_NS: &str = "choria-provisioner";
+const OPERATOR_SA: &str = "choria-provisioner-operator";
+/// The operator's pod name (its Lease identity).
+const OPERATOR_POD: &str = "choria-provisioner-operator-5d8c7b9f4-qx7lm";
+const PROV: &str = "provisioners.provisioning.choria.io";
+/// The Provisioners' namespace.
+const NS: &str = "choria";
+/// The fleet's provisioning token, from a Secret.
+const TOKEN: &str = "s3cret";
+/// Lease timings of the pods (client-go's rule: 4 > 3 > 1.2 × 1).
+const LEASE_DURATION: Duration = Duration::from_secs(4);
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
+
+fn repo_file(path: &str) -> String {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// Polls `f` every 100 ms until it returns `Some`; panics naming `what`.
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+// ---------------------------------------------------------------- kubectl
+
+fn apply(cp: &ControlPlane, manifest: &str) {
+    expect_ok(
+        &["apply", "-f", "-"],
+        cp.kubectl_stdin(&["apply", "-f", "-"], manifest),
+    );
+}
+
+/// The object as JSON, `None` when it does not exist.
+fn try_get(cp: &ControlPlane, kind: &str, ns: &str, name: &str) -> Option<Value> {
+    let out = cp.kubectl(&[
+        "get",
+        kind,
+        name,
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]);
+    if out.status.success() {
+        return Some(serde_json::from_slice(&out.stdout).expect("kubectl JSON"));
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NotFound"),
+        "kubectl get {kind} {ns}/{name}: {err}"
+    );
+    None
+}
+
+fn get(cp: &ControlPlane, kind: &str, ns: &str, name: &str) -> Value {
+    try_get(cp, kind, ns, name).unwrap_or_else(|| panic!("{kind} {ns}/{name} does not exist"))
+}
+
+fn patch_spec(cp: &ControlPlane, name: &str, spec: Value) {
+    let patch = json!({ "spec": spec }).to_string();
+    cp.kubectl_ok(&["patch", PROV, name, "-n", NS, "--type=merge", "-p", &patch]);
+}
+
+/// A token of ServiceAccount `ns/sa` from the TokenRequest API.
+fn create_token(cp: &ControlPlane, ns: &str, sa: &str) -> String {
+    cp.kubectl_ok(&["create", "token", sa, "-n", ns, "--duration=2h"])
+        .trim()
+        .to_string()
+}
+
+/// `kubectl auth can-i` as the identity of `kubeconfig`.
+fn can_i(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i"];
+    all.extend_from_slice(args);
+    let out = cp.kubectl_with(kubeconfig, &all, None);
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+/// The RBAC authorizer learns of bindings through a watch: not at once.
+fn wait_allowed(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) {
+    wait_for(
+        &format!("RBAC to allow {args:?}"),
+        Duration::from_secs(20),
+        || can_i(cp, kubeconfig, args).then_some(()),
+    );
+}
+
+// ------------------------------------------------------------ processes
+
+/// A child process (operator or pod) with its log in a file and its
+/// monitoring port, killed on drop and with the test's thread.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    port: u16,
+}
+
+impl Proc {
+    fn spawn(name: &str, dir: &Path, port: u16, args: &[String], env: &[(String, String)]) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args(["--pdeathsig", "KILL"]).arg(binary());
+            c
+        } else {
+            Command::new(binary())
+        };
+        // Nothing of the test's own environment may steer the process.
+        for var in [
+            "KUBECONFIG",
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "CHORIA_PROVISIONER_RESOURCE",
+            "CHORIA_PROVISIONER_OPERATOR_NAMESPACE",
+            "CHORIA_PROVISIONER_LOG",
+            "CHORIA_PROVISIONER_LOG_FORMAT",
+        ] {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary()));
+        let mut p = Proc {
+            name: name.into(),
+            child,
+            log,
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = p.child.try_wait().unwrap() {
+                panic!(
+                    "{name} exited ({status}) before opening port {port}:\n{}",
+                    p.tail(40)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: port {port} did not open:\n{}",
+                p.tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        p
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (status, body) = http_get(self.port, "/metrics");
+        assert_eq!(status, 200, "{}: /metrics answered {status}", self.name);
+        metric_sum(&body, name)
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn tail(&self, n: usize) -> String {
+        let logs = self.logs();
+        let lines: Vec<&str> = logs.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {} failed", self.name);
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}:\n{}",
+                self.name,
+                self.tail(30)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------- cluster
+
+/// A control plane with the CRD, the chart's RBAC and a running operator.
+struct Cluster {
+    operator: Proc,
+    operator_kubeconfig: PathBuf,
+    // Dropped after the processes above, before the control plane.
+    dir: tempfile::TempDir,
+    cp: ControlPlane,
+}
+
+impl Cluster {
+    fn start(bins: &Bins) -> Self {
+        let cp = ControlPlane::start(bins);
+        // OPERATOR_E2E_KEEP=1 keeps the logs and the journal for a post-mortem.
+        let keep = std::env::var_os("OPERATOR_E2E_KEEP").is_some();
+        let dir = tempfile::Builder::new()
+            .prefix("operator-e2e-")
+            .disable_cleanup(keep)
+            .tempdir()
+            .unwrap();
+        if keep {
+            eprintln!("OPERATOR_E2E_KEEP: {}", dir.path().display());
+        }
+        // The committed CRD must be accepted and become Established.
+        apply(&cp, &repo_file("crds/provisioner.yaml"));
+        cp.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            &format!("crd/{PROV}"),
+        ]);
+        apply(&cp, &repo_file("deploy/namespace.yaml"));
+        apply(&cp, &repo_file("deploy/rbac.yaml"));
+        let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
+        let kubeconfig = cp.kubeconfig(&token);
+        // The operator lists Provisioners first and exits when it may not.
+        wait_allowed(&cp, &kubeconfig, &["list", PROV, "--all-namespaces"]);
+        let port = free_port();
+        let operator = Proc::spawn(
+            "operator",
+            dir.path(),
+            port,
+            &[
+                "--log".into(),
+                "info".into(),
+                "operator".into(),
+                "--metrics-port".into(),
+                port.to_string(),
+            ],
+            &[
+                ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+                ("POD_NAME".into(), OPERATOR_POD.into()),
+                ("POD_NAMESPACE".into(), OPERATOR_NS.into()),
+            ],
+        );
+        wait_for(
+            "the operator to lead (chart Role on its Lease)",
+            Duration::from_secs(30),
+            || (operator.metric("choria_provisioner_operator_leader") == 1.0).then_some(()),
+        );
+        Cluster {
+            operator,
+            operator_kubeconfig: kubeconfig,
+            dir,
+            cp,
+        }
+    }
+
+    fn provisioner(&self, name: &str) -> Value {
+        get(&self.cp, PROV, NS, name)
+    }
+
+    /// The Provisioner once the operator has acted on its current
+    /// generation (status and every condition say so).
+    fn observed(&self, name: &str) -> Value {
+        wait_for(
+            &format!("the operator to observe Provisioner {name}"),
+            Duration::from_secs(30),
+            || {
+                let p = self.provisioner(name);
+                let generation = &p["metadata"]["generation"];
+                let conditions = p["status"]["conditions"].as_array()?;
+                let current = p["status"]["observedGeneration"] == *generation
+                    && conditions.len() == 4
+                    && conditions
+                        .iter()
+                        .all(|c| c["observedGeneration"] == *generation);
+                current.then_some(p)
+            },
+        )
+    }
+
+    /// A namespace for Provisioners; pods there must meet Pod Security
+    /// "restricted", as in deploy/example-provisioner.yaml.
+    fn create_namespace(&self) {
+        apply(
+            &self.cp,
+            &format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    \
+                 pod-security.kubernetes.io/enforce: restricted\n    \
+                 pod-security.kubernetes.io/enforce-version: latest\n"
+            ),
+        );
+    }
+
+    fn operator_failures(&self) -> f64 {
+        self.operator
+            .metric("choria_provisioner_operator_reconcile_failures_total")
+    }
+}
+
+fn condition<'a>(p: &'a Value, type_: &str) -> &'a Value {
+    p["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition: {}", p["status"]))
+}
+
+/// (status, reason) of a condition.
+fn cond(p: &Value, type_: &str) -> (String, String) {
+    let c = condition(p, type_);
+    (
+        c["status"].as_str().unwrap_or_default().into(),
+        c["reason"].as_str().unwrap_or_default().into(),
+    )
+}
+
+fn pair(status: &str, reason: &str) -> (String, String) {
+    (status.into(), reason.into())
+}
+
+fn checksum_of(deployment: &Value) -> String {
+    deployment["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION]
+        .as_str()
+        .unwrap_or_else(|| panic!("no checksum annotation: {}", deployment["spec"]["template"]))
+        .to_string()
+}
+
+/// The documented checksum, recomputed: sha256 over each key and value of the
+/// ConfigMap's data in key order, each followed by a NUL.
+fn config_checksum(cm: &Value) -> String {
+    let data: BTreeMap<&str, &str> = cm["data"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+        .collect();
+    let mut h = Sha256::new();
+    for (k, v) in data {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())
+}
+
+fn managers(obj: &Value) -> Vec<(String, String, String)> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+            (s("manager"), s("operation"), s("subresource"))
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------- pods
+
+/// Starts a "pod" of the Deployment as a kubelet would, outside a cluster:
+/// each ConfigMap and Secret volume is written under the pod's directory
+/// (only the Secret keys the volume lists), `/etc/choria-provisioner/` in the
+/// args and mounted files is moved there, the env comes from its fieldRefs,
+/// and the ServiceAccount token arrives as a kubeconfig. One change a real
+/// pod does not need: its own monitoring port (pods have their own network).
+/// The replicas share the Choria identity of the generated choria.cfg, as a
+/// Deployment's pods do, and with it the nodes' provisioning lock.
+fn start_pod(c: &Cluster, deployment: &Value, pod: &str, kubeconfig: &Path) -> Proc {
+    let ns = deployment["metadata"]["namespace"].as_str().unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let root = c.dir.path().join(pod);
+    let base = "/etc/choria-provisioner/";
+    let moved_base = format!("{}{base}", root.display());
+    let moved = |s: &str| s.replace(base, &moved_base);
+    let volumes = spec["volumes"].as_array().expect("volumes");
+    for m in container["volumeMounts"].as_array().expect("volumeMounts") {
+        let volume = volumes
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap_or_else(|| panic!("no volume for the mount {m}"));
+        let mount = m["mountPath"].as_str().unwrap();
+        if volume.get("emptyDir").is_some() {
+            assert_eq!(mount, "/tmp", "{m}");
+            continue;
+        }
+        assert!(mount.starts_with(base), "mounted outside {base}: {m}");
+        let target = root.join(mount.trim_start_matches('/'));
+        std::fs::create_dir_all(&target).unwrap();
+        if let Some(source) = volume.get("configMap") {
+            let cm = get(&c.cp, "configmap", ns, source["name"].as_str().unwrap());
+            for (key, value) in cm["data"].as_object().unwrap() {
+                std::fs::write(target.join(key), moved(value.as_str().unwrap())).unwrap();
+            }
+        } else if let Some(source) = volume.get("secret") {
+            let secret = get(&c.cp, "secret", ns, source["secretName"].as_str().unwrap());
+            for item in source["items"].as_array().expect("secret items") {
+                let key = item["key"].as_str().unwrap();
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(secret["data"][key].as_str().unwrap_or_else(|| {
+                        panic!("Secret {} has no key {key}", source["secretName"])
+                    }))
+                    .unwrap();
+                std::fs::write(target.join(item["path"].as_str().unwrap()), data).unwrap();
+            }
+        } else {
+            panic!("a volume the test kubelet does not know: {volume}");
+        }
+    }
+
+    let port = free_port();
+    let config = root.join(CONFIG_DIR.trim_start_matches('/'));
+    let path = config.join(PROVISIONER_YAML);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let prefix = "monitor_port:";
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with(prefix)).count(),
+        1,
+        "{text}"
+    );
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with(prefix) {
+                format!("{prefix} {port}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| moved(a.as_str().unwrap()))
+        .collect();
+    let mut env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => pod.to_string(),
+                Some("metadata.namespace") => ns.to_string(),
+                _ => panic!("an env var the test kubelet does not know: {e}"),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect();
+    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    Proc::spawn(pod, c.dir.path(), port, &args, &env)
+}
+
+/// Index of the one pod whose leader gauge is 1; panics on two.
+fn sole_leader(pods: &[Proc], timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let leaders: Vec<usize> = (0..pods.len())
+            .filter(|i| pods[*i].metric("choria_provisioner_leader") == 1.0)
+            .collect();
+        assert!(
+            leaders.len() <= 1,
+            "two leaders at once: {:?}",
+            leaders.iter().map(|i| &pods[*i].name).collect::<Vec<_>>()
+        );
+        if let [i] = leaders[..] {
+            return i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader within {timeout:?}:\n{}",
+            pods.iter()
+                .map(|p| format!("--- {}\n{}", p.name, p.tail(15)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Provisioner for the simulated fleet on `nats`: lease election with short
+/// timings, the token from a Secret, the reference helper slowed down so
+/// provisioning lasts long enough to pause and fail over in the middle.
+fn fleet_provisioner(
+    c: &Cluster,
+    name: &str,
+    nats: &NatsServer,
+    replicas: i32,
+    workers: i32,
+    helper_sleep: &str,
+    rpc_timeout: &str,
+) -> Value {
+    c.cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        &format!("{name}-token"),
+        "-n",
+        NS,
+        &format!("--from-literal=token={TOKEN}"),
+    ]);
+    let resource = json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "image": "choria-provisioner:e2e",
+            "workers": workers,
+            "site": "e2e",
+            "logLevel": "info",
+            "choriaInsecure": true,
+            "broker": {"urls": [nats.url()]},
+            "tokenSecret": {"name": format!("{name}-token"), "key": "token"},
+            "helper": {"command": format!("sh -c 'sleep {helper_sleep}; exec {} fleet-helper'", binary())},
+            "rpcTimeout": rpc_timeout,
+            "discoveryTimeout": "2s",
+            "discoveryWindow": "500ms",
+            "election": {
+                "backend": "lease",
+                "leaseDuration": "4s",
+                "renewDeadline": "3s",
+                "retryPeriod": "1s",
+            },
+        },
+    });
+    apply(&c.cp, &resource.to_string());
+    let p = c.observed(name);
+    assert_eq!(
+        cond(&p, "Degraded"),
+        pair("False", "AsExpected"),
+        "{}",
+        p["status"]
+    );
+    p
+}
+
+/// The pods' ServiceAccount token (the operator created the account and bound
+/// it to its Role), once RBAC allows what the pods do.
+fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
+    wait_for(
+        "the operator's RoleBinding",
+        Duration::from_secs(30),
+        || try_get(&c.cp, "rolebinding", NS, name),
+    );
+    let kubeconfig = c.cp.kubeconfig(&create_token(&c.cp, NS, name));
+    let lease = format!("leases.coordination.k8s.io/{name}");
+    let own = format!("{PROV}/{name}");
+    wait_allowed(&c.cp, &kubeconfig, &["update", &lease, "-n", NS]);
+    wait_allowed(&c.cp, &kubeconfig, &["watch", &own, "-n", NS]);
+    // ...and nothing beyond its own objects.
+    for denied in [
+        vec!["get", "leases.coordination.k8s.io/other", "-n", NS],
+        vec!["get", "provisioners.provisioning.choria.io/other", "-n", NS],
+        vec!["patch", &own, "-n", NS],
+        vec!["get", "secrets", "-n", NS],
+        vec!["create", "leases.coordination.k8s.io", "-n", "default"],
+    ] {
+        assert!(
+            !can_i(&c.cp, &kubeconfig, &denied),
+            "the pods may {denied:?}"
+        );
+    }
+    kubeconfig
+}
+
+fn server_startups(journal: &Path) -> usize {
+    read_journal_so_far(journal)
+        .iter()
+        .filter(|e| e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup")
+        .count()
+}
+
+fn wait_all_provisioned(journal: &Path, nodes: usize, timeout: Duration, leader: &Proc) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done = server_startups(journal);
+        if done >= nodes {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {nodes} nodes provisioned; {} log:\n{}",
+            leader.name,
+            leader.tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Every node ended provisioned, and restarted exactly once.
+fn assert_provisioned_once(journal: &[Value], nodes: usize) {
+    let finals: Vec<&Value> = journal.iter().filter(|e| e["kind"] == "final").collect();
+    assert_eq!(finals.len(), nodes);
+    for e in finals {
+        assert_eq!(e["state"], "provisioned", "{e}");
+        assert_eq!(e["restarts"], 1, "{e}");
+    }
+}
+
+/// A replica's leadership intervals (µs since the epoch) from its log: from
+/// "became leader" to "lost leadership", or to `ended` when the log stops
+/// leading (killed at that instant, or `i64::MAX` when still running).
+fn leadership(log: &str, ended: i64) -> Vec<(i64, i64)> {
+    let mut intervals = Vec::new();
+    let mut since = None;
+    for line in log.lines() {
+        let Some(t) = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        else {
+            continue;
+        };
+        let t = t.as_microsecond();
+        if line.contains("became leader") {
+            since = Some(t);
+        } else if line.contains("lost leadership") {
+            if let Some(s) = since.take() {
+                intervals.push((s, t));
+            }
+        }
+    }
+    if let Some(s) = since {
+        intervals.push((s, ended));
+    }
+    intervals
+}
+
+/// How late a request may reach a node after its sender stopped leading.
+const TRANSIT: i64 = 300_000;
+
+/// No two replicas led at once, and every request a node received (bar
+/// discovery pings) was sent while one led. The replicas share a Choria
+/// identity, so the journal cannot name the sender: the leaders' own logs
+/// give the intervals. Returns how many requests each leader's term saw.
+fn assert_requests_while_one_leads(
+    journal: &[Value],
+    replicas: &[(String, Vec<(i64, i64)>)],
+) -> Vec<(String, usize)> {
+    let mut terms: Vec<(i64, i64, &str)> = replicas
+        .iter()
+        .flat_map(|(name, iv)| iv.iter().map(move |(s, e)| (*s, *e, name.as_str())))
+        .collect();
+    terms.sort();
+    for w in terms.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "{} led until {} but {} led from {}",
+            w[0].2,
+            w[0].1,
+            w[1].2,
+            w[1].0
+        );
+    }
+    let mut seen = vec![0; terms.len()];
+    let mut requests = 0;
+    for e in journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] != "ping")
+    {
+        let t = e["time_us"].as_i64().unwrap();
+        let term = terms.iter().rposition(|(s, _, _)| *s <= t);
+        let inside = term.is_some_and(|i| t <= terms[i].1.saturating_add(TRANSIT));
+        assert!(inside, "a request while nobody led: {e}\nterms: {terms:?}");
+        seen[term.unwrap()] += 1;
+        requests += 1;
+    }
+    assert!(requests > 0, "no provisioning requests in the journal");
+    terms
+        .iter()
+        .zip(seen)
+        .map(|((_, _, n), c)| (n.to_string(), c))
+        .collect()
+}
+
+/// The non-ping senders of the journal: the identity the pods share.
+fn senders(journal: &[Value]) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> = journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] != "ping")
+        .filter_map(|e| e["sender"].as_str())
+        .collect();
+    set.into_iter().map(String::from).collect()
+}
+
+// ------------------------------------------------------------------ tests
+
+/// The operator, with only the chart's permissions, turns a Provisioner into
+/// its owned objects with the right content, follows spec changes (checksum
+/// roll, PDB removal, pause without roll), reports an invalid spec as
+/// Degraded with a Warning Event while leaving the objects alone, and owns
+/// everything with controller references so a cluster's GC collects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reconciles_a_provisioner_with_least_privilege() {
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let t0 = Instant::now();
+    let c = Cluster::start(&bins);
+    let cp = &c.cp;
+
+    // The chart's leader-election Role suffices for the operator's Lease.
+    let lease = get(cp, "lease", OPERATOR_NS, "choria-provisioner-operator");
+    assert_eq!(lease["spec"]["holderIdentity"], OPERATOR_POD, "{lease}");
+
+    c.create_namespace();
+    // Values that must never leave their Secrets.
+    let secrets = [
+        "tok-e2e-7f3a9c",
+        "pw-e2e-51d0b2",
+        "verify-e2e-0c9e44",
+        "crt-e2e-aa01",
+        "key-e2e-bb02",
+        "ca-e2e-cc03",
+    ];
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "prov-secrets",
+        "-n",
+        NS,
+        &format!("--from-literal=token={}", secrets[0]),
+        &format!("--from-literal=broker-password={}", secrets[1]),
+        &format!("--from-literal=jwt-verify.pem={}", secrets[2]),
+        "--from-literal=unused=not-mounted",
+    ]);
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "prov-tls",
+        "-n",
+        NS,
+        "--type=kubernetes.io/tls",
+        &format!("--from-literal=tls.crt={}", secrets[3]),
+        &format!("--from-literal=tls.key={}", secrets[4]),
+        &format!("--from-literal=ca.crt={}", secrets[5]),
+    ]);
+    cp.kubectl_ok(&[
+        "create",
+        "configmap",
+        "prov-helper",
+        "-n",
+        NS,
+        "--from-literal=helper.sh=#!/bin/sh\necho '{}'\n",
+    ]);
+    apply(
+        cp,
+        &format!(
+            "apiVersion: provisioning.choria.io/v1alpha1
+kind: Provisioner
+metadata:
+  name: prov
+  namespace: {NS}
+spec:
+  image: choria-provisioner:0.1.0
+  workers: 4
+  site: e2e
+  broker:
+    urls: [nats://broker.example.net:4222]
+    tlsSecret: prov-tls
+  features:
+    jwt: true
+  tokenSecret: {{name: prov-secrets, key: token}}
+  brokerPasswordSecret: {{name: prov-secrets, key: broker-password}}
+  jwtVerifyKeySecret: {{name: prov-secrets, key: jwt-verify.pem}}
+  helper:
+    command: /etc/choria-provisioner/helper/helper.sh
+    configMap: prov-helper
+"
+        ),
+    );
+    let p = c.observed("prov");
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let generation = p["metadata"]["generation"].as_i64().unwrap();
+    eprintln!("reconciled in {:.1?} since start", t0.elapsed());
+
+    // Status: nothing runs pods here, so not Ready, and nothing else wrong.
+    assert_eq!(p["status"]["observedGeneration"], generation);
+    assert_eq!(p["status"]["readyReplicas"], 0);
+    assert_eq!(cond(&p, "Ready"), pair("False", "NoReadyReplicas"));
+    assert_eq!(cond(&p, "LeaderElected"), pair("False", "NoLeader"));
+    assert_eq!(cond(&p, "Paused"), pair("False", "NotPaused"));
+    assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
+    assert!(
+        managers(&p).contains(&(
+            "choria-provisioner-operator".into(),
+            "Apply".into(),
+            "status".into()
+        )),
+        "{:?}",
+        managers(&p)
+    );
+
+    // Every owned object: a controller reference to this Provisioner, our
+    // label, and server-side apply by the operator.
+    let owner = json!([{
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "name": "prov",
+        "uid": uid,
+        "controller": true,
+    }]);
+    let owned = [
+        ("serviceaccount", "prov"),
+        ("role", "prov"),
+        ("rolebinding", "prov"),
+        ("configmap", "prov-config"),
+        ("service", "prov-metrics"),
+        ("deployment", "prov"),
+        ("poddisruptionbudget", "prov"),
+    ];
+    for (kind, name) in owned {
+        let obj = wait_for(&format!("{kind} {name}"), Duration::from_secs(10), || {
+            try_get(cp, kind, NS, name)
+        });
+        assert_eq!(obj["metadata"]["ownerReferences"], owner, "{kind} {name}");
+        assert_eq!(
+            obj["metadata"]["labels"][MANAGED_BY_LABEL], MANAGED_BY,
+            "{kind} {name}"
+        );
+        assert!(
+            managers(&obj).contains(&(
+                "choria-provisioner-operator".into(),
+                "Apply".into(),
+                String::new()
+            )),
+            "{kind} {name}: {:?}",
+            managers(&obj)
+        );
+        let text = obj.to_string();
+        for s in secrets {
+            assert!(!text.contains(s), "{kind} {name} holds a Secret value {s}");
+        }
+    }
+
+    // The ConfigMap has the Secrets as paths only.
+    let cm = get(cp, "configmap", NS, "prov-config");
+    let yaml = cm["data"][PROVISIONER_YAML].as_str().unwrap();
+    let cfg: Value = serde_norway::from_str(yaml).unwrap();
+    let secret_path = |s: &str, k: &str| json!(format!("/etc/choria-provisioner/secrets/{s}/{k}"));
+    assert_eq!(
+        cfg["token_file"],
+        secret_path("prov-secrets", "token"),
+        "{yaml}"
+    );
+    assert_eq!(
+        cfg["broker_provisioning_password_file"],
+        secret_path("prov-secrets", "broker-password")
+    );
+    assert_eq!(
+        cfg["jwt_verify_cert"],
+        secret_path("prov-secrets", "jwt-verify.pem")
+    );
+    assert_eq!(cfg["helper"], "/etc/choria-provisioner/helper/helper.sh");
+    assert_eq!(cfg["workers"], 4);
+    assert_eq!(cfg["site"], "e2e");
+    assert_eq!(cfg["monitor_port"], 8080);
+    assert_eq!(cfg["features"]["jwt"], true);
+    assert_eq!(
+        cfg["election"],
+        json!({"backend": "lease", "lease_name": "prov", "lease_namespace": NS}),
+        "{yaml}"
+    );
+    let ccfg = cm["data"][CHORIA_CFG].as_str().unwrap();
+    for line in [
+        "identity = prov",
+        "plugin.choria.middleware_hosts = nats://broker.example.net:4222",
+        "plugin.security.provider = file",
+        "plugin.security.file.certificate = /etc/choria-provisioner/secrets/prov-tls/tls.crt",
+        "plugin.security.file.key = /etc/choria-provisioner/secrets/prov-tls/tls.key",
+        "plugin.security.file.ca = /etc/choria-provisioner/secrets/prov-tls/ca.crt",
+    ] {
+        assert!(ccfg.lines().any(|l| l == line), "{line:?} not in:\n{ccfg}");
+    }
+
+    // The Deployment, as the API server stored it.
+    let d = get(cp, "deployment", NS, "prov");
+    assert_eq!(d["spec"]["replicas"], 2);
+    let selector = json!({"app.kubernetes.io/name": "choria-provisioner", "app.kubernetes.io/instance": "prov"});
+    assert_eq!(d["spec"]["selector"]["matchLabels"], selector);
+    assert_eq!(checksum_of(&d), config_checksum(&cm));
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "prov");
+    let ctr = &pod["containers"][0];
+    assert_eq!(ctr["image"], "choria-provisioner:0.1.0");
+    assert_eq!(
+        ctr["args"],
+        json!([
+            "run",
+            "--config",
+            "/etc/choria-provisioner/config/provisioner.yaml",
+            "--choria-config",
+            "/etc/choria-provisioner/config/choria.cfg",
+            "--provisioner",
+            "choria/prov"
+        ])
+    );
+    assert_eq!(
+        ctr["env"],
+        json!([
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+        ])
+    );
+    assert_eq!(ctr["ports"][0]["name"], "monitor");
+    assert_eq!(ctr["ports"][0]["containerPort"], 8080);
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(ctr[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(ctr[probe]["httpGet"]["port"], "monitor", "{probe}");
+    }
+    assert_eq!(
+        ctr["securityContext"],
+        json!({
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+        })
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    // Only the referenced Secrets, only their referenced keys, read-only.
+    let mut mounted: Vec<(String, Vec<String>)> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| {
+            let s = v.get("secret")?;
+            assert_eq!(s["defaultMode"], 0o440, "{v}");
+            let mut keys: Vec<String> = s["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["key"].as_str().unwrap().to_string())
+                .collect();
+            keys.sort();
+            Some((s["secretName"].as_str().unwrap().to_string(), keys))
+        })
+        .collect();
+    mounted.sort();
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        mounted,
+        [
+            (
+                "prov-secrets".to_string(),
+                strings(&["broker-password", "jwt-verify.pem", "token"])
+            ),
+            (
+                "prov-tls".to_string(),
+                strings(&["ca.crt", "tls.crt", "tls.key"])
+            ),
+        ]
+    );
+    let helper = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["configMap"]["name"] == "prov-helper")
+        .expect("the helper ConfigMap volume");
+    assert_eq!(helper["configMap"]["defaultMode"], 0o755);
+    for m in ctr["volumeMounts"].as_array().unwrap() {
+        let tmp = m["mountPath"] == "/tmp";
+        assert_eq!(m["readOnly"].as_bool().unwrap_or(false), !tmp, "{m}");
+    }
+
+    // Pod Security "restricted" admits the pod template (server dry run in
+    // the enforcing namespace) and refuses one without the security context,
+    // so the check is live.
+    let pod_of = |spec: &Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "prov-psa-check", "namespace": NS},
+               "spec": spec})
+        .to_string()
+    };
+    expect_ok(
+        &["create --dry-run=server (restricted)"],
+        cp.kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &pod_of(pod)),
+    );
+    let mut lax = pod.clone();
+    lax["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("securityContext");
+    let refused = cp.kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &pod_of(&lax));
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("violates PodSecurity"),
+        "PodSecurity is not enforced: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    // The pods' Role: their own Provisioner and Lease, nothing else.
+    let role = get(cp, "role", NS, "prov");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners"],
+             "resourceNames": ["prov"], "verbs": ["get", "watch", "list"]},
+            {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners/status"],
+             "resourceNames": ["prov"], "verbs": ["get", "patch", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["prov"], "verbs": ["get", "update"]},
+        ])
+    );
+    let rb = get(cp, "rolebinding", NS, "prov");
+    assert_eq!(
+        rb["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prov"})
+    );
+    assert_eq!(
+        rb["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "prov", "namespace": NS}])
+    );
+    let svc = get(cp, "service", NS, "prov-metrics");
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{"name": "metrics", "port": 8080, "protocol": "TCP", "targetPort": "monitor"}])
+    );
+    assert_eq!(svc["spec"]["selector"], selector);
+    let pdb = get(cp, "poddisruptionbudget", NS, "prov");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], selector);
+
+    // Least privilege: the operator can neither read Secrets nor delete or
+    // create what it only applies.
+    for denied in [
+        vec!["get", "secrets", "-n", NS],
+        vec!["list", "secrets", "--all-namespaces"],
+        vec!["delete", "deployments", "-n", NS],
+        vec!["create", "pods", "-n", NS],
+        vec!["update", "provisioners.provisioning.choria.io", "-n", NS],
+        vec!["delete", "configmaps", "-n", NS],
+    ] {
+        assert!(
+            !can_i(cp, &c.operator_kubeconfig, &denied),
+            "the operator may {denied:?}"
+        );
+    }
+
+    // A configuration change rolls the pods: a new checksum.
+    let first_checksum = checksum_of(&d);
+    patch_spec(cp, "prov", json!({"workers": 8}));
+    let p = c.observed("prov");
+    let d2 = wait_for(
+        "the checksum to follow workers: 8",
+        Duration::from_secs(20),
+        || {
+            let d = get(cp, "deployment", NS, "prov");
+            (checksum_of(&d) != first_checksum).then_some(d)
+        },
+    );
+    let cm2 = get(cp, "configmap", NS, "prov-config");
+    assert!(cm2["data"][PROVISIONER_YAML]
+        .as_str()
+        .unwrap()
+        .lines()
+        .any(|l| l == "workers: 8"));
+    assert_eq!(checksum_of(&d2), config_checksum(&cm2));
+    assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
+
+    // One replica: no PodDisruptionBudget (it would block drains).
+    patch_spec(cp, "prov", json!({"replicas": 1}));
+    wait_for("the PDB to be deleted", Duration::from_secs(20), || {
+        try_get(cp, "poddisruptionbudget", NS, "prov")
+            .is_none()
+            .then_some(())
+    });
+    c.observed("prov");
+    let d3 = get(cp, "deployment", NS, "prov");
+    assert_eq!(d3["spec"]["replicas"], 1);
+
+    // A pause is followed by the pods themselves: no roll, same ConfigMap.
+    patch_spec(cp, "prov", json!({"paused": true}));
+    let p = c.observed("prov");
+    assert_eq!(cond(&p, "Paused"), pair("True", "PausedBySpec"));
+    let d4 = get(cp, "deployment", NS, "prov");
+    assert_eq!(
+        checksum_of(&d4),
+        checksum_of(&d3),
+        "pausing must not roll the pods"
+    );
+    assert_eq!(d4["spec"]["template"], d3["spec"]["template"]);
+    assert_eq!(get(cp, "configmap", NS, "prov-config")["data"], cm2["data"]);
+
+    // An invalid spec: Degraded with a message saying what to fix (without
+    // the password in the URL), a Warning Event, nothing owned touched.
+    let password = "hunter2-e2e";
+    patch_spec(
+        cp,
+        "prov",
+        json!({"broker": {"urls": [format!("nats://provisioner:{password}@broker.example.net:4222")]}}),
+    );
+    let p = c.observed("prov");
+    let degraded = condition(&p, "Degraded");
+    assert_eq!(degraded["status"], "True", "{degraded}");
+    assert_eq!(degraded["reason"], "InvalidSpec");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.broker.urls[0] carries credentials"),
+        "{message}"
+    );
+    assert_eq!(cond(&p, "Ready"), pair("False", "InvalidSpec"));
+    let event = wait_for("a Warning Event", Duration::from_secs(20), || {
+        let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
+            "get",
+            "events.v1.events.k8s.io",
+            "-n",
+            NS,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        events["items"]
+            .as_array()?
+            .iter()
+            .find(|e| e["reason"] == "InvalidSpec" && e["regarding"]["name"] == "prov")
+            .cloned()
+    });
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["regarding"]["kind"], "Provisioner");
+    assert_eq!(event["regarding"]["uid"], uid.as_str());
+    assert_eq!(event["reportingController"], "choria-provisioner-operator");
+    assert_eq!(event["reportingInstance"], OPERATOR_POD);
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("carries credentials"),
+        "{event}"
+    );
+    for (what, text) in [
+        ("the status", p["status"].to_string()),
+        ("the event", event.to_string()),
+        ("the operator log", c.operator.logs()),
+        (
+            "the ConfigMap",
+            get(cp, "configmap", NS, "prov-config").to_string(),
+        ),
+    ] {
+        assert!(!text.contains(password), "{what} repeats the password");
+    }
+    let d5 = get(cp, "deployment", NS, "prov");
+    assert_eq!(d5["spec"]["template"], d4["spec"]["template"]);
+    assert!(
+        c.operator
+            .metric("choria_provisioner_operator_invalid_specs_total")
+            >= 1.0
+    );
+
+    // Fixed again: no longer Degraded.
+    patch_spec(
+        cp,
+        "prov",
+        json!({"broker": {"urls": ["nats://broker.example.net:4222"]}}),
+    );
+    let p = c.observed("prov");
+    assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
+
+    // Deleted: without a garbage collector here the objects stay, each with a
+    // controller reference to the deleted Provisioner, which is what makes
+    // a cluster's GC delete them; the operator takes the deletion quietly.
+    cp.kubectl_ok(&["delete", PROV, "prov", "-n", NS, "--wait=true"]);
+    assert!(try_get(cp, PROV, NS, "prov").is_none());
+    std::thread::sleep(Duration::from_secs(2));
+    for (kind, name) in owned.iter().filter(|(k, _)| *k != "poddisruptionbudget") {
+        let obj = get(cp, kind, NS, name);
+        let refs = &obj["metadata"]["ownerReferences"];
+        assert_eq!(refs[0]["uid"], uid.as_str(), "{kind} {name}");
+        assert_eq!(refs[0]["controller"], true, "{kind} {name}");
+    }
+    let mut op = c.operator;
+    assert!(op.running(), "the operator exited:\n{}", op.tail(30));
+    assert_eq!(op.metric("choria_provisioner_operator_leader"), 1.0);
+    let logs = op.logs();
+    assert!(
+        !logs.contains("reconciliation failed") && !logs.contains("ERROR"),
+        "the operator reported errors:\n{logs}"
+    );
+    assert_eq!(
+        op.metric("choria_provisioner_operator_reconcile_failures_total"),
+        0.0
+    );
+    eprintln!("operator e2e done in {:.1?}", t0.elapsed());
+}
+
+/// Two `run` processes of a Provisioner's Deployment, logged in with only the
+/// operator-generated Role: one leads through the Lease, `kubectl get prov`
+/// shows it and the provisioned count, `spec.paused` pauses and resumes the
+/// leader within 5 s without a restart, and every node is provisioned once.
+/// Also writes the sample `kubectl get prov -A` for the README.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioner_pods_follow_pause_and_report_the_leader() {
+    const NODES: usize = 1000;
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let t0 = Instant::now();
+    let c = Cluster::start(&bins);
+    let cp = &c.cp;
+    c.create_namespace();
+    let nats = NatsServer::start();
+    fleet_provisioner(&c, "fleet", &nats, 2, 8, "0.1", "2s");
+    let deployment = get(cp, "deployment", NS, "fleet");
+    let kubeconfig = pod_kubeconfig(&c, "fleet");
+
+    let journal = c.dir.path().join("journal.jsonl");
+    let fleet = RunningFleet::start(FleetOptions {
+        nats: vec![nats.url()],
+        nodes: NODES,
+        token: TOKEN.into(),
+        journal: Some(journal.clone()),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    })
+    .await;
+
+    let mut pods = vec![
+        start_pod(&c, &deployment, "fleet-6c8f9d7b5-kq4zt", &kubeconfig),
+        start_pod(&c, &deployment, "fleet-6c8f9d7b5-w7xmn", &kubeconfig),
+    ];
+    let li = sole_leader(&pods, Duration::from_secs(20));
+    let (leader, standby) = (&pods[li], &pods[1 - li]);
+    assert_eq!(standby.metric("choria_provisioner_paused"), 1.0);
+    let lease = get(cp, "lease", NS, "fleet");
+    assert_eq!(
+        lease["spec"]["holderIdentity"],
+        leader.name.as_str(),
+        "{lease}"
+    );
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 4);
+    wait_for("provisioning to start", Duration::from_secs(60), || {
+        (leader.metric("choria_provisioner_provisioned") >= 30.0).then_some(())
+    });
+
+    // Pause: the leader's pod reads spec.paused itself.
+    let pid = pods[li].child.id();
+    let asked = Instant::now();
+    patch_spec(cp, "fleet", json!({"paused": true}));
+    wait_for("the leader to pause", Duration::from_secs(5), || {
+        (leader.metric("choria_provisioner_paused") == 1.0).then_some(())
+    });
+    let paused_after = asked.elapsed();
+    let paused_at = now_us();
+    assert_eq!(
+        leader.metric("choria_provisioner_leader"),
+        1.0,
+        "still the leader"
+    );
+    // In-flight nodes stop at their next step; then nothing moves.
+    std::thread::sleep(Duration::from_secs(1));
+    let frozen = leader.metric("choria_provisioner_provisioned");
+    assert!(frozen < NODES as f64, "the fleet finished before the pause");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(leader.metric("choria_provisioner_provisioned"), frozen);
+    let late: Vec<Value> = read_journal_so_far(&journal)
+        .into_iter()
+        .filter(|e| e["kind"] == "action" && e["action"] != "ping")
+        .filter(|e| e["time_us"].as_i64().unwrap() > paused_at + 1_000_000)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests while paused: {:?}",
+        &late[..late.len().min(3)]
+    );
+
+    // The status shows the leader and its count, next to the operator's
+    // fields (two field managers), and the operator saw the pause.
+    let p = wait_for(
+        "the leader and its count in the status",
+        Duration::from_secs(15),
+        || {
+            let p = c.provisioner("fleet");
+            (p["status"]["leader"] == leader.name.as_str()
+                && p["status"]["provisioned"].as_f64() == Some(frozen)
+                && p["status"]["observedGeneration"] == p["metadata"]["generation"])
+                .then_some(p)
+        },
+    );
+    assert_eq!(cond(&p, "Paused"), pair("True", "PausedBySpec"));
+    let m = managers(&p);
+    for manager in ["choria-provisioner-operator", "choria-provisioner-pod"] {
+        assert!(
+            m.contains(&(manager.into(), "Apply".into(), "status".into())),
+            "{m:?}"
+        );
+    }
+
+    // Stand in for the deployment controller: two ready replicas make the
+    // Provisioner Ready with an elected leader.
+    cp.kubectl_ok(&[
+        "patch",
+        "deployment",
+        "fleet",
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"replicas":2,"updatedReplicas":2,"readyReplicas":2,"availableReplicas":2}}"#,
+    ]);
+    let p = wait_for("Ready", Duration::from_secs(20), || {
+        let p = c.provisioner("fleet");
+        (cond(&p, "Ready").0 == "True").then_some(p)
+    });
+    assert_eq!(cond(&p, "Ready"), pair("True", "Available"));
+    let elected = condition(&p, "LeaderElected");
+    assert_eq!(elected["status"], "True", "{elected}");
+    assert_eq!(elected["message"], format!("{} leads", leader.name));
+
+    // Resume: the leader opens the gate and discovers at once.
+    let cycles = leader.metric("choria_provisioner_discover_cycles");
+    let asked = Instant::now();
+    patch_spec(cp, "fleet", json!({"paused": false}));
+    wait_for("the leader to resume", Duration::from_secs(5), || {
+        (leader.metric("choria_provisioner_paused") == 0.0).then_some(())
+    });
+    let resumed_after = asked.elapsed();
+    wait_for("a discovery on resume", Duration::from_secs(5), || {
+        (leader.metric("choria_provisioner_discover_cycles") > cycles).then_some(())
+    });
+    wait_all_provisioned(&journal, NODES, Duration::from_secs(150), leader);
+    assert_eq!(pods[li].child.id(), pid);
+    assert!(pods[li].running(), "the leader restarted");
+    assert_eq!(pods[1 - li].metric("choria_provisioner_paused"), 1.0);
+    let leader = &pods[li];
+
+    // `kubectl get prov` shows the leader and what it provisioned.
+    let sample = wait_for(
+        "status.provisioned to reach the fleet",
+        Duration::from_secs(20),
+        || {
+            let p = c.provisioner("fleet");
+            if p["status"]["provisioned"].as_u64() != Some(NODES as u64) {
+                return None;
+            }
+            Some(cp.kubectl_ok(&["get", "prov", "-A"]))
+        },
+    );
+    assert!(sample.contains(&leader.name), "{sample}");
+    let line = sample.lines().find(|l| l.contains(&leader.name)).unwrap();
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        columns[..6],
+        [NS, "fleet", "True", leader.name.as_str(), "false", "1000"]
+    );
+    println!("kubectl get prov -A\n{sample}");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kubectl-get-prov.txt");
+    std::fs::write(&out, format!("$ kubectl get prov -A\n{sample}")).unwrap();
+    println!("written to {}", out.display());
+
+    let (_, journal) = fleet.finish().await;
+    assert_provisioned_once(&journal, NODES);
+    // Both pods run the generated choria.cfg: one identity, "fleet".
+    assert_eq!(senders(&journal), ["fleet"]);
+    let replicas: Vec<(String, Vec<(i64, i64)>)> = pods
+        .iter()
+        .map(|p| (p.name.clone(), leadership(&p.logs(), i64::MAX)))
+        .collect();
+    let terms = assert_requests_while_one_leads(&journal, &replicas);
+    assert_eq!(terms.len(), 1, "{terms:?}");
+    assert_eq!(terms[0].0, leader.name);
+    assert_eq!(c.operator_failures(), 0.0, "{}", c.operator.tail(20));
+    println!(
+        "paused {paused_after:.2?} and resumed {resumed_after:.2?} after the spec change; whole test {:.1?}",
+        t0.elapsed()
+    );
+    drop(pods);
+}
+
+/// The Lease election of operator-run pods on a real API server: the leader
+/// killed (-9) or stopped (TERM) again and again while a fleet is
+/// provisioned. A standby works again within 1 s past lease_duration plus
+/// retry_period of a crash and within 2 s of a stop, no two replicas lead at
+/// once and no node hears from a replica outside its term, and every node is
+/// provisioned exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_failover_kill_and_stop() {
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let long = std::env::var("CHORIA_ELECTION_LONG").is_ok_and(|v| v == "1");
+    let (rounds, nodes) = if long { (20, 8000) } else { (3, 1500) };
+    let t0 = Instant::now();
+    let c = Cluster::start(&bins);
+    let cp = &c.cp;
+    c.create_namespace();
+    let nats = NatsServer::start();
+    // A 0.5 s helper paces provisioning (at most 64 nodes/s) so that it
+    // lasts through the rounds however idle the machine is, and lets a
+    // stopped leader drain well within its 1 s shutdown grace. A leader that
+    // takes over discovers the nodes its predecessor just told to restart
+    // (they answer for 2 s more, then never again) and spends 5 tries on
+    // each: many workers and a short RPC timeout keep that stall short.
+    fleet_provisioner(&c, "ha", &nats, 3, 32, "0.5", "1s");
+    let deployment = get(cp, "deployment", NS, "ha");
+    let kubeconfig = pod_kubeconfig(&c, "ha");
+    let journal = c.dir.path().join("journal.jsonl");
+    let fleet = RunningFleet::start(FleetOptions {
+        nats: vec![nats.url()],
+        nodes,
+        token: TOKEN.into(),
+        journal: Some(journal.clone()),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    })
+    .await;
+
+    println!("fleet of {nodes} started at {:.1?}", t0.elapsed());
+    let mut started = 0;
+    let mut start = |pods: &mut Vec<Proc>| {
+        started += 1;
+        let name = format!("ha-7b9f6c5d4-{started:02}");
+        pods.push(start_pod(&c, &deployment, &name, &kubeconfig));
+    };
+    let mut pods = Vec::new();
+    for _ in 0..3 {
+        start(&mut pods);
+    }
+    let crash_bound = LEASE_DURATION + RETRY_PERIOD + Duration::from_secs(1);
+    let graceful_bound = Duration::from_secs(2);
+    let mut crash = Vec::new();
+    let mut graceful = Vec::new();
+    let mut done_before_last = 0;
+    // Each replica that exited, with its leadership terms.
+    let mut gone: Vec<(String, Vec<(i64, i64)>)> = Vec::new();
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    for round in 0..2 * rounds {
+        let kill = round % 2 == 0;
+        let li = sole_leader(&pods, LEASE_DURATION * 4);
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Let it work for 0.5–2.5 s first.
+        std::thread::sleep(Duration::from_millis(500 + rng % 2000));
+        done_before_last = server_startups(&journal);
+        let mut old = pods.remove(li);
+        let t = Instant::now();
+        // A killed leader's term ends now; a stopped one logs its end.
+        let ended = if kill { now_us() } else { i64::MAX };
+        old.signal(if kill { "KILL" } else { "TERM" });
+        let status = old.wait_exit(Duration::from_secs(10));
+        gone.push((old.name.clone(), leadership(&old.logs(), ended)));
+        if !kill {
+            assert!(
+                status.success(),
+                "{} exited with {status} after TERM",
+                old.name
+            );
+            let logs = old.logs();
+            assert!(
+                logs.contains("released leadership") && !logs.contains("could not release"),
+                "{} did not release the Lease:\n{}",
+                old.name,
+                old.tail(20)
+            );
+        }
+        let timeout = if kill {
+            crash_bound * 3
+        } else {
+            Duration::from_secs(10)
+        };
+        let (ni, took) = loop {
+            if let Some(i) =
+                (0..pods.len()).find(|i| pods[*i].metric("choria_provisioner_paused") == 0.0)
+            {
+                break (i, t.elapsed());
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "no pod resumed within {timeout:?} after {} {}",
+                if kill { "killing" } else { "stopping" },
+                old.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let holder = get(cp, "lease", NS, "ha")["spec"]["holderIdentity"].clone();
+        assert_eq!(
+            holder,
+            pods[ni].name.as_str(),
+            "the Lease names the new leader"
+        );
+        println!(
+            "round {round}: {} {}: {} resumed after {took:.2?}",
+            if kill { "kill -9" } else { "TERM   " },
+            old.name,
+            pods[ni].name
+        );
+        if kill {
+            crash.push(took);
+        } else {
+            graceful.push(took);
+        }
+        drop(old);
+        start(&mut pods);
+    }
+
+    println!(
+        "{} rounds done at {:.1?}: {} of {nodes} nodes provisioned ({done_before_last} at the last failover)",
+        2 * rounds,
+        t0.elapsed(),
+        server_startups(&journal),
+    );
+    assert!(
+        done_before_last < nodes,
+        "provisioning ended before the last failover: it proves nothing about overlap"
+    );
+    let li = sole_leader(&pods, LEASE_DURATION * 4);
+    wait_all_provisioned(&journal, nodes, Duration::from_secs(180), &pods[li]);
+    println!("all provisioned at {:.1?}", t0.elapsed());
+    let (_, journal) = fleet.finish().await;
+    assert_provisioned_once(&journal, nodes);
+    assert_eq!(senders(&journal), ["ha"]);
+    for p in &pods {
+        gone.push((p.name.clone(), leadership(&p.logs(), i64::MAX)));
+    }
+    let terms = assert_requests_while_one_leads(&journal, &gone);
+    assert!(terms.len() > 2 * rounds, "{terms:?}");
+    println!("requests per leadership term, in order: {terms:?}");
+
+    let report = |name: &str, v: &mut Vec<Duration>| {
+        v.sort();
+        println!(
+            "{name}: n={} min {:.2?} median {:.2?} max {:.2?}",
+            v.len(),
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+        v[v.len() - 1]
+    };
+    println!(
+        "lease_duration {LEASE_DURATION:?}, renew_deadline 3s, retry_period {RETRY_PERIOD:?}, {nodes} nodes, {:.1?} in all",
+        t0.elapsed()
+    );
+    let crash_max = report("crash failover (kill -9 → standby paused=0)", &mut crash);
+    let graceful_max = report("graceful failover (TERM → standby paused=0)", &mut graceful);
+    assert!(
+        crash_max <= crash_bound,
+        "crash failover {crash_max:?} > lease_duration + retry_period + 1 s"
+    );
+    assert!(
+        graceful_max <= graceful_bound,
+        "graceful failover {graceful_max:?} > {graceful_bound:?}"
+    );
+    assert_eq!(c.operator_failures(), 0.0, "{}", c.operator.tail(20));
+}
