@@ -92,6 +92,15 @@ impl PauseGate {
         }
     }
 
+    /// [`PauseGate::check`] as if `ignored` did not hold the gate.
+    pub fn check_ignoring(&self, ignored: PauseReason) -> Result<(), Paused> {
+        if self.reasons.load(Ordering::SeqCst) & !(ignored as u8) != 0 {
+            Err(Paused(self.reasons().join(", ")))
+        } else {
+            Ok(())
+        }
+    }
+
     /// A receiver that sees every open/closed change (true = paused).
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.changes.subscribe()
@@ -143,6 +152,16 @@ mod tests {
             g.check().unwrap_err().to_string(),
             "provisioning is paused (shutting down)"
         );
+    }
+
+    #[test]
+    fn check_ignoring_skips_only_the_named_reason() {
+        let g = gate();
+        g.pause(PauseReason::Shutdown);
+        assert!(g.check().is_err());
+        assert!(g.check_ignoring(PauseReason::Shutdown).is_ok());
+        g.pause(PauseReason::Election);
+        assert!(g.check_ignoring(PauseReason::Shutdown).is_err());
     }
 
     #[tokio::test]

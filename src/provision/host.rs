@@ -187,6 +187,10 @@ pub struct HostSequence<'a> {
     /// when the config has none.
     token: Secret,
     got: Gathered,
+    /// Set once `configure` succeeded: a shutdown then still lets `restart`
+    /// go out, so the node is not left configured but holding our
+    /// provisioning lock (two minutes for any other provisioner).
+    finishing: bool,
 }
 
 impl<'a> HostSequence<'a> {
@@ -196,6 +200,7 @@ impl<'a> HostSequence<'a> {
             identity,
             token: ctx.cfg.token.clone(),
             got: Gathered::default(),
+            finishing: false,
         }
     }
 
@@ -263,6 +268,7 @@ impl<'a> HostSequence<'a> {
 
         self.configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
             .await?;
+        self.finishing = true;
         self.restart().await?;
         Ok(Outcome::Provisioned)
     }
@@ -277,11 +283,11 @@ impl<'a> HostSequence<'a> {
         mut check: impl FnMut(&RpcResult) -> Result<R, String>,
     ) -> Result<R, ProvisionError> {
         let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
-        self.ctx.gate.check()?;
+        self.gate_check()?;
         let mut last = String::new();
         for attempt in 1..=tries {
             // Pausing mid-sequence stops the node here, at an attempt boundary.
-            self.ctx.gate.check()?;
+            self.gate_check()?;
             debug!(node = self.identity, rpc, attempt, tries, "calling");
             let started = Instant::now();
             let client = &self.ctx.client;
@@ -323,6 +329,16 @@ impl<'a> HostSequence<'a> {
         }
         self.ctx.metrics.rpc_error(rpc);
         Err(ProvisionError::Rpc { rpc, tries, last })
+    }
+
+    fn gate_check(&self) -> Result<(), Paused> {
+        if self.finishing {
+            self.ctx
+                .gate
+                .check_ignoring(super::gate::PauseReason::Shutdown)
+        } else {
+            self.ctx.gate.check()
+        }
     }
 
     fn token_data(&self) -> TokenOnly<'_> {

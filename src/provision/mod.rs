@@ -216,8 +216,12 @@ impl Provisioner {
             verify_key: host::VerifyKeyCache::default(),
         });
 
-        let events =
+        // Startup events add nodes; shutdown events drop waiting ones.
+        let startups =
             client::subscribe_events(&nats, EventType::Startup, &cfg.lifecycle_component).await?;
+        let shutdowns =
+            client::subscribe_events(&nats, EventType::Shutdown, &cfg.lifecycle_component).await?;
+        let events = futures::stream::select(startups, shutdowns);
         tasks.spawn(listen_for_startups(
             events,
             handle.clone(),
@@ -406,7 +410,7 @@ async fn discover(client: &ChoriaClient, handle: &Handle, opts: DiscoveryOptions
 
 /// Adds nodes that announce themselves with a `startup` event.
 async fn listen_for_startups(
-    mut events: async_nats::Subscriber,
+    mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
     handle: Handle,
     stop: CancellationToken,
 ) {
@@ -430,6 +434,11 @@ async fn listen_for_startups(
                 if handle.registry.add(&event.identity) == Added::Queued {
                     handle.metrics.event_discovered();
                     info!(node = %event.identity, "adding node after its startup event");
+                }
+            }
+            Ok((EventType::Shutdown, event)) => {
+                if handle.registry.forget_waiting(&event.identity) {
+                    debug!(node = %event.identity, "dropped a waiting node that shut down");
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),

@@ -51,8 +51,17 @@ pub enum Added {
     QueueFull,
 }
 
+/// One registration: its generation, when it was made, and whether the node
+/// is done and only held (after success) rather than waiting for work.
+#[derive(Clone, Copy)]
+struct Entry {
+    generation: u64,
+    added: Instant,
+    held: bool,
+}
+
 pub struct Registry {
-    hosts: Mutex<HashMap<String, (u64, Instant)>>,
+    hosts: Mutex<HashMap<String, Entry>>,
     next_generation: AtomicU64,
     queue_tx: async_channel::Sender<Arc<Ticket>>,
     queue_rx: async_channel::Receiver<Arc<Ticket>>,
@@ -86,8 +95,8 @@ impl Registry {
     /// Registers and queues a host unless it was registered recently.
     pub fn add(&self, identity: &str) -> Added {
         let mut hosts = self.hosts.lock().expect("registry lock");
-        if let Some((_, added)) = hosts.get(identity) {
-            if added.elapsed() < self.interval {
+        if let Some(entry) = hosts.get(identity) {
+            if entry.added.elapsed() < self.interval {
                 return Added::Recent;
             }
         }
@@ -98,7 +107,14 @@ impl Registry {
         });
         let result = match self.queue_tx.try_send(ticket.clone()) {
             Ok(()) => {
-                hosts.insert(identity.to_string(), (ticket.generation, ticket.added));
+                hosts.insert(
+                    identity.to_string(),
+                    Entry {
+                        generation: ticket.generation,
+                        added: ticket.added,
+                        held: false,
+                    },
+                );
                 Added::Queued
             }
             Err(_) => {
@@ -122,7 +138,7 @@ impl Registry {
             .lock()
             .expect("registry lock")
             .get(&ticket.identity)
-            .is_some_and(|(g, _)| *g == ticket.generation)
+            .is_some_and(|e| e.generation == ticket.generation)
     }
 
     /// Forgets the host now, if `ticket` is still its registration.
@@ -130,15 +146,37 @@ impl Registry {
         let mut hosts = self.hosts.lock().expect("registry lock");
         if hosts
             .get(&ticket.identity)
-            .is_some_and(|(g, _)| *g == ticket.generation)
+            .is_some_and(|e| e.generation == ticket.generation)
         {
             hosts.remove(&ticket.identity);
         }
         self.update_gauges(hosts.len());
     }
 
+    /// Forgets a node that is registered but not done: it announced its
+    /// shutdown (e.g. restarted by a previous leader), so working it would
+    /// only wait for replies that never come. A held node stays held.
+    pub fn forget_waiting(&self, identity: &str) -> bool {
+        let mut hosts = self.hosts.lock().expect("registry lock");
+        let forget = hosts.get(identity).is_some_and(|e| !e.held);
+        if forget {
+            hosts.remove(identity);
+            self.update_gauges(hosts.len());
+        }
+        forget
+    }
+
     /// Forgets the host after `delay` (the finisher does it).
     pub fn remove_later(&self, ticket: Arc<Ticket>, delay: Duration) {
+        if let Some(e) = self
+            .hosts
+            .lock()
+            .expect("registry lock")
+            .get_mut(&ticket.identity)
+            .filter(|e| e.generation == ticket.generation)
+        {
+            e.held = true;
+        }
         if self.finisher.send((ticket.clone(), delay)).is_err() {
             self.remove(&ticket);
         }
@@ -257,6 +295,21 @@ mod tests {
         );
         // After clearing, the host can be added again at once.
         assert_eq!(r.add("n0"), Added::Queued);
+    }
+
+    #[tokio::test]
+    async fn a_node_that_shut_down_is_forgotten_unless_held() {
+        // Keep the finisher's receiver: without it held nodes go at once.
+        let (r, _finisher) = Registry::new(Duration::from_secs(60), Arc::new(Metrics::new("t")));
+        r.add("waiting");
+        r.add("done");
+        let _w = r.next().await.unwrap();
+        let d = r.next().await.unwrap();
+        r.remove_later(d, HOLD_AFTER_SUCCESS);
+        assert!(r.forget_waiting("waiting"));
+        assert!(!r.forget_waiting("done"), "a provisioned node stays held");
+        assert!(!r.forget_waiting("unknown"));
+        assert_eq!(r.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

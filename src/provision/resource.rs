@@ -159,7 +159,6 @@ async fn report_leadership(
 ) {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut leader = handle.leader.clone();
-    let mut was_leader = false;
     let mut tick = tokio::time::interval(STATUS_REFRESH);
     loop {
         tokio::select! {
@@ -167,25 +166,24 @@ async fn report_leadership(
             r = leader.changed() => if r.is_err() { return },
             _ = stop.cancelled() => return,
         }
-        let leading = leader.borrow().as_deref() == Some(me.as_str());
-        if !leading && !was_leader {
+        // Only the leader writes: a replica that lost leadership does not
+        // clear the name, which would race with the next leader's write
+        // (both use one field manager); the next leader overwrites it.
+        if leader.borrow().as_deref() != Some(me.as_str()) {
             continue;
         }
         let provisioned = handle
             .metrics
             .value("choria_provisioner_provisioned")
             .unwrap_or(0.0) as u64;
-        // A leader that just lost clears its name once; the next leader
-        // writes its own within a refresh.
-        let patch = status_patch(leading.then_some(me.as_str()), provisioned);
+        let patch = status_patch(Some(me.as_str()), provisioned);
         match api
             .patch_status(&resource.name, &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => debug!(%resource, leading, provisioned, "status updated"),
+            Ok(_) => debug!(%resource, provisioned, "status updated"),
             Err(e) => warn!(%resource, error = %e, "could not update the Provisioner's status"),
         }
-        was_leader = leading;
     }
 }
 
