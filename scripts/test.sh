@@ -66,7 +66,7 @@ cargo bench --no-run --quiet
 log "cargo test"
 results="$CACHE_DIR/test-results.txt"
 set +e
-cargo test --lib --bins --tests 2>&1 | tee "$results"
+cargo test --no-fail-fast --lib --bins --tests 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary, so the outcome is read at a glance.
