@@ -730,18 +730,25 @@ async fn sigterm_stops_within_the_grace_period_and_the_next_instance_finishes() 
     let ccfg = std::fs::read_to_string(run.path("provisioner-choria.cfg")).unwrap();
     let next = ProvisionerProcess::start_named(run.dir.path(), "next", &yaml, &ccfg, &["--debug"]);
     run.provisioner = Some(next);
-    let already = run.provisioner.as_ref().map(|_| ()).is_some();
-    assert!(already);
-    // Wait until the fleet reports every node provisioned.
+    // Wait until every node has come back as a provisioned server (its
+    // `startup` event for component `server`), whichever instance did it:
+    // the first one kept provisioning until its shutdown took effect.
+    let journal = run.path("journal.jsonl");
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
-        let n = run.provisioner().metric("choria_provisioner_provisioned");
-        if n as usize >= NODES - 200 {
+        let done = support::read_journal_so_far(&journal)
+            .iter()
+            .filter(|e| {
+                e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
+            })
+            .count();
+        if done >= NODES {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "second instance provisioned only {n}"
+            "only {done} of {NODES} nodes provisioned after the second instance started; its log:\n{}",
+            run.provisioner().logs_tail(20)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
