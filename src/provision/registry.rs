@@ -51,13 +51,22 @@ pub enum Added {
     QueueFull,
 }
 
-/// One registration: its generation, when it was made, and whether the node
-/// is done and only held (after success) rather than waiting for work.
+/// One registration: its generation, when it was made, and where it is.
 #[derive(Clone, Copy)]
 struct Entry {
     generation: u64,
     added: Instant,
-    held: bool,
+    state: State,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// In the work queue.
+    Queued,
+    /// A worker took it.
+    Working,
+    /// Done; held so repeated events do not queue it again.
+    Held,
 }
 
 pub struct Registry {
@@ -112,7 +121,7 @@ impl Registry {
                     Entry {
                         generation: ticket.generation,
                         added: ticket.added,
-                        held: false,
+                        state: State::Queued,
                     },
                 );
                 Added::Queued
@@ -153,12 +162,15 @@ impl Registry {
         self.update_gauges(hosts.len());
     }
 
-    /// Forgets a node that is registered but not done: it announced its
-    /// shutdown (e.g. restarted by a previous leader), so working it would
-    /// only wait for replies that never come. A held node stays held.
+    /// Forgets a node still waiting in the queue: it announced its shutdown
+    /// (e.g. restarted by a previous leader), so working it would only wait
+    /// for replies that never come. A node being worked (our own restart
+    /// makes it announce a shutdown) or held stays.
     pub fn forget_waiting(&self, identity: &str) -> bool {
         let mut hosts = self.hosts.lock().expect("registry lock");
-        let forget = hosts.get(identity).is_some_and(|e| !e.held);
+        let forget = hosts
+            .get(identity)
+            .is_some_and(|e| e.state == State::Queued);
         if forget {
             hosts.remove(identity);
             self.update_gauges(hosts.len());
@@ -175,7 +187,7 @@ impl Registry {
             .get_mut(&ticket.identity)
             .filter(|e| e.generation == ticket.generation)
         {
-            e.held = true;
+            e.state = State::Held;
         }
         if self.finisher.send((ticket.clone(), delay)).is_err() {
             self.remove(&ticket);
@@ -196,6 +208,15 @@ impl Registry {
     /// The next queued ticket; `None` once the queue is closed.
     pub async fn next(&self) -> Option<Arc<Ticket>> {
         let ticket = self.queue_rx.recv().await.ok()?;
+        if let Some(e) = self
+            .hosts
+            .lock()
+            .expect("registry lock")
+            .get_mut(&ticket.identity)
+            .filter(|e| e.generation == ticket.generation)
+        {
+            e.state = State::Working;
+        }
         self.metrics.set_work_queue_entries(self.queue_rx.len());
         Some(ticket)
     }
@@ -298,18 +319,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_node_that_shut_down_is_forgotten_unless_held() {
+    async fn a_node_that_shut_down_is_forgotten_only_while_queued() {
         // Keep the finisher's receiver: without it held nodes go at once.
         let (r, _finisher) = Registry::new(Duration::from_secs(60), Arc::new(Metrics::new("t")));
-        r.add("waiting");
+        r.add("working");
         r.add("done");
+        r.add("waiting");
         let _w = r.next().await.unwrap();
         let d = r.next().await.unwrap();
         r.remove_later(d, HOLD_AFTER_SUCCESS);
         assert!(r.forget_waiting("waiting"));
+        assert!(!r.forget_waiting("working"), "a node being worked stays");
         assert!(!r.forget_waiting("done"), "a provisioned node stays held");
         assert!(!r.forget_waiting("unknown"));
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
