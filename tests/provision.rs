@@ -178,6 +178,30 @@ impl Run {
         tokio::time::sleep(Duration::from_secs(4)).await;
     }
 
+    /// Waits until `n` nodes have come back as provisioned servers (their
+    /// `startup` event for component `server`), whoever provisioned them.
+    async fn wait_servers_back(&mut self, n: usize, timeout: Duration) {
+        let journal = self.path("journal.jsonl");
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let done = support::read_journal_so_far(&journal)
+                .iter()
+                .filter(|e| {
+                    e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
+                })
+                .count();
+            if done >= n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {done} of {n} nodes came back provisioned within {timeout:?}; log tail:\n{}",
+                self.provisioner().logs_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// Stops the provisioner (SIGTERM, must exit 0) and the fleet; returns
     /// the journal and checks the logs for secrets.
     async fn finish(mut self) -> Finished {
@@ -690,25 +714,7 @@ async fn a_broker_restart_mid_run_loses_no_node() {
     run.nats.restart(Duration::from_secs(1));
     // Wait on the nodes, not on our counter: a node whose restart reply was
     // lost in the outage did restart, but its sequence counts as failed.
-    let journal = run.path("journal.jsonl");
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let done = support::read_journal_so_far(&journal)
-            .iter()
-            .filter(|e| {
-                e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
-            })
-            .count();
-        if done >= NODES {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {done} of {NODES} nodes came back provisioned; log tail:\n{}",
-            run.provisioner().logs_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    run.wait_servers_back(NODES, Duration::from_secs(300)).await;
     let f = run.finish().await;
     assert!(
         f.logs.contains("disconnected from the broker"),
@@ -755,25 +761,7 @@ async fn sigterm_stops_within_the_grace_period_and_the_next_instance_finishes() 
     // Wait until every node has come back as a provisioned server (its
     // `startup` event for component `server`), whichever instance did it:
     // the first one kept provisioning until its shutdown took effect.
-    let journal = run.path("journal.jsonl");
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let done = support::read_journal_so_far(&journal)
-            .iter()
-            .filter(|e| {
-                e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
-            })
-            .count();
-        if done >= NODES {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {done} of {NODES} nodes provisioned after the second instance started; its log:\n{}",
-            run.provisioner().logs_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    run.wait_servers_back(NODES, Duration::from_secs(300)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let f = run.finish().await;
     for (node, state) in f.finals() {

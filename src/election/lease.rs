@@ -331,7 +331,7 @@ impl Backend for LeaseBackend {
 
 /// Status code, reason and message only: never request details, and never
 /// an exec credential plugin's output (it may hold a token).
-fn describe_error(e: &kube::Error) -> String {
+pub fn describe_error(e: &kube::Error) -> String {
     use kube::client::AuthError;
     let exec_failure = |a: &AuthError| match a {
         AuthError::AuthExecRun { cmd, out } => Some(format!(

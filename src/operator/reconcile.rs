@@ -71,24 +71,7 @@ impl Error {
     }
 }
 
-/// A kube error as text, leaving out what an auth exec plugin printed.
-pub fn describe(e: &kube::Error) -> String {
-    use kube::client::AuthError;
-    let exec = |a: &AuthError| match a {
-        AuthError::AuthExecRun { cmd, out } => Some(format!(
-            "auth exec command '{cmd}' failed with {} (output not shown)",
-            out.status
-        )),
-        _ => None,
-    };
-    let hidden = match e {
-        kube::Error::Api(s) => return format!("{} {}: {}", s.code, s.reason, s.message),
-        kube::Error::Auth(a) => exec(a),
-        kube::Error::Service(b) => b.downcast_ref::<AuthError>().and_then(exec),
-        _ => None,
-    };
-    hidden.unwrap_or_else(|| e.to_string())
-}
+pub use crate::election::lease::describe_error as describe;
 
 fn api_error<K: Resource<DynamicType = ()>>(
     action: &'static str,
