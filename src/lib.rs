@@ -2,6 +2,7 @@
 //! provisioning-mode fleet simulator for Choria.
 
 pub mod choria;
+pub mod cmd;
 pub mod config;
 pub mod election;
 pub mod fleet;
@@ -9,3 +10,4 @@ pub mod metrics;
 pub mod monitor;
 pub mod operator;
 pub mod provision;
+pub mod telemetry;

@@ -57,6 +57,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(site: &str) -> Self {
         let registry = Registry::new();
+        crate::monitor::register_process_metrics(&registry);
         // `site` is a constant label: it never varies within one process,
         // and the hot paths then need no label lookup for it.
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label(SITE, site);
@@ -507,8 +508,12 @@ mod tests {
                 assert!(has_line(&m, &want), "missing {want:?} in\n{text}");
             }
         }
-        // Every sample line carries the site label.
-        for l in lines(&m).iter().filter(|l| !l.starts_with('#')) {
+        // Every sample line of ours carries the site label (the standard
+        // process_* metrics are unlabelled, as in Go).
+        for l in lines(&m)
+            .iter()
+            .filter(|l| l.starts_with("choria_provisioner_"))
+        {
             assert!(l.contains("site=\"dc1\""), "no site label: {l}");
         }
     }
@@ -527,9 +532,43 @@ mod tests {
     }
 
     #[test]
-    fn no_name_has_a_total_suffix() {
+    fn no_name_of_ours_has_a_total_suffix() {
         let text = Metrics::new("dc1").encode_text();
-        assert!(!text.contains("_total"), "{text}");
+        for l in text.lines().filter(|l| l.contains("choria_provisioner_")) {
+            assert!(!l.contains("_total"), "{l}");
+        }
+    }
+
+    #[test]
+    fn the_standard_process_metrics_are_exported_without_labels() {
+        let m = Metrics::new("dc1");
+        let text = m.encode_text();
+        for (name, kind) in [
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_cpu_seconds_total", "counter"),
+            ("process_open_fds", "gauge"),
+            ("process_max_fds", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+        ] {
+            assert!(
+                has_line(&m, &format!("# TYPE {name} {kind}")),
+                "{name} is not a {kind} in\n{text}"
+            );
+            let sample = lines(&m)
+                .into_iter()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no unlabelled {name} sample in\n{text}"));
+            let v: f64 = sample.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(v >= 0.0, "{sample}");
+        }
+        let rss = m.value("process_resident_memory_bytes").unwrap();
+        assert!(
+            rss > 1_000_000.0,
+            "a running test uses more than 1 MB: {rss}"
+        );
+        let fds = m.value("process_open_fds").unwrap();
+        assert!(fds >= 3.0, "stdin, stdout and stderr at least: {fds}");
     }
 
     #[test]

@@ -30,6 +30,19 @@ pub enum MonitorError {
     Serve(#[source] std::io::Error),
 }
 
+/// Adds the standard `process_*` metrics (resident and virtual memory, CPU
+/// seconds, open and maximum file descriptors, start time, threads) that
+/// Prometheus users expect from any exporter, and that the Go provisioner
+/// exports through client_golang's default registry. Unlabelled, as there.
+pub fn register_process_metrics(registry: &prometheus::Registry) {
+    // Only fails when the names are taken: a registry is set up once.
+    if let Err(e) = registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    )) {
+        tracing::error!("could not register the process metrics: {e}");
+    }
+}
+
 /// Readiness as the conjunction of named checks; clones share the state.
 ///
 /// A check that was never set counts as passing, so components report only

@@ -3,6 +3,7 @@
 
 mod support;
 
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::choria::client::{self, EventFormat};
 use choria_provisioner::choria::lifecycle::{Event, EventType};
 use choria_provisioner::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
@@ -89,7 +90,7 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Handle)
 
 async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
     RunningFleet::start(FleetOptions {
-        nats: vec![nats.url()],
+        broker: BrokerArgs::at([nats.url()]),
         nodes,
         journal: Some(dir.join("journal.jsonl")),
         key_pool_size: 2,

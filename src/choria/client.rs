@@ -13,6 +13,43 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
+/// The broker options of the commands that dial like a provisioning-mode
+/// server (`fleet`, `discover`): URLs and TLS, no credentials.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BrokerArgs {
+    /// NATS server URL(s); repeat or separate with commas.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", value_delimiter = ',')]
+    pub nats: Vec<String>,
+    /// Verify the broker's TLS certificate against this CA (otherwise TLS, when
+    /// used, does not verify, like a provisioning-mode server).
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Always use TLS.
+    #[arg(long)]
+    pub tls_required: bool,
+}
+
+impl BrokerArgs {
+    /// Brokers at `urls` with the defaults otherwise.
+    pub fn at(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        BrokerArgs {
+            nats: urls.into_iter().map(Into::into).collect(),
+            tls_ca: None,
+            tls_required: false,
+        }
+    }
+
+    /// TLS as a provisioning-mode server does it: unverified unless a CA is given.
+    pub fn tls(&self) -> TlsSettings {
+        TlsSettings {
+            required: self.tls_required,
+            insecure_skip_verify: self.tls_ca.is_none(),
+            ca_file: self.tls_ca.clone(),
+            client_cert: None,
+        }
+    }
+}
+
 /// How to reach and authenticate to the broker.
 #[derive(Clone, Default)]
 pub struct ConnectOptions {
@@ -47,11 +84,13 @@ pub enum ClientError {
     NoServers,
     #[error(transparent)]
     Tls(#[from] TlsError),
-    #[error("could not connect to {servers}: {source} (check the broker URL and that the broker is running)")]
+    #[error("could not connect to {servers}: {source} ({hint})")]
     Connect {
         servers: String,
         #[source]
         source: async_nats::ConnectError,
+        /// What to check, in plain words.
+        hint: &'static str,
     },
     #[error("NATS subscribe to {subject} failed: {source}")]
     Subscribe {
@@ -141,12 +180,11 @@ pub async fn connect_observed(
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()
-        .map_err(|e: std::io::Error| ClientError::Connect {
-            servers: opts.servers.join(","),
-            source: async_nats::ConnectError::with_source(
-                async_nats::ConnectErrorKind::ServerParse,
-                e,
-            ),
+        .map_err(|e: std::io::Error| {
+            connect_error(
+                &opts.servers,
+                async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e),
+            )
         })?;
     // The first connection is made before connect() returns, so a bad address is
     // an error here and the server's INFO (its URL for network hops) is known;
@@ -154,11 +192,19 @@ pub async fn connect_observed(
     let client = o
         .connect(servers)
         .await
-        .map_err(|source| ClientError::Connect {
-            servers: opts.servers.join(","),
-            source,
-        })?;
+        .map_err(|source| connect_error(&opts.servers, source))?;
     Ok(client)
+}
+
+fn connect_error(servers: &[String], source: async_nats::ConnectError) -> ClientError {
+    let text = format!("{source:?} {source}");
+    let hint = crate::choria::tls::explain(&text)
+        .unwrap_or("check the broker URL and that the broker is running");
+    ClientError::Connect {
+        servers: servers.join(","),
+        source,
+        hint,
+    }
 }
 
 /// Who we are on the Choria network and how we sign.

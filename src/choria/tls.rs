@@ -48,7 +48,7 @@ impl TlsSettings {
         let builder = if self.insecure_skip_verify {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider)))
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider.clone())))
         } else {
             let mut roots = rustls::RootCertStore::empty();
             if let Some(ca) = &self.ca_file {
@@ -63,13 +63,108 @@ impl TlsSettings {
         };
         let config = match &self.client_cert {
             Some((cert, key)) => {
-                let certs = read_certs(cert)?;
-                let key_der = read_key(key)?;
-                builder.with_client_auth_cert(certs, key_der)?
+                builder.with_client_cert_resolver(Arc::new(client_identity(&provider, cert, key)?))
             }
             None => builder.with_no_client_auth(),
         };
         Ok(config)
+    }
+}
+
+/// Our certificate and key for mutual TLS.
+///
+/// rustls' `with_client_auth_cert` parses the certificate with webpki to
+/// check it against the key, and webpki refuses X.509 v1 certificates —
+/// what `openssl x509 -req` makes without an extension file, and what Go
+/// (and so go-choria and the broker) accepts. Whether our own certificate
+/// is good enough is the broker's call, not ours: the key is matched to the
+/// certificate here, with a parser that reads every X.509 version.
+fn client_identity(
+    provider: &rustls::crypto::CryptoProvider,
+    cert: &Path,
+    key: &Path,
+) -> Result<ClientIdentity, TlsError> {
+    let certs = read_certs(cert)?;
+    let key_der = read_key(key)?;
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError::Invalid {
+            path: key.to_path_buf(),
+            reason: format!("not a usable private key: {e}"),
+        })?;
+    let cert_spki = certificate_spki(&certs[0]).map_err(|reason| TlsError::Invalid {
+        path: cert.to_path_buf(),
+        reason,
+    })?;
+    if let Some(key_spki) = signing_key.public_key() {
+        if key_spki.as_ref() != cert_spki.as_slice() {
+            return Err(TlsError::Invalid {
+                path: key.to_path_buf(),
+                reason: format!(
+                    "is not the private key of the certificate {}",
+                    cert.display()
+                ),
+            });
+        }
+    }
+    Ok(ClientIdentity(Arc::new(rustls::sign::CertifiedKey::new(
+        certs,
+        signing_key,
+    ))))
+}
+
+/// The DER SubjectPublicKeyInfo of a certificate of any X.509 version.
+fn certificate_spki(der: &[u8]) -> Result<Vec<u8>, String> {
+    use x509_cert::der::{Decode, Encode};
+    let cert = x509_cert::Certificate::from_der(der)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    cert.tbs_certificate
+        .subject_public_key_info
+        .to_der()
+        .map_err(|e| format!("unreadable public key: {e}"))
+}
+
+/// Always offers our one certificate, whatever the broker hints.
+#[derive(Debug)]
+struct ClientIdentity(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientIdentity {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        // Offer the certificate only when our key can sign with a scheme
+        // the broker accepts; rustls then sends no certificate, as Go does.
+        self.0
+            .key
+            .choose_scheme(sigschemes)
+            .map(|_| Arc::clone(&self.0))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Plain words for TLS failures whose raw rustls text says little: `None`
+/// when there is nothing to add.
+pub fn explain(error_text: &str) -> Option<&'static str> {
+    if error_text.contains("UnsupportedCertVersion") {
+        Some(
+            "the broker's certificate is an X.509 v1 certificate, which cannot carry the \
+             subjectAltName a TLS client verifies the broker's name against; re-issue it as v3, \
+             e.g. `openssl x509 -req ... -extfile <(printf 'subjectAltName=DNS:broker.example.net')`",
+        )
+    } else if error_text.contains("NotValidForName") {
+        Some("the broker's certificate does not name the host in the broker URL (its subjectAltName)")
+    } else if error_text.contains("UnknownIssuer") {
+        Some("the broker's certificate is not signed by the configured CA")
+    } else if error_text.contains("Expired") {
+        Some("the broker's certificate has expired")
+    } else {
+        None
     }
 }
 

@@ -211,6 +211,64 @@ pub struct ClientSetup {
     pub warnings: Vec<ConfigWarning>,
 }
 
+impl ClientSetup {
+    /// How the provisioner will connect and sign, for `run --check`.
+    /// Credentials show only whether they are set.
+    pub fn effective_settings(&self) -> Vec<(String, String)> {
+        let c = &self.connect;
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map_or_else(|| "(unset)".to_string(), |p| p.display().to_string())
+        };
+        let signer = match &self.identity.signer {
+            RequestSigner::V1Insecure => "none (choria_insecure: requests are not signed)",
+            RequestSigner::V1Rsa { .. } => "x509 (RSA key of the file provider)",
+            RequestSigner::V2 { .. } => "ed25519 seed + client JWT (choria provider)",
+        };
+        vec![
+            ("protocol".into(), self.version.to_string()),
+            ("identity".into(), self.identity.identity.clone()),
+            ("caller".into(), self.identity.caller.clone()),
+            ("collective".into(), self.collective.into()),
+            ("brokers".into(), c.servers.join(" ")),
+            ("connection_name".into(), c.name.clone()),
+            ("request_signer".into(), signer.into()),
+            ("tls.required".into(), c.tls.required.to_string()),
+            (
+                "tls.verify".into(),
+                if c.tls.insecure_skip_verify {
+                    "false (the broker's certificate is not verified)".into()
+                } else {
+                    format!("true (CA {})", path(&c.tls.ca_file))
+                },
+            ),
+            (
+                "tls.client_certificate".into(),
+                c.tls
+                    .client_cert
+                    .as_ref()
+                    .map_or_else(|| "(none)".into(), |(cert, _)| cert.display().to_string()),
+            ),
+            (
+                "nats_user".into(),
+                c.user.as_ref().map_or_else(
+                    || "(none)".into(),
+                    |(u, _)| format!("{u} (password redacted)"),
+                ),
+            ),
+            (
+                "nats_jwt".into(),
+                if c.nats_jwt.is_some() {
+                    "(set, redacted)"
+                } else {
+                    "(none)"
+                }
+                .into(),
+            ),
+        ]
+    }
+}
+
 impl ChoriaClientConfig {
     /// Reads `path` (and `plugin.d/choria.cfg` beside it) with the process
     /// environment.

@@ -661,6 +661,122 @@ impl ProvisionerConfig {
         }
     }
 
+    /// Every setting as it takes effect (defaults filled in), keyed as in the
+    /// file, for `run --check`. Secrets show only whether they are set.
+    pub fn effective_settings(&self) -> Vec<(String, String)> {
+        let d = |d: Duration| format_duration(d);
+        let opt = |v: Option<&str>| v.map_or_else(|| "(unset)".to_string(), str::to_string);
+        let path = |p: Option<&PathBuf>| opt(p.map(|p| p.to_string_lossy()).as_deref());
+        let secret = |s: Option<&Secret>| match s {
+            Some(s) if !s.is_empty() => "(set, redacted)".to_string(),
+            _ => "(unset)".to_string(),
+        };
+        let mut out: Vec<(String, String)> = vec![
+            ("workers".into(), self.workers.to_string()),
+            ("interval".into(), self.interval_text.clone()),
+            (
+                "logfile".into(),
+                match self.log_target() {
+                    LogTarget::Stdout => "stdout".into(),
+                    LogTarget::Stderr => "stderr".into(),
+                    LogTarget::Discard => "discard".into(),
+                    LogTarget::File(f) => f.display().to_string(),
+                },
+            ),
+            ("loglevel".into(), self.log_level().as_filter().into()),
+            ("helper".into(), self.helper.clone()),
+            ("token".into(), secret(Some(&self.token))),
+            ("token_file".into(), path(self.token_file.as_ref())),
+            (
+                "lifecycle_component".into(),
+                self.lifecycle_component.clone(),
+            ),
+            ("choria_insecure".into(), self.choria_insecure.to_string()),
+            ("site".into(), self.site.clone()),
+            (
+                "monitor_port".into(),
+                self.monitor_port
+                    .map_or_else(|| "(off)".into(), |p| p.to_string()),
+            ),
+            (
+                "broker_provisioning_password".into(),
+                secret(self.broker_provisioning_password.as_ref()),
+            ),
+            (
+                "broker_provisioning_password_file".into(),
+                path(self.broker_provisioning_password_file.as_ref()),
+            ),
+            ("cert_deny_list".into(), self.cert_deny_list.join(" ")),
+            (
+                "jwt_verify_cert".into(),
+                opt(self.jwt_verify_cert.as_deref()),
+            ),
+            (
+                "jwt_signing_key".into(),
+                path(self.jwt_signing_key.as_ref()),
+            ),
+            (
+                "jwt_signing_token".into(),
+                path(self.jwt_signing_token.as_ref()),
+            ),
+            (
+                "server_jwt_validity".into(),
+                self.server_jwt_validity_text(),
+            ),
+            (
+                "upgrades_repository".into(),
+                opt(self.upgrades_repository.as_deref()),
+            ),
+            (
+                "upgrades_optional".into(),
+                self.upgrades_optional.to_string(),
+            ),
+            ("features.pki".into(), self.features.pki.to_string()),
+            ("features.jwt".into(), self.features.jwt.to_string()),
+            ("features.ed25519".into(), self.features.ed25519.to_string()),
+            (
+                "features.upgrades".into(),
+                self.features.upgrades.to_string(),
+            ),
+            (
+                "election.backend".into(),
+                self.election.backend.as_str().into(),
+            ),
+        ];
+        let e = &self.election;
+        match e.backend {
+            super::ElectionBackend::None => {}
+            super::ElectionBackend::Streams => out.extend([
+                ("election.bucket".into(), e.bucket.clone()),
+                ("election.name".into(), e.name.clone()),
+                ("election.api_prefix".into(), e.api_prefix.clone()),
+                ("election.create_bucket".into(), e.create_bucket.to_string()),
+                ("election.bucket_ttl".into(), d(e.bucket_ttl)),
+            ]),
+            super::ElectionBackend::Lease => out.extend([
+                ("election.lease_name".into(), e.lease_name.clone()),
+                (
+                    "election.lease_namespace".into(),
+                    opt(e.lease_namespace.as_deref()).replace("(unset)", "(the pod's)"),
+                ),
+                ("election.lease_duration".into(), d(e.lease_duration)),
+                ("election.renew_deadline".into(), d(e.renew_deadline)),
+                ("election.retry_period".into(), d(e.retry_period)),
+            ]),
+        }
+        out.extend([
+            ("discovery_timeout".into(), d(self.discovery_timeout)),
+            ("discovery_window".into(), d(self.discovery_window)),
+            ("helper_timeout".into(), d(self.helper_timeout)),
+            (
+                "rpc_timeout".into(),
+                self.rpc_timeout
+                    .map_or_else(|| "(Go's: 2s + the agent's timeout)".into(), d),
+            ),
+        ]);
+        out
+    }
+
     /// `server_jwt_validity` as people write it (`1y`).
     pub fn server_jwt_validity_text(&self) -> String {
         format_duration(self.server_jwt_validity)

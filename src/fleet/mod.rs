@@ -11,13 +11,12 @@ pub mod helper;
 pub mod journal;
 pub mod node;
 
-use crate::choria::client::{self, ConnectOptions, EventFormat};
+use crate::choria::client::{self, BrokerArgs, ConnectOptions, EventFormat};
 use crate::choria::lifecycle::{Event, EventType};
 use crate::choria::protocol::{self, ReplySpec, Request, Version};
 use crate::choria::security::csr::RsaKeyPool;
 use crate::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
 use crate::choria::subjects;
-use crate::choria::tls::TlsSettings;
 use futures::StreamExt;
 use journal::{Entry, Journal, Outcome};
 use node::{Failure, FleetShared, Mode, Node, Response};
@@ -34,60 +33,98 @@ pub const PROVISION_MODE_COMPONENT: &str = "provision_mode_server";
 /// The component of a server after provisioning.
 pub const SERVER_COMPONENT: &str = "server";
 
-/// Everything `choria-provisioner fleet` can be told.
-#[derive(Clone, Debug)]
+/// Everything `choria-provisioner fleet` can be told: its command line and,
+/// through [`Default`] (the command line's defaults), what tests start.
+#[derive(Clone, Debug, clap::Args)]
 pub struct FleetOptions {
-    pub nats: Vec<String>,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// How many servers to simulate.
+    #[arg(long, default_value_t = 10)]
     pub nodes: usize,
+    /// The provisioning token (`cht` claim) the nodes expect; empty accepts any.
+    #[arg(
+        long,
+        default_value = "",
+        env = "CHORIA_FLEET_TOKEN",
+        hide_env_values = true
+    )]
     pub token: String,
+    /// Key that signs the provisioning JWT: RSA PEM (PKCS#1 or PKCS#8) or a hex
+    /// ed25519 seed. Without it a throwaway ed25519 key is used and its public key logged.
+    #[arg(long)]
     pub jwt_signer: Option<PathBuf>,
+    /// Protocol the nodes speak (the provisioning JWT's `v2` claim).
+    #[arg(long, default_value = "v1")]
     pub protocol: Version,
+    /// Write a JSON-lines journal of every request and each node's final state.
+    #[arg(long)]
     pub journal: Option<PathBuf>,
+    /// Identities are `<prefix><number><suffix>`.
+    #[arg(long, default_value = "node-")]
     pub identity_prefix: String,
+    #[arg(long, default_value = ".fleet.example.net")]
     pub identity_suffix: String,
+    /// Share of nodes (0..1) that never answer.
+    #[arg(long, default_value_t = 0.0)]
     pub fail_silent: f64,
+    /// Share of nodes that answer RPCs with an error status.
+    #[arg(long, default_value_t = 0.0)]
     pub fail_error: f64,
+    /// Share of nodes that answer RPCs with malformed replies.
+    #[arg(long, default_value_t = 0.0)]
     pub fail_malformed: f64,
+    /// Seed for choosing which nodes fail.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Allow `release_update` (the JWT's `update` claim) and report `upgradable`.
+    #[arg(long)]
     pub upgradable: bool,
+    /// The version the nodes report.
+    #[arg(long, default_value = "0.30.2")]
     pub server_version: String,
+    /// Pre-generated RSA keys shared by `gencsr` (generating one per node is slow).
+    #[arg(long = "key-pool", default_value_t = 16)]
     pub key_pool_size: usize,
+    /// NATS connections the nodes are spread over.
+    #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    pub tls: TlsSettings,
-    /// Stop after this long.
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
     /// Stop once every node without injected failures has left provisioning.
+    #[arg(long)]
     pub exit_when_done: bool,
+    /// Facts (a JSON object) every node reports in its inventory.
+    #[arg(long, default_value = "{}", value_parser = parse_facts)]
     pub facts: serde_json::Value,
 }
 
 impl Default for FleetOptions {
+    /// The command line's defaults: one definition for both.
     fn default() -> Self {
-        FleetOptions {
-            nats: vec!["nats://127.0.0.1:4222".into()],
-            nodes: 10,
-            token: String::new(),
-            jwt_signer: None,
-            protocol: Version::V1,
-            journal: None,
-            identity_prefix: "node-".into(),
-            identity_suffix: ".fleet.example.net".into(),
-            fail_silent: 0.0,
-            fail_error: 0.0,
-            fail_malformed: 0.0,
-            seed: 1,
-            upgradable: false,
-            server_version: "0.30.2".into(),
-            key_pool_size: 16,
-            connections: 4,
-            tls: TlsSettings {
-                insecure_skip_verify: true,
-                ..Default::default()
-            },
-            duration: None,
-            exit_when_done: false,
-            facts: serde_json::json!({}),
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            options: FleetOptions,
         }
+        <Defaults as clap::Parser>::try_parse_from(["fleet"])
+            .expect("the fleet options' defaults parse")
+            .options
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|e| format!("{s:?} is not a whole number of seconds: {e}"))
+}
+
+fn parse_facts(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(format!("must be a JSON object: {e}")),
     }
 }
 
@@ -175,7 +212,7 @@ impl FleetOptions {
                 "--connections must be at least 1".into(),
             ));
         }
-        if self.nats.is_empty() {
+        if self.broker.nats.is_empty() {
             return Err(FleetError::Options("--nats needs at least one URL".into()));
         }
         Ok(())
@@ -236,7 +273,7 @@ fn provisioning_jwt(opts: &FleetOptions) -> Result<String, FleetError> {
     let now = chrono::Utc::now().timestamp();
     let mut claims = ProvisioningClaims::new_at(
         &opts.token,
-        &opts.nats.join(","),
+        &opts.broker.nats.join(","),
         "",
         Duration::from_secs(365 * 24 * 3600),
         now,
@@ -315,7 +352,7 @@ pub async fn run(
     // Connect like provisioning-mode servers: the provisioning JWT as the
     // token — unless the URL carries a user, as when a test broker with
     // accounts (which would refuse the token) stands in for a Choria broker.
-    let url_has_user = opts.nats.iter().any(|u| {
+    let url_has_user = opts.broker.nats.iter().any(|u| {
         u.split_once("://")
             .map_or(u.as_str(), |(_, rest)| rest)
             .split('/')
@@ -327,9 +364,9 @@ pub async fn run(
     let mut conns = Vec::with_capacity(connections);
     for c in 0..connections {
         let nats = client::connect(&ConnectOptions {
-            servers: opts.nats.clone(),
+            servers: opts.broker.nats.clone(),
             name: format!("choria-fleet-{c}"),
-            tls: opts.tls.clone(),
+            tls: opts.broker.tls(),
             token: token.clone(),
             ..Default::default()
         })

@@ -23,6 +23,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
+        crate::monitor::register_process_metrics(&registry);
         let reconciliations = IntCounter::with_opts(Opts::new(
             "choria_provisioner_operator_reconciliations_total",
             "Reconciliations of Provisioner resources",
@@ -149,5 +150,25 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_standard_process_metrics_are_exported() {
+        let m = Metrics::new();
+        let text = m.encode_text();
+        for name in [
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{name} "))),
+                "no {name} in\n{text}"
+            );
+        }
+        assert!(m.value("process_resident_memory_bytes").unwrap() > 1_000_000.0);
     }
 }

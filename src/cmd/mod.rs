@@ -1,0 +1,294 @@
+//! The command line: one file per subcommand, each owning its `clap` options
+//! and the few lines that turn them into a call into the library.
+//!
+//! `run` is the default command, as in the Go provisioner (`app.Command("run",
+//! …).Default()`): `choria-provisioner --config F --choria-config C` — what the
+//! Choria Helm chart's Deployment passes — runs the provisioner unchanged.
+//! `--debug` and the log options are accepted before or after the subcommand.
+
+pub mod crd;
+pub mod discover;
+pub mod fleet;
+pub mod fleet_helper;
+pub mod operator;
+pub mod run;
+
+use crate::telemetry::{self, LogFormat};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "choria-provisioner",
+    version,
+    about = "Provisioning service, operator and fleet simulator for Choria",
+    long_about = "Provisioning service, operator and fleet simulator for Choria.\n\n\
+                  Without a subcommand the options are run's: \
+                  `choria-provisioner --config F` is `choria-provisioner run --config F`.",
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `run`'s options when no subcommand is given.
+    #[command(flatten)]
+    pub default_run: Option<run::RunArgs>,
+}
+
+/// Options every subcommand accepts, before or after its name.
+#[derive(Args, Debug, Clone)]
+pub struct GlobalArgs {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true, env = "CHORIA_PROVISIONER_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `choria_provisioner=debug`.
+    /// Default: info; for `run`, the config's `loglevel` (Go's default: warn).
+    #[arg(long, global = true, env = "CHORIA_PROVISIONER_LOG")]
+    pub log: Option<String>,
+    /// Log at debug level (the Go provisioner's `--debug`); `--log` wins.
+    #[arg(long, global = true)]
+    pub debug: bool,
+}
+
+impl GlobalArgs {
+    /// The log filter: `--log`, else `--debug`, else `default`.
+    pub fn filter(&self, default: &str) -> String {
+        match (&self.log, self.debug) {
+            (Some(l), _) => l.clone(),
+            (None, true) => "debug".into(),
+            (None, false) => default.into(),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the provisioner (discovery, events, workers, helper). The default.
+    Run(run::RunArgs),
+    /// A reference helper for trying the provisioner against `fleet`: reads a
+    /// node's details as JSON on stdin and prints its configuration.
+    FleetHelper(fleet_helper::FleetHelperArgs),
+    /// Simulate many Choria Servers in provisioning mode.
+    Fleet(fleet::FleetArgs),
+    /// Discover provisioning-mode servers and optionally fetch their inventory.
+    Discover(discover::DiscoverArgs),
+    /// Print the `Provisioner` CustomResourceDefinition as YAML.
+    Crd,
+    /// Run the Kubernetes operator for `Provisioner` resources.
+    Operator(operator::OperatorArgs),
+}
+
+impl Cli {
+    /// Parses `args` (the program name first), resolving the default command:
+    /// `run`'s options without a subcommand mean `run`; together with another
+    /// subcommand they are an error.
+    pub fn try_parse_args<I, T>(args: I) -> Result<(GlobalArgs, Command), clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut matches = Cli::command().try_get_matches_from(args)?;
+        let cli = Cli::from_arg_matches_mut(&mut matches)?;
+        match (cli.command, cli.default_run) {
+            (Some(command), None) => Ok((cli.global, command)),
+            (None, Some(run)) => Ok((cli.global, Command::Run(run))),
+            (Some(_), Some(_)) => Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "run's options (--config, --choria-config, …) go after `run` or without a subcommand, not before another subcommand",
+            )),
+            // `subcommand_negates_reqs` lets an empty command line through.
+            (None, None) => Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--config is required (choria-provisioner [run] --config FILE); see --help for the subcommands",
+            )),
+        }
+    }
+}
+
+/// The binary's `main`: parse, then run the command.
+pub fn main() -> ExitCode {
+    let (global, command) = match Cli::try_parse_args(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(e) => e.exit(),
+    };
+    // The helper runs once per node: no runtime and no logging on stdout.
+    if let Command::FleetHelper(args) = &command {
+        return fleet_helper::run(args);
+    }
+    if let Command::Crd = &command {
+        return crd::run();
+    }
+    if let Command::Run(args) = &command {
+        if args.check {
+            return run::check(args, &global);
+        }
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match command {
+            Command::Run(args) => run::run(args, &global).await,
+            Command::Fleet(args) => {
+                telemetry::init_stderr(&global)?;
+                fleet::run(args).await
+            }
+            Command::Discover(args) => {
+                telemetry::init_stderr(&global)?;
+                discover::run(args).await
+            }
+            Command::Operator(args) => {
+                telemetry::init_stderr(&global)?;
+                operator::run(args).await
+            }
+            Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),
+        }
+    });
+    // Whatever is still running (a reconnecting broker connection, a
+    // blocking read) must not hold the process after the command returned.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(GlobalArgs, Command), String> {
+        Cli::try_parse_args(std::iter::once("choria-provisioner").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    fn run_args(args: &[&str]) -> (GlobalArgs, run::RunArgs) {
+        match parse(args) {
+            Ok((g, Command::Run(r))) => (g, r),
+            other => panic!("{args:?} did not parse as run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_helm_charts_command_line_runs_the_provisioner() {
+        // Exactly what the Choria Helm chart's provisioner Deployment passes.
+        let (g, r) = run_args(&[
+            "--config",
+            "/etc/choria-provisioner/choria-provisioner.yaml",
+            "--choria-config",
+            "/etc/choria-provisioner/choria.cfg",
+        ]);
+        assert_eq!(
+            r.config.to_str(),
+            Some("/etc/choria-provisioner/choria-provisioner.yaml")
+        );
+        assert_eq!(
+            r.choria_config.as_deref().and_then(|p| p.to_str()),
+            Some("/etc/choria-provisioner/choria.cfg")
+        );
+        assert!(!g.debug);
+    }
+
+    #[test]
+    fn debug_is_accepted_before_and_after_the_subcommand() {
+        for args in [
+            &["--debug", "--config", "p.yaml"][..],
+            &["--config", "p.yaml", "--debug"],
+            &["--debug", "run", "--config", "p.yaml"],
+            &["run", "--debug", "--config", "p.yaml"],
+            &["run", "--config", "p.yaml", "--debug"],
+        ] {
+            let (g, r) = run_args(args);
+            assert!(g.debug, "{args:?}");
+            assert_eq!(r.config.to_str(), Some("p.yaml"), "{args:?}");
+            assert_eq!(g.filter("warn"), "debug");
+        }
+        match parse(&["--debug", "fleet", "--nodes", "3"]) {
+            Ok((g, Command::Fleet(f))) => {
+                assert!(g.debug);
+                assert_eq!(f.options.nodes, 3);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn log_wins_over_debug() {
+        let (g, _) = run_args(&["--debug", "--log", "info", "--config", "p.yaml"]);
+        assert_eq!(g.filter("warn"), "info");
+        let (g, _) = run_args(&["--config", "p.yaml"]);
+        assert_eq!(g.filter("warn"), "warn");
+    }
+
+    #[test]
+    fn run_and_its_default_form_take_the_same_options() {
+        let (_, explicit) = run_args(&["run", "--config", "p", "--pid", "x.pid", "--check"]);
+        let (_, implicit) = run_args(&["--config", "p", "--pid", "x.pid", "--check"]);
+        assert_eq!(format!("{explicit:?}"), format!("{implicit:?}"));
+        assert!(implicit.check);
+    }
+
+    #[test]
+    fn run_options_before_another_subcommand_are_refused() {
+        let e = parse(&["--config", "p.yaml", "fleet"]).unwrap_err();
+        assert!(e.contains("go after `run`"), "{e}");
+    }
+
+    #[test]
+    fn no_arguments_asks_for_the_config() {
+        let e = parse(&[]).unwrap_err();
+        assert!(e.contains("--config"), "{e}");
+        let e = parse(&["run"]).unwrap_err();
+        assert!(e.contains("--config"), "{e}");
+    }
+
+    #[test]
+    fn the_other_subcommands_still_parse() {
+        assert!(matches!(parse(&["crd"]), Ok((_, Command::Crd))));
+        assert!(matches!(
+            parse(&["operator", "--metrics-port", "0"]),
+            Ok((_, Command::Operator(_)))
+        ));
+        assert!(matches!(
+            parse(&["discover", "--inventory", "2"]),
+            Ok((_, Command::Discover(_)))
+        ));
+        assert!(matches!(
+            parse(&["fleet-helper", "--shutdown-match", "x"]),
+            Ok((_, Command::FleetHelper(_)))
+        ));
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
