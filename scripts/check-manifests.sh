@@ -38,16 +38,8 @@ cd "$ROOT"
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
 
+ensure_manifest_tools
 VENV="$CACHE_DIR/venv"
-TOOLS="kubernetes-validate==1.37.0 helm-python-sdk==0.2.2 jsonschema>=4.18,<5 PyYAML>=6,<7 dockerfile==3.4.0"
-STAMP="$VENV/.check-manifests-tools"
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$TOOLS" ]; then
-  log "installing $TOOLS into $VENV"
-  python3 -m venv "$VENV" >/dev/null
-  # shellcheck disable=SC2086 # TOOLS is a list of requirement specifiers
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check $TOOLS
-  printf '%s' "$TOOLS" >"$STAMP"
-fi
 
 exec "$VENV/bin/python" - "$ROOT" "$@" <<'PYTHON'
 import copy

@@ -55,7 +55,9 @@ log "starting a simulated fleet of $NODES provisioning-mode servers"
   >"$WORK/fleet.out" 2>"$WORK/fleet.log" &
 FLEET_PID=$!
 for _ in $(seq 600); do
-  [ "$(grep -c '"event":"startup"' "$WORK/journal.jsonl" 2>/dev/null || echo 0)" -ge "$NODES" ] && break
+  # grep -c prints 0 and fails when nothing matches yet; the journal may not exist yet.
+  started="$(grep -c '"event":"startup"' "$WORK/journal.jsonl" 2>/dev/null || true)"
+  [ "${started:-0}" -ge "$NODES" ] && break
   sleep 0.1
 done
 

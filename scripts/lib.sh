@@ -41,18 +41,51 @@ ensure_nats_server() {
   "$CACHE_BIN/nats-server" --version >&2
 }
 
-# ensure_rust installs a Rust toolchain with rustup when cargo is missing.
+# ensure_manifest_tools installs the Python tools scripts/check-manifests.sh
+# runs (kubernetes-validate, Helm's engine through helm-python-sdk, jsonschema,
+# PyYAML, BuildKit's Dockerfile parser) into the cache's virtualenv.
+MANIFEST_TOOLS="kubernetes-validate==1.37.0 helm-python-sdk==0.2.2 jsonschema>=4.18,<5 PyYAML>=6,<7 dockerfile==3.4.0"
+ensure_manifest_tools() {
+  local venv="$CACHE_DIR/venv" stamp="$CACHE_DIR/venv/.check-manifests-tools"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$MANIFEST_TOOLS" ]; then
+    return 0
+  fi
+  log "installing $MANIFEST_TOOLS into $venv"
+  python3 -m venv "$venv" >/dev/null
+  # shellcheck disable=SC2086 # a list of requirement specifiers
+  "$venv/bin/pip" install --quiet --disable-pip-version-check $MANIFEST_TOOLS
+  "$venv/bin/python" -c 'import kubernetes_validate, helm_python, jsonschema, yaml, dockerfile' || {
+    log "the manifest tools installed but do not import"
+    return 1
+  }
+  printf '%s' "$MANIFEST_TOOLS" >"$stamp"
+}
+
+# ensure_rust makes cargo, rustfmt and clippy available: a toolchain installed
+# by rustup but not on PATH is found, a missing one is installed with rustup,
+# and missing rustfmt/clippy components are added when rustup manages cargo.
 ensure_rust() {
-  if command -v cargo >/dev/null 2>&1; then
-    return 0
+  if ! command -v cargo >/dev/null 2>&1; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+      export PATH="$HOME/.cargo/bin:$PATH"
+    else
+      log "installing Rust with rustup"
+      curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >&2
+      export PATH="$HOME/.cargo/bin:$PATH"
+    fi
   fi
-  if [ -x "$HOME/.cargo/bin/cargo" ]; then
-    export PATH="$HOME/.cargo/bin:$PATH"
-    return 0
+  local missing=()
+  cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+  cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if command -v rustup >/dev/null 2>&1; then
+      log "adding Rust components: ${missing[*]}"
+      rustup component add "${missing[@]}" >&2
+    else
+      log "cargo has no ${missing[*]} and rustup is not there to add them"
+      return 1
+    fi
   fi
-  log "installing Rust with rustup"
-  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >&2
-  export PATH="$HOME/.cargo/bin:$PATH"
 }
 
 # free_port prints a free TCP port on the loopback interface.

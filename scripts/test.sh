@@ -12,6 +12,7 @@ source "$ROOT/scripts/lib.sh"
 # Build outputs live in the cache so that a fresh clone reuses earlier builds.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
 
+ensure_rust
 ensure_nats_server
 export NATS_SERVER_BIN="$CACHE_BIN/nats-server"
 
@@ -49,11 +50,16 @@ if "$ROOT/scripts/build-kube-peers.sh" >"$kube_log.out" 2>"$kube_log"; then
   export ETCD_BIN="$CACHE_BIN/etcd" KUBE_APISERVER_BIN="$CACHE_BIN/kube-apiserver" KUBECTL_BIN="$CACHE_BIN/kubectl"
   log "kube control plane: $KUBE_APISERVER_BIN"
 else
-  export KUBE_PEERS_UNAVAILABLE="$(grep -A 20 'FAILED' "$kube_log" | head -n 40)"
+  export KUBE_PEERS_UNAVAILABLE="$({ grep -A 20 'FAILED' "$kube_log" || tail -n 20 "$kube_log"; } | head -n 40)"
   printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n' >&2
   printf '!!! etcd/kube-apiserver/kubectl could not be built: the Kubernetes tier cannot prove anything\n%s\n' "$KUBE_PEERS_UNAVAILABLE" >&2
   printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
 fi
+
+# Every install helper once more into an empty cache (~80 s): one that only
+# works with a warm cache fails here instead of on a new user's machine.
+log "install helpers on an empty cache (scripts/check-install.sh)"
+"$ROOT/scripts/check-install.sh"
 
 log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"

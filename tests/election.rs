@@ -10,6 +10,7 @@
 
 mod support;
 
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -163,7 +164,7 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     // Simulated servers send their provisioning JWT as a token, which an
     // account-based server would refuse; they log in as the provisioning user.
     let fleet = RunningFleet::start(FleetOptions {
-        nats: vec![nats.url().replace("nats://", "nats://prov:prov@")],
+        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
         nodes,
         token: "s3cret".into(),
         journal: Some(dir.path().join("journal.jsonl")),

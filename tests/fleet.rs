@@ -2,6 +2,7 @@
 
 mod support;
 
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::choria::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
 use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::lifecycle::{self, EventType};
@@ -40,7 +41,7 @@ async fn start_fleet(nats: &NatsServer, tweak: impl FnOnce(&mut FleetOptions)) -
     let seed_path = dir.path().join("signer.seed");
     std::fs::write(&seed_path, signer.seed_hex()).unwrap();
     let mut opts = FleetOptions {
-        nats: vec![nats.url()],
+        broker: BrokerArgs::at([nats.url()]),
         nodes: 5,
         token: TOKEN.into(),
         jwt_signer: Some(seed_path),
@@ -527,7 +528,7 @@ async fn fleet_connects_over_tls_when_the_url_asks_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("j.jsonl");
     let opts = FleetOptions {
-        nats: vec![tls_url],
+        broker: BrokerArgs::at([tls_url]),
         nodes: 2,
         journal: Some(journal.clone()),
         key_pool_size: 1,

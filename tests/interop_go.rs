@@ -16,6 +16,7 @@
 
 mod support;
 
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::choria::client::{self, ChoriaClient, DiscoveryOptions, Identity};
 use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::lifecycle::{self, EventType};
@@ -421,7 +422,7 @@ async fn start_fleet(
 ) -> RunningFleet {
     let journal = dir.join(format!("journal-{}.jsonl", uuid::Uuid::new_v4().simple()));
     let mut opts = FleetOptions {
-        nats: vec![nats.url()],
+        broker: BrokerArgs::at([nats.url()]),
         nodes: 3,
         token: TOKEN.into(),
         journal: Some(journal),

@@ -24,6 +24,7 @@
 mod support;
 
 use base64::Engine as _;
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
 use choria_provisioner::operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG, CONFIG_DIR};
 use choria_provisioner::operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
@@ -1298,7 +1299,7 @@ async fn provisioner_pods_follow_pause_and_report_the_leader() {
 
     let journal = c.dir.path().join("journal.jsonl");
     let fleet = RunningFleet::start(FleetOptions {
-        nats: vec![nats.url()],
+        broker: BrokerArgs::at([nats.url()]),
         nodes: NODES,
         token: TOKEN.into(),
         journal: Some(journal.clone()),
@@ -1491,7 +1492,7 @@ async fn lease_failover_kill_and_stop() {
     let kubeconfig = pod_kubeconfig(&c, "ha");
     let journal = c.dir.path().join("journal.jsonl");
     let fleet = RunningFleet::start(FleetOptions {
-        nats: vec![nats.url()],
+        broker: BrokerArgs::at([nats.url()]),
         nodes,
         token: TOKEN.into(),
         journal: Some(journal.clone()),

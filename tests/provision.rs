@@ -6,6 +6,7 @@
 
 mod support;
 
+use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::choria::protocol::Version;
 use choria_provisioner::choria::security::csr;
 use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
@@ -81,7 +82,7 @@ impl Run {
         std::fs::write(&issuer_seed, issuer.seed_hex()).unwrap();
 
         let mut fopts = FleetOptions {
-            nats: vec![nats.url()],
+            broker: BrokerArgs::at([nats.url()]),
             nodes: opts.nodes,
             token: TOKEN.into(),
             jwt_signer: Some(issuer_seed.clone()),

@@ -252,3 +252,113 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::choria::security::openssl_cli::{openssl, run_ok, skip_without_openssl};
+
+    /// A CA and a client certificate signed by it with `openssl x509 -req`
+    /// and no extension file: an X.509 v1 certificate.
+    fn v1_client(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let p = |n: &str| dir.join(n);
+        run_ok(
+            openssl()
+                .args([
+                    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                ])
+                .arg("-keyout")
+                .arg(p("ca.key"))
+                .arg("-out")
+                .arg(p("ca.pem"))
+                .args(["-subj", "/CN=ca"]),
+        );
+        run_ok(
+            openssl()
+                .args(["req", "-newkey", "rsa:2048", "-nodes"])
+                .arg("-keyout")
+                .arg(p("c.key"))
+                .arg("-out")
+                .arg(p("c.csr"))
+                .args(["-subj", "/CN=client"]),
+        );
+        run_ok(
+            openssl()
+                .args(["x509", "-req", "-days", "2"])
+                .arg("-in")
+                .arg(p("c.csr"))
+                .arg("-CA")
+                .arg(p("ca.pem"))
+                .arg("-CAkey")
+                .arg(p("ca.key"))
+                .args(["-set_serial", "7"])
+                .arg("-out")
+                .arg(p("c.pem")),
+        );
+        let text = run_ok(
+            openssl()
+                .args(["x509", "-noout", "-text", "-in"])
+                .arg(p("c.pem")),
+        );
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"),
+            "openssl made no v1 certificate"
+        );
+        (p("ca.pem"), p("c.pem"), p("c.key"))
+    }
+
+    #[test]
+    fn a_v1_client_certificate_is_accepted_as_go_accepts_it() {
+        if skip_without_openssl("the v1 certificate test") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = v1_client(dir.path());
+        let settings = TlsSettings {
+            required: true,
+            ca_file: Some(ca),
+            client_cert: Some((cert, key)),
+            insecure_skip_verify: false,
+        };
+        // rustls' with_client_auth_cert refused this with
+        // "invalid peer certificate: Other(OtherError(UnsupportedCertVersion))".
+        let config = settings.client_config().expect("v1 client certificate");
+        assert!(config.client_auth_cert_resolver.has_certs());
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused_with_both_names() {
+        if skip_without_openssl("the key mismatch test") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, _) = v1_client(dir.path());
+        let settings = TlsSettings {
+            required: true,
+            ca_file: Some(ca.clone()),
+            // the CA's key does not belong to the client certificate
+            client_cert: Some((cert.clone(), dir.path().join("ca.key"))),
+            insecure_skip_verify: false,
+        };
+        let e = settings.client_config().unwrap_err().to_string();
+        assert!(
+            e.contains("ca.key")
+                && e.contains("is not the private key of the certificate")
+                && e.contains("c.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_failures_get_plain_words() {
+        assert!(
+            explain("invalid peer certificate: Other(OtherError(UnsupportedCertVersion))")
+                .unwrap()
+                .contains("v3")
+        );
+        assert!(explain("invalid peer certificate: UnknownIssuer")
+            .unwrap()
+            .contains("CA"));
+        assert_eq!(explain("connection refused"), None);
+    }
+}

@@ -140,9 +140,11 @@ fn go_file_exist(path: &Path) -> bool {
 /// so it stays put once the fleet is done instead of decaying.
 async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
     let started = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Sampled ten times a second so the rate's span is right to 0.1 s;
+    // printed once a second.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut rate = RateWindow::default();
-    loop {
+    for n in 1u64.. {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
@@ -153,6 +155,9 @@ async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
         let busy = v("choria_provisioner_busy_workers");
         let now = Instant::now();
         rate.observe(now, provisioned, busy > 0);
+        if n % 10 != 0 {
+            continue;
+        }
         eprintln!(
             "[{:>5.1}s] provisioned {provisioned}  errors {}  waiting {}  queued {}  busy {busy}  ({}){}",
             now.duration_since(started).as_secs_f64(),
@@ -194,7 +199,7 @@ impl RateWindow {
     fn per_minute(&self) -> Option<f64> {
         let (start, base) = self.first_active?;
         let (end, n) = self.last_growth?;
-        let span = end.duration_since(start).as_secs_f64().max(1.0);
+        let span = end.duration_since(start).as_secs_f64().max(0.1);
         Some((n - base) as f64 / span * 60.0)
     }
 }

@@ -32,6 +32,8 @@ use tracing::{debug, info, warn};
 pub const PROVISION_MODE_COMPONENT: &str = "provision_mode_server";
 /// The component of a server after provisioning.
 pub const SERVER_COMPONENT: &str = "server";
+/// The longest the fleet waits to flush its connections when it stops.
+const FLUSH_AT_STOP: Duration = Duration::from_millis(500);
 
 /// Everything `choria-provisioner fleet` can be told: its command line and,
 /// through [`Default`] (the command line's defaults), what tests start.
@@ -362,114 +364,131 @@ pub async fn run(
     let token = (!url_has_user).then(|| jwt.clone());
     let connections = opts.connections.min(opts.nodes);
     let mut conns = Vec::with_capacity(connections);
-    for c in 0..connections {
-        let nats = client::connect(&ConnectOptions {
-            servers: opts.broker.nats.clone(),
-            name: format!("choria-fleet-{c}"),
-            tls: opts.broker.tls(),
-            token: token.clone(),
-            ..Default::default()
-        })
-        .await?;
-        conns.push(nats);
-    }
-
     let mut tasks = Vec::new();
-    for (c, nats) in conns.iter().enumerate() {
-        // The hop URL recorded in replies: one server per connection, looked up once.
-        let url: Arc<str> = client::connected_url(nats).into();
-        let mine: Vec<NodeRef> = nodes.iter().skip(c).step_by(connections).cloned().collect();
-        for node in &mine {
-            let identity = node.lock().expect("node lock").identity.clone();
-            let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, &identity);
-            let sub = nats
-                .subscribe(subject.clone())
-                .await
-                .map_err(|source| client::ClientError::Subscribe { subject, source })?;
-            tasks.push(tokio::spawn(directed_loop(
-                node.clone(),
-                sub,
+    // A signal during start-up (the broker may be gone: flushes and
+    // publishes would wait for it) stops the fleet too.
+    tokio::pin!(stop);
+    let startup = async {
+        for c in 0..connections {
+            let nats = client::connect(&ConnectOptions {
+                servers: opts.broker.nats.clone(),
+                name: format!("choria-fleet-{c}"),
+                tls: opts.broker.tls(),
+                token: token.clone(),
+                ..Default::default()
+            })
+            .await?;
+            conns.push(nats);
+        }
+
+        for (c, nats) in conns.iter().enumerate() {
+            // The hop URL recorded in replies: one server per connection, looked up once.
+            let url: Arc<str> = client::connected_url(nats).into();
+            let mine: Vec<NodeRef> = nodes.iter().skip(c).step_by(connections).cloned().collect();
+            for node in &mine {
+                let identity = node.lock().expect("node lock").identity.clone();
+                let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, &identity);
+                let sub = nats
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|source| client::ClientError::Subscribe { subject, source })?;
+                tasks.push(tokio::spawn(directed_loop(
+                    node.clone(),
+                    sub,
+                    Link {
+                        nats: nats.clone(),
+                        url: url.clone(),
+                    },
+                    ctx.clone(),
+                )));
+            }
+            let mut subs = Vec::new();
+            for agent in node::AGENTS {
+                let subject = subjects::broadcast_agent(subjects::PROVISIONING_COLLECTIVE, agent);
+                subs.push(
+                    nats.subscribe(subject.clone())
+                        .await
+                        .map_err(|source| client::ClientError::Subscribe { subject, source })?,
+                );
+            }
+            tasks.push(tokio::spawn(broadcast_loop(
+                mine,
+                futures::stream::select_all(subs),
                 Link {
                     nats: nats.clone(),
-                    url: url.clone(),
+                    url,
                 },
                 ctx.clone(),
             )));
         }
-        let mut subs = Vec::new();
-        for agent in node::AGENTS {
-            let subject = subjects::broadcast_agent(subjects::PROVISIONING_COLLECTIVE, agent);
-            subs.push(
-                nats.subscribe(subject.clone())
-                    .await
-                    .map_err(|source| client::ClientError::Subscribe { subject, source })?,
-            );
+        for nats in &conns {
+            nats.flush().await.map_err(client::ClientError::from)?;
         }
-        tasks.push(tokio::spawn(broadcast_loop(
-            mine,
-            futures::stream::select_all(subs),
-            Link {
-                nats: nats.clone(),
-                url,
-            },
-            ctx.clone(),
-        )));
-    }
-    for nats in &conns {
-        nats.flush().await.map_err(client::ClientError::from)?;
-    }
 
-    // Subscribed: now announce ourselves as go-choria does.
-    for (i, node) in nodes.iter().enumerate() {
-        let (identity, version) = {
-            let n = node.lock().expect("node lock");
-            (n.identity.clone(), n.version.clone())
-        };
-        publish_event(
-            &conns[i % connections],
-            &ctx,
-            &identity,
-            EventType::Startup,
-            PROVISION_MODE_COMPONENT,
-            Some(&version),
-        )
-        .await;
-    }
-    for nats in &conns {
-        let _ = nats.flush().await;
-    }
-    info!(nodes = opts.nodes, protocol = %opts.protocol, connections, "fleet started");
-
-    let done = async {
-        if !opts.exit_when_done {
-            return std::future::pending::<()>().await;
+        // Subscribed: now announce ourselves as go-choria does.
+        for (i, node) in nodes.iter().enumerate() {
+            let (identity, version) = {
+                let n = node.lock().expect("node lock");
+                (n.identity.clone(), n.version.clone())
+            };
+            publish_event(
+                &conns[i % connections],
+                &ctx,
+                &identity,
+                EventType::Startup,
+                PROVISION_MODE_COMPONENT,
+                Some(&version),
+            )
+            .await;
         }
-        loop {
-            let notified = ctx.changed.notified();
-            if ctx.remaining.load(Ordering::Relaxed) == 0 {
-                return;
+        for nats in &conns {
+            let _ = nats.flush().await;
+        }
+        Ok::<(), FleetError>(())
+    };
+    let stopped_early = tokio::select! {
+        r = startup => { r?; false }
+        _ = &mut stop => { info!("stopping fleet during start-up"); true }
+    };
+    if !stopped_early {
+        info!(nodes = opts.nodes, protocol = %opts.protocol, connections, "fleet started");
+
+        let done = async {
+            if !opts.exit_when_done {
+                return std::future::pending::<()>().await;
             }
-            notified.await;
+            loop {
+                let notified = ctx.changed.notified();
+                if ctx.remaining.load(Ordering::Relaxed) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let limit = async {
+            match opts.duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => info!("stopping fleet"),
+            _ = done => info!("every node has left provisioning"),
+            _ = limit => info!("fleet duration reached"),
         }
-    };
-    let limit = async {
-        match opts.duration {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = stop => info!("stopping fleet"),
-        _ = done => info!("every node has left provisioning"),
-        _ = limit => info!("fleet duration reached"),
     }
 
     for t in &tasks {
         t.abort();
     }
-    for nats in &conns {
-        let _ = nats.flush().await;
-    }
+    // Replies and events already published go out if the broker is there;
+    // a broker that is gone must not hold the fleet (async-nats would wait
+    // for a reconnect for ever).
+    let _ = tokio::time::timeout(
+        FLUSH_AT_STOP,
+        futures::future::join_all(conns.iter().map(|n| n.flush())),
+    )
+    .await;
 
     let mut summary = FleetSummary {
         nodes: opts.nodes,

@@ -38,6 +38,11 @@ use tracing::{debug, error, info, warn};
 pub const COMPONENT: &str = "provisioner";
 /// How long in-flight nodes get to reach an attempt boundary at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// The longest a shutdown takes from the signal, whatever the broker or
+/// the API server do: the grace, releasing the election, stopping tasks.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_millis(1500);
+/// The longest the final flush of published messages may wait.
+const FLUSH_AT_SHUTDOWN: Duration = Duration::from_millis(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -373,6 +378,10 @@ impl Provisioner {
         }
 
         info!("shutting down");
+        // Every step below is bounded: a broker that is gone (async-nats
+        // reconnects for ever) or a slow API server must not keep the
+        // process past SHUTDOWN_LIMIT.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
         handle.gate.pause(PauseReason::Shutdown);
         handle.registry.close_queue();
         let dropped = handle.registry.clear();
@@ -384,19 +393,47 @@ impl Provisioner {
         if graceful.is_err() {
             warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
             abandon.cancel();
-            while workers.join_next().await.is_some() {}
+            // Abandoned sequences stop at their next await; a helper still
+            // running is killed when its future is dropped.
+            if tokio::time::timeout_at(deadline, async {
+                while workers.join_next().await.is_some() {}
+            })
+            .await
+            .is_err()
+            {
+                workers.abort_all();
+            }
         }
-        // Only now, with our workers stopped, may a standby take over.
+        // Only now, with our workers stopped, may a standby take over. The
+        // release gets what is left of the limit (a Lease is released
+        // through the API server even when the broker is gone).
         election_stop.cancel();
-        if let Some(task) = election {
-            if let Err(e) = task.await {
-                error!(error = %e, "the election task failed");
+        if let Some(mut task) = election {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => error!(error = %e, "the election task failed"),
+                Err(_) => {
+                    warn!("the election did not release its leadership within {SHUTDOWN_LIMIT:?} of the shutdown; it expires instead");
+                    task.abort();
+                }
             }
         }
         stop_tasks.cancel();
-        while tasks.join_next().await.is_some() {}
-        if let Err(e) = nats.flush().await {
-            debug!(error = %e, "flush at shutdown failed");
+        if tokio::time::timeout_at(deadline, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tasks.abort_all();
+        }
+        // Flushing waits for a connection; without one there is nothing
+        // worth waiting for.
+        let flush_until = deadline.min(tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN);
+        match tokio::time::timeout_at(flush_until, nats.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => debug!(error = %e, "flush at shutdown failed"),
+            Err(_) => debug!("no flush at shutdown: the broker is unreachable"),
         }
         info!("stopped");
         Ok(())

@@ -92,6 +92,12 @@ impl NatsServer {
         }
     }
 
+    /// Kills the server, as a crash or a lost network would, and leaves it down.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Kills the server (as a crash would) and starts it again on the same
     /// port with the same configuration after `down` has passed.
     pub fn restart(&mut self, down: Duration) {

@@ -34,6 +34,18 @@ impl ProvisionerProcess {
         choria_cfg: &str,
         extra: &[&str],
     ) -> Self {
+        Self::start_with_env(dir, name, yaml, choria_cfg, extra, &[])
+    }
+
+    /// [`ProvisionerProcess::start_named`] with extra environment variables.
+    pub fn start_with_env(
+        dir: &Path,
+        name: &str,
+        yaml: &str,
+        choria_cfg: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let monitor_port = super::free_port();
         let config = dir.join(format!("{name}.yaml"));
         std::fs::write(&config, format!("{yaml}\nmonitor_port: {monitor_port}\n")).unwrap();
@@ -55,6 +67,7 @@ impl ProvisionerProcess {
             .arg("--choria-config")
             .arg(&ccfg)
             .args(extra)
+            .envs(env.iter().copied())
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -24,7 +24,7 @@ pub mod ed25519;
 mod go_vectors;
 pub mod ksuid;
 #[cfg(test)]
-mod openssl_cli;
+pub(crate) mod openssl_cli;
 pub mod pem_crypt;
 pub mod pki;
 pub mod tokens;

@@ -1,0 +1,156 @@
+//! The command line as a user of the Go provisioner types it: `run` is the
+//! default command, `--debug` goes anywhere, `--choria-config` defaults to
+//! go-choria's UserConfig(), and `--check` validates without connecting.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use support::provisioner::binary;
+
+const TOKEN: &str = "cli-t0ken-s3cret";
+const PASSWORD: &str = "cli-pa55w0rd-s3cret";
+
+fn run(args: &[&str], home: &Path) -> Output {
+    Command::new(binary())
+        .args(args)
+        .env("HOME", home)
+        .env_remove("CHORIA_PROVISIONER_LOG")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A valid pair of files; nothing listens on the broker port.
+fn files(dir: &Path) -> (String, String) {
+    let yaml = dir.join("provisioner.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "workers: 4\nhelper: /bin/true\nchoria_insecure: true\ntoken: {TOKEN}\nbroker_provisioning_password: {PASSWORD}\nsite: cli\n"
+        ),
+    )
+    .unwrap();
+    let cfg = dir.join("choria.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "identity = from-flag.example.net\nplugin.choria.middleware_hosts = nats://127.0.0.1:{}\nplugin.security.provider = file\n",
+            support::free_port()
+        ),
+    )
+    .unwrap();
+    (yaml.display().to_string(), cfg.display().to_string())
+}
+
+#[test]
+fn check_validates_both_files_and_prints_the_settings_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = files(dir.path());
+    let started = std::time::Instant::now();
+    // The Choria Helm chart's form, without `run`, and --debug first.
+    let o = run(
+        &[
+            "--debug",
+            "--config",
+            &yaml,
+            "--choria-config",
+            &cfg,
+            "--check",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    for want in [
+        "workers: 4",
+        "site: cli",
+        "token: (set, redacted)",
+        "broker_provisioning_password: (set, redacted)",
+        "identity: from-flag.example.net",
+        "nats_user: provisioner (password redacted)",
+        "configuration is valid",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    assert!(!out.contains(TOKEN) && !out.contains(PASSWORD), "{out}");
+    // Same with the explicit subcommand.
+    let o = run(
+        &["run", "--config", &yaml, "--choria-config", &cfg, "--check"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn check_fails_with_the_file_key_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = files(dir.path());
+    std::fs::write(&yaml, "helper: /bin/true\ninterval: 30s\n").unwrap();
+    let o = run(
+        &["--config", &yaml, "--choria-config", &cfg, "--check"],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("provisioner.yaml") && out.contains("interval") && out.contains("1m"),
+        "{out}"
+    );
+
+    let (yaml, _) = files(dir.path());
+    std::fs::write(&cfg, "plugin.security.provider = file\nplugin.security.file.certificate = /nonexistent.pem\nplugin.security.file.key = /nonexistent.key\nplugin.security.file.ca = /nonexistent-ca.pem\nplugin.choria.middleware_hosts = nats://127.0.0.1:4222\n").unwrap();
+    std::fs::write(&yaml, "helper: /bin/true\n").unwrap();
+    let o = run(
+        &["--config", &yaml, "--choria-config", &cfg, "--check"],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("/nonexistent.pem"), "{out}");
+}
+
+#[test]
+fn the_choria_config_defaults_to_the_users_choriarc() {
+    let home = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = files(home.path());
+    let rc = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("from-flag", "from-choriarc");
+    std::fs::write(home.path().join(".choriarc"), rc).unwrap();
+    let o = run(&["--config", &yaml, "--check"], home.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("identity: from-choriarc.example.net"), "{out}");
+    // ~/.mcollective when there is no ~/.choriarc.
+    std::fs::rename(
+        home.path().join(".choriarc"),
+        home.path().join(".mcollective"),
+    )
+    .unwrap();
+    let o = run(&["--config", &yaml, "--check"], home.path());
+    assert!(text(&o).contains("identity: from-choriarc.example.net"));
+}
+
+#[test]
+fn version_and_help_name_the_default_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&["--version"], dir.path());
+    assert!(o.status.success());
+    assert!(text(&o).contains(env!("CARGO_PKG_VERSION")));
+    let o = run(&["--help"], dir.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("--config") && out.contains("fleet"), "{out}");
+    let o = run(&[], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--config"));
+}
