@@ -113,19 +113,8 @@ impl Default for ElectionConfig {
     }
 }
 
-const KEYS: &[&str] = &[
-    "backend",
-    "bucket",
-    "name",
-    "api_prefix",
-    "create_bucket",
-    "bucket_ttl",
-    "lease_name",
-    "lease_namespace",
-    "lease_duration",
-    "renew_deadline",
-    "retry_period",
-];
+use super::schema::ElectionFile;
+
 const STREAMS_KEYS: &[&str] = &[
     "bucket",
     "name",
@@ -147,6 +136,34 @@ impl ElectionConfig {
         self.backend != ElectionBackend::None
     }
 
+    /// The `election:` block that resolves to these settings: the backend
+    /// and the keys it uses (the other backend's would only be warned about).
+    pub fn to_file(&self) -> ElectionFile {
+        let d = |d: Duration| Some(format_duration(d));
+        let mut f = ElectionFile {
+            backend: Some(self.backend.as_str().to_string()),
+            ..Default::default()
+        };
+        match self.backend {
+            ElectionBackend::None => {}
+            ElectionBackend::Streams => {
+                f.bucket = Some(self.bucket.clone());
+                f.name = Some(self.name.clone());
+                f.api_prefix = Some(self.api_prefix.clone());
+                f.create_bucket = Some(self.create_bucket);
+                f.bucket_ttl = d(self.bucket_ttl);
+            }
+            ElectionBackend::Lease => {
+                f.lease_name = Some(self.lease_name.clone());
+                f.lease_namespace = self.lease_namespace.clone();
+                f.lease_duration = d(self.lease_duration);
+                f.renew_deadline = d(self.renew_deadline);
+                f.retry_period = d(self.retry_period);
+            }
+        }
+        f
+    }
+
     /// Resolves the `election:` block (`None` when absent) against the legacy
     /// `leader_election` flag. `leader_election_key` is the flag's key as written.
     pub(crate) fn resolve(
@@ -163,7 +180,7 @@ impl ElectionConfig {
             }
             return Ok(cfg);
         };
-        let sec = Section::new(file, "election.", block, KEYS, warnings)?;
+        let sec = Section::new(file, "election.", block, ElectionFile::KEYS, warnings)?;
 
         cfg.backend = match sec.string("backend")? {
             None => {
@@ -192,7 +209,7 @@ impl ElectionConfig {
         }
 
         let unused: &[&str] = match cfg.backend {
-            ElectionBackend::None => KEYS,
+            ElectionBackend::None => ElectionFile::KEYS,
             ElectionBackend::Streams => LEASE_KEYS,
             ElectionBackend::Lease => STREAMS_KEYS,
         };

@@ -17,6 +17,7 @@ pub mod choria;
 pub mod duration;
 pub mod election;
 pub mod provisioner;
+pub mod schema;
 mod yaml;
 
 pub use choria::{ChoriaClientConfig, ClientSetup, Environment, SecurityProvider};

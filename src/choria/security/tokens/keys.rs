@@ -1,0 +1,232 @@
+//! Signing and verification keys: RSA PEM (PKCS#1/PKCS#8, certificates, public keys) and hex ed25519.
+
+use super::*;
+
+// Keys
+// ---------------------------------------------------------------------------
+
+pub(super) const RSA_KEY_HEADER: &[u8] = b"-----BEGIN RSA PRIVATE KEY";
+pub(super) const PKCS8_KEY_HEADER: &[u8] = b"-----BEGIN PRIVATE KEY";
+pub(super) const CERT_HEADER: &[u8] = b"-----BEGIN CERTIFICATE";
+pub(super) const PK_HEADER: &[u8] = b"-----BEGIN PUBLIC KEY";
+pub(super) const RSA_PK_HEADER: &[u8] = b"-----BEGIN RSA PUBLIC KEY";
+
+pub(super) fn read_key_file(path: &Path) -> Result<Vec<u8>, KeyError> {
+    std::fs::read(path).map_err(|source| KeyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A JWT signing key: RSA (⇒ RS256) or ed25519 (⇒ EdDSA). `Debug` redacts.
+#[derive(Clone)]
+pub enum TokenSigningKey {
+    /// RSA private key, signs RS256.
+    Rsa(RsaPrivateKey),
+    /// Ed25519 key, signs EdDSA.
+    Ed25519(SigningKey),
+}
+
+impl fmt::Debug for TokenSigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rsa(k) => write!(
+                f,
+                "TokenSigningKey::Rsa(<redacted {} bit key>)",
+                k.n().bits()
+            ),
+            Self::Ed25519(k) => write!(
+                f,
+                "TokenSigningKey::Ed25519(<redacted>, public {})",
+                hex::encode(k.verifying_key().as_bytes())
+            ),
+        }
+    }
+}
+
+impl TokenSigningKey {
+    /// Loads a key file like `tokens.SignTokenWithKeyFile` (`jwt_signing_key`).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyError> {
+        Self::from_bytes(&read_key_file(path.as_ref())?)
+    }
+
+    /// Interprets key bytes: a PEM starting `-----BEGIN RSA PRIVATE KEY`
+    /// (PKCS#1) or `-----BEGIN PRIVATE KEY` (PKCS#8 RSA) ⇒ RS256; otherwise 64
+    /// hex characters of ed25519 seed ⇒ EdDSA.
+    ///
+    /// Deliberately lenient: trailing whitespace after the hex seed (one
+    /// newline from an editor or `echo`) is accepted, where Go's `len == 64`
+    /// check rejects it.
+    pub fn from_bytes(data: &[u8]) -> Result<Self, KeyError> {
+        if data.starts_with(RSA_KEY_HEADER) || data.starts_with(PKCS8_KEY_HEADER) {
+            let block =
+                pem::parse(data).map_err(|e| KeyError::RsaPrivateKey(pem_error_text(&e).into()))?;
+            let der = block.contents();
+            let key = match RsaPrivateKey::from_pkcs1_der(der) {
+                Ok(k) => k,
+                Err(pkcs1_err) => RsaPrivateKey::from_pkcs8_der(der).map_err(|pkcs8_err| {
+                    KeyError::RsaPrivateKey(format!(
+                        "neither PKCS#1 ({pkcs1_err}) nor PKCS#8 RSA ({pkcs8_err})"
+                    ))
+                })?,
+            };
+            return Ok(Self::Rsa(key));
+        }
+        let text = std::str::from_utf8(data)
+            .map_err(|_| KeyError::UnsupportedSigningKey(data.len()))?
+            .trim_end();
+        if text.len() != 64 {
+            return Err(KeyError::UnsupportedSigningKey(data.len()));
+        }
+        let seed = decode_hex_array::<32>(text).map_err(KeyError::Ed25519Seed)?;
+        Ok(Self::Ed25519(SigningKey::from_bytes(&seed)))
+    }
+
+    /// JWS `alg` this key signs with.
+    pub fn algorithm(&self) -> &'static str {
+        match self {
+            Self::Rsa(_) => "RS256",
+            Self::Ed25519(_) => "EdDSA",
+        }
+    }
+
+    /// The ed25519 key, if this is one (the chain issuer signing key).
+    pub fn as_ed25519(&self) -> Option<&SigningKey> {
+        match self {
+            Self::Ed25519(k) => Some(k),
+            Self::Rsa(_) => None,
+        }
+    }
+
+    /// The matching verification key.
+    pub fn verify_key(&self) -> TokenVerifyKey {
+        match self {
+            Self::Rsa(k) => TokenVerifyKey::Rsa(k.to_public_key()),
+            Self::Ed25519(k) => TokenVerifyKey::Ed25519(k.verifying_key()),
+        }
+    }
+
+    /// Signs `claims` into a compact JWS with header
+    /// `{"alg":"RS256"|"EdDSA","typ":"JWT"}`, claims in Go JSON.
+    pub fn sign<T: Serialize + ?Sized>(&self, claims: &T) -> Result<String, TokenError> {
+        let header = format!(r#"{{"alg":"{}","typ":"JWT"}}"#, self.algorithm());
+        let payload = to_go_json(claims).map_err(|e| TokenError::Serialize(e.to_string()))?;
+        let mut out = JWT_B64.encode(header.as_bytes());
+        out.push('.');
+        out.push_str(&JWT_B64.encode(payload));
+        let sig = self.sign_input(out.as_bytes());
+        out.push('.');
+        out.push_str(&JWT_B64.encode(sig));
+        Ok(out)
+    }
+
+    /// The raw JWS signature of a signing input (`<header>.<claims>`).
+    pub(super) fn sign_input(&self, input: &[u8]) -> Vec<u8> {
+        match self {
+            Self::Rsa(k) => pkcs1v15::SigningKey::<Sha256>::new(k.clone())
+                .sign_with_rng(&mut rand::rngs::OsRng, input)
+                .to_vec(),
+            Self::Ed25519(k) => k.sign(input).to_bytes().to_vec(),
+        }
+    }
+}
+
+/// A JWT verification key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenVerifyKey {
+    /// RSA public key for RS256/RS384/RS512.
+    Rsa(RsaPublicKey),
+    /// Ed25519 public key for EdDSA.
+    Ed25519(VerifyingKey),
+}
+
+impl TokenVerifyKey {
+    /// Resolves the provisioner's `jwt_verify_cert` setting like Go's
+    /// `validateJWT`: when `setting` is not an existing path it must itself be
+    /// a hex ed25519 public key; otherwise the file is read with
+    /// [`TokenVerifyKey::from_pem_or_hex`].
+    pub fn from_setting(setting: &str) -> Result<Self, KeyError> {
+        if setting.is_empty() {
+            return Err(KeyError::EmptySetting);
+        }
+        match std::fs::metadata(setting) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Self::from_ed25519_hex(setting),
+            _ => Self::from_file(setting),
+        }
+    }
+
+    /// Reads a verification key file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyError> {
+        Self::from_pem_or_hex(&read_key_file(path.as_ref())?)
+    }
+
+    /// `readRSAOrED25519PublicData`: data starting `-----BEGIN CERTIFICATE`
+    /// or `-----BEGIN PUBLIC KEY` is an RSA key (SPKI, certificate or PKCS#1
+    /// DER inside, like golang-jwt's `ParseRSAPublicKeyFromPEM`); we also
+    /// accept `-----BEGIN RSA PUBLIC KEY`, which Go sends down the hex path
+    /// and rejects. Anything else is a hex ed25519 public key (trailing
+    /// whitespace tolerated, unlike Go).
+    pub fn from_pem_or_hex(data: &[u8]) -> Result<Self, KeyError> {
+        if data.starts_with(CERT_HEADER)
+            || data.starts_with(PK_HEADER)
+            || data.starts_with(RSA_PK_HEADER)
+        {
+            let block =
+                pem::parse(data).map_err(|e| KeyError::RsaPublicKey(pem_error_text(&e).into()))?;
+            return rsa_public_from_der(block.contents()).map(Self::Rsa);
+        }
+        let text =
+            std::str::from_utf8(data).map_err(|_| KeyError::Ed25519PublicKey("not text".into()))?;
+        Self::from_ed25519_hex(text.trim_end())
+    }
+
+    /// Parses a hex ed25519 public key.
+    pub fn from_ed25519_hex(s: &str) -> Result<Self, KeyError> {
+        let b = decode_hex_array::<32>(s).map_err(KeyError::Ed25519PublicKey)?;
+        VerifyingKey::from_bytes(&b)
+            .map(Self::Ed25519)
+            .map_err(|_| KeyError::Ed25519PublicKey("not a valid ed25519 curve point".into()))
+    }
+
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Self::Rsa(_) => "rsa",
+            Self::Ed25519(_) => "ed25519",
+        }
+    }
+}
+
+pub(super) fn rsa_public_from_der(der: &[u8]) -> Result<RsaPublicKey, KeyError> {
+    use x509_cert::spki::SubjectPublicKeyInfoRef;
+    if let Ok(spki) = SubjectPublicKeyInfoRef::from_der(der) {
+        return rsa_public_from_spki(&spki.algorithm.oid, der, "key");
+    }
+    if let Ok(cert) = x509_cert::Certificate::from_der(der) {
+        let spki = &cert.tbs_certificate.subject_public_key_info;
+        let spki_der = x509_cert::der::Encode::to_der(spki)
+            .map_err(|e| KeyError::RsaPublicKey(e.to_string()))?;
+        return rsa_public_from_spki(&spki.algorithm.oid, &spki_der, "certificate key");
+    }
+    RsaPublicKey::from_pkcs1_der(der).map_err(|e| {
+        KeyError::RsaPublicKey(format!(
+            "not a PKIX public key, certificate or PKCS#1 public key ({e})"
+        ))
+    })
+}
+
+/// An RSA key from SPKI DER whose algorithm is `oid`; `what` names the
+/// source in the error for any other algorithm.
+pub(super) fn rsa_public_from_spki(
+    oid: &x509_cert::spki::ObjectIdentifier,
+    spki_der: &[u8],
+    what: &str,
+) -> Result<RsaPublicKey, KeyError> {
+    if *oid != OID_RSA_ENCRYPTION {
+        return Err(KeyError::RsaPublicKey(format!(
+            "{what} is not a valid RSA public key (algorithm {oid})"
+        )));
+    }
+    RsaPublicKey::from_public_key_der(spki_der).map_err(|e| KeyError::RsaPublicKey(e.to_string()))
+}
+
+// ---------------------------------------------------------------------------

@@ -1,0 +1,350 @@
+//! Reading `provisioner.yaml` into [`ProvisionerConfig`]: one helper per
+//! group of settings, each applying Go's default and check and ours.
+
+use super::*;
+use crate::config::schema::{FeaturesFile, ProvisionerFile};
+
+impl ProvisionerConfig {
+    /// Parses and validates YAML text without touching the file system; `file`
+    /// is only used in messages.
+    pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let file = file.as_ref();
+        let root = Node::parse(text).map_err(|message| ConfigError::Syntax {
+            file: file.to_path_buf(),
+            message: format!("not valid YAML: {message}"),
+        })?;
+        let mut warnings = Vec::new();
+        let sec = Section::new(file, "", root, ProvisionerFile::KEYS, &mut warnings)?;
+        let w = &mut warnings;
+
+        let workers = workers(&sec)?;
+        let (interval_text, interval) = interval(&sec)?;
+        let (logfile, loglevel) = logging(&sec, w)?;
+        let helper = helper(&sec)?;
+        let creds = credentials(&sec, w)?;
+        let lifecycle_component = lifecycle_component(&sec)?;
+        let choria_insecure = sec.bool("choria_insecure")?.unwrap_or(false);
+        let site = sec.string("site")?.unwrap_or_default();
+        let monitor_port = monitor_port(&sec, w)?;
+        let broker_port = sec.int("broker_port")?;
+        if broker_port.is_some() {
+            w.push(ignored(&sec, "broker_port"));
+        }
+        let cert_deny_list = deny_list(&sec)?;
+        let jwt_verify_cert = non_empty(sec.string("jwt_verify_cert")?);
+        let jwt_signing_key = non_empty(sec.string("jwt_signing_key")?).map(PathBuf::from);
+        let jwt_signing_token = non_empty(sec.string("jwt_signing_token")?).map(PathBuf::from);
+        let server_jwt_validity = server_jwt_validity(&sec)?;
+        let rego_policy = non_empty(sec.string("rego_policy")?);
+        if rego_policy.is_some() {
+            w.push(ignored(&sec, "rego_policy"));
+        }
+        let leader_election = sec.bool("leader_election")?.unwrap_or(false);
+        let upgrades_repository = non_empty(sec.string("upgrades_repository")?);
+        let upgrades_optional = sec.bool("upgrades_optional")?.unwrap_or(false);
+        let features = features(file, &sec, w)?;
+        if features.jwt && jwt_verify_cert.is_none() {
+            return Err(sec.error(
+                "jwt_verify_cert",
+                format!(
+                    "required when {} is enabled: the file or hex ed25519 public key that verifies the nodes' provisioning.jwt",
+                    if features.ed25519 { "features.ed25519" } else { "features.jwt" }
+                ),
+            ));
+        }
+        if features.ed25519 && jwt_signing_key.is_none() {
+            return Err(sec.error(
+                "jwt_signing_key",
+                "required when features.ed25519 is enabled: the ed25519 seed file that signs server JWTs",
+            ));
+        }
+        if features.upgrades && upgrades_repository.is_none() && !upgrades_optional {
+            w.push(sec.warning(
+                "upgrades_repository",
+                "not set while features.upgrades is enabled; nodes whose helper asks for an upgrade will fail (set it, or upgrades_optional: true)",
+            ));
+        }
+        let timeouts = timeouts(&sec, w)?;
+        let election = ElectionConfig::resolve(
+            file,
+            sec.node("election").cloned(),
+            leader_election,
+            &sec.key("leader_election"),
+            w,
+        )?;
+
+        Ok(ProvisionerConfig {
+            file: file.to_path_buf(),
+            workers,
+            interval,
+            interval_text,
+            logfile,
+            loglevel,
+            helper,
+            token: creds.token,
+            token_file: creds.token_file,
+            broker_provisioning_password_file: creds.password_file,
+            lifecycle_component,
+            choria_insecure,
+            site,
+            monitor_port,
+            broker_port,
+            broker_provisioning_password: creds.password,
+            cert_deny_list,
+            jwt_verify_cert,
+            jwt_signing_key,
+            jwt_signing_token,
+            server_jwt_validity,
+            rego_policy,
+            leader_election,
+            upgrades_repository,
+            upgrades_optional,
+            features,
+            election,
+            discovery_timeout: timeouts.discovery_timeout,
+            discovery_window: timeouts.discovery_window,
+            helper_timeout: timeouts.helper_timeout,
+            rpc_timeout: timeouts.rpc_timeout,
+            warnings,
+        })
+    }
+}
+
+/// A key Go accepts and ignores.
+fn ignored(sec: &Section, key: &str) -> ConfigWarning {
+    sec.warning(
+        key,
+        "accepted for compatibility but not used (the Go provisioner ignores it too)",
+    )
+}
+
+/// `workers`: Go's `runtime.NumCPU()` for 0 or unset.
+fn workers(sec: &Section) -> Result<usize, ConfigError> {
+    match sec.int("workers")? {
+        None | Some(0) => Ok(default_workers()),
+        Some(n) if n < 0 => Err(sec.error(
+            "workers",
+            format!("{n} is negative; use a positive number or 0 for one per CPU"),
+        )),
+        Some(n) => usize::try_from(n).map_err(|_| sec.error("workers", "too large")),
+    }
+}
+
+/// `interval` as written and parsed: at least 1m.
+fn interval(sec: &Section) -> Result<(String, Duration), ConfigError> {
+    match sec.duration("interval")? {
+        None => Ok(("1m".to_string(), DEFAULT_INTERVAL)),
+        Some((raw, _)) if raw.trim().is_empty() => Err(sec.error(
+            "interval",
+            "is empty; use a duration of at least 1m, such as 10m or 1h",
+        )),
+        Some((raw, d)) if d < MIN_INTERVAL => Err(sec.error(
+            "interval",
+            format!("{raw} is below the minimum of 1m; use for example 10m or 1h"),
+        )),
+        Some((raw, d)) => Ok((raw, d)),
+    }
+}
+
+/// `logfile` and `loglevel`; an unknown level logs at warn, as in Go.
+fn logging(
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<(Option<String>, Option<String>), ConfigError> {
+    let logfile = non_empty(sec.string("logfile")?);
+    let loglevel = non_empty(sec.string("loglevel")?);
+    if let Some(l) = &loglevel {
+        if LogLevel::from_go(l).is_none() {
+            w.push(sec.warning(
+                "loglevel",
+                format!(
+                    "{l:?} is not one of debug, info, warn, error, fatal; logging at warn as the Go provisioner does"
+                ),
+            ));
+        }
+    }
+    Ok((logfile, loglevel))
+}
+
+/// `helper`: required, and it must split like a shell command line.
+fn helper(sec: &Section) -> Result<String, ConfigError> {
+    let helper = sec.string("helper")?.unwrap_or_default();
+    match crate::config::split_command_line(&helper) {
+        Err(e) => Err(sec.error("helper", format!("{helper:?}: {e}"))),
+        Ok(words) if words.is_empty() => Err(sec.error(
+            "helper",
+            "required: the command that decides each node's configuration",
+        )),
+        Ok(_) => Ok(helper),
+    }
+}
+
+struct Credentials {
+    token: Secret,
+    token_file: Option<PathBuf>,
+    password: Option<Secret>,
+    password_file: Option<PathBuf>,
+}
+
+/// `token`/`token_file` and `broker_provisioning_password`/`…_file`: each
+/// given at most one way.
+fn credentials(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Credentials, ConfigError> {
+    let token = Secret::new(sec.string("token")?.unwrap_or_default());
+    let token_file = non_empty(sec.string("token_file")?).map(PathBuf::from);
+    if !token.is_empty() && token_file.is_some() {
+        return Err(sec.error("token_file", "set together with token; use one of them"));
+    }
+    if token.is_empty() && token_file.is_none() {
+        w.push(sec.warning(
+            "token",
+            "not set; requests carry an empty token, which only servers whose provisioning.jwt has no token accept",
+        ));
+    }
+    let password = non_empty(sec.string("broker_provisioning_password")?).map(Secret::new);
+    let password_file =
+        non_empty(sec.string("broker_provisioning_password_file")?).map(PathBuf::from);
+    if password.is_some() && password_file.is_some() {
+        return Err(sec.error(
+            "broker_provisioning_password_file",
+            "set together with broker_provisioning_password; use one of them",
+        ));
+    }
+    Ok(Credentials {
+        token,
+        token_file,
+        password,
+        password_file,
+    })
+}
+
+/// `lifecycle_component`: it goes into a subject, so no `.`, `*`, `>` or space.
+fn lifecycle_component(sec: &Section) -> Result<String, ConfigError> {
+    let component = non_empty(sec.string("lifecycle_component")?)
+        .unwrap_or_else(|| DEFAULT_LIFECYCLE_COMPONENT.to_string());
+    if component.contains(['.', '*', '>']) || component.chars().any(char::is_whitespace) {
+        return Err(sec.error(
+            "lifecycle_component",
+            format!("{component:?} is not valid: it must not contain '.', '*', '>' or spaces"),
+        ));
+    }
+    Ok(component)
+}
+
+/// `monitor_port`: only ports above 0 listen, as in Go.
+fn monitor_port(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Option<u16>, ConfigError> {
+    match sec.int("monitor_port")? {
+        None | Some(0) => Ok(None),
+        Some(p) if p < 0 => {
+            w.push(sec.warning(
+                "monitor_port",
+                format!("{p} is negative; the metrics listener is disabled"),
+            ));
+            Ok(None)
+        }
+        Some(p) => u16::try_from(p)
+            .map(Some)
+            .map_err(|_| sec.error("monitor_port", format!("{p} is not a port (1-65535)"))),
+    }
+}
+
+/// `cert_deny_list`: Go's list when unset or empty; every pattern compiles.
+fn deny_list(sec: &Section) -> Result<Vec<String>, ConfigError> {
+    let list = match sec.string_list("cert_deny_list")? {
+        Some(list) if !list.is_empty() => list,
+        _ => DEFAULT_CERT_DENY_LIST
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    for (i, pattern) in list.iter().enumerate() {
+        if let Err(e) = compile_deny_list(std::slice::from_ref(pattern)) {
+            return Err(sec.item_error("cert_deny_list", i, e.to_string()));
+        }
+    }
+    Ok(list)
+}
+
+/// `server_jwt_validity`: 1y when unset or empty; zero is refused.
+fn server_jwt_validity(sec: &Section) -> Result<Duration, ConfigError> {
+    match sec.duration("server_jwt_validity")? {
+        None => Ok(DEFAULT_SERVER_JWT_VALIDITY),
+        Some((raw, _)) if raw.is_empty() => Ok(DEFAULT_SERVER_JWT_VALIDITY),
+        Some((raw, d)) if d.is_zero() => Err(sec.error(
+            "server_jwt_validity",
+            format!("{raw:?} is zero; use a duration such as 1y or 90d"),
+        )),
+        Some((_, d)) => Ok(d),
+    }
+}
+
+/// `features:`: `pki` and `ed25519` exclude each other; `ed25519` turns `jwt` on.
+fn features(
+    file: &Path,
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<Features, ConfigError> {
+    let fsec = Section::new(
+        file,
+        &format!("{}.", sec.key("features")),
+        sec.node("features").cloned().unwrap_or(Node::Null),
+        FeaturesFile::KEYS,
+        w,
+    )?;
+    let mut features = Features {
+        pki: fsec.bool("pki")?.unwrap_or(false),
+        jwt: fsec.bool("jwt")?.unwrap_or(false),
+        ed25519: fsec.bool("ed25519")?.unwrap_or(false),
+        upgrades: fsec.bool("upgrades")?.unwrap_or(false),
+    };
+    if features.pki && features.ed25519 {
+        return Err(sec.error(
+            "features",
+            "pki and ed25519 cannot both be enabled; enable only one",
+        ));
+    }
+    if features.ed25519 {
+        if fsec.bool("jwt")? == Some(false) {
+            w.push(fsec.warning("jwt", "forced on because ed25519 is enabled"));
+        }
+        features.jwt = true;
+    }
+    Ok(features)
+}
+
+struct Timeouts {
+    discovery_timeout: Duration,
+    discovery_window: Duration,
+    helper_timeout: Duration,
+    rpc_timeout: Option<Duration>,
+}
+
+/// Our timeouts (Go fixes them): positive when set.
+fn timeouts(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Timeouts, ConfigError> {
+    let discovery_timeout = positive_duration(sec, "discovery_timeout", DEFAULT_DISCOVERY_TIMEOUT)?;
+    let discovery_window = positive_duration(sec, "discovery_window", DEFAULT_DISCOVERY_WINDOW)?;
+    if discovery_window > discovery_timeout {
+        w.push(sec.warning(
+            "discovery_window",
+            "is longer than discovery_timeout, so every discovery runs for the full timeout",
+        ));
+    }
+    let helper_timeout = positive_duration(sec, "helper_timeout", DEFAULT_HELPER_TIMEOUT)?;
+    let rpc_timeout = match sec.duration("rpc_timeout")? {
+        Some((raw, d)) if !raw.trim().is_empty() => {
+            if d.is_zero() {
+                return Err(sec.error(
+                    "rpc_timeout",
+                    format!("{raw:?} is zero; use a positive duration such as 5s"),
+                ));
+            }
+            Some(d)
+        }
+        _ => None,
+    };
+    Ok(Timeouts {
+        discovery_timeout,
+        discovery_window,
+        helper_timeout,
+        rpc_timeout,
+    })
+}
