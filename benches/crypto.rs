@@ -20,11 +20,11 @@ use choria_provisioner::choria::security::csr::{
 use choria_provisioner::choria::security::ecdh::EcdhKeyPair;
 use choria_provisioner::choria::security::ed25519::{verify_nonce, Ed25519KeyPair};
 use choria_provisioner::choria::security::pem_crypt::encrypt_private_key;
-use choria_provisioner::choria::security::pki::CertificateAuthority;
 use choria_provisioner::choria::security::tokens::{
     parse_provisioning_token, ClientIdClaims, ProvisioningClaims, ServerClaims, TokenSigningKey,
     TokenVerifyKey, PROVISIONER_ISSUER,
 };
+use choria_provisioner::fleet::ca::CertificateAuthority;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ed25519_dalek::SigningKey;
 use rsa::pkcs8::EncodePublicKey;

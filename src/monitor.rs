@@ -13,8 +13,6 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-
 /// Content type of the Prometheus text exposition format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -118,10 +116,37 @@ pub trait Exposition: Send + Sync + 'static {
     fn encode_text(&self) -> String;
 }
 
-impl Exposition for Metrics {
-    fn encode_text(&self) -> String {
-        Metrics::encode_text(self)
+/// A registry in the Prometheus text exposition format 0.0.4.
+pub fn encode_registry(registry: &prometheus::Registry) -> String {
+    let mut out = String::new();
+    // Encoding only fails for a family without series, and the registry
+    // drops those while gathering; log rather than lose a scrape.
+    if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut out) {
+        tracing::error!("could not encode the metrics: {e}");
     }
+    out
+}
+
+/// Current value of a metric by name, summed over its series (e.g. all
+/// labels): counters and gauges give their value, summaries and histograms
+/// their observation count. `None` for an unknown name.
+pub fn registry_value(registry: &prometheus::Registry, name: &str) -> Option<f64> {
+    use prometheus::proto::MetricType;
+    let family = registry.gather().into_iter().find(|f| f.name() == name)?;
+    let kind = family.get_field_type();
+    Some(
+        family
+            .get_metric()
+            .iter()
+            .map(|m| match kind {
+                MetricType::COUNTER => m.get_counter().get_value(),
+                MetricType::GAUGE => m.get_gauge().get_value(),
+                MetricType::SUMMARY => m.get_summary().sample_count() as f64,
+                MetricType::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
+                MetricType::UNTYPED => 0.0,
+            })
+            .sum(),
+    )
 }
 
 /// Serves the monitoring endpoints on `listener` until `shutdown` is
@@ -214,9 +239,41 @@ mod tests {
         }
     }
 
+    /// One counter with a constant label, in a registry of its own.
+    struct TestMetrics {
+        registry: prometheus::Registry,
+        provisioned: prometheus::IntCounter,
+    }
+
+    impl TestMetrics {
+        fn new() -> Self {
+            let registry = prometheus::Registry::new();
+            let provisioned = prometheus::IntCounter::with_opts(
+                prometheus::Opts::new("choria_provisioner_provisioned", "nodes")
+                    .const_label("site", "testsite"),
+            )
+            .unwrap();
+            registry.register(Box::new(provisioned.clone())).unwrap();
+            TestMetrics {
+                registry,
+                provisioned,
+            }
+        }
+
+        fn provisioned(&self) {
+            self.provisioned.inc();
+        }
+    }
+
+    impl Exposition for TestMetrics {
+        fn encode_text(&self) -> String {
+            encode_registry(&self.registry)
+        }
+    }
+
     struct Server {
         addr: SocketAddr,
-        metrics: Arc<Metrics>,
+        metrics: Arc<TestMetrics>,
         health: Health,
         shutdown: CancellationToken,
         task: JoinHandle<Result<(), MonitorError>>,
@@ -225,7 +282,7 @@ mod tests {
     async fn start() -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
-        let metrics = Arc::new(Metrics::new("testsite"));
+        let metrics = Arc::new(TestMetrics::new());
         let health = Health::new();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(serve(

@@ -114,6 +114,7 @@ impl Default for ElectionConfig {
 }
 
 use super::schema::ElectionFile;
+use crate::k8s::{is_dns_label, is_dns_subdomain};
 
 const STREAMS_KEYS: &[&str] = &[
     "bucket",
@@ -347,24 +348,6 @@ fn is_subject_prefix(prefix: &str) -> bool {
     p.is_empty()
         || p.split('.')
             .all(|t| !t.is_empty() && !t.chars().any(|c| c.is_whitespace() || c == '*' || c == '>'))
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]

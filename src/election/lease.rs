@@ -17,9 +17,9 @@
 //! The renew deadline is enforced by the driver ([`super::run`]).
 
 use super::machine::{Outcome, Timings};
-use super::{Backend, ElectionError, HEALTH_CHECK};
+use super::{Backend, ElectionError};
 use crate::config::ElectionConfig;
-use crate::provision::Handle;
+use crate::k8s::{describe_error, resolve_namespace, POD_NAMESPACE_FILE};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -27,12 +27,7 @@ use kube::api::{Api, PostParams};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
-
-/// Where Kubernetes mounts the pod's namespace.
-pub const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+use tracing::{debug, info};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -327,71 +322,6 @@ impl Backend for LeaseBackend {
     async fn release(&mut self) -> Result<(), ElectionError> {
         Ok(self.give_up().await?)
     }
-}
-
-/// Status code, reason and message only: never request details, and never
-/// an exec credential plugin's output (it may hold a token).
-pub fn describe_error(e: &kube::Error) -> String {
-    use kube::client::AuthError;
-    let exec_failure = |a: &AuthError| match a {
-        AuthError::AuthExecRun { cmd, out } => Some(format!(
-            "auth exec command '{cmd}' failed with {} (output not shown)",
-            out.status
-        )),
-        _ => None,
-    };
-    let hidden = match e {
-        kube::Error::Api(s) => return format!("{} {}: {}", s.code, s.reason, s.message),
-        kube::Error::Auth(a) => exec_failure(a),
-        kube::Error::Service(b) => b.downcast_ref::<AuthError>().and_then(exec_failure),
-        _ => None,
-    };
-    hidden.unwrap_or_else(|| e.to_string())
-}
-
-fn resolve_namespace(configured: Option<&str>, pod_file: &Path, client_default: &str) -> String {
-    if let Some(ns) = configured.filter(|n| !n.is_empty()) {
-        return ns.to_string();
-    }
-    std::fs::read_to_string(pod_file)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| client_default.to_string())
-}
-
-/// Sets up the Lease backend — retrying with backoff while no Kubernetes
-/// client can be built, reported on `/readyz` and in `election_errors` —
-/// then runs the election until `stop`.
-pub async fn run_lease(
-    cfg: ElectionConfig,
-    identity: String,
-    handle: Handle,
-    stop: CancellationToken,
-    leader_tx: watch::Sender<Option<String>>,
-) {
-    let mut delay = Duration::from_secs(1);
-    let backend = loop {
-        match LeaseBackend::connect(&cfg, &identity).await {
-            Ok(b) => break b,
-            Err(e) => {
-                handle.metrics.election_error();
-                handle.health.set(
-                    HEALTH_CHECK,
-                    Err(format!("cannot set up the election: {e}")),
-                );
-                error!(error = %e, retry_in = ?delay, "cannot set up the lease election; staying paused");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop.cancelled() => return,
-                }
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
-    };
-    info!(lease = %backend.lease(), lease_duration = ?cfg.lease_duration, "lease election ready");
-    handle.health.set(HEALTH_CHECK, Ok(()));
-    super::run(backend, handle, stop, leader_tx).await
 }
 
 #[cfg(test)]
@@ -843,43 +773,35 @@ mod tests {
         );
     }
 
-    /// A provisioner's handle, without running it.
-    fn provisioner(dir: &Path) -> crate::provision::Provisioner {
-        use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
-        let yaml = dir.join("provisioner.yaml");
-        std::fs::write(
-            &yaml,
-            "interval: 1m\nchoria_insecure: true\nsite: lease\nhelper: /bin/true\n",
-        )
-        .unwrap();
-        let ccfg = dir.join("choria.cfg");
-        std::fs::write(
-            &ccfg,
-            "identity = provisioner.lease\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
-        )
-        .unwrap();
-        let cfg = ProvisionerConfig::load(&yaml).unwrap();
-        let env = Environment::from_process();
-        let setup = ChoriaClientConfig::load_with(&ccfg, &env)
-            .unwrap()
-            .client_setup(&cfg, &env)
-            .unwrap();
-        crate::provision::Provisioner::new(cfg, setup, "test")
+    /// Records what the election told it, and follows leadership like a
+    /// provisioner's pause gate.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<String>>>, Arc<std::sync::atomic::AtomicBool>);
+
+    impl super::super::Steer for Recorder {
+        fn won(&self, me: &str) {
+            self.0.lock().unwrap().push(format!("won {me}"));
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn lost(&self, me: &str, reason: &super::super::machine::LossReason) {
+            self.0.lock().unwrap().push(format!("lost {me}: {reason}"));
+            self.1.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_driver_resumes_on_winning_and_releases_on_stop() {
-        use crate::provision::gate::PauseReason;
-        let dir = tempfile::tempdir().unwrap();
-        let p = provisioner(dir.path());
-        let handle = p.handle();
-        handle.pause(PauseReason::Election, false);
+        use tokio::sync::watch;
+        use tokio_util::sync::CancellationToken;
+        let steer = Recorder::default();
+        let working = || steer.1.load(std::sync::atomic::Ordering::SeqCst);
         let (b, mut server, _) = setup("me");
         let (leader_tx, mut leader) = watch::channel(None);
         let stop = CancellationToken::new();
+        let mut b = Some(b);
         let run = tokio::spawn(super::super::run(
-            b,
-            handle.clone(),
+            move || std::future::ready(b.take().ok_or(ElectionError::Other("set up once".into()))),
+            steer.clone(),
             stop.clone(),
             leader_tx,
         ));
@@ -897,7 +819,7 @@ mod tests {
             .wait_for(|l| l.as_deref() == Some("me"))
             .await
             .unwrap();
-        assert!(!handle.gate.is_paused(), "the winner works");
+        assert!(working(), "the winner works");
 
         // A renewal one retry period later (tokio's clock is paused and
         // jumps ahead), then the release on stop.
@@ -921,41 +843,10 @@ mod tests {
         assert_eq!(w[0].metadata.resource_version.as_deref(), Some("3"));
         assert_eq!(spec(&w[0]).holder_identity.as_deref(), Some(""));
         assert_eq!(*leader.borrow(), None);
-        assert!(handle.gate.is_paused(), "paused once released");
-        drop(p);
-    }
-
-    #[test]
-    fn exec_plugin_output_stays_out_of_errors() {
-        use std::os::unix::process::ExitStatusExt;
-        let run = || kube::client::AuthError::AuthExecRun {
-            cmd: "get-token".into(),
-            out: Box::new(std::process::Output {
-                status: std::process::ExitStatus::from_raw(256),
-                stdout: b"{\"token\":\"s3cr3t\"}".to_vec(),
-                stderr: b"s3cr3t".to_vec(),
-            }),
-        };
-        for e in [
-            kube::Error::Auth(run()),
-            kube::Error::Service(Box::new(run())),
-        ] {
-            let text = describe_error(&e);
-            assert!(text.contains("get-token"), "{text}");
-            assert!(!text.contains("s3cr3t"), "{text}");
-        }
-    }
-
-    #[test]
-    fn namespace_configured_then_pod_then_client_default() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("namespace");
-        let missing = dir.path().join("absent");
-        assert_eq!(resolve_namespace(Some("cfg"), &file, "dflt"), "cfg");
-        assert_eq!(resolve_namespace(None, &missing, "dflt"), "dflt");
-        std::fs::write(&file, "pod-ns\n").unwrap();
-        assert_eq!(resolve_namespace(None, &file, "dflt"), "pod-ns");
-        std::fs::write(&file, "  \n").unwrap();
-        assert_eq!(resolve_namespace(None, &file, "dflt"), "dflt");
+        assert!(!working(), "stopped working once released");
+        assert_eq!(
+            *steer.0.lock().unwrap(),
+            ["won me", "lost me: released on shutdown"]
+        );
     }
 }

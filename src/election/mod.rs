@@ -3,19 +3,22 @@
 //! [`machine`] holds the rules (client-go's, for every backend); a backend
 //! only performs one campaign, renewal or release against its store:
 //! [`streams`] — the Choria Streams KV bucket Go provisioners use — or
-//! [`lease`] — a Kubernetes Lease. [`run`] drives a backend and tells a
-//! [`Steer`] when leadership is won or lost: the provisioner's [`Handle`]
-//! resumes and discovers at once on winning, and pauses and empties the
-//! registry and queue on losing; the operator follows a `watch` channel.
-//! Errors are retried with backoff, logged, counted and reported on `/readyz`
-//! — never a silent pause and never a process exit.
+//! [`lease`] — a Kubernetes Lease. [`run`] sets a backend up and drives it,
+//! telling a [`Steer`] when leadership is won or lost and when attempts fail
+//! or work: the provisioner (`provision::leadership`) resumes and discovers
+//! on winning and pauses and empties its queue on losing; the operator
+//! follows a `watch` channel. Errors are retried with backoff and reported
+//! through the steer (logs, counter, `/readyz`) — never a silent pause and
+//! never a process exit.
+//!
+//! This module knows nothing of what it steers: it imports only `config`
+//! (its settings), `k8s` (the Lease) and `backoff`.
 
 pub mod lease;
 pub mod machine;
 pub mod streams;
 
-use crate::provision::gate::PauseReason;
-use crate::provision::Handle;
+use crate::backoff::Backoff;
 use machine::{LossReason, Machine, Outcome, Timings, Transition};
 use std::future::Future;
 use std::time::Duration;
@@ -76,31 +79,6 @@ pub trait Steer: Send {
     fn worked(&self) {}
 }
 
-impl Steer for Handle {
-    fn won(&self, me: &str) {
-        self.metrics.leadership_transition();
-        self.metrics.set_leader(true);
-        warn!(identity = me, "became leader; resuming and discovering");
-        self.resume(PauseReason::Election);
-    }
-
-    fn lost(&self, me: &str, reason: &LossReason) {
-        self.metrics.leadership_transition();
-        self.metrics.set_leader(false);
-        warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
-        self.pause(PauseReason::Election, true);
-    }
-
-    fn failed(&self, error: &str) {
-        self.metrics.election_error();
-        self.health.set(HEALTH_CHECK, Err(error.to_string()));
-    }
-
-    fn worked(&self) {
-        self.health.set(HEALTH_CHECK, Ok(()));
-    }
-}
-
 /// `true` while we lead: for callers that start and stop work themselves.
 impl Steer for watch::Sender<bool> {
     fn won(&self, me: &str) {
@@ -114,11 +92,48 @@ impl Steer for watch::Sender<bool> {
     }
 }
 
-/// Runs the election until `stop` fires, then releases leadership if held.
-/// The caller pauses the provisioner for [`PauseReason::Election`] before any
-/// work starts and cancels `stop` only once its workers have stopped, so the
-/// next leader never overlaps with us.
-pub async fn run<B: Backend, S: Steer>(
+/// How set-up failures are retried: from 1 s, doubling to 30 s.
+const SETUP_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
+/// Sets the backend up with `setup` — retried with backoff while it fails,
+/// each failure reported through `steer` — then runs the election until
+/// `stop` fires and releases leadership if held. The caller keeps itself
+/// from working before [`Steer::won`] and cancels `stop` only once its work
+/// has stopped, so the next leader never overlaps with it.
+pub async fn run<B, S, F, Fut>(
+    mut setup: F,
+    steer: S,
+    stop: CancellationToken,
+    leader_tx: watch::Sender<Option<String>>,
+) where
+    B: Backend,
+    S: Steer,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<B, ElectionError>>,
+{
+    let mut backoff = SETUP_BACKOFF;
+    let backend = loop {
+        let attempt = tokio::select! {
+            r = setup() => r,
+            _ = stop.cancelled() => return,
+        };
+        match attempt {
+            Ok(b) => break b,
+            Err(e) => {
+                steer.failed(&format!("cannot set up the election: {e}"));
+                error!(error = %e, "cannot set up the election; staying paused and retrying");
+                if !backoff.wait(&stop).await {
+                    return;
+                }
+            }
+        }
+    };
+    steer.worked();
+    drive(backend, steer, stop, leader_tx).await
+}
+
+/// Drives a backend that is set up: campaigns, renews, steps down, releases.
+pub async fn drive<B: Backend, S: Steer>(
     mut backend: B,
     steer: S,
     stop: CancellationToken,
@@ -208,40 +223,4 @@ fn apply<S: Steer>(t: &Transition, steer: &S, me: &str) {
         Transition::Won => steer.won(me),
         Transition::Lost(reason) => steer.lost(me, reason),
     }
-}
-
-/// Sets up the streams backend — retrying with backoff while the bucket is
-/// unreachable, reported on `/readyz` and in `election_errors` — then runs
-/// the election until `stop`.
-pub async fn run_streams(
-    nats: async_nats::Client,
-    cfg: crate::config::ElectionConfig,
-    identity: String,
-    handle: Handle,
-    stop: CancellationToken,
-    leader_tx: watch::Sender<Option<String>>,
-) {
-    let create = cfg.create_bucket.then_some(cfg.bucket_ttl);
-    let mut delay = Duration::from_secs(1);
-    let backend = loop {
-        match streams::StreamsBackend::connect(nats.clone(), &cfg, &identity, create).await {
-            Ok(b) => break b,
-            Err(e) => {
-                handle.metrics.election_error();
-                handle.health.set(
-                    HEALTH_CHECK,
-                    Err(format!("cannot set up the election: {e}")),
-                );
-                error!(error = %e, retry_in = ?delay, "cannot set up the streams election; staying paused");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop.cancelled() => return,
-                }
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
-    };
-    info!(bucket = %cfg.bucket, key = %cfg.name, ttl = ?backend.ttl(), "streams election ready");
-    handle.health.set(HEALTH_CHECK, Ok(()));
-    run(backend, handle, stop, leader_tx).await
 }

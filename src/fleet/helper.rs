@@ -24,7 +24,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::choria::security::csr;
-use crate::choria::security::pki::{CertificateAuthority, PkiError};
+use crate::fleet::ca::{CertificateAuthority, PkiError};
 
 /// Where nodes are sent when `--broker` is not given.
 pub const DEFAULT_BROKER: &str = "nats://broker.example.net:4222";
@@ -492,7 +492,7 @@ fn write_out(out: &mut dyn Write, err: &mut dyn Write, bytes: &[u8], code: u8) -
 mod tests {
     use super::*;
     use crate::choria::security::csr::{make_csr, CsrSubject};
-    use crate::choria::security::pki::{certificate_common_name, verify_issued_by};
+    use crate::fleet::ca::{certificate_common_name, verify_issued_by};
     use crate::provision::helper::HelperResponse;
     use clap::{CommandFactory, Parser};
     use serde_json::{json, Value};

@@ -7,6 +7,7 @@
 //! time per node is faithful). Broadcasts arrive once per connection and are
 //! decoded once, then offered to every node on that connection.
 
+pub mod ca;
 pub mod helper;
 pub mod journal;
 pub mod node;

@@ -8,6 +8,7 @@
 //! only holds those paths.
 
 use super::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
+use crate::config::schema::{ElectionFile, FeaturesFile, ProvisionerFile};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -20,7 +21,6 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -170,72 +170,6 @@ pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String
     mounts
 }
 
-/// `provisioner.yaml` as the pods read it.
-#[derive(Serialize)]
-struct ProvisionerYaml<'a> {
-    helper: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    workers: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    interval: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    loglevel: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    token_file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    broker_provisioning_password_file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lifecycle_component: Option<&'a str>,
-    choria_insecure: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    site: Option<&'a str>,
-    monitor_port: i32,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    cert_deny_list: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    jwt_verify_cert: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    jwt_signing_key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    jwt_signing_token: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    server_jwt_validity: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    upgrades_repository: Option<&'a str>,
-    upgrades_optional: bool,
-    features: super::crd::Features,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    discovery_timeout: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    discovery_window: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    helper_timeout: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rpc_timeout: Option<&'a str>,
-    election: ElectionYaml<'a>,
-}
-
-#[derive(Serialize)]
-struct ElectionYaml<'a> {
-    backend: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease_name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease_namespace: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease_duration: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    renew_deadline: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_period: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    bucket: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    api_prefix: Option<&'a str>,
-}
-
 /// The pods' `provisioner.yaml`. Keys of the other election backend are left
 /// out, so the provisioner has nothing to warn about.
 pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
@@ -243,42 +177,50 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
     let e = &s.election;
     let lease = e.backend == ElectionBackend::Lease;
     let streams = e.backend == ElectionBackend::Streams;
-    let doc = ProvisionerYaml {
-        helper: &s.helper.command,
-        workers: s.workers,
-        interval: s.interval.as_deref(),
-        loglevel: s.log_level.map(|l| l.as_str()),
+    let owned = |v: Option<&String>| v.cloned();
+    let doc = ProvisionerFile {
+        helper: Some(s.helper.command.clone()),
+        workers: s.workers.map(i64::from),
+        interval: owned(s.interval.as_ref()),
+        loglevel: s.log_level.map(|l| l.as_str().to_string()),
         token_file: s.token_secret.as_ref().map(ref_path),
         broker_provisioning_password_file: s.broker_password_secret.as_ref().map(ref_path),
-        lifecycle_component: s.lifecycle_component.as_deref(),
-        choria_insecure: s.choria_insecure,
-        site: s.site.as_deref(),
-        monitor_port: s.monitor_port,
-        cert_deny_list: &s.cert_deny_list,
+        lifecycle_component: owned(s.lifecycle_component.as_ref()),
+        choria_insecure: Some(s.choria_insecure),
+        site: owned(s.site.as_ref()),
+        monitor_port: Some(i64::from(s.monitor_port)),
+        cert_deny_list: (!s.cert_deny_list.is_empty()).then(|| s.cert_deny_list.clone()),
         jwt_verify_cert: s.jwt_verify_key_secret.as_ref().map(ref_path),
         jwt_signing_key: s.jwt_signing_key_secret.as_ref().map(ref_path),
         jwt_signing_token: s.jwt_signing_token_secret.as_ref().map(ref_path),
-        server_jwt_validity: s.server_jwt_validity.as_deref(),
-        upgrades_repository: s.upgrades_repository.as_deref(),
-        upgrades_optional: s.upgrades_optional,
-        features: s.features,
-        discovery_timeout: s.discovery_timeout.as_deref(),
-        discovery_window: s.discovery_window.as_deref(),
-        helper_timeout: s.helper_timeout.as_deref(),
-        rpc_timeout: s.rpc_timeout.as_deref(),
-        election: ElectionYaml {
-            backend: e.backend.as_str(),
+        server_jwt_validity: owned(s.server_jwt_validity.as_ref()),
+        upgrades_repository: owned(s.upgrades_repository.as_ref()),
+        upgrades_optional: Some(s.upgrades_optional),
+        features: Some(FeaturesFile {
+            pki: Some(s.features.pki),
+            jwt: Some(s.features.jwt),
+            ed25519: Some(s.features.ed25519),
+            upgrades: Some(s.features.upgrades),
+        }),
+        discovery_timeout: owned(s.discovery_timeout.as_ref()),
+        discovery_window: owned(s.discovery_window.as_ref()),
+        helper_timeout: owned(s.helper_timeout.as_ref()),
+        rpc_timeout: owned(s.rpc_timeout.as_ref()),
+        election: Some(ElectionFile {
+            backend: Some(e.backend.as_str().to_string()),
             lease_name: lease.then(|| p.name_any()),
             lease_namespace: if lease { Some(namespace(p)?) } else { None },
-            lease_duration: e.lease_duration.as_deref().filter(|_| lease),
-            renew_deadline: e.renew_deadline.as_deref().filter(|_| lease),
-            retry_period: e.retry_period.as_deref().filter(|_| lease),
-            bucket: e.bucket.as_deref().filter(|_| streams),
-            name: e.name.as_deref().filter(|_| streams),
-            api_prefix: e.api_prefix.as_deref().filter(|_| streams),
-        },
+            lease_duration: owned(e.lease_duration.as_ref()).filter(|_| lease),
+            renew_deadline: owned(e.renew_deadline.as_ref()).filter(|_| lease),
+            retry_period: owned(e.retry_period.as_ref()).filter(|_| lease),
+            bucket: owned(e.bucket.as_ref()).filter(|_| streams),
+            name: owned(e.name.as_ref()).filter(|_| streams),
+            api_prefix: owned(e.api_prefix.as_ref()).filter(|_| streams),
+            ..Default::default()
+        }),
+        ..Default::default()
     };
-    let body = serde_norway::to_string(&doc).map_err(|e| BuildError::Serialize {
+    let body = doc.to_yaml().map_err(|e| BuildError::Serialize {
         what: PROVISIONER_YAML,
         message: e.to_string(),
     })?;

@@ -227,28 +227,7 @@ impl ImagePullPolicy {
     }
 }
 
-/// The provisioner's log level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Debug,
-    Info,
-    Warn,
-    Error,
-    Fatal,
-}
-
-impl LogLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Debug => "debug",
-            LogLevel::Info => "info",
-            LogLevel::Warn => "warn",
-            LogLevel::Error => "error",
-            LogLevel::Fatal => "fatal",
-        }
-    }
-}
+pub use crate::config::LogLevel;
 
 /// Which election decides the provisioning replica (`election.backend` of
 /// `provisioner.yaml`).

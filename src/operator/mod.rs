@@ -7,7 +7,7 @@
 //! * [`build`]: the owned objects, built without a cluster;
 //! * [`validate`]: what makes a spec invalid, with messages saying what to fix;
 //! * [`reconcile`]: one reconciliation (server-side apply, status, events);
-//! * [`telemetry`]: counters and the `/metrics`, `/healthz`, `/readyz` endpoint.
+//! * [`metrics`]: counters, served on the `/metrics`, `/healthz`, `/readyz` endpoint.
 //!
 //! The operator runs HA: every replica campaigns for the Lease
 //! `choria-provisioner-operator` through [`crate::election`], and only the
@@ -20,13 +20,14 @@
 
 pub mod build;
 pub mod crd;
+pub mod metrics;
 pub mod reconcile;
-pub mod telemetry;
 pub mod validate;
 
 use crate::config::{ElectionBackend as ConfigBackend, ElectionConfig};
 use crate::election::machine::LossReason;
 use crate::election::{self, lease::LeaseBackend, Steer};
+use crate::k8s::{describe_error as describe, hostname_from_proc, POD_NAMESPACE_FILE};
 use crate::monitor::{self, Health, MonitorError};
 use crd::Provisioner;
 use futures::StreamExt;
@@ -38,11 +39,11 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{watcher, Controller};
 use kube::Client;
-use reconcile::{describe, Context};
+use metrics::Metrics;
+use reconcile::Context;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use telemetry::Metrics;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -56,8 +57,6 @@ pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
 pub const LEASE_NAME: &str = "choria-provisioner-operator";
 /// How long in-flight reconciliations may finish after leadership is lost.
 pub const DRAIN: Duration = Duration::from_secs(10);
-/// Where Kubernetes mounts the pod's namespace.
-const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 /// `choria-provisioner operator`.
 #[derive(clap::Args, Debug)]
@@ -190,7 +189,7 @@ pub async fn run_with(
         let (leader_tx, _leader) = watch::channel(None);
         let backend = LeaseBackend::new(client.clone(), &election_cfg, &identity, &lease_namespace);
         info!(identity = %identity, lease = %format!("{lease_namespace}/{LEASE_NAME}"), "campaigning for leadership");
-        let task = tokio::spawn(election::run(
+        let task = tokio::spawn(election::drive(
             backend,
             Leadership {
                 leading: leading_tx,
@@ -359,13 +358,6 @@ fn describe_watch(e: &watcher::Error) -> String {
         watcher::Error::WatchFailed(k) => format!("the watch failed: {}", describe(k)),
         other => other.to_string(),
     }
-}
-
-fn hostname_from_proc() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use super::build::{self, BuildError, Owned};
 use super::crd::{ElectionBackend, Provisioner, ProvisionerStatus, API_VERSION, KIND};
-use super::telemetry::Metrics;
+use super::metrics::Metrics;
 use super::validate::validate;
 use super::FIELD_MANAGER;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -71,7 +71,7 @@ impl Error {
     }
 }
 
-pub use crate::election::lease::describe_error as describe;
+use crate::k8s::describe_error as describe;
 
 fn api_error<K: Resource<DynamicType = ()>>(
     action: &'static str,

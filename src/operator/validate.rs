@@ -11,6 +11,7 @@ use super::build;
 use super::crd::{ElectionBackend, Provisioner, SecretKeyRef};
 use crate::config::provisioner::MIN_INTERVAL;
 use crate::config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
+use crate::k8s::is_dns_label;
 use kube::ResourceExt;
 use std::time::Duration;
 
@@ -258,16 +259,6 @@ fn check_object_name(field: &str, name: &str, problem: &mut dyn FnMut(String)) {
             "{field} {name:?} is not an object name; use lower case letters, digits, '-' and '.'"
         ));
     }
-}
-
-/// An RFC 1123 label.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! when none does. Every step that talks to nodes reads it: discovery, event
 //! handling, each RPC and every retry attempt, the helper.
 
-use crate::metrics::Metrics;
+use crate::provision::metrics::Metrics;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;

@@ -22,7 +22,7 @@ use crate::choria::security::tokens::{
     PROVISIONER_ISSUER,
 };
 use crate::config::{ConfigError, ProvisionerConfig, Secret};
-use crate::metrics::Metrics;
+use crate::provision::metrics::Metrics;
 use regex::Regex;
 use serde::Serialize;
 use std::collections::BTreeMap;

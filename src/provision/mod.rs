@@ -12,17 +12,19 @@
 pub mod gate;
 pub mod helper;
 pub mod host;
+mod leadership;
+pub mod metrics;
 pub mod registry;
 pub mod resource;
 pub mod version;
 
+use crate::backoff::Backoff;
 use crate::choria::client::{self, ChoriaClient, ClientError, DiscoveryOptions};
 use crate::choria::filter::Filter;
 use crate::choria::lifecycle::{self, Event, EventType};
-use crate::config::{ClientSetup, ConfigError, ElectionBackend, ProvisionerConfig};
-use crate::election;
-use crate::metrics::Metrics;
+use crate::config::{ClientSetup, ConfigError, ProvisionerConfig};
 use crate::monitor::{self, Health};
+use crate::provision::metrics::Metrics;
 use futures::StreamExt;
 use gate::{PauseGate, PauseReason};
 use host::{Context, HostSequence, Outcome};
@@ -317,24 +319,14 @@ impl Provisioner {
         );
 
         let election_stop = CancellationToken::new();
-        let election = match cfg.election.backend {
-            ElectionBackend::Streams => Some(tokio::spawn(election::run_streams(
-                nats.clone(),
-                cfg.election.clone(),
-                candidate_identity(&setup.identity.identity),
-                handle.clone(),
-                election_stop.clone(),
-                leader_tx,
-            ))),
-            ElectionBackend::Lease => Some(tokio::spawn(election::lease::run_lease(
-                cfg.election.clone(),
-                candidate_identity(&setup.identity.identity),
-                handle.clone(),
-                election_stop.clone(),
-                leader_tx,
-            ))),
-            ElectionBackend::None => None,
-        };
+        let election = leadership::spawn(
+            &cfg.election,
+            &nats,
+            candidate_identity(&setup.identity.identity),
+            handle.clone(),
+            election_stop.clone(),
+            leader_tx,
+        );
 
         if let Some(r) = resource {
             tasks.spawn(resource::run(
@@ -458,7 +450,7 @@ async fn connect_until_up(
     health: &Health,
     shutdown: &CancellationToken,
 ) -> Result<Option<async_nats::Client>, RunError> {
-    let mut delay = Duration::from_millis(500);
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     loop {
         match client::connect_observed(&setup.connect, Some(events.clone())).await {
             Ok(nats) => {
@@ -467,15 +459,13 @@ async fn connect_until_up(
             }
             Err(e @ (ClientError::NoServers | ClientError::Tls(_))) => return Err(e.into()),
             Err(e) => {
-                error!(error = %e, retry_in = ?delay, "could not connect to the broker");
+                error!(error = %e, "could not connect to the broker; retrying");
                 health.set("broker", Err(e.to_string()));
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => return Ok(None),
+        if !backoff.wait(shutdown).await {
+            return Ok(None);
         }
-        delay = (delay * 2).min(Duration::from_secs(10));
     }
 }
 

@@ -12,7 +12,7 @@
 //! registry was emptied (lost leadership) and the host added again, the old
 //! ticket still in the queue is rejected instead of provisioning twice.
 
-use crate::metrics::Metrics;
+use crate::provision::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -14,6 +14,7 @@
 
 use super::gate::PauseReason;
 use super::Handle;
+use crate::backoff::Backoff;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -82,17 +83,15 @@ pub fn status_patch(leader: Option<&str>, provisioned: u64) -> serde_json::Value
 
 /// Runs both duties until `stop`; builds its kube client first, retrying.
 pub async fn run(resource: ResourceRef, me: String, handle: Handle, stop: CancellationToken) {
-    let mut delay = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let client = loop {
         match kube::Client::try_default().await {
             Ok(c) => break c,
             Err(e) => {
-                warn!(error = %e, retry_in = ?delay, "cannot reach Kubernetes to follow {resource}");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop.cancelled() => return,
+                warn!(error = %crate::k8s::describe_error(&e), "cannot reach Kubernetes to follow {resource}; retrying");
+                if !backoff.wait(&stop).await {
+                    return;
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     };

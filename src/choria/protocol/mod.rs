@@ -321,6 +321,15 @@ pub fn transport_sender(data: &[u8]) -> Result<String, ProtocolError> {
     }
 }
 
+/// The `seen-by` hop a message records: `[url, identity, url]` for the
+/// broker it was published through, nothing when that is unknown.
+pub(crate) fn hop(url: &str, identity: &str) -> Vec<[String; 3]> {
+    if url.is_empty() {
+        return Vec::new();
+    }
+    vec![[url.to_string(), identity.to_string(), url.to_string()]]
+}
+
 pub(crate) fn check_size(data: &[u8]) -> Result<(), ProtocolError> {
     if data.len() > MAX_MESSAGE_BYTES {
         return Err(ProtocolError::TooLarge {

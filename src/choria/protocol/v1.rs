@@ -6,8 +6,9 @@
 //! request's `message` is the payload as a string.
 
 use super::{
-    check_size, decode_b64, parse_json, reply_hash, require_non_empty, to_json, validate_filter,
-    Layer, ProtocolError, Reply, ReplySpec, Request, RequestSigner, RequestSpec, Version,
+    check_size, decode_b64, hop, parse_json, reply_hash, require_non_empty, to_json,
+    validate_filter, Layer, ProtocolError, Reply, ReplySpec, Request, RequestSigner, RequestSpec,
+    Version,
 };
 use crate::choria::filter::Filter;
 use crate::choria::json::base64_bytes;
@@ -191,13 +192,6 @@ pub fn encode_request(
         },
     };
     to_json(Layer::Transport, &transport)
-}
-
-fn hop(url: &str, identity: &str) -> Vec<[String; 3]> {
-    if url.is_empty() {
-        return Vec::new();
-    }
-    vec![[url.to_string(), identity.to_string(), url.to_string()]]
 }
 
 /// Decodes and schema-checks a v1 request as a provisioning-mode server does

@@ -6,7 +6,7 @@
 
 use super::v1::expect_protocol;
 use super::{
-    check_size, parse_json, reply_hash, require_non_empty, to_json, validate_filter, Layer,
+    check_size, hop, parse_json, reply_hash, require_non_empty, to_json, validate_filter, Layer,
     ProtocolError, Reply, ReplySpec, Request, RequestSigner, RequestSpec, Version,
 };
 use crate::choria::filter::Filter;
@@ -158,13 +158,6 @@ pub fn encode_request(
         }),
     };
     to_json(Layer::Transport, &transport)
-}
-
-fn hop(url: &str, identity: &str) -> Vec<[String; 3]> {
-    if url.is_empty() {
-        return Vec::new();
-    }
-    vec![[url.to_string(), identity.to_string(), url.to_string()]]
 }
 
 /// Decodes and schema-checks a v2 request as a provisioning-mode server does.

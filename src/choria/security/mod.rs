@@ -26,7 +26,6 @@ pub mod ksuid;
 #[cfg(test)]
 pub(crate) mod openssl_cli;
 pub mod pem_crypt;
-pub mod pki;
 pub mod tokens;
 
 pub use csr::{

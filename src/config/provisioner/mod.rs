@@ -62,9 +62,15 @@ pub struct Features {
     pub upgrades: bool,
 }
 
-/// Log verbosity. go-choria maps exactly `debug`, `info`, `warn`, `error` and
-/// `fatal`; anything else, including an unset `loglevel`, logs at `warn`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The provisioner's log level.
+///
+/// go-choria maps exactly `debug`, `info`, `warn`, `error` and `fatal`;
+/// anything else, including an unset `loglevel`, logs at `warn`. The
+/// operator's `spec.logLevel` is this type too.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Debug,
     Info,
@@ -82,6 +88,17 @@ impl LogLevel {
             "error" => Some(LogLevel::Error),
             "fatal" => Some(LogLevel::Fatal),
             _ => None,
+        }
+    }
+
+    /// As written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+            LogLevel::Fatal => "fatal",
         }
     }
 

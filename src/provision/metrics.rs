@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Every RPC the provisioner performs, as `agent#action`; the `rpc`-labelled
 /// series are pre-created for each of them.
@@ -257,38 +257,20 @@ impl Metrics {
 
     /// All metrics in the Prometheus text exposition format 0.0.4.
     pub fn encode_text(&self) -> String {
-        let mut out = String::new();
-        // Encoding only fails for a family without series, and the registry
-        // drops those while gathering; log rather than lose a scrape.
-        if let Err(e) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
-            tracing::error!("could not encode the metrics: {e}");
-        }
-        out
+        crate::monitor::encode_registry(&self.registry)
     }
 
     /// Current value of a metric by name, summed over its series (e.g. all
     /// `rpc` labels): counters and gauges give their value, summaries their
     /// observation count. `None` for an unknown name.
     pub fn value(&self, name: &str) -> Option<f64> {
-        let family = self
-            .registry
-            .gather()
-            .into_iter()
-            .find(|f| f.name() == name)?;
-        let kind = family.get_field_type();
-        Some(
-            family
-                .get_metric()
-                .iter()
-                .map(|m| match kind {
-                    MetricType::COUNTER => m.get_counter().get_value(),
-                    MetricType::GAUGE => m.get_gauge().get_value(),
-                    MetricType::SUMMARY => m.get_summary().sample_count() as f64,
-                    // Never registered here.
-                    MetricType::HISTOGRAM | MetricType::UNTYPED => 0.0,
-                })
-                .sum(),
-        )
+        crate::monitor::registry_value(&self.registry, name)
+    }
+}
+
+impl crate::monitor::Exposition for Metrics {
+    fn encode_text(&self) -> String {
+        Metrics::encode_text(self)
     }
 }
 

@@ -1,9 +1,9 @@
-//! The operator's metrics and its `/metrics`, `/healthz`, `/readyz`
+//! The operator's metrics, served on its `/metrics`, `/healthz`, `/readyz`
 //! endpoint. Readiness comes from [`crate::monitor::Health`] (the election
 //! reports there); standbys are ready, so a rollout never waits for them to
 //! lead.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Reconciliation counters and the leader gauge, in a registry of their own.
 pub struct Metrics {
@@ -82,34 +82,12 @@ impl Metrics {
 
     /// The Prometheus text exposition format.
     pub fn encode_text(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
-            tracing::error!("could not encode the metrics: {e}");
-        }
-        out
+        crate::monitor::encode_registry(&self.registry)
     }
 
     /// Current value of a counter or gauge, summed over its labels.
     pub fn value(&self, name: &str) -> Option<f64> {
-        let family = self
-            .registry
-            .gather()
-            .into_iter()
-            .find(|f| f.name() == name)?;
-        let gauge = family.get_field_type() == prometheus::proto::MetricType::GAUGE;
-        Some(
-            family
-                .get_metric()
-                .iter()
-                .map(|m| {
-                    if gauge {
-                        m.get_gauge().get_value()
-                    } else {
-                        m.get_counter().get_value()
-                    }
-                })
-                .sum(),
-        )
+        crate::monitor::registry_value(&self.registry, name)
     }
 }
 

@@ -37,8 +37,8 @@ use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
 use x509_cert::time::{Time, Validity};
 use x509_cert::{Certificate, TbsCertificate, Version};
 
-use super::csr::{self, CsrError, OID_RSA_ENCRYPTION};
-use super::pem_crypt::{go_pem_encode, pem_error_text};
+use crate::choria::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
+use crate::choria::security::pem_crypt::{go_pem_encode, pem_error_text};
 
 const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
 const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
@@ -569,10 +569,10 @@ fn parse_private_key(text: &str) -> Result<RsaPrivateKey, PkiError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::csr::tests::test_key;
-    use super::super::csr::CsrSubject;
-    use super::super::openssl_cli::{openssl, run_ok, skip_without_openssl};
     use super::*;
+    use crate::choria::security::csr::tests::test_key;
+    use crate::choria::security::csr::CsrSubject;
+    use crate::choria::security::openssl_cli::{openssl, run_ok, skip_without_openssl};
     use std::path::Path;
     use std::str::FromStr;
     use std::sync::OnceLock;

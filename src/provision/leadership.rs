@@ -1,0 +1,158 @@
+//! The provisioner's side of leader election: which backend to campaign
+//! with, and what winning and losing do to a running provisioner (the
+//! election itself, in [`crate::election`], knows nothing of provisioning).
+//!
+//! Won: count the transition, set the leader gauge, lift the election pause
+//! (which discovers at once). Lost: the same in reverse, and the registry and
+//! queue are emptied so nothing stale is worked after a later win. Failed
+//! attempts count in `choria_provisioner_election_errors` and fail the
+//! `election` check of `/readyz` until one works.
+
+use super::gate::PauseReason;
+use super::Handle;
+use crate::config::{ElectionBackend, ElectionConfig};
+use crate::election::lease::LeaseBackend;
+use crate::election::machine::LossReason;
+use crate::election::streams::StreamsBackend;
+use crate::election::{self, ElectionError, Steer, HEALTH_CHECK};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+impl Steer for Handle {
+    fn won(&self, me: &str) {
+        self.metrics.leadership_transition();
+        self.metrics.set_leader(true);
+        warn!(identity = me, "became leader; resuming and discovering");
+        self.resume(PauseReason::Election);
+    }
+
+    fn lost(&self, me: &str, reason: &LossReason) {
+        self.metrics.leadership_transition();
+        self.metrics.set_leader(false);
+        warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
+        self.pause(PauseReason::Election, true);
+    }
+
+    fn failed(&self, error: &str) {
+        self.metrics.election_error();
+        self.health.set(HEALTH_CHECK, Err(error.to_string()));
+    }
+
+    fn worked(&self) {
+        self.health.set(HEALTH_CHECK, Ok(()));
+    }
+}
+
+/// Starts the configured election (none: `None`) steering `handle`. The
+/// provisioner paused itself for [`PauseReason::Election`] when it was made.
+pub(super) fn spawn(
+    cfg: &ElectionConfig,
+    nats: &async_nats::Client,
+    identity: String,
+    handle: Handle,
+    stop: CancellationToken,
+    leader_tx: watch::Sender<Option<String>>,
+) -> Option<JoinHandle<()>> {
+    let cfg = cfg.clone();
+    match cfg.backend {
+        ElectionBackend::None => None,
+        ElectionBackend::Streams => {
+            let nats = nats.clone();
+            let create = cfg.create_bucket.then_some(cfg.bucket_ttl);
+            let setup = move || {
+                let (nats, cfg, identity) = (nats.clone(), cfg.clone(), identity.clone());
+                async move {
+                    let b = StreamsBackend::connect(nats, &cfg, &identity, create).await?;
+                    info!(bucket = %cfg.bucket, key = %cfg.name, ttl = ?b.ttl(), "streams election ready");
+                    Ok::<_, ElectionError>(b)
+                }
+            };
+            Some(tokio::spawn(election::run(setup, handle, stop, leader_tx)))
+        }
+        ElectionBackend::Lease => {
+            let setup = move || {
+                let (cfg, identity) = (cfg.clone(), identity.clone());
+                async move {
+                    let b = LeaseBackend::connect(&cfg, &identity).await?;
+                    info!(lease = %format!("{}/{}", b.namespace(), cfg.lease_name), lease_duration = ?cfg.lease_duration, "lease election ready");
+                    Ok::<_, ElectionError>(b)
+                }
+            };
+            Some(tokio::spawn(election::run(setup, handle, stop, leader_tx)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
+    use crate::provision::Provisioner;
+    use std::time::Duration;
+
+    /// A provisioner with a streams election configured, not running.
+    fn provisioner(dir: &std::path::Path) -> Provisioner {
+        let yaml = dir.join("provisioner.yaml");
+        std::fs::write(
+            &yaml,
+            "choria_insecure: true\nsite: lead\nhelper: /bin/true\nleader_election: true\n",
+        )
+        .unwrap();
+        let ccfg = dir.join("choria.cfg");
+        std::fs::write(
+            &ccfg,
+            "identity = provisioner.lead\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let cfg = ProvisionerConfig::load(&yaml).unwrap();
+        let env = Environment::from_process();
+        let setup = ChoriaClientConfig::load_with(&ccfg, &env)
+            .unwrap()
+            .client_setup(&cfg, &env)
+            .unwrap();
+        Provisioner::new(cfg, setup, "test")
+    }
+
+    #[test]
+    fn winning_resumes_and_losing_pauses_and_empties_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provisioner(dir.path());
+        let h = p.handle();
+        let m = |name: &str| h.metrics.value(name).unwrap();
+        assert!(h.gate.is_paused(), "an elected provisioner starts paused");
+
+        h.won("me");
+        assert!(!h.gate.is_paused(), "the winner works");
+        assert_eq!(m("choria_provisioner_leader"), 1.0);
+        assert_eq!(m("choria_provisioner_leadership_transitions"), 1.0);
+        h.registry.add("node-1.example.net");
+        assert_eq!(h.registry.queued(), 1);
+
+        h.lost("me", &LossReason::RenewDeadline(Duration::from_secs(3)));
+        assert!(h.gate.is_paused());
+        assert_eq!(m("choria_provisioner_leader"), 0.0);
+        assert_eq!(m("choria_provisioner_leadership_transitions"), 2.0);
+        assert_eq!(h.registry.queued(), 0, "nothing stale after a later win");
+        assert!(h.registry.is_empty());
+    }
+
+    #[test]
+    fn failures_are_counted_and_fail_readiness_until_an_attempt_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provisioner(dir.path());
+        let h = p.handle();
+        h.failed("bucket unreachable");
+        h.failed("bucket unreachable");
+        assert_eq!(
+            h.metrics.value("choria_provisioner_election_errors"),
+            Some(2.0)
+        );
+        let failing = h.health.ready().unwrap_err();
+        assert_eq!(failing[0].0, HEALTH_CHECK);
+        assert!(failing[0].1.contains("bucket unreachable"));
+        h.worked();
+        assert!(h.health.ready().is_ok());
+    }
+}
