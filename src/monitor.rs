@@ -356,7 +356,7 @@ mod tests {
         );
         assert!(r
             .body
-            .contains("# TYPE choria_provisioner_rpc_time summary"));
+            .contains("# TYPE choria_provisioner_provisioned counter"));
         s.stop().await;
     }
 
