@@ -1,0 +1,140 @@
+//! The pods' configuration: `provisioner.yaml` (in the provisioner's own schema), `choria.cfg`, the ConfigMap holding both, and its checksum.
+
+use super::*;
+
+/// The pods' `provisioner.yaml`. Keys of the other election backend are left
+/// out, so the provisioner has nothing to warn about.
+pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
+    let s = &p.spec;
+    let e = &s.election;
+    let lease = e.backend == ElectionBackend::Lease;
+    let streams = e.backend == ElectionBackend::Streams;
+    let owned = |v: Option<&String>| v.cloned();
+    let doc = ProvisionerFile {
+        helper: Some(s.helper.command.clone()),
+        workers: s.workers.map(i64::from),
+        interval: owned(s.interval.as_ref()),
+        loglevel: s.log_level.map(|l| l.as_str().to_string()),
+        token_file: s.token_secret.as_ref().map(ref_path),
+        broker_provisioning_password_file: s.broker_password_secret.as_ref().map(ref_path),
+        lifecycle_component: owned(s.lifecycle_component.as_ref()),
+        choria_insecure: Some(s.choria_insecure),
+        site: owned(s.site.as_ref()),
+        monitor_port: Some(i64::from(s.monitor_port)),
+        cert_deny_list: (!s.cert_deny_list.is_empty()).then(|| s.cert_deny_list.clone()),
+        jwt_verify_cert: s.jwt_verify_key_secret.as_ref().map(ref_path),
+        jwt_signing_key: s.jwt_signing_key_secret.as_ref().map(ref_path),
+        jwt_signing_token: s.jwt_signing_token_secret.as_ref().map(ref_path),
+        server_jwt_validity: owned(s.server_jwt_validity.as_ref()),
+        upgrades_repository: owned(s.upgrades_repository.as_ref()),
+        upgrades_optional: Some(s.upgrades_optional),
+        features: Some(FeaturesFile {
+            pki: Some(s.features.pki),
+            jwt: Some(s.features.jwt),
+            ed25519: Some(s.features.ed25519),
+            upgrades: Some(s.features.upgrades),
+        }),
+        discovery_timeout: owned(s.discovery_timeout.as_ref()),
+        discovery_window: owned(s.discovery_window.as_ref()),
+        helper_timeout: owned(s.helper_timeout.as_ref()),
+        rpc_timeout: owned(s.rpc_timeout.as_ref()),
+        election: Some(ElectionFile {
+            backend: Some(e.backend.as_str().to_string()),
+            lease_name: lease.then(|| p.name_any()),
+            lease_namespace: if lease { Some(namespace(p)?) } else { None },
+            lease_duration: owned(e.lease_duration.as_ref()).filter(|_| lease),
+            renew_deadline: owned(e.renew_deadline.as_ref()).filter(|_| lease),
+            retry_period: owned(e.retry_period.as_ref()).filter(|_| lease),
+            bucket: owned(e.bucket.as_ref()).filter(|_| streams),
+            name: owned(e.name.as_ref()).filter(|_| streams),
+            api_prefix: owned(e.api_prefix.as_ref()).filter(|_| streams),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let body = doc.to_yaml().map_err(|e| BuildError::Serialize {
+        what: PROVISIONER_YAML,
+        message: e.to_string(),
+    })?;
+    Ok(format!(
+        "# Written by the choria-provisioner operator from Provisioner {}/{}; edit the resource, not this.\n{body}",
+        namespace(p)?,
+        p.name_any()
+    ))
+}
+
+/// The pods' Choria client configuration: the `choria` security provider with
+/// `clientJwtSecret`, otherwise `file` (x509 from `tlsSecret`, or nothing
+/// with `choriaInsecure`).
+pub fn choria_cfg(p: &Provisioner) -> Result<String, BuildError> {
+    let b = &p.spec.broker;
+    let identity = b.identity.clone().unwrap_or_else(|| p.name_any());
+    let mut lines = vec![
+        format!(
+            "# Written by the choria-provisioner operator from Provisioner {}/{}.",
+            namespace(p)?,
+            p.name_any()
+        ),
+        format!("identity = {identity}"),
+        format!("plugin.choria.middleware_hosts = {}", b.urls.join(",")),
+    ];
+    let tls = |key: &str| b.tls_secret.as_ref().map(|s| secret_path(s, key));
+    match &b.client_jwt_secret {
+        Some(jwt) => {
+            lines.push("plugin.security.provider = choria".into());
+            lines.push(format!(
+                "plugin.security.choria.token_file = {}",
+                secret_path(jwt, "token")
+            ));
+            lines.push(format!(
+                "plugin.security.choria.seed_file = {}",
+                secret_path(jwt, "seed")
+            ));
+            if let (Some(ca), Some(cert), Some(key)) =
+                (tls("ca.crt"), tls("tls.crt"), tls("tls.key"))
+            {
+                lines.push(format!("plugin.security.choria.ca = {ca}"));
+                lines.push(format!("plugin.security.choria.certificate = {cert}"));
+                lines.push(format!("plugin.security.choria.key = {key}"));
+            }
+        }
+        None => {
+            lines.push("plugin.security.provider = file".into());
+            if let (Some(ca), Some(cert), Some(key)) =
+                (tls("ca.crt"), tls("tls.crt"), tls("tls.key"))
+            {
+                lines.push(format!("plugin.security.file.certificate = {cert}"));
+                lines.push(format!("plugin.security.file.key = {key}"));
+                lines.push(format!("plugin.security.file.ca = {ca}"));
+            }
+        }
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    Ok(text)
+}
+
+/// `<name>-config` with `provisioner.yaml` and `choria.cfg`.
+pub fn config_map(p: &Provisioner) -> Result<ConfigMap, BuildError> {
+    Ok(ConfigMap {
+        metadata: meta(p, config_map_name(&p.name_any()))?,
+        data: Some(BTreeMap::from([
+            (PROVISIONER_YAML.to_string(), provisioner_yaml(p)?),
+            (CHORIA_CFG.to_string(), choria_cfg(p)?),
+        ])),
+        ..ConfigMap::default()
+    })
+}
+
+/// sha256 (hex) of the ConfigMap's data: keys and values, each ended by NUL
+/// so no two different maps hash alike.
+pub fn checksum(cm: &ConfigMap) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in cm.data.iter().flatten() {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())
+}

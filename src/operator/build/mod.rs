@@ -1,0 +1,183 @@
+//! The objects a `Provisioner` stands for, built without a cluster: the
+//! reconciler applies exactly these, so tests of these functions are tests of
+//! what lands in the cluster.
+//!
+//! Secrets never appear in what is built here: the spec only names Secret
+//! keys, which reach the pods as files under
+//! `/etc/choria-provisioner/secrets/<secret>/<key>`, and the configuration
+//! only holds those paths.
+
+use super::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
+use crate::config::schema::{ElectionFile, FeaturesFile, ProvisionerFile};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Where the ConfigMap is mounted.
+pub const CONFIG_DIR: &str = "/etc/choria-provisioner/config";
+/// Where each referenced Secret is mounted, one directory per Secret.
+pub const SECRETS_DIR: &str = "/etc/choria-provisioner/secrets";
+/// Where `spec.helper.configMap` is mounted.
+pub const HELPER_DIR: &str = "/etc/choria-provisioner/helper";
+/// The ConfigMap key of the provisioner's configuration.
+pub const PROVISIONER_YAML: &str = "provisioner.yaml";
+/// The ConfigMap key of the Choria client configuration.
+pub const CHORIA_CFG: &str = "choria.cfg";
+/// Pod template annotation: sha256 of the ConfigMap data, so a configuration
+/// change rolls the pods (they read it once, at start).
+pub const CHECKSUM_ANNOTATION: &str = "provisioning.choria.io/config-checksum";
+/// The label every owned object carries; the operator watches only these.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGED_BY: &str = "choria-provisioner-operator";
+/// The provisioner container and its monitoring port's name.
+pub const CONTAINER: &str = "provisioner";
+pub const MONITOR_PORT_NAME: &str = "monitor";
+/// A non-root user and group; `fsGroup` makes mounted Secrets readable to it.
+pub const RUN_AS: i64 = 65532;
+
+/// Keys of `spec.broker.tlsSecret` (a `kubernetes.io/tls` Secret).
+pub const TLS_KEYS: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
+/// Keys of `spec.broker.clientJwtSecret`.
+pub const CLIENT_JWT_KEYS: [&str; 2] = ["token", "seed"];
+
+/// Why nothing can be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The resource as read from the API always has these.
+    #[error("the Provisioner has no {0} (not read from the API server?)")]
+    Missing(&'static str),
+    #[error("could not write {what}: {message}")]
+    Serialize { what: &'static str, message: String },
+}
+
+/// Everything one `Provisioner` owns.
+#[derive(Clone, Debug)]
+pub struct Owned {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub config_map: ConfigMap,
+    pub service: Service,
+    pub deployment: Deployment,
+    /// Only with two replicas or more; otherwise the reconciler deletes it.
+    pub pdb: Option<PodDisruptionBudget>,
+}
+
+/// Builds every owned object.
+pub fn owned(p: &Provisioner) -> Result<Owned, BuildError> {
+    let config_map = config_map(p)?;
+    Ok(Owned {
+        service_account: service_account(p)?,
+        role: role(p)?,
+        role_binding: role_binding(p)?,
+        deployment: deployment(p, &checksum(&config_map))?,
+        config_map,
+        service: service(p)?,
+        pdb: pdb(p)?,
+    })
+}
+
+/// Path of a Secret key inside the pods.
+pub fn secret_path(secret: &str, key: &str) -> String {
+    format!("{SECRETS_DIR}/{secret}/{key}")
+}
+
+fn ref_path(r: &SecretKeyRef) -> String {
+    secret_path(&r.name, &r.key)
+}
+
+pub fn config_map_name(name: &str) -> String {
+    format!("{name}-config")
+}
+
+pub fn service_name(name: &str) -> String {
+    format!("{name}-metrics")
+}
+
+/// Labels that select this Provisioner's pods.
+pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "choria-provisioner".into()),
+        ("app.kubernetes.io/instance".into(), name.into()),
+    ])
+}
+
+/// Labels of every owned object.
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(name);
+    l.insert("app.kubernetes.io/component".into(), "provisioner".into());
+    l.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    l
+}
+
+/// Name, namespace, labels and the controller owner reference.
+fn meta(p: &Provisioner, name: String) -> Result<ObjectMeta, BuildError> {
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: Some(namespace(p)?),
+        labels: Some(labels(&p.name_any())),
+        owner_references: Some(vec![owner_ref(p)?]),
+        ..ObjectMeta::default()
+    })
+}
+
+fn namespace(p: &Provisioner) -> Result<String, BuildError> {
+    p.namespace().ok_or(BuildError::Missing("namespace"))
+}
+
+fn owner_ref(p: &Provisioner) -> Result<OwnerReference, BuildError> {
+    p.controller_owner_ref(&())
+        .ok_or(BuildError::Missing("uid"))
+}
+
+/// Every Secret the pods need and which of its keys, in a stable order.
+pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String>> {
+    let mut mounts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let refs = [
+        &spec.token_secret,
+        &spec.broker_password_secret,
+        &spec.jwt_verify_key_secret,
+        &spec.jwt_signing_key_secret,
+        &spec.jwt_signing_token_secret,
+    ];
+    for r in refs.into_iter().flatten() {
+        mounts
+            .entry(r.name.clone())
+            .or_default()
+            .insert(r.key.clone());
+    }
+    for (secret, keys) in [
+        (&spec.broker.tls_secret, &TLS_KEYS[..]),
+        (&spec.broker.client_jwt_secret, &CLIENT_JWT_KEYS[..]),
+    ] {
+        if let Some(secret) = secret {
+            let entry = mounts.entry(secret.clone()).or_default();
+            entry.extend(keys.iter().map(|k| k.to_string()));
+        }
+    }
+    mounts
+}
+
+mod config;
+mod disruption;
+mod rbac;
+mod workload;
+pub use config::*;
+pub use disruption::*;
+pub use rbac::*;
+pub use workload::*;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,543 @@
+use super::*;
+use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig, SecurityProvider};
+use crate::operator::fixtures::{provisioner, NS, UID};
+use serde_json::json;
+use std::path::PathBuf;
+
+fn config(p: &Provisioner) -> ProvisionerConfig {
+    let text = provisioner_yaml(p).unwrap();
+    ProvisionerConfig::parse(&text, PROVISIONER_YAML)
+        .unwrap_or_else(|e| panic!("the provisioner refuses\n{text}\n{e}"))
+}
+
+fn choria(p: &Provisioner) -> ChoriaClientConfig {
+    ChoriaClientConfig::parse(&choria_cfg(p).unwrap(), CHORIA_CFG, &Environment::default()).unwrap()
+}
+
+fn jwt_spec() -> Provisioner {
+    provisioner(json!({
+        "features": {"jwt": true},
+        "tokenSecret": {"name": "prov-secrets", "key": "token"},
+        "brokerPasswordSecret": {"name": "prov-secrets", "key": "broker-password"},
+        "jwtVerifyKeySecret": {"name": "prov-signer", "key": "signer.pem"},
+        "workers": 4,
+        "interval": "5m",
+        "site": "lab",
+        "logLevel": "info",
+        "certDenyList": ["^bad"],
+        "election": {"leaseDuration": "20s"},
+    }))
+}
+
+#[test]
+fn provisioner_yaml_is_what_the_provisioner_reads() {
+    let cfg = config(&jwt_spec());
+    let path = |s: &str| Some(PathBuf::from(s));
+    assert_eq!(cfg.helper, "/etc/choria-provisioner/helper/helper.sh");
+    assert_eq!(cfg.workers, 4);
+    assert_eq!(cfg.interval_text, "5m");
+    assert_eq!(cfg.site, "lab");
+    assert_eq!(cfg.loglevel.as_deref(), Some("info"));
+    assert_eq!(cfg.monitor_port, Some(8080));
+    assert_eq!(cfg.cert_deny_list, ["^bad"]);
+    assert!(cfg.features.jwt && !cfg.features.pki && !cfg.features.ed25519);
+    assert_eq!(
+        cfg.token_file,
+        path("/etc/choria-provisioner/secrets/prov-secrets/token")
+    );
+    assert_eq!(
+        cfg.broker_provisioning_password_file,
+        path("/etc/choria-provisioner/secrets/prov-secrets/broker-password")
+    );
+    assert_eq!(
+        cfg.jwt_verify_cert.as_deref(),
+        Some("/etc/choria-provisioner/secrets/prov-signer/signer.pem")
+    );
+    assert_eq!(cfg.election.backend, crate::config::ElectionBackend::Lease);
+    assert_eq!(cfg.election.lease_name, "prov");
+    assert_eq!(cfg.election.lease_namespace.as_deref(), Some(NS));
+    assert_eq!(
+        cfg.election.lease_duration,
+        std::time::Duration::from_secs(20)
+    );
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+}
+
+#[test]
+fn secrets_appear_only_as_paths() {
+    let p = jwt_spec();
+    let cm = config_map(&p).unwrap();
+    let yaml = &cm.data.as_ref().unwrap()[PROVISIONER_YAML];
+    // The parsed configuration holds no secret, only where to read it.
+    let cfg = config(&p);
+    assert!(cfg.token.is_empty());
+    assert!(cfg.broker_provisioning_password.is_none());
+    for line in yaml.lines().filter(|l| l.contains("secret")) {
+        assert!(line.contains(SECRETS_DIR), "{line}");
+    }
+    for key in ["token:", "broker_provisioning_password:"] {
+        assert!(
+            !yaml.lines().any(|l| l.starts_with(key)),
+            "{key} in\n{yaml}"
+        );
+    }
+}
+
+#[test]
+fn x509_login_uses_the_file_provider() {
+    let c = choria(&jwt_spec());
+    assert_eq!(c.identity, "prov");
+    assert_eq!(c.middleware_hosts, ["nats://broker.example.net:4222"]);
+    assert_eq!(c.security_provider(false).unwrap(), SecurityProvider::File);
+    let p = |k: &str| {
+        Some(PathBuf::from(format!(
+            "/etc/choria-provisioner/secrets/prov-tls/{k}"
+        )))
+    };
+    assert_eq!(c.file_certificate, p("tls.crt"));
+    assert_eq!(c.file_key, p("tls.key"));
+    assert_eq!(c.file_ca, p("ca.crt"));
+}
+
+#[test]
+fn ed25519_with_a_client_jwt_uses_the_choria_provider_and_streams() {
+    let p = provisioner(json!({
+        "broker": {"tlsSecret": null, "clientJwtSecret": "prov-jwt", "identity": "provisioner.example.net",
+                   "urls": ["tls://b1:4222", "tls://b2:4222"]},
+        "features": {"ed25519": true},
+        "jwtVerifyKeySecret": {"name": "prov-keys", "key": "verify"},
+        "jwtSigningKeySecret": {"name": "prov-keys", "key": "signer.seed"},
+        "jwtSigningTokenSecret": {"name": "prov-keys", "key": "signer.jwt"},
+        "election": {"backend": "streams", "bucket": "ELECTIONS", "leaseDuration": "20s"},
+    }));
+    let cfg = config(&p);
+    assert!(cfg.features.ed25519 && cfg.features.jwt);
+    assert_eq!(
+        cfg.jwt_signing_key,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/prov-keys/signer.seed"
+        ))
+    );
+    assert_eq!(
+        cfg.jwt_signing_token,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/prov-keys/signer.jwt"
+        ))
+    );
+    assert_eq!(
+        cfg.election.backend,
+        crate::config::ElectionBackend::Streams
+    );
+    assert_eq!(cfg.election.bucket, "ELECTIONS");
+    let yaml = provisioner_yaml(&p).unwrap();
+    assert!(!yaml.contains("lease"), "lease keys with streams:\n{yaml}");
+
+    let c = choria(&p);
+    assert_eq!(c.identity, "provisioner.example.net");
+    assert_eq!(c.middleware_hosts, ["tls://b1:4222", "tls://b2:4222"]);
+    assert_eq!(
+        c.security_provider(false).unwrap(),
+        SecurityProvider::Choria
+    );
+    assert_eq!(
+        c.choria_token_file,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/prov-jwt/token"
+        ))
+    );
+    assert_eq!(
+        c.choria_seed_file,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/prov-jwt/seed"
+        ))
+    );
+    assert_eq!(c.choria_ca, None);
+}
+
+#[test]
+fn insecure_needs_no_credentials() {
+    let p = provisioner(json!({"broker": {"tlsSecret": null}, "choriaInsecure": true}));
+    assert!(config(&p).choria_insecure);
+    let cfg = choria_cfg(&p).unwrap();
+    assert!(!cfg.contains("plugin.security.file"), "{cfg}");
+    assert!(secret_mounts(&p.spec).is_empty());
+}
+
+fn deployment_of(p: &Provisioner) -> Deployment {
+    owned(p).unwrap().deployment
+}
+
+fn pod(d: &Deployment) -> &PodSpec {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+fn annotation(d: &Deployment) -> String {
+    d.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap()[CHECKSUM_ANNOTATION]
+        .clone()
+}
+
+#[test]
+fn deployment_runs_the_provisioner_restricted() {
+    let p = jwt_spec();
+    let o = owned(&p).unwrap();
+    let d = &o.deployment;
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(
+        spec.selector.match_labels.as_ref(),
+        Some(&selector_labels("prov"))
+    );
+    let pod = pod(d);
+    assert_eq!(pod.service_account_name.as_deref(), Some("prov"));
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some(crate::operator::crd::default_image().as_str())
+    );
+    assert_eq!(
+        c.args.as_ref().unwrap(),
+        &[
+            "run",
+            "--config",
+            "/etc/choria-provisioner/config/provisioner.yaml",
+            "--choria-config",
+            "/etc/choria-provisioner/config/choria.cfg",
+            "--provisioner",
+            "choria/prov"
+        ]
+    );
+    let env: Vec<(&str, &str)> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let f = e.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+            (e.name.as_str(), f.field_path.as_str())
+        })
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace")
+        ]
+    );
+    assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 8080);
+    for (probe, path) in [
+        (&c.liveness_probe, "/healthz"),
+        (&c.readiness_probe, "/readyz"),
+    ] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(get.port, IntOrString::String("monitor".into()));
+    }
+
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.fs_group, Some(RUN_AS));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    let csc = c.security_context.as_ref().unwrap();
+    assert_eq!(csc.allow_privilege_escalation, Some(false));
+    assert_eq!(csc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        csc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+
+    // Volumes: config, /tmp, only the referenced Secrets (only their
+    // keys), the helper ConfigMap.
+    let volumes: Vec<(String, String, Vec<String>)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| {
+            let (source, keys) = if let Some(s) = &v.secret {
+                let keys = s.items.iter().flatten().map(|i| i.key.clone()).collect();
+                (
+                    format!("secret {}", s.secret_name.as_deref().unwrap()),
+                    keys,
+                )
+            } else if let Some(cm) = &v.config_map {
+                (
+                    format!("configMap {} {:?}", cm.name, cm.default_mode),
+                    vec![],
+                )
+            } else {
+                ("emptyDir".to_string(), vec![])
+            };
+            (v.name.clone(), source, keys)
+        })
+        .collect();
+    let owned_strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        volumes,
+        [
+            ("config".into(), "configMap prov-config None".into(), vec![]),
+            ("tmp".into(), "emptyDir".into(), vec![]),
+            (
+                "secret-0".into(),
+                "secret prov-secrets".into(),
+                owned_strings(&["broker-password", "token"])
+            ),
+            (
+                "secret-1".into(),
+                "secret prov-signer".into(),
+                owned_strings(&["signer.pem"])
+            ),
+            (
+                "secret-2".into(),
+                "secret prov-tls".into(),
+                owned_strings(&["ca.crt", "tls.crt", "tls.key"])
+            ),
+            (
+                "helper".into(),
+                format!("configMap prov-helper {:?}", Some(0o755)),
+                vec![]
+            ),
+        ]
+    );
+    let mounts: Vec<(&str, &str, Option<bool>)> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("config", "/etc/choria-provisioner/config", Some(true)),
+            ("tmp", "/tmp", None),
+            (
+                "secret-0",
+                "/etc/choria-provisioner/secrets/prov-secrets",
+                Some(true)
+            ),
+            (
+                "secret-1",
+                "/etc/choria-provisioner/secrets/prov-signer",
+                Some(true)
+            ),
+            (
+                "secret-2",
+                "/etc/choria-provisioner/secrets/prov-tls",
+                Some(true)
+            ),
+            ("helper", "/etc/choria-provisioner/helper", Some(true)),
+        ]
+    );
+    assert_eq!(annotation(d), checksum(&o.config_map));
+    assert_eq!(annotation(d).len(), 64);
+}
+
+#[test]
+fn pod_overrides_and_image_settings() {
+    let p = provisioner(json!({
+        "image": "registry.example.net/choria-provisioner:1.2.3",
+        "imagePullPolicy": "Always",
+        "replicas": 3,
+        "monitorPort": 9100,
+        "resources": {"limits": {"memory": "256Mi"}},
+        "pod": {
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "choria", "effect": "NoSchedule"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+            "annotations": {"example.net/team": "ops", CHECKSUM_ANNOTATION: "mine"},
+            "labels": {"team": "ops", "app.kubernetes.io/instance": "other"},
+        },
+    }));
+    let o = owned(&p).unwrap();
+    let d = &o.deployment;
+    let template = &d.spec.as_ref().unwrap().template;
+    let meta = template.metadata.as_ref().unwrap();
+    let labels = meta.labels.as_ref().unwrap();
+    assert_eq!(labels["team"], "ops");
+    assert_eq!(
+        labels["app.kubernetes.io/instance"], "prov",
+        "selector labels win"
+    );
+    let annotations = meta.annotations.as_ref().unwrap();
+    assert_eq!(annotations["example.net/team"], "ops");
+    assert_eq!(
+        annotations[CHECKSUM_ANNOTATION],
+        checksum(&o.config_map),
+        "ours wins"
+    );
+    let pod = pod(d);
+    assert_eq!(
+        pod.node_selector.as_ref().unwrap()["kubernetes.io/os"],
+        "linux"
+    );
+    assert_eq!(
+        pod.tolerations.as_ref().unwrap()[0].key.as_deref(),
+        Some("dedicated")
+    );
+    assert!(pod.affinity.as_ref().unwrap().pod_anti_affinity.is_some());
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some("registry.example.net/choria-provisioner:1.2.3")
+    );
+    assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 9100);
+    assert!(c
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap()
+        .contains_key("memory"));
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    let svc = o.service.spec.as_ref().unwrap();
+    assert_eq!(o.service.metadata.name.as_deref(), Some("prov-metrics"));
+    assert_eq!(svc.ports.as_ref().unwrap()[0].port, 9100);
+    assert_eq!(svc.selector.as_ref(), Some(&selector_labels("prov")));
+}
+
+#[test]
+fn checksum_follows_the_configuration_not_the_pause() {
+    let base = annotation(&deployment_of(&provisioner(json!({"workers": 2}))));
+    let paused = annotation(&deployment_of(&provisioner(
+        json!({"workers": 2, "paused": true}),
+    )));
+    let more = annotation(&deployment_of(&provisioner(json!({"workers": 4}))));
+    let again = annotation(&deployment_of(&provisioner(json!({"workers": 2}))));
+    assert_eq!(base, paused, "pausing must not roll the pods");
+    assert_eq!(base, again, "stable");
+    assert_ne!(base, more, "a configuration change rolls the pods");
+}
+
+/// (apiGroups, resources, resourceNames, verbs)
+type Rule = (String, String, Option<Vec<String>>, Vec<String>);
+
+fn rules(p: &Provisioner) -> Vec<Rule> {
+    role(p)
+        .unwrap()
+        .rules
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.api_groups.unwrap().join(","),
+                r.resources.unwrap().join(","),
+                r.resource_names,
+                r.verbs,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn role_grants_exactly_what_the_pods_need() {
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let name = Some(s(&["prov"]));
+    let group = "provisioning.choria.io".to_string();
+    let own = vec![
+        (
+            group.clone(),
+            "provisioners".into(),
+            name.clone(),
+            s(&["get", "watch", "list"]),
+        ),
+        (
+            group,
+            "provisioners/status".into(),
+            name.clone(),
+            s(&["get", "patch", "update"]),
+        ),
+    ];
+    let mut with_lease = own.clone();
+    with_lease.push((
+        "coordination.k8s.io".into(),
+        "leases".into(),
+        None,
+        s(&["create"]),
+    ));
+    with_lease.push((
+        "coordination.k8s.io".into(),
+        "leases".into(),
+        name,
+        s(&["get", "update"]),
+    ));
+    assert_eq!(rules(&provisioner(json!({}))), with_lease);
+    assert_eq!(
+        rules(&provisioner(json!({"election": {"backend": "streams"}}))),
+        own
+    );
+    assert_eq!(
+        rules(&provisioner(json!({"election": {"backend": "none"}}))),
+        own
+    );
+
+    let rb = role_binding(&provisioner(json!({}))).unwrap();
+    assert_eq!(rb.role_ref.kind, "Role");
+    assert_eq!(rb.role_ref.name, "prov");
+    let subject = &rb.subjects.unwrap()[0];
+    assert_eq!(
+        (subject.kind.as_str(), subject.name.as_str()),
+        ("ServiceAccount", "prov")
+    );
+    assert_eq!(subject.namespace.as_deref(), Some(NS));
+}
+
+#[test]
+fn pdb_only_with_two_replicas_or_more() {
+    assert!(pdb(&provisioner(json!({"replicas": 1}))).unwrap().is_none());
+    assert!(pdb(&provisioner(json!({"replicas": 0}))).unwrap().is_none());
+    let p = pdb(&provisioner(json!({})))
+        .unwrap()
+        .expect("a PDB with the default 2");
+    let spec = p.spec.unwrap();
+    assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
+    assert_eq!(
+        spec.selector.unwrap().match_labels,
+        Some(selector_labels("prov"))
+    );
+}
+
+#[test]
+fn every_object_is_owned_by_its_provisioner() {
+    let o = owned(&provisioner(json!({}))).unwrap();
+    let metas = [
+        &o.service_account.metadata,
+        &o.role.metadata,
+        &o.role_binding.metadata,
+        &o.config_map.metadata,
+        &o.service.metadata,
+        &o.deployment.metadata,
+        &o.pdb.as_ref().unwrap().metadata,
+    ];
+    for m in metas {
+        let refs = m.owner_references.as_ref().unwrap();
+        assert_eq!(refs.len(), 1);
+        let r = &refs[0];
+        assert_eq!(
+            (r.kind.as_str(), r.name.as_str(), r.uid.as_str()),
+            ("Provisioner", "prov", UID)
+        );
+        assert_eq!(r.api_version, "provisioning.choria.io/v1alpha1");
+        assert_eq!(r.controller, Some(true));
+        assert_eq!(m.namespace.as_deref(), Some(NS));
+        assert_eq!(m.labels.as_ref().unwrap()[MANAGED_BY_LABEL], MANAGED_BY);
+    }
+}
+
+#[test]
+fn without_uid_nothing_is_built() {
+    let mut p = provisioner(json!({}));
+    p.metadata.uid = None;
+    assert!(matches!(owned(&p), Err(BuildError::Missing("uid"))));
+}
