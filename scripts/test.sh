@@ -63,6 +63,8 @@ log "install helpers on an empty cache (scripts/check-install.sh)"
 
 log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
+log "module layering: no import cycle, every use allowed (scripts/check-layers.py)"
+python3 "$ROOT/scripts/check-layers.py"
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"

@@ -113,7 +113,20 @@ struct AppState {
 /// Anything whose metrics `/metrics` serves in the Prometheus text format
 /// (the provisioner's and the operator's registries).
 pub trait Exposition: Send + Sync + 'static {
-    fn encode_text(&self) -> String;
+    /// The registry holding every metric.
+    fn registry(&self) -> &prometheus::Registry;
+
+    /// All metrics in the Prometheus text exposition format 0.0.4.
+    fn encode_text(&self) -> String {
+        encode_registry(self.registry())
+    }
+
+    /// Current value of a metric by name, summed over its series (e.g. all
+    /// labels): counters and gauges give their value, summaries and
+    /// histograms their observation count. `None` for an unknown name.
+    fn value(&self, name: &str) -> Option<f64> {
+        registry_value(self.registry(), name)
+    }
 }
 
 /// A registry in the Prometheus text exposition format 0.0.4.
@@ -127,9 +140,7 @@ pub fn encode_registry(registry: &prometheus::Registry) -> String {
     out
 }
 
-/// Current value of a metric by name, summed over its series (e.g. all
-/// labels): counters and gauges give their value, summaries and histograms
-/// their observation count. `None` for an unknown name.
+/// [`Exposition::value`] of a registry.
 pub fn registry_value(registry: &prometheus::Registry, name: &str) -> Option<f64> {
     use prometheus::proto::MetricType;
     let family = registry.gather().into_iter().find(|f| f.name() == name)?;
@@ -266,8 +277,8 @@ mod tests {
     }
 
     impl Exposition for TestMetrics {
-        fn encode_text(&self) -> String {
-            encode_registry(&self.registry)
+        fn registry(&self) -> &prometheus::Registry {
+            &self.registry
         }
     }
 

@@ -1,6 +1,5 @@
 //! Tracing set-up: where log lines go and in which format.
 
-use crate::cmd::GlobalArgs;
 use crate::config::LogTarget;
 use anyhow::{Context, Result};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
@@ -48,13 +47,4 @@ pub fn init(format: LogFormat, filter: &str, target: &LogTarget) -> Result<()> {
         LogFormat::Json => builder.json().init(),
     }
     Ok(())
-}
-
-/// What every subcommand but `run` logs with: stderr, `info` unless told.
-pub fn init_stderr(global: &GlobalArgs) -> Result<()> {
-    init(
-        global.log_format,
-        &global.filter("info"),
-        &LogTarget::Stderr,
-    )
 }

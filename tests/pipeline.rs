@@ -8,6 +8,7 @@ use choria_provisioner::choria::client::{self, EventFormat};
 use choria_provisioner::choria::lifecycle::{Event, EventType};
 use choria_provisioner::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
 use choria_provisioner::fleet::FleetOptions;
+use choria_provisioner::monitor::Exposition;
 use choria_provisioner::provision::gate::PauseReason;
 use choria_provisioner::provision::{Handle, Provisioner};
 use serde_json::Value;

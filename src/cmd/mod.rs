@@ -54,6 +54,15 @@ pub struct GlobalArgs {
 }
 
 impl GlobalArgs {
+    /// What every subcommand but `run` logs with: stderr, `info` unless told.
+    pub fn init_stderr_logging(&self) -> anyhow::Result<()> {
+        telemetry::init(
+            self.log_format,
+            &self.filter("info"),
+            &crate::config::LogTarget::Stderr,
+        )
+    }
+
     /// The log filter: `--log`, else `--debug`, else `default`.
     pub fn filter(&self, default: &str) -> String {
         match (&self.log, self.debug) {
@@ -137,15 +146,15 @@ pub fn main() -> ExitCode {
         match command {
             Command::Run(args) => run::run(args, &global).await,
             Command::Fleet(args) => {
-                telemetry::init_stderr(&global)?;
+                global.init_stderr_logging()?;
                 fleet::run(args).await
             }
             Command::Discover(args) => {
-                telemetry::init_stderr(&global)?;
+                global.init_stderr_logging()?;
                 discover::run(args).await
             }
             Command::Operator(args) => {
-                telemetry::init_stderr(&global)?;
+                global.init_stderr_logging()?;
                 operator::run(args).await
             }
             Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),

@@ -3,6 +3,7 @@
 
 use super::GlobalArgs;
 use crate::config::{self, Environment};
+use crate::monitor::Exposition;
 use crate::provision::{self, Prepared, Provisioner};
 use crate::telemetry;
 use anyhow::{Context, Result};

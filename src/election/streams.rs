@@ -220,11 +220,7 @@ impl StreamsBackend {
     async fn bucket_ttl(&self) -> Result<Duration, StreamsError> {
         let subject = format!("{}.STREAM.INFO.KV_{}", self.api_prefix, self.bucket);
         let reply = self.request(subject.clone(), None, Vec::new()).await?;
-        let info: StreamInfo =
-            serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
-                subject: subject.clone(),
-                reason: e.to_string(),
-            })?;
+        let info: StreamInfo = parse_reply(&subject, &reply)?;
         if let Some(e) = info.error {
             if e.code == 404 {
                 return Err(StreamsError::NoBucket {
@@ -264,11 +260,7 @@ impl StreamsBackend {
                 serde_json::to_vec(&config).unwrap_or_default(),
             )
             .await?;
-        let info: StreamInfo =
-            serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
-                subject: subject.clone(),
-                reason: e.to_string(),
-            })?;
+        let info: StreamInfo = parse_reply(&subject, &reply)?;
         if let Some(e) = info.error {
             return Err(api_error(subject, e));
         }
@@ -428,4 +420,15 @@ impl Backend for StreamsBackend {
         }
         std::future::pending::<()>().await
     }
+}
+
+/// A JetStream API reply, decoded; an undecodable one names its subject.
+fn parse_reply<T: serde::de::DeserializeOwned>(
+    subject: &str,
+    reply: &async_nats::Message,
+) -> Result<T, StreamsError> {
+    serde_json::from_slice(&reply.payload).map_err(|e| StreamsError::BadReply {
+        subject: subject.to_string(),
+        reason: e.to_string(),
+    })
 }

@@ -79,27 +79,18 @@ impl Metrics {
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
-
-    /// The Prometheus text exposition format.
-    pub fn encode_text(&self) -> String {
-        crate::monitor::encode_registry(&self.registry)
-    }
-
-    /// Current value of a counter or gauge, summed over its labels.
-    pub fn value(&self, name: &str) -> Option<f64> {
-        crate::monitor::registry_value(&self.registry, name)
-    }
 }
 
 impl crate::monitor::Exposition for Metrics {
-    fn encode_text(&self) -> String {
-        Metrics::encode_text(self)
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::monitor::Exposition;
 
     #[test]
     fn counters_start_at_zero_and_count() {

@@ -108,17 +108,23 @@ pub enum ProvisionError {
         last: String,
     },
     #[error("could not validate JWT: {0}")]
-    Jwt(String),
+    Jwt(#[source] TokenError),
+    #[error("could not validate JWT: the node's provisioning JWT expects a different token (its cht claim) than `token` in the provisioner configuration")]
+    TokenMismatch,
     #[error("could not verify the ed25519 public key: {0}")]
     Ed25519(String),
     #[error("could not validate CSR: {0}")]
-    Csr(String),
+    Csr(#[source] CsrError),
+    #[error("could not validate CSR: no CSR received")]
+    NoCsr,
     #[error("the helper failed: {0}")]
     Helper(#[from] HelperError),
     #[error("configuration deferred by the helper: {0}")]
     Deferred(String),
     #[error("could not sign the server JWT: {0}")]
-    ServerJwt(String),
+    ServerJwt(#[source] TokenError),
+    #[error("could not sign the server JWT: {0}")]
+    ServerJwtSetup(&'static str),
     #[error("could not encrypt the private key for the node: {0}")]
     KeyEncryption(String),
     #[error("upgrade to {version} failed: {reason}")]
@@ -136,11 +142,11 @@ impl ProvisionError {
             ProvisionError::Rpc { rpc, .. } => rpc,
             ProvisionError::Paused(_) | ProvisionError::Abandoned => "pause",
             ProvisionError::Stale(_) => "queue",
-            ProvisionError::Jwt(_) => "choria_provision#jwt",
+            ProvisionError::Jwt(_) | ProvisionError::TokenMismatch => "choria_provision#jwt",
             ProvisionError::Ed25519(_) => "choria_provision#gen25519",
-            ProvisionError::Csr(_) => "choria_provision#gencsr",
+            ProvisionError::Csr(_) | ProvisionError::NoCsr => "choria_provision#gencsr",
             ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",
-            ProvisionError::ServerJwt(_) => "server_jwt",
+            ProvisionError::ServerJwt(_) | ProvisionError::ServerJwtSetup(_) => "server_jwt",
             ProvisionError::KeyEncryption(_) => "key_encryption",
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",
             ProvisionError::EmptyConfiguration => "choria_provision#configure",
@@ -375,17 +381,15 @@ impl<'a> HostSequence<'a> {
     /// so a rotated key takes effect) and settles the token to use.
     fn validate_jwt(&mut self) -> Result<(), ProvisionError> {
         let key = self.ctx.verify_key.get(&self.ctx.cfg)?;
-        let claims = parse_provisioning_token(&self.got.raw_jwt, &key)
-            .map_err(|e: TokenError| ProvisionError::Jwt(e.to_string()))?;
+        let claims =
+            parse_provisioning_token(&self.got.raw_jwt, &key).map_err(ProvisionError::Jwt)?;
         if !claims.token.is_empty() {
             if self.token.is_empty() {
                 // The JWT is signed by the organisation: its `cht` is the token
                 // this node expects, so use it when we were given none.
                 self.token = Secret::new(claims.token.clone());
             } else if self.token.expose() != claims.token {
-                return Err(ProvisionError::Jwt(
-                    "the node's provisioning JWT expects a different token (its cht claim) than `token` in the provisioner configuration".into(),
-                ));
+                return Err(ProvisionError::TokenMismatch);
             }
         }
         self.got.jwt = Some(claims);
@@ -484,12 +488,11 @@ impl<'a> HostSequence<'a> {
             )
             .await?;
         if reply.csr.is_empty() {
-            return Err(ProvisionError::Csr("no CSR received".into()));
+            return Err(ProvisionError::NoCsr);
         }
-        let info =
-            parse_csr(&reply.csr).map_err(|e: CsrError| ProvisionError::Csr(e.to_string()))?;
+        let info = parse_csr(&reply.csr).map_err(ProvisionError::Csr)?;
         validate_csr_names(&info, self.identity, &self.ctx.deny_list)
-            .map_err(|e| ProvisionError::Csr(e.to_string()))?;
+            .map_err(ProvisionError::Csr)?;
         self.got.csr = Some(reply);
         Ok(())
     }
@@ -540,7 +543,7 @@ impl<'a> HostSequence<'a> {
         let cfg = &self.ctx.cfg;
         let err = ProvisionError::ServerJwt;
         let Some(ed) = self.got.ed25519.as_ref() else {
-            return Err(err("no ed25519 public key set".into()));
+            return Err(ProvisionError::ServerJwtSetup("no ed25519 public key set"));
         };
         let mut org = "choria".to_string();
         let mut validity = cfg.server_jwt_validity;
@@ -590,20 +593,18 @@ impl<'a> HostSequence<'a> {
             PROVISIONER_ISSUER,
             validity,
         )
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(err)?;
         // Keys and token are read per node so rotated secrets take effect.
         let key = cfg.load_signing_key()?;
         if let Some((_, signer)) = cfg.load_signing_token()? {
             let Some(ed_key) = key.as_ed25519() else {
-                return Err(err(
-                    "jwt_signing_key must be an ed25519 seed to chain-sign".into()
+                return Err(ProvisionError::ServerJwtSetup(
+                    "jwt_signing_key must be an ed25519 seed to chain-sign",
                 ));
             };
-            claims
-                .add_chain_issuer_data(&signer, ed_key)
-                .map_err(|e| err(e.to_string()))?;
+            claims.add_chain_issuer_data(&signer, ed_key).map_err(err)?;
         }
-        key.sign(&claims).map_err(|e| err(e.to_string()))
+        key.sign(&claims).map_err(err)
     }
 
     /// Encrypts the helper's private key to the node (X25519 + AES-256 PEM);

@@ -89,6 +89,7 @@ pub(super) fn spawn(
 mod tests {
     use super::*;
     use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
+    use crate::monitor::Exposition;
     use crate::provision::Provisioner;
     use std::time::Duration;
 

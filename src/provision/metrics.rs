@@ -254,23 +254,11 @@ impl Metrics {
     pub fn leadership_transition(&self) {
         self.leadership_transitions.inc();
     }
-
-    /// All metrics in the Prometheus text exposition format 0.0.4.
-    pub fn encode_text(&self) -> String {
-        crate::monitor::encode_registry(&self.registry)
-    }
-
-    /// Current value of a metric by name, summed over its series (e.g. all
-    /// `rpc` labels): counters and gauges give their value, summaries their
-    /// observation count. `None` for an unknown name.
-    pub fn value(&self, name: &str) -> Option<f64> {
-        crate::monitor::registry_value(&self.registry, name)
-    }
 }
 
 impl crate::monitor::Exposition for Metrics {
-    fn encode_text(&self) -> String {
-        Metrics::encode_text(self)
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 

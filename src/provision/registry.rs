@@ -178,8 +178,9 @@ impl Registry {
         forget
     }
 
-    /// Forgets the host after `delay` (the finisher does it).
-    pub fn remove_later(&self, ticket: Arc<Ticket>, delay: Duration) {
+    /// Moves the ticket's registration to `state`, unless a newer
+    /// registration replaced it.
+    fn set_state(&self, ticket: &Ticket, state: State) {
         if let Some(e) = self
             .hosts
             .lock()
@@ -187,8 +188,13 @@ impl Registry {
             .get_mut(&ticket.identity)
             .filter(|e| e.generation == ticket.generation)
         {
-            e.state = State::Held;
+            e.state = state;
         }
+    }
+
+    /// Forgets the host after `delay` (the finisher does it).
+    pub fn remove_later(&self, ticket: Arc<Ticket>, delay: Duration) {
+        self.set_state(&ticket, State::Held);
         if self.finisher.send((ticket.clone(), delay)).is_err() {
             self.remove(&ticket);
         }
@@ -208,15 +214,7 @@ impl Registry {
     /// The next queued ticket; `None` once the queue is closed.
     pub async fn next(&self) -> Option<Arc<Ticket>> {
         let ticket = self.queue_rx.recv().await.ok()?;
-        if let Some(e) = self
-            .hosts
-            .lock()
-            .expect("registry lock")
-            .get_mut(&ticket.identity)
-            .filter(|e| e.generation == ticket.generation)
-        {
-            e.state = State::Working;
-        }
+        self.set_state(&ticket, State::Working);
         self.metrics.set_work_queue_entries(self.queue_rx.len());
         Some(ticket)
     }

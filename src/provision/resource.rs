@@ -15,6 +15,7 @@
 use super::gate::PauseReason;
 use super::Handle;
 use crate::backoff::Backoff;
+use crate::monitor::Exposition;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::watcher;

@@ -330,6 +330,63 @@ pub(crate) fn hop(url: &str, identity: &str) -> Vec<[String; 3]> {
     vec![[url.to_string(), identity.to_string(), url.to_string()]]
 }
 
+/// A layer whose document names its protocol (`choria:transport:1`, …).
+pub(crate) trait Layered {
+    fn protocol(&self) -> &str;
+}
+
+/// Implements [`Layered`] for documents with a `protocol: String` field.
+macro_rules! layered {
+    ($($t:ty),* $(,)?) => {
+        $(impl $crate::choria::protocol::Layered for $t {
+            fn protocol(&self) -> &str {
+                &self.protocol
+            }
+        })*
+    };
+}
+pub(crate) use layered;
+
+/// A whole message's outer layer: within the size limit, valid JSON, and
+/// naming the `want`ed transport protocol.
+pub(crate) fn open_transport<'a, T>(data: &'a [u8], want: &'static str) -> Result<T, ProtocolError>
+where
+    T: serde::Deserialize<'a> + Layered,
+{
+    check_size(data)?;
+    parse_layer(Layer::Transport, data, want)
+}
+
+/// One layer of a message: valid JSON naming the `want`ed protocol.
+pub(crate) fn parse_layer<'a, T>(
+    layer: Layer,
+    data: &'a [u8],
+    want: &'static str,
+) -> Result<T, ProtocolError>
+where
+    T: serde::Deserialize<'a> + Layered,
+{
+    let doc: T = parse_json(layer, data)?;
+    expect_protocol(layer, doc.protocol(), want)?;
+    Ok(doc)
+}
+
+/// The protocol a layer names must be the one expected there.
+pub(crate) fn expect_protocol(
+    layer: Layer,
+    found: &str,
+    expected: &'static str,
+) -> Result<(), ProtocolError> {
+    if found != expected {
+        return Err(ProtocolError::UnknownProtocol {
+            layer,
+            found: found.to_string(),
+            expected,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn check_size(data: &[u8]) -> Result<(), ProtocolError> {
     if data.len() > MAX_MESSAGE_BYTES {
         return Err(ProtocolError::TooLarge {
@@ -417,10 +474,9 @@ pub(crate) fn validate_filter(layer: Layer, filter: &Filter) -> Result<(), Proto
 mod tests {
     use super::*;
 
-    #[test]
-    fn ttl_window_is_strict_on_both_sides() {
-        let now = 1_718_000_000_000_000_000i64;
-        let mut r = Request {
+    /// A v1 request with nothing set but a 60 s TTL, `time_nanos` and `message`.
+    fn request(time_nanos: i64, message: &[u8]) -> Request {
+        Request {
             version: Version::V1,
             id: String::new(),
             sender: String::new(),
@@ -428,13 +484,19 @@ mod tests {
             collective: String::new(),
             agent: String::new(),
             ttl: 60,
-            time_nanos: now,
+            time_nanos,
             filter: Filter::default(),
-            message: vec![],
+            message: message.to_vec(),
             reply_to: String::new(),
             transport_sender: String::new(),
             caller_jwt: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn ttl_window_is_strict_on_both_sides() {
+        let now = 1_718_000_000_000_000_000i64;
+        let mut r = request(now, b"");
         assert!(r.within_ttl(now));
         r.time_nanos = now - 60_000_000_000;
         assert!(!r.within_ttl(now), "exactly ttl old is outside");
@@ -448,21 +510,7 @@ mod tests {
 
     #[test]
     fn payload_is_base64_decoded_only_when_it_decodes() {
-        let mut r = Request {
-            version: Version::V1,
-            id: String::new(),
-            sender: String::new(),
-            caller: String::new(),
-            collective: String::new(),
-            agent: String::new(),
-            ttl: 60,
-            time_nanos: 0,
-            filter: Filter::default(),
-            message: b"cGluZw==".to_vec(),
-            reply_to: String::new(),
-            transport_sender: String::new(),
-            caller_jwt: String::new(),
-        };
+        let mut r = request(0, b"cGluZw==");
         assert_eq!(r.payload(), b"ping");
         r.message = br#"{"agent":"rpcutil"}"#.to_vec();
         assert_eq!(r.payload(), br#"{"agent":"rpcutil"}"#);

@@ -6,9 +6,9 @@
 //! request's `message` is the payload as a string.
 
 use super::{
-    check_size, decode_b64, hop, parse_json, reply_hash, require_non_empty, to_json,
-    validate_filter, Layer, ProtocolError, Reply, ReplySpec, Request, RequestSigner, RequestSpec,
-    Version,
+    decode_b64, expect_protocol, hop, open_transport, parse_json, parse_layer, reply_hash,
+    require_non_empty, to_json, validate_filter, Layer, ProtocolError, Reply, ReplySpec, Request,
+    RequestSigner, RequestSpec, Version,
 };
 use crate::choria::filter::Filter;
 use crate::choria::json::base64_bytes;
@@ -108,6 +108,8 @@ struct EnvelopeIn {
     filter: Option<serde_json::Value>,
 }
 
+super::layered!(Transport, SecureRequest, SecureReply, ReplyDoc);
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SecureReply {
     pub protocol: String,
@@ -197,14 +199,11 @@ pub fn encode_request(
 /// Decodes and schema-checks a v1 request as a provisioning-mode server does
 /// (signatures are not verified in provisioning mode).
 pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
 
-    let secure: SecureRequest = parse_json(Layer::SecureRequest, &transport.data)?;
-    expect_protocol(
+    let secure: SecureRequest = parse_layer(
         Layer::SecureRequest,
-        &secure.protocol,
+        &transport.data,
         SECURE_REQUEST_PROTOCOL,
     )?;
     require_non_empty(Layer::SecureRequest, "message", &secure.message)?;
@@ -327,21 +326,6 @@ fn decode_filter(layer: Layer, value: Option<serde_json::Value>) -> Result<Filte
     Ok(filter)
 }
 
-pub(super) fn expect_protocol(
-    layer: Layer,
-    found: &str,
-    expected: &'static str,
-) -> Result<(), ProtocolError> {
-    if found != expected {
-        return Err(ProtocolError::UnknownProtocol {
-            layer,
-            found: found.to_string(),
-            expected,
-        });
-    }
-    Ok(())
-}
-
 /// Builds the reply layers; replies are never signed in v1, only hashed.
 pub fn encode_reply(spec: &ReplySpec<'_>) -> Result<Vec<u8>, ProtocolError> {
     let body = std::str::from_utf8(spec.body).map_err(|_| {
@@ -382,19 +366,16 @@ pub fn encode_reply(spec: &ReplySpec<'_>) -> Result<Vec<u8>, ProtocolError> {
 
 /// Decodes a v1 reply and checks its hash, as the Go RPC client does.
 pub fn decode_reply(data: &[u8]) -> Result<Reply, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
-    let secure: SecureReply = parse_json(Layer::SecureReply, &transport.data)?;
-    expect_protocol(Layer::SecureReply, &secure.protocol, SECURE_REPLY_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
+    let secure: SecureReply =
+        parse_layer(Layer::SecureReply, &transport.data, SECURE_REPLY_PROTOCOL)?;
     if reply_hash(secure.message.as_bytes()) != secure.hash {
         return Err(ProtocolError::HashMismatch {
             layer: Layer::SecureReply,
             claimed: secure.hash,
         });
     }
-    let reply: ReplyDoc = parse_json(Layer::Reply, secure.message.as_bytes())?;
-    expect_protocol(Layer::Reply, &reply.protocol, REPLY_PROTOCOL)?;
+    let reply: ReplyDoc = parse_layer(Layer::Reply, secure.message.as_bytes(), REPLY_PROTOCOL)?;
     Ok(Reply {
         version: Version::V1,
         request_id: reply.envelope.requestid,
@@ -408,9 +389,7 @@ pub fn decode_reply(data: &[u8]) -> Result<Reply, ProtocolError> {
 
 /// Discovery only reads `headers.mc_sender` and never looks at the secure layer.
 pub fn transport_sender(data: &[u8]) -> Result<String, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
     if transport.headers.mc_sender.is_empty() {
         return Err(ProtocolError::schema(
             Layer::Transport,

@@ -4,10 +4,10 @@
 //! secure request's `request` and `signature`, the request's `message`, the secure
 //! reply's `reply` and the reply's `message`. Times are Unix nanoseconds.
 
-use super::v1::expect_protocol;
 use super::{
-    check_size, hop, parse_json, reply_hash, require_non_empty, to_json, validate_filter, Layer,
-    ProtocolError, Reply, ReplySpec, Request, RequestSigner, RequestSpec, Version,
+    expect_protocol, hop, open_transport, parse_json, parse_layer, reply_hash, require_non_empty,
+    to_json, validate_filter, Layer, ProtocolError, Reply, ReplySpec, Request, RequestSigner,
+    RequestSpec, Version,
 };
 use crate::choria::filter::Filter;
 use crate::choria::json::base64_bytes;
@@ -91,6 +91,8 @@ struct RequestIn {
     filter: Option<serde_json::Value>,
 }
 
+super::layered!(Transport, SecureRequest, SecureReplyDoc, ReplyDoc);
+
 #[derive(Debug, Serialize, Deserialize)]
 struct SecureReplyDoc {
     protocol: String,
@@ -162,14 +164,11 @@ pub fn encode_request(
 
 /// Decodes and schema-checks a v2 request as a provisioning-mode server does.
 pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
     let headers = transport.headers.unwrap_or_default();
 
-    let secure: SecureRequest = parse_json(Layer::SecureRequest, &transport.data)?;
     let ls = Layer::SecureRequest;
-    expect_protocol(ls, &secure.protocol, SECURE_REQUEST_PROTOCOL)?;
+    let secure: SecureRequest = parse_layer(ls, &transport.data, SECURE_REQUEST_PROTOCOL)?;
     if secure.request.is_empty() {
         return Err(ProtocolError::schema(ls, "request", "must not be empty"));
     }
@@ -289,19 +288,16 @@ pub fn encode_reply(spec: &ReplySpec<'_>) -> Result<Vec<u8>, ProtocolError> {
 
 /// Decodes a v2 reply and checks its hash.
 pub fn decode_reply(data: &[u8]) -> Result<Reply, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
-    let secure: SecureReplyDoc = parse_json(Layer::SecureReply, &transport.data)?;
-    expect_protocol(Layer::SecureReply, &secure.protocol, SECURE_REPLY_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
+    let secure: SecureReplyDoc =
+        parse_layer(Layer::SecureReply, &transport.data, SECURE_REPLY_PROTOCOL)?;
     if reply_hash(&secure.reply) != secure.hash {
         return Err(ProtocolError::HashMismatch {
             layer: Layer::SecureReply,
             claimed: secure.hash,
         });
     }
-    let reply: ReplyDoc = parse_json(Layer::Reply, &secure.reply)?;
-    expect_protocol(Layer::Reply, &reply.protocol, REPLY_PROTOCOL)?;
+    let reply: ReplyDoc = parse_layer(Layer::Reply, &secure.reply, REPLY_PROTOCOL)?;
     Ok(Reply {
         version: Version::V2,
         request_id: reply.request,
@@ -315,9 +311,7 @@ pub fn decode_reply(data: &[u8]) -> Result<Reply, ProtocolError> {
 
 /// Discovery reads only `headers.sender`.
 pub fn transport_sender(data: &[u8]) -> Result<String, ProtocolError> {
-    check_size(data)?;
-    let transport: Transport = parse_json(Layer::Transport, data)?;
-    expect_protocol(Layer::Transport, &transport.protocol, TRANSPORT_PROTOCOL)?;
+    let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
     let sender = transport.headers.map(|h| h.sender).unwrap_or_default();
     if sender.is_empty() {
         return Err(ProtocolError::schema(

@@ -143,6 +143,29 @@ async fn exchange<T>(
     .expect("the backend made exactly the expected requests")
 }
 
+/// `call` GETs `current` and wins with a PUT conditional on `read_rv`,
+/// which the server stores as `new_rv`; the spec written.
+async fn leads_with_a_conditional_put(
+    call: impl std::future::Future<Output = Result<Outcome, ElectionError>>,
+    server: &mut ApiServer,
+    current: &Lease,
+    new_rv: &'static str,
+    read_rv: &str,
+) -> LeaseSpec {
+    let (r, w) = exchange(
+        call,
+        server,
+        vec![
+            (Method::GET, LEASE, found(current)),
+            (Method::PUT, LEASE, Reply::Echo(new_rv)),
+        ],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Outcome::Leading);
+    assert_eq!(w[0].metadata.resource_version.as_deref(), Some(read_rv));
+    spec(&w[0]).clone()
+}
+
 fn spec(l: &Lease) -> &LeaseSpec {
     l.spec.as_ref().unwrap()
 }
@@ -158,18 +181,7 @@ async fn takes_a_free_lease_with_a_conditional_put() {
         "2026-05-01T09:59:59Z",
         3,
     );
-    let (r, w) = exchange(
-        b.campaign(),
-        &mut server,
-        vec![
-            (Method::GET, LEASE, found(&free)),
-            (Method::PUT, LEASE, Reply::Echo("42")),
-        ],
-    )
-    .await;
-    assert_eq!(r.unwrap(), Outcome::Leading);
-    assert_eq!(w[0].metadata.resource_version.as_deref(), Some("41"));
-    let s = spec(&w[0]);
+    let s = leads_with_a_conditional_put(b.campaign(), &mut server, &free, "42", "41").await;
     assert_eq!(s.holder_identity.as_deref(), Some("me"));
     assert_eq!(s.lease_transitions, Some(4));
     assert_eq!(s.lease_duration_seconds, Some(15));
@@ -265,18 +277,7 @@ async fn a_held_lease_expires_by_local_observation_time_only() {
     assert_eq!(r.unwrap(), Outcome::Following(Some("other".into())));
     // 15 s of our time without a change: it expired.
     clock.advance(Duration::from_secs(1));
-    let (r, w) = exchange(
-        b.campaign(),
-        &mut server,
-        vec![
-            (Method::GET, LEASE, found(&renewed)),
-            (Method::PUT, LEASE, Reply::Echo("9")),
-        ],
-    )
-    .await;
-    assert_eq!(r.unwrap(), Outcome::Leading);
-    assert_eq!(w[0].metadata.resource_version.as_deref(), Some("8"));
-    let s = spec(&w[0]);
+    let s = leads_with_a_conditional_put(b.campaign(), &mut server, &renewed, "9", "8").await;
     assert_eq!(s.holder_identity.as_deref(), Some("me"));
     assert_eq!(s.lease_transitions, Some(3));
     assert_eq!(s.acquire_time, mt("2026-05-01T10:00:29Z"));
@@ -328,18 +329,7 @@ async fn renewing_keeps_acquire_time_and_transitions() {
         2,
     );
     clock.advance(Duration::from_millis(2500));
-    let (r, w) = exchange(
-        b.renew(),
-        &mut server,
-        vec![
-            (Method::GET, LEASE, found(&ours)),
-            (Method::PUT, LEASE, Reply::Echo("21")),
-        ],
-    )
-    .await;
-    assert_eq!(r.unwrap(), Outcome::Leading);
-    assert_eq!(w[0].metadata.resource_version.as_deref(), Some("20"));
-    let s = spec(&w[0]);
+    let s = leads_with_a_conditional_put(b.renew(), &mut server, &ours, "21", "20").await;
     assert_eq!(s.holder_identity.as_deref(), Some("me"));
     assert_eq!(s.lease_transitions, Some(2));
     assert_eq!(s.acquire_time, mt("2026-05-01T09:00:00Z"));

@@ -1,4 +1,5 @@
 use super::*;
+use crate::monitor::Exposition;
 use crate::operator::build::CHECKSUM_ANNOTATION;
 use crate::operator::fixtures::{api_server, resource_json, Scenario, Seen, UID};
 use kube::runtime::events::Reporter;

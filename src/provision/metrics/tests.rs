@@ -1,4 +1,5 @@
 use super::*;
+use crate::monitor::Exposition;
 
 const COUNTERS: [&str; 11] = [
     "choria_provisioner_rpc_errors",

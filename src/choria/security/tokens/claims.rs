@@ -118,12 +118,6 @@ impl fmt::Debug for ProvisioningClaims {
     }
 }
 
-impl HasStandardClaims for ProvisioningClaims {
-    fn standard(&self) -> &StandardClaims {
-        &self.standard
-    }
-}
-
 impl ProvisioningClaims {
     /// `tokens.NewProvisioningClaims` for tests and simulators: `chpd` true,
     /// `chs` false, `ou` `choria`, `purpose` and `sub` `choria_provisioning`,
@@ -219,12 +213,6 @@ pub struct ServerClaims {
     /// Embedded standard claims.
     #[serde(flatten)]
     pub standard: StandardClaims,
-}
-
-impl HasStandardClaims for ServerClaims {
-    fn standard(&self) -> &StandardClaims {
-        &self.standard
-    }
 }
 
 impl ServerClaims {
@@ -458,12 +446,6 @@ pub struct ClientIdClaims {
     pub standard: StandardClaims,
 }
 
-impl HasStandardClaims for ClientIdClaims {
-    fn standard(&self) -> &StandardClaims {
-        &self.standard
-    }
-}
-
 impl ClientIdClaims {
     /// `tokens.NewClientIDClaims` (subset) for tests: `purpose`
     /// `choria_client_id`, `ou` defaulted to `choria`.
@@ -489,3 +471,15 @@ impl ClientIdClaims {
 }
 
 // ---------------------------------------------------------------------------
+
+/// The token kinds that embed [`StandardClaims`] as `standard`.
+macro_rules! has_standard_claims {
+    ($($t:ty),*) => {
+        $(impl HasStandardClaims for $t {
+            fn standard(&self) -> &StandardClaims {
+                &self.standard
+            }
+        })*
+    };
+}
+has_standard_claims!(ProvisioningClaims, ServerClaims, ClientIdClaims);
