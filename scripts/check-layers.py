@@ -31,7 +31,7 @@ ALLOWED = {
     "fleet": {"choria"},
     "provision": {"backoff", "choria", "config", "election", "k8s", "monitor"},
     "operator": {"choria", "config", "election", "k8s", "monitor", "provision"},
-    "cmd": {"choria", "config", "fleet", "operator", "provision", "telemetry"},
+    "cmd": {"choria", "config", "fleet", "monitor", "operator", "provision", "telemetry"},
 }
 USE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 
