@@ -2,16 +2,19 @@
 //! lifecycle events in the `provisioning` collective.
 
 use crate::choria::filter::Filter;
+use crate::choria::identity::{self, IdentityError};
 use crate::choria::lifecycle::{self, Event, EventType};
 use crate::choria::mcorpc::{self, RpcReply, RpcRequest};
 use crate::choria::protocol::{self, ProtocolError, Reply, RequestSigner, RequestSpec, Version};
+use crate::choria::replies::{self, Confirmation, Ignored, ReplyObserver, Verdict};
 use crate::choria::subjects;
 use crate::choria::tls::{TlsError, TlsSettings};
 use futures::StreamExt;
 use serde::Serialize;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// The broker options of the commands that dial like a provisioning-mode
 /// server (`fleet`, `discover`): URLs and TLS, no credentials.
@@ -231,6 +234,9 @@ pub struct DiscoveryOptions {
     pub timeout: Duration,
     /// End early once no reply arrived for this long (Go: 300 ms).
     pub sliding_window: Option<Duration>,
+    /// Stop taking new nodes after this many (what the work queue can hold):
+    /// a flood of made-up names must not grow the result without bound.
+    pub max_nodes: usize,
 }
 
 impl Default for DiscoveryOptions {
@@ -239,6 +245,7 @@ impl Default for DiscoveryOptions {
         DiscoveryOptions {
             timeout: Duration::from_secs(2),
             sliding_window: Some(Duration::from_millis(300)),
+            max_nodes: 50_000,
         }
     }
 }
@@ -252,6 +259,18 @@ pub struct ChoriaClient {
     ttl: i64,
     /// go-choria's `discovery_timeout`, added to every RPC's agent timeout.
     pub discovery_timeout: Duration,
+    /// Told about replies that were not the answer and identities refused.
+    observer: Option<Arc<dyn ReplyObserver>>,
+}
+
+/// How one directed request waits for its answer.
+#[derive(Clone, Copy, Debug)]
+pub struct RpcOptions {
+    /// How long to wait for the answer.
+    pub timeout: Duration,
+    /// Keep watching the reply subject this long after the answer for a
+    /// second, different one (see [`crate::choria::replies`]).
+    pub confirm: Option<Duration>,
 }
 
 impl ChoriaClient {
@@ -262,6 +281,35 @@ impl ChoriaClient {
             collective: subjects::PROVISIONING_COLLECTIVE.to_string(),
             ttl: 60,
             discovery_timeout: Duration::from_secs(2),
+            observer: None,
+        }
+    }
+
+    /// Reports ignored replies and refused identities to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn ReplyObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn rejected_identity(&self, source: &str, e: &IdentityError, raw: &str) {
+        match &self.observer {
+            Some(o) => o.rejected_identity(source, e, raw),
+            None => {
+                debug!(source, error = %e, identity = %identity::preview(raw), "refused an identity")
+            }
+        }
+    }
+
+    fn ignored(&self, node: &str, rpc: &str, why: Ignored, claimed: Option<&str>) {
+        if let Some(o) = &self.observer {
+            o.ignored(node, rpc, why, claimed);
+        } else {
+            debug!(
+                node,
+                rpc,
+                reason = why.reason(),
+                "ignored a message on the reply subject"
+            );
         }
     }
 
@@ -319,10 +367,14 @@ impl ChoriaClient {
         action: &str,
         data: &T,
     ) -> Result<RpcResult, ClientError> {
-        let timeout =
-            self.discovery_timeout + Duration::from_secs(mcorpc::agent_timeout_secs(agent));
-        self.rpc_with_timeout(identity, agent, action, data, timeout)
+        self.rpc_with_timeout(identity, agent, action, data, self.rpc_timeout(agent))
             .await
+    }
+
+    /// go-choria's wait for a directed request to `agent`: the discovery
+    /// timeout plus the agent's DDL timeout.
+    pub fn rpc_timeout(&self, agent: &str) -> Duration {
+        self.discovery_timeout + Duration::from_secs(mcorpc::agent_timeout_secs(agent))
     }
 
     pub async fn rpc_with_timeout<T: Serialize>(
@@ -333,6 +385,26 @@ impl ChoriaClient {
         data: &T,
         timeout: Duration,
     ) -> Result<RpcResult, ClientError> {
+        let opts = RpcOptions {
+            timeout,
+            confirm: None,
+        };
+        let (result, _) = self.request(identity, agent, action, data, opts).await?;
+        Ok(result)
+    }
+
+    /// A directed request; its answer is the first reply that passes
+    /// [`replies::classify`], every other message is ignored and reported.
+    /// With `opts.confirm`, the reply subject stays watched after the answer
+    /// and the [`Confirmation`] tells whether a different answer followed.
+    pub async fn request<T: Serialize>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+        opts: RpcOptions,
+    ) -> Result<(RpcResult, Option<Confirmation>), ClientError> {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let body = crate::choria::json::to_vec(&RpcRequest {
@@ -346,16 +418,108 @@ impl ChoriaClient {
         })?;
         let filter = Filter::with_agent(agent);
         let msg = self.encode(&id, agent, &filter, &body, &reply_to)?;
+        let target = subjects::node(&self.collective, identity);
+        let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
 
-        let mut sub = self
+        let rpc = format!("{agent}#{action}");
+        let deadline = tokio::time::Instant::now() + opts.timeout;
+        loop {
+            let next = tokio::time::timeout_at(deadline, sub.next()).await;
+            let Ok(Some(m)) = next else {
+                let _ = sub.unsubscribe().await;
+                return Err(ClientError::Timeout {
+                    identity: identity.to_string(),
+                    agent: agent.to_string(),
+                    action: action.to_string(),
+                    timeout: opts.timeout,
+                });
+            };
+            let reply = match replies::classify(&m.payload, &id, identity) {
+                Verdict::Answer(reply) => reply,
+                Verdict::Ignore { why, claimed } => {
+                    self.ignored(identity, &rpc, why, claimed.as_deref());
+                    continue;
+                }
+            };
+            // The node's own answer: a body that is not an RPC reply is its
+            // failure, not a reason to wait on.
+            let body: RpcReply = match serde_json::from_slice(&reply.message) {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = sub.unsubscribe().await;
+                    return Err(ClientError::BadReply {
+                        identity: identity.to_string(),
+                        reason: format!("reply body is not an RPC reply: {e}"),
+                    });
+                }
+            };
+            let confirmation = match opts.confirm {
+                Some(window) if !window.is_zero() => Some(Confirmation::watch(
+                    sub,
+                    reply.clone(),
+                    id,
+                    identity.to_string(),
+                    rpc,
+                    window,
+                    self.observer.clone(),
+                )),
+                _ => {
+                    let _ = sub.unsubscribe().await;
+                    None
+                }
+            };
+            return Ok((RpcResult { reply, body }, confirmation));
+        }
+    }
+
+    /// A directed `ping` to the node's discovery agent: `Ok` once the node
+    /// answers in its own name (see [`replies::classify`]), as go-choria's
+    /// discovery agent does for a ping sent to one node.
+    pub async fn ping(&self, identity: &str, timeout: Duration) -> Result<(), ClientError> {
+        let id = self.new_request_id();
+        let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
+        let filter = Filter::default();
+        let msg = self.encode(&id, "discovery", &filter, b"cGluZw==", &reply_to)?;
+        let target = subjects::node(&self.collective, identity);
+        let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let result = loop {
+            match tokio::time::timeout_at(deadline, sub.next()).await {
+                Ok(Some(m)) => match replies::classify(&m.payload, &id, identity) {
+                    Verdict::Answer(_) => break Ok(()),
+                    Verdict::Ignore { why, claimed } => {
+                        self.ignored(identity, "discovery#ping", why, claimed.as_deref())
+                    }
+                },
+                _ => {
+                    break Err(ClientError::Timeout {
+                        identity: identity.to_string(),
+                        agent: "discovery".into(),
+                        action: "ping".into(),
+                        timeout,
+                    })
+                }
+            }
+        };
+        let _ = sub.unsubscribe().await;
+        result
+    }
+
+    /// Subscribes to `reply_to`, then publishes `msg` to `target`.
+    async fn publish_awaiting(
+        &self,
+        reply_to: &str,
+        target: String,
+        msg: Vec<u8>,
+    ) -> Result<async_nats::Subscriber, ClientError> {
+        let sub = self
             .nats
-            .subscribe(reply_to.clone())
+            .subscribe(reply_to.to_string())
             .await
             .map_err(|source| ClientError::Subscribe {
-                subject: reply_to.clone(),
+                subject: reply_to.to_string(),
                 source,
             })?;
-        let target = subjects::node(&self.collective, identity);
         self.nats
             .publish(target.clone(), msg.into())
             .await
@@ -363,43 +527,7 @@ impl ChoriaClient {
                 subject: target,
                 source,
             })?;
-
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let next = tokio::time::timeout_at(deadline, sub.next()).await;
-            let Ok(Some(m)) = next else {
-                return Err(ClientError::Timeout {
-                    identity: identity.to_string(),
-                    agent: agent.to_string(),
-                    action: action.to_string(),
-                    timeout,
-                });
-            };
-            match protocol::decode_reply(&m.payload) {
-                Ok(reply) => {
-                    if reply.request_id != id {
-                        warn!(expected = %id, got = %reply.request_id, "reply for another request ignored");
-                        continue;
-                    }
-                    let body: RpcReply = serde_json::from_slice(&reply.message).map_err(|e| {
-                        ClientError::BadReply {
-                            identity: identity.to_string(),
-                            reason: format!("reply body is not an RPC reply: {e}"),
-                        }
-                    })?;
-                    let _ = sub.unsubscribe().await;
-                    return Ok(RpcResult { reply, body });
-                }
-                Err(e) => {
-                    // A reply we cannot decode is the node's answer: report it.
-                    let _ = sub.unsubscribe().await;
-                    return Err(ClientError::BadReply {
-                        identity: identity.to_string(),
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
+        Ok(sub)
     }
 
     /// Broadcast discovery of nodes matching `filter` (go-choria's broadcast
@@ -424,22 +552,8 @@ impl ChoriaClient {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let msg = self.encode(&id, "discovery", filter, b"cGluZw==", &reply_to)?;
-        let mut sub = self
-            .nats
-            .subscribe(reply_to.clone())
-            .await
-            .map_err(|source| ClientError::Subscribe {
-                subject: reply_to.clone(),
-                source,
-            })?;
         let target = subjects::broadcast_agent(&self.collective, "discovery");
-        self.nats
-            .publish(target.clone(), msg.into())
-            .await
-            .map_err(|source| ClientError::Publish {
-                subject: target,
-                source,
-            })?;
+        let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
 
         let started = Instant::now();
         let hard_deadline = tokio::time::Instant::now() + opts.timeout;
@@ -450,15 +564,21 @@ impl ChoriaClient {
             match tokio::time::timeout_at(deadline, sub.next()).await {
                 Ok(Some(m)) => match protocol::transport_sender(&m.payload) {
                     Ok(sender) => {
-                        if !found.contains(&sender) {
-                            on_found(&sender);
-                            found.insert(sender);
+                        if let Err(e) = identity::validate(&sender) {
+                            self.rejected_identity("discovery", &e, &sender);
+                        } else if !found.contains(&sender) {
+                            if found.len() >= opts.max_nodes {
+                                self.ignored(&sender, "discovery", Ignored::Overflow, None);
+                            } else {
+                                on_found(&sender);
+                                found.insert(sender);
+                            }
                         }
                         if let Some(w) = opts.sliding_window {
                             window_deadline = tokio::time::Instant::now() + w;
                         }
                     }
-                    Err(e) => debug!(error = %e, "ignoring undecodable discovery reply"),
+                    Err(_) => self.ignored("", "discovery", Ignored::Undecodable, None),
                 },
                 Ok(None) | Err(_) => break,
             }

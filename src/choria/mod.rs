@@ -3,11 +3,13 @@
 
 pub mod client;
 pub mod filter;
+pub mod identity;
 pub mod ids;
 pub mod json;
 pub mod lifecycle;
 pub mod mcorpc;
 pub mod protocol;
+pub mod replies;
 pub mod security;
 pub mod subjects;
 pub mod tls;

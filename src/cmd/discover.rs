@@ -105,6 +105,7 @@ pub async fn run(args: DiscoverArgs) -> Result<()> {
             DiscoveryOptions {
                 timeout: Duration::from_millis(args.timeout_ms),
                 sliding_window: Some(Duration::from_millis(args.window_ms)),
+                ..Default::default()
             },
         )
         .await?;

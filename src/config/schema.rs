@@ -69,6 +69,10 @@ file_section! {
         discovery_window: String,
         helper_timeout: String,
         rpc_timeout: String,
+        /// Ours: how long a trusted answer's reply subject stays watched.
+        reply_window: String,
+        /// Ours: DNS names besides the identity a CSR may ask for (regexes).
+        csr_allowed_dns_names: Vec<String>,
     }
 }
 

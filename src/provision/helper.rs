@@ -6,6 +6,15 @@
 //! the response is decoded as leniently as Go's `json.Unmarshal` decodes its
 //! `ConfigResponse` (unknown keys ignored, keys matched case-insensitively,
 //! `null` leaves the default), so existing helpers keep working unchanged.
+//!
+//! A helper is someone else's program run once per node, so it is fenced in:
+//! it runs in a process group of its own, and that whole group is killed when
+//! it runs over its time, when the node's work is abandoned, and after it
+//! exits (anything it left running in the background goes too); its output
+//! is capped at [`MAX_OUTPUT`]; what it wrote to stderr reaches our logs and
+//! errors cut short and without control characters. Grandchildren that
+//! escape the group (a helper that calls `setsid`) are reparented to PID 1:
+//! the image runs an init (tini) that reaps them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +35,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How much of the helper's stderr is kept for error messages and logs.
 const STDERR_TAIL: usize = 2048;
+/// The most a helper may print on stdout; a response is a few KiB.
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+/// The longest stderr line quoted in an error.
+const MAX_QUOTED_LINE: usize = 300;
 
 /// The node's `choria_provision#gencsr` reply (go-choria `CSRReply`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -392,6 +405,9 @@ pub enum HelperError {
         command: String,
         stderr_tail: String,
     },
+    /// The helper printed more than [`MAX_OUTPUT`] bytes; it was killed.
+    #[error("helper {command} printed more than {} bytes and was killed (a response is a JSON object of a few KiB)", MAX_OUTPUT)]
+    OutputTooLarge { command: String },
     /// The output is not a valid response.
     #[error("helper {command} printed an invalid response: {source}")]
     Decode {
@@ -425,8 +441,44 @@ fn describe_status(status: &ExitStatus) -> String {
 
 fn last_line_suffix(stderr: &str) -> String {
     match stderr.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
-        Some(line) => format!(": {line}"),
+        Some(line) => format!(": {}", sanitize_line(line)),
         None => String::new(),
+    }
+}
+
+/// A line from the helper made safe to quote: control characters (escape
+/// sequences, carriage returns that would forge log lines) dropped, cut to
+/// [`MAX_QUOTED_LINE`] characters.
+fn sanitize_line(line: &str) -> String {
+    let mut out: String = line
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_QUOTED_LINE)
+        .collect();
+    if line.chars().filter(|c| !c.is_control()).count() > MAX_QUOTED_LINE {
+        out.push('…');
+    }
+    out
+}
+
+/// Kills the helper's whole process group when dropped: whatever it left
+/// running, on every way out of [`Helper::run`] (done, timed out, abandoned).
+struct GroupKiller(Option<u32>);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        if let Some(pgid) = self
+            .0
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 1)
+        {
+            // SAFETY: kill(2) with a negative pid signals that process group;
+            // it touches no memory. The group is the helper's own (made by
+            // `process_group(0)`), never ours.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
     }
 }
 
@@ -476,11 +528,13 @@ impl Helper {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .map_err(|source| HelperError::Spawn {
                 command: command.clone(),
                 source,
             })?;
+        let _group = GroupKiller(child.id());
 
         let io_err = |action: &'static str| {
             let command = command.clone();
@@ -511,14 +565,23 @@ impl Helper {
             };
             let read = async {
                 let mut out = Vec::new();
-                if let Some(mut stdout) = stdout {
-                    stdout.read_to_end(&mut out).await?;
+                if let Some(stdout) = stdout {
+                    // One byte more than allowed tells "too much" from "just enough".
+                    stdout
+                        .take(MAX_OUTPUT as u64 + 1)
+                        .read_to_end(&mut out)
+                        .await?;
                 }
                 Ok::<_, io::Error>(out)
             };
             let (written, out, err) = tokio::join!(write, read, read_tail(stderr));
             written.map_err(io_err("write its input"))?;
             let out = out.map_err(io_err("read its output"))?;
+            if out.len() > MAX_OUTPUT {
+                return Err(HelperError::OutputTooLarge {
+                    command: command.clone(),
+                });
+            }
             let status = child.wait().await.map_err(io_err("wait for it"))?;
             Ok::<_, HelperError>((status, out, err))
         };
@@ -542,7 +605,12 @@ impl Helper {
         };
 
         if !stderr_tail.is_empty() {
-            debug!(helper = %command, stderr = %stderr_tail.trim_end(), "helper wrote to stderr");
+            let last = stderr_tail
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| !l.is_empty());
+            debug!(helper = %command, stderr_last_line = %sanitize_line(last.unwrap_or_default()), "helper wrote to stderr");
         }
         if !status.success() {
             return Err(HelperError::Exit {

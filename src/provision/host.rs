@@ -12,8 +12,10 @@
 use super::gate::{PauseGate, Paused};
 use super::helper::{CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse};
 use super::version::Version;
-use crate::choria::client::{ChoriaClient, ClientError, RpcResult};
-use crate::choria::security::csr::{parse_csr, validate_csr_names, CsrError};
+use crate::choria::client::{ChoriaClient, ClientError, RpcOptions, RpcResult};
+use crate::choria::identity;
+use crate::choria::replies::{Confirmation, Conflict};
+use crate::choria::security::csr::{check_csr, parse_csr, CsrError};
 use crate::choria::security::ecdh::EcdhKeyPair;
 use crate::choria::security::ed25519::verify_nonce;
 use crate::choria::security::pem_crypt::encrypt_private_key;
@@ -29,7 +31,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Everything a host sequence needs; shared by all workers.
 pub struct Context {
@@ -39,6 +41,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub helper: Helper,
     pub deny_list: Vec<Regex>,
+    /// DNS names besides the identity a CSR may ask for.
+    pub csr_allowed_dns: Vec<Regex>,
+    /// How long trusted answers' reply subjects stay watched; zero: not.
+    pub reply_window: Duration,
     /// How long one RPC attempt waits for its reply; `None` is Go's (the
     /// 2 s discovery timeout plus the agent's DDL timeout).
     pub rpc_timeout: Option<Duration>,
@@ -131,6 +137,10 @@ pub enum ProvisionError {
     Upgrade { version: String, reason: String },
     #[error("the helper returned an empty configuration")]
     EmptyConfiguration,
+    #[error("the node's identity matches the deny list pattern {0:?}")]
+    DeniedIdentity(String),
+    #[error("{0}")]
+    Conflict(#[source] Conflict),
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
@@ -151,6 +161,8 @@ impl ProvisionError {
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",
             ProvisionError::EmptyConfiguration => "choria_provision#configure",
             ProvisionError::Config(_) => "config",
+            ProvisionError::DeniedIdentity(_) => "deny_list",
+            ProvisionError::Conflict(_) => "reply_window",
         }
     }
 
@@ -185,10 +197,11 @@ struct Gathered {
     csr: Option<CsrReply>,
 }
 
-/// One run of the sequence for one node.
-pub struct HostSequence<'a> {
-    ctx: &'a Context,
-    identity: &'a str,
+/// One run of the sequence for one node. It owns what it needs, so the part
+/// after the reply windows can finish in a task of its own.
+pub struct HostSequence {
+    ctx: Arc<Context>,
+    identity: Arc<str>,
     /// The token sent in requests: `token` from the config, or the JWT's `cht`
     /// when the config has none.
     token: Secret,
@@ -197,24 +210,46 @@ pub struct HostSequence<'a> {
     /// go out, so the node is not left configured but holding our
     /// provisioning lock (two minutes for any other provisioner).
     finishing: bool,
+    /// The reply subjects of trusted answers still watched.
+    pending: Vec<Confirmation>,
 }
 
-impl<'a> HostSequence<'a> {
-    pub fn new(ctx: &'a Context, identity: &'a str) -> Self {
+impl HostSequence {
+    pub fn new(ctx: Arc<Context>, identity: Arc<str>) -> Self {
         HostSequence {
+            token: ctx.cfg.token.clone(),
             ctx,
             identity,
-            token: ctx.cfg.token.clone(),
             got: Gathered::default(),
             finishing: false,
+            pending: Vec::new(),
         }
     }
 
-    /// Runs the whole sequence. `waiting` is how long the node sat in the queue.
+    /// Runs the whole sequence inline. `waiting` is how long the node sat
+    /// in the queue.
     pub async fn run(mut self, waiting: Duration) -> Result<Outcome, ProvisionError> {
+        self.gather(waiting).await?;
+        self.settle().await?;
+        self.finish().await
+    }
+
+    /// The first part: what the node tells about itself (JWT, ed25519 key,
+    /// inventory, CSR), checked. Nothing is acted on yet.
+    pub async fn gather(&mut self, waiting: Duration) -> Result<(), ProvisionError> {
         let cfg = self.ctx.cfg.clone();
         if waiting > 2 * cfg.interval {
             return Err(ProvisionError::Stale(waiting));
+        }
+        // The deny list applies to the identity in every mode (Go applies
+        // it to CSR names only, so ed25519 and plain networks had none).
+        if let Some(re) = self
+            .ctx
+            .deny_list
+            .iter()
+            .find(|re| re.is_match(&self.identity))
+        {
+            return Err(ProvisionError::DeniedIdentity(re.as_str().to_string()));
         }
         if cfg.features.jwt {
             self.fetch_jwt().await?;
@@ -227,7 +262,47 @@ impl<'a> HostSequence<'a> {
         if cfg.features.pki {
             self.fetch_csr().await?;
         }
+        Ok(())
+    }
 
+    /// Whether every trusted answer's reply window is over already, so
+    /// [`HostSequence::settle`] would not wait.
+    pub fn is_settled(&self) -> bool {
+        self.pending.iter().all(Confirmation::is_finished)
+    }
+
+    /// Waits out the reply windows of the trusted answers: a second,
+    /// different answer to any of them means someone else answers in the
+    /// node's name, and the node is not provisioned this cycle (no helper
+    /// run, no key material sent).
+    pub async fn settle(&mut self) -> Result<(), ProvisionError> {
+        let _confirming = self.ctx.metrics.confirming_node();
+        for c in std::mem::take(&mut self.pending) {
+            let result = tokio::select! {
+                r = c.wait() => r,
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            if let Err(conflict) = result {
+                self.ctx.metrics.conflicting_reply();
+                error!(
+                    node = &*self.identity,
+                    rpc = %conflict.rpc,
+                    first_sender = %identity::shown(&conflict.first_sender),
+                    second_sender = %identity::shown(&conflict.second_sender),
+                    after = ?conflict.after,
+                    "SECURITY: two different answers in the name of this node; not provisioning it this cycle"
+                );
+                return Err(ProvisionError::Conflict(conflict));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rest, once settled: the helper, then shutdown, or server JWT,
+    /// key encryption, upgrade, configure and restart.
+    pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
+        let cfg = self.ctx.cfg.clone();
+        debug_assert!(self.pending.is_empty(), "settle() before finish()");
         let response = self.run_helper().await?;
         if response.defer {
             return Err(ProvisionError::Deferred(response.msg));
@@ -235,11 +310,11 @@ impl<'a> HostSequence<'a> {
         if response.shutdown {
             if response.msg.is_empty() {
                 warn!(
-                    node = self.identity,
+                    node = &*self.identity,
                     "shutting down the node as the helper asked, no reason given"
                 );
             } else {
-                warn!(node = self.identity, reason = %response.msg, "shutting down the node as the helper asked");
+                warn!(node = &*self.identity, reason = %response.msg, "shutting down the node as the helper asked");
             }
             self.shutdown().await?;
             return Ok(Outcome::Shutdown);
@@ -266,7 +341,7 @@ impl<'a> HostSequence<'a> {
                 }
                 Err(e) if e.is_pause() => return Err(e),
                 Err(e) if cfg.upgrades_optional => {
-                    warn!(node = self.identity, error = %e, "could not upgrade, continuing as upgrades_optional is set");
+                    warn!(node = &*self.identity, error = %e, "could not upgrade, continuing as upgrades_optional is set");
                 }
                 Err(e) => return Err(e),
             }
@@ -286,34 +361,57 @@ impl<'a> HostSequence<'a> {
         rpc: &'static str,
         tries: u32,
         data: &T,
-        mut check: impl FnMut(&RpcResult) -> Result<R, String>,
+        check: impl FnMut(&RpcResult) -> Result<R, String>,
     ) -> Result<R, ProvisionError> {
+        Ok(self.call_with(rpc, tries, data, false, check).await?.0)
+    }
+
+    /// [`HostSequence::call`] for an answer later steps trust: its reply
+    /// subject stays watched for `reply_window` (settled before the helper).
+    async fn call_trusted<T: Serialize, R>(
+        &mut self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<R, ProvisionError> {
+        let (value, confirmation) = self.call_with(rpc, tries, data, true, check).await?;
+        self.pending.extend(confirmation);
+        Ok(value)
+    }
+
+    async fn call_with<T: Serialize, R>(
+        &self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        trusted: bool,
+        mut check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<(R, Option<Confirmation>), ProvisionError> {
         let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
         self.gate_check()?;
         let mut last = String::new();
+        let client = &self.ctx.client;
+        let opts = RpcOptions {
+            timeout: self
+                .ctx
+                .rpc_timeout
+                .unwrap_or_else(|| client.rpc_timeout(agent)),
+            confirm: trusted.then_some(self.ctx.reply_window),
+        };
         for attempt in 1..=tries {
             // Pausing mid-sequence stops the node here, at an attempt boundary.
             self.gate_check()?;
-            debug!(node = self.identity, rpc, attempt, tries, "calling");
+            debug!(node = &*self.identity, rpc, attempt, tries, "calling");
             let started = Instant::now();
-            let client = &self.ctx.client;
-            let request = async {
-                match self.ctx.rpc_timeout {
-                    Some(t) => {
-                        client
-                            .rpc_with_timeout(self.identity, agent, action, data, t)
-                            .await
-                    }
-                    None => client.rpc(self.identity, agent, action, data).await,
-                }
-            };
+            let request = client.request(&self.identity, agent, action, data, opts);
             let result = tokio::select! {
                 r = request => r,
                 _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             self.ctx.metrics.observe_rpc(rpc, started.elapsed());
             let outcome = match result {
-                Ok(r) => check(&r),
+                Ok((r, confirmation)) => check(&r).map(|v| (v, confirmation)),
                 Err(ClientError::Timeout { timeout, .. }) => {
                     Err(format!("no reply within {timeout:?}"))
                 }
@@ -322,7 +420,7 @@ impl<'a> HostSequence<'a> {
             match outcome {
                 Ok(value) => return Ok(value),
                 Err(e) => {
-                    warn!(node = self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+                    warn!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
                     last = e;
                 }
             }
@@ -361,16 +459,22 @@ impl<'a> HostSequence<'a> {
             #[serde(default)]
             ecdh_public: String,
         }
-        info!(node = self.identity, "fetching JWT");
+        info!(node = &*self.identity, "fetching JWT");
+        let token = self.token.expose().to_string();
         let (jwt, ecdh) = self
-            .call("choria_provision#jwt", 3, &self.token_data(), |r| {
-                require_ok(r)?;
-                let reply: Reply = decode(&r.body.data)?;
-                if reply.jwt.is_empty() {
-                    return Err("the reply holds no JWT".into());
-                }
-                Ok((reply.jwt, reply.ecdh_public))
-            })
+            .call_trusted(
+                "choria_provision#jwt",
+                3,
+                &TokenOnly { token: &token },
+                |r| {
+                    require_ok(r)?;
+                    let reply: Reply = decode(&r.body.data)?;
+                    if reply.jwt.is_empty() {
+                        return Err("the reply holds no JWT".into());
+                    }
+                    Ok((reply.jwt, reply.ecdh_public))
+                },
+            )
             .await?;
         self.got.raw_jwt = jwt;
         self.got.ecdh_public = ecdh;
@@ -403,14 +507,15 @@ impl<'a> HostSequence<'a> {
             token: &'t str,
         }
         let nonce = crate::choria::ids::v1_request_id();
-        info!(node = self.identity, "fetching ED25519 public key");
+        info!(node = &*self.identity, "fetching ED25519 public key");
+        let token = self.token.expose().to_string();
         let reply = self
-            .call(
+            .call_trusted(
                 "choria_provision#gen25519",
                 5,
                 &Args {
                     nonce: &nonce,
-                    token: self.token.expose(),
+                    token: &token,
                 },
                 |r| {
                     require_ok(r)?;
@@ -434,7 +539,7 @@ impl<'a> HostSequence<'a> {
     async fn fetch_inventory(&mut self) -> Result<(), ProvisionError> {
         #[derive(Serialize)]
         struct Empty {}
-        info!(node = self.identity, "fetching inventory");
+        info!(node = &*self.identity, "fetching inventory");
         let (inventory, version, upgradable) = self
             .call("rpcutil#inventory", 5, &Empty {}, |r| {
                 require_ok(r)?;
@@ -472,14 +577,16 @@ impl<'a> HostSequence<'a> {
             cn: &'t str,
             token: &'t str,
         }
-        info!(node = self.identity, "fetching CSR");
+        info!(node = &*self.identity, "fetching CSR");
+        let token = self.token.expose().to_string();
+        let identity = self.identity.clone();
         let reply = self
-            .call(
+            .call_trusted(
                 "choria_provision#gencsr",
                 1,
                 &Args {
-                    cn: self.identity,
-                    token: self.token.expose(),
+                    cn: &identity,
+                    token: &token,
                 },
                 |r| {
                     require_ok(r)?;
@@ -490,9 +597,18 @@ impl<'a> HostSequence<'a> {
         if reply.csr.is_empty() {
             return Err(ProvisionError::NoCsr);
         }
-        let info = parse_csr(&reply.csr).map_err(ProvisionError::Csr)?;
-        validate_csr_names(&info, self.identity, &self.ctx.deny_list)
-            .map_err(ProvisionError::Csr)?;
+        let checked = parse_csr(&reply.csr).and_then(|info| {
+            check_csr(
+                &info,
+                &self.identity,
+                &self.ctx.deny_list,
+                &self.ctx.csr_allowed_dns,
+            )
+        });
+        if let Err(e) = checked {
+            self.ctx.metrics.rejected_csr(e.reason());
+            return Err(ProvisionError::Csr(e));
+        }
         self.got.csr = Some(reply);
         Ok(())
     }
@@ -500,7 +616,7 @@ impl<'a> HostSequence<'a> {
     async fn run_helper(&self) -> Result<HelperResponse, ProvisionError> {
         self.ctx.gate.check()?;
         let input = HelperInput {
-            identity: self.identity,
+            identity: &*self.identity,
             csr: self.got.csr.as_ref(),
             ed25519_pubkey: self.got.ed25519.as_ref(),
             inventory: &self.got.inventory,
@@ -519,7 +635,7 @@ impl<'a> HostSequence<'a> {
     }
 
     async fn shutdown(&self) -> Result<(), ProvisionError> {
-        let identity = self.identity;
+        let identity: &str = &self.identity;
         let metrics = &self.ctx.metrics;
         // A shutdown the node refuses is only logged and not retried, as in
         // Go: the helper wants the node gone either way.
@@ -580,11 +696,11 @@ impl<'a> HostSequence<'a> {
             }
         }
         if validity <= Duration::from_secs(3600) {
-            warn!(node = self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
+            warn!(node = &*self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
             validity = cfg.server_jwt_validity;
         }
         let mut claims = ServerClaims::new(
-            self.identity,
+            &*self.identity,
             collectives,
             &org,
             permissions,
@@ -643,7 +759,7 @@ impl<'a> HostSequence<'a> {
         if Version::parse(&self.got.version).equal(&Version::parse(target)) {
             return Ok(true);
         }
-        warn!(node = self.identity, from = %self.got.version, to = target, "updating the node's version");
+        warn!(node = &*self.identity, from = %self.got.version, to = target, "updating the node's version");
         #[derive(Serialize)]
         struct Args<'t> {
             repository: &'t str,
@@ -696,7 +812,7 @@ impl<'a> HostSequence<'a> {
             ssldir,
             token: self.token.expose(),
         };
-        info!(node = self.identity, "configuring node");
+        info!(node = &*self.identity, "configuring node");
         self.call("choria_provision#configure", 5, &args, require_ok)
             .await
     }
@@ -707,7 +823,7 @@ impl<'a> HostSequence<'a> {
             splay: u32,
             token: &'t str,
         }
-        info!(node = self.identity, "restarting node");
+        info!(node = &*self.identity, "restarting node");
         self.call(
             "choria_provision#restart",
             3,

@@ -52,7 +52,29 @@ pub struct Metrics {
     election_errors: IntCounter,
     leader: IntGauge,
     leadership_transitions: IntCounter,
+    ignored_replies: IntCounterVec,
+    conflicting_replies: IntCounter,
+    rejected_identities: IntCounterVec,
+    rejected_csrs: IntCounterVec,
+    unconfirmed_events: IntCounter,
+    dropped_events: IntCounter,
+    confirming_nodes: IntGauge,
 }
+
+/// Labels of `choria_provisioner_rejected_identities{source}`.
+pub const IDENTITY_SOURCES: [&str; 2] = ["discovery", "event"];
+/// Labels of `choria_provisioner_rejected_csrs{reason}`.
+pub const CSR_REASONS: [&str; 9] = [
+    "unparsable",
+    "unsupported_algorithm",
+    "bad_signature",
+    "common_name_count",
+    "common_name",
+    "foreign_dns_name",
+    "non_dns_san",
+    "denied_name",
+    "other",
+];
 
 impl Metrics {
     pub fn new(site: &str) -> Self {
@@ -102,6 +124,19 @@ impl Metrics {
             rpc_errors.with_label_values(&[rpc]);
         }
         helper_time.touch(&[]);
+        let labelled = |name: &str, help: &str, label: &str, values: &[&str]| {
+            let v =
+                IntCounterVec::new(opts(name, help), &[label]).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, v.clone());
+            for value in values {
+                v.with_label_values(&[value]);
+            }
+            v
+        };
+        let ignored_reasons: Vec<&str> = crate::choria::replies::Ignored::ALL
+            .iter()
+            .map(|r| r.reason())
+            .collect();
 
         Metrics {
             rpc_time,
@@ -168,8 +203,74 @@ impl Metrics {
                 "choria_provisioner_leadership_transitions",
                 "How many times leadership was gained or lost",
             ),
+            ignored_replies: labelled(
+                "choria_provisioner_ignored_replies",
+                "Messages on a request's reply subject that were not its answer (another sender, another request, undecodable, a repeat, beyond the discovery limit)",
+                "reason",
+                &ignored_reasons,
+            ),
+            conflicting_replies: counter(
+                "choria_provisioner_conflicting_replies",
+                "Requests that got two different answers claiming to be the same node; the node was not provisioned that cycle",
+            ),
+            rejected_identities: labelled(
+                "choria_provisioner_rejected_identities",
+                "Node identities from discovery replies or lifecycle events refused as invalid",
+                "source",
+                &IDENTITY_SOURCES,
+            ),
+            rejected_csrs: labelled(
+                "choria_provisioner_rejected_csrs",
+                "Node CSRs refused, by reason",
+                "reason",
+                &CSR_REASONS,
+            ),
+            unconfirmed_events: counter(
+                "choria_provisioner_unconfirmed_events",
+                "Startup events whose node did not answer a directed ping, so it was not queued",
+            ),
+            dropped_events: counter(
+                "choria_provisioner_dropped_events",
+                "Startup events dropped because the confirmation queue was full",
+            ),
+            confirming_nodes: gauge(
+                "choria_provisioner_confirming_nodes",
+                "Nodes waiting for the reply window of their trusted answers to close",
+            ),
             site: site.to_string(),
             registry,
+        }
+    }
+
+    pub fn ignored_reply(&self, reason: &str) {
+        self.ignored_replies.with_label_values(&[reason]).inc();
+    }
+
+    pub fn conflicting_reply(&self) {
+        self.conflicting_replies.inc();
+    }
+
+    pub fn rejected_identity(&self, source: &str) {
+        self.rejected_identities.with_label_values(&[source]).inc();
+    }
+
+    pub fn rejected_csr(&self, reason: &str) {
+        self.rejected_csrs.with_label_values(&[reason]).inc();
+    }
+
+    pub fn unconfirmed_event(&self) {
+        self.unconfirmed_events.inc();
+    }
+
+    pub fn dropped_event(&self) {
+        self.dropped_events.inc();
+    }
+
+    /// Counts a node waiting on its reply window until the guard drops.
+    pub fn confirming_node(&self) -> GaugeGuard<'_> {
+        self.confirming_nodes.inc();
+        GaugeGuard {
+            gauge: &self.confirming_nodes,
         }
     }
 
@@ -230,7 +331,7 @@ impl Metrics {
     /// return or panic in the worker cannot leave the gauge too high.
     pub fn busy_worker(&self) -> BusyWorker<'_> {
         self.busy_workers.inc();
-        BusyWorker {
+        GaugeGuard {
             gauge: &self.busy_workers,
         }
     }
@@ -263,11 +364,14 @@ impl crate::monitor::Exposition for Metrics {
 }
 
 /// Counts a busy worker while alive.
-pub struct BusyWorker<'a> {
+pub struct GaugeGuard<'a> {
     gauge: &'a IntGauge,
 }
 
-impl Drop for BusyWorker<'_> {
+/// The guard of [`Metrics::busy_worker`].
+pub type BusyWorker<'a> = GaugeGuard<'a>;
+
+impl Drop for GaugeGuard<'_> {
     fn drop(&mut self) {
         self.gauge.dec();
     }

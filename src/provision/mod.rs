@@ -16,24 +16,27 @@ mod leadership;
 pub mod metrics;
 pub mod registry;
 pub mod resource;
+mod suspects;
 pub mod version;
 
 use crate::backoff::Backoff;
 use crate::choria::client::{self, ChoriaClient, ClientError, DiscoveryOptions};
 use crate::choria::filter::Filter;
+use crate::choria::identity;
 use crate::choria::lifecycle::{self, Event, EventType};
 use crate::config::{ClientSetup, ConfigError, ProvisionerConfig};
 use crate::monitor::{self, Health};
 use crate::provision::metrics::Metrics;
 use futures::StreamExt;
 use gate::{PauseGate, PauseReason};
-use host::{Context, HostSequence, Outcome};
+use host::{Context, HostSequence, Outcome, ProvisionError};
 use registry::{Added, Registry};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 /// The component name in our own lifecycle events.
@@ -43,6 +46,14 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// The longest a shutdown takes from the signal, whatever the broker or
 /// the API server do: the grace, releasing the election, stopping tasks.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_millis(1500);
+/// Startup events waiting for their node to answer a ping, at most.
+pub const EVENT_CONFIRM_QUEUE: usize = 10_000;
+/// Pings to event-announced nodes in flight at once.
+pub const EVENT_PINGS: usize = 256;
+/// How long an event-announced node has to answer its ping.
+pub const EVENT_PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// Nodes waiting out their reply windows at once (each a small task).
+pub const CONFIRMING_LIMIT: usize = 4096;
 /// The longest the final flush of published messages may wait.
 const FLUSH_AT_SHUTDOWN: Duration = Duration::from_millis(300);
 
@@ -263,7 +274,9 @@ impl Provisioner {
             while tasks.join_next().await.is_some() {}
             return Ok(());
         };
-        let mut client = ChoriaClient::new(nats.clone(), setup.identity.clone());
+        let suspects = suspects::Suspects::new(metrics.clone());
+        let mut client = ChoriaClient::new(nats.clone(), setup.identity.clone())
+            .with_observer(Arc::new(suspects.clone()));
         client.discovery_timeout = Duration::from_secs(2);
         info!(
             config = %cfg.file.display(),
@@ -294,6 +307,8 @@ impl Provisioner {
             metrics: metrics.clone(),
             helper,
             deny_list: cfg.cert_deny_regexes()?,
+            csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
+            reply_window: cfg.reply_window,
             rpc_timeout: cfg.rpc_timeout,
             abandon: abandon.clone(),
             verify_key: host::VerifyKeyCache::default(),
@@ -305,8 +320,17 @@ impl Provisioner {
         let shutdowns =
             client::subscribe_events(&nats, EventType::Shutdown, &cfg.lifecycle_component).await?;
         let events = futures::stream::select(startups, shutdowns);
+        let (confirm_tx, confirm_rx) = mpsc::channel(EVENT_CONFIRM_QUEUE);
         tasks.spawn(listen_for_startups(
             events,
+            handle.clone(),
+            suspects.clone(),
+            confirm_tx,
+            stop_tasks.clone(),
+        ));
+        tasks.spawn(confirm_event_nodes(
+            confirm_rx,
+            client.clone(),
             handle.clone(),
             stop_tasks.clone(),
         ));
@@ -337,14 +361,21 @@ impl Provisioner {
             ));
         }
 
+        let pool = Pool {
+            slots: Arc::new(Semaphore::new(cfg.workers)),
+            confirming: Arc::new(Semaphore::new(CONFIRMING_LIMIT)),
+            parked: TaskTracker::new(),
+        };
         let mut workers = JoinSet::new();
         for n in 1..=cfg.workers {
-            workers.spawn(worker(n, ctx.clone(), handle.clone()));
+            workers.spawn(worker(n, ctx.clone(), handle.clone(), pool.clone()));
         }
 
         let discovery = DiscoveryOptions {
             timeout: cfg.discovery_timeout,
             sliding_window: Some(cfg.discovery_window),
+            // No more than the work queue can hold.
+            max_nodes: registry::QUEUE_CAPACITY,
         };
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + cfg.interval, cfg.interval);
@@ -378,8 +409,10 @@ impl Provisioner {
         handle.registry.close_queue();
         let dropped = handle.registry.clear();
         debug!(dropped, "dropped queued nodes");
+        pool.parked.close();
         let graceful = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while workers.join_next().await.is_some() {}
+            pool.parked.wait().await;
         })
         .await;
         if graceful.is_err() {
@@ -389,6 +422,7 @@ impl Provisioner {
             // running is killed when its future is dropped.
             if tokio::time::timeout_at(deadline, async {
                 while workers.join_next().await.is_some() {}
+                pool.parked.wait().await;
             })
             .await
             .is_err()
@@ -511,10 +545,15 @@ async fn discover(client: &ChoriaClient, handle: &Handle, opts: DiscoveryOptions
     }
 }
 
-/// Adds nodes that announce themselves with a `startup` event.
+/// Takes nodes that announce themselves with a `startup` event to the
+/// confirmation stage, and drops waiting nodes that announce a shutdown.
+/// Identities are checked here, where they enter; the confirmation queue is
+/// bounded, so a flood of events costs a counter, not memory.
 async fn listen_for_startups(
     mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
     handle: Handle,
+    suspects: suspects::Suspects,
+    confirm: mpsc::Sender<String>,
     stop: CancellationToken,
 ) {
     loop {
@@ -533,25 +572,104 @@ async fn listen_for_startups(
             continue;
         }
         match lifecycle::parse(&msg.payload) {
-            Ok((EventType::Startup, event)) if !event.identity.is_empty() => {
-                if handle.registry.add(&event.identity) == Added::Queued {
-                    handle.metrics.event_discovered();
-                    info!(node = %event.identity, "adding node after its startup event");
+            Ok((kind @ (EventType::Startup | EventType::Shutdown), event)) => {
+                if let Err(e) = identity::validate(&event.identity) {
+                    suspects.rejected_event_identity(&e, &event.identity);
+                    continue;
                 }
-            }
-            Ok((EventType::Shutdown, event)) => {
-                if handle.registry.forget_waiting(&event.identity) {
-                    debug!(node = %event.identity, "dropped a waiting node that shut down");
+                if kind == EventType::Shutdown {
+                    if handle.registry.forget_waiting(&event.identity) {
+                        debug!(node = %event.identity, "dropped a waiting node that shut down");
+                    }
+                } else if handle.registry.would_queue(&event.identity) {
+                    match confirm.try_send(event.identity) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            handle.metrics.dropped_event();
+                            if let Some(n) = suspects.should_log("confirmation queue full") {
+                                warn!(capacity = EVENT_CONFIRM_QUEUE, suppressed_before = n, "too many startup events to confirm; dropping some (discovery finds real nodes later)");
+                            }
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => return,
+                    }
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
             Err(e) => {
-                warn!(subject = %msg.subject, error = %e, "could not handle a lifecycle event")
+                if let Some(n) = suspects.should_log("undecodable lifecycle event") {
+                    warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not handle a lifecycle event");
+                }
             }
         }
     }
 }
 
+/// Queues event-announced nodes only once they answer a directed ping in
+/// their own name: anyone can publish a `startup` event for a name that
+/// does not exist, and each such name would otherwise hold a worker for the
+/// whole `jwt` timeout and its retries. At most [`EVENT_PINGS`] pings are in
+/// flight; a name already being confirmed is not pinged twice.
+async fn confirm_event_nodes(
+    mut names: mpsc::Receiver<String>,
+    client: ChoriaClient,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    let pings = Arc::new(Semaphore::new(EVENT_PINGS));
+    let in_flight = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let tracker = TaskTracker::new();
+    loop {
+        let name = tokio::select! {
+            n = names.recv() => match n { Some(n) => n, None => break },
+            _ = stop.cancelled() => break,
+        };
+        if !in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.clone())
+        {
+            continue;
+        }
+        let permit = tokio::select! {
+            p = pings.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.cancelled() => break,
+        };
+        let (client, handle, in_flight, stop) = (
+            client.clone(),
+            handle.clone(),
+            in_flight.clone(),
+            stop.clone(),
+        );
+        tracker.spawn(async move {
+            let _permit = permit;
+            let answered = tokio::select! {
+                r = client.ping(&name, EVENT_PING_TIMEOUT) => r,
+                _ = stop.cancelled() => return,
+            };
+            in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&name);
+            match answered {
+                Ok(()) => {
+                    if handle.gate.is_paused() {
+                        return;
+                    }
+                    if handle.registry.add(&name) == Added::Queued {
+                        handle.metrics.event_discovered();
+                        info!(node = %name, "adding node after its startup event");
+                    }
+                }
+                Err(e) => {
+                    handle.metrics.unconfirmed_event();
+                    debug!(node = %name, error = %e, "a node announced by a startup event did not answer a ping; not queued");
+                }
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
 /// Tracks the broker connection: readiness follows it, and a reconnect
 /// triggers a discovery so nodes whose work failed meanwhile are found again.
 async fn watch_broker(
@@ -587,8 +705,20 @@ async fn watch_broker(
     }
 }
 
-/// Takes nodes off the queue until it is closed and drained.
-async fn worker(n: usize, ctx: Arc<Context>, handle: Handle) {
+/// How nodes are worked: `slots` are the `workers` setting, one per node
+/// being actively worked on; a node waiting out its reply windows gives its
+/// slot back and waits in a `parked` task, at most `confirming` at a time.
+#[derive(Clone)]
+struct Pool {
+    slots: Arc<Semaphore>,
+    confirming: Arc<Semaphore>,
+    parked: TaskTracker,
+}
+
+/// Takes nodes off the queue until it is closed and drained, and runs each
+/// up to its reply windows: on at once when they are over already, else in
+/// a parked task, so the windows cost no worker time.
+async fn worker(n: usize, ctx: Arc<Context>, handle: Handle, pool: Pool) {
     debug!(worker = n, "worker starting");
     while let Some(ticket) = handle.registry.next().await {
         // The queue can hold registrations that were since replaced or
@@ -597,38 +727,85 @@ async fn worker(n: usize, ctx: Arc<Context>, handle: Handle) {
             debug!(node = %ticket.identity, "skipping a stale queue entry");
             continue;
         }
-        let _busy = ctx.metrics.busy_worker();
+        let Ok(slot) = pool.slots.clone().acquire_owned().await else {
+            break;
+        };
+        let busy = ctx.metrics.busy_worker();
         info!(node = %ticket.identity, "provisioning");
-        let result = HostSequence::new(&ctx, &ticket.identity)
-            .run(ticket.added.elapsed())
-            .await;
-        match result {
-            Ok(Outcome::Provisioned) => {
-                ctx.metrics.provisioned();
-                info!(node = %ticket.identity, "provisioned");
-                handle
-                    .registry
-                    .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
-            }
-            Ok(Outcome::Shutdown) => {
-                handle
-                    .registry
-                    .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
-            }
-            Ok(Outcome::Upgrading { to }) => {
-                info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
-                handle.registry.remove(&ticket);
-            }
-            Err(e) if e.is_pause() => {
-                info!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
-                handle.registry.remove(&ticket);
-            }
-            Err(e) => {
-                ctx.metrics.provision_error();
-                error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
-                handle.registry.remove(&ticket);
-            }
+        let mut seq = HostSequence::new(ctx.clone(), Arc::from(ticket.identity.as_str()));
+        if let Err(e) = seq.gather(ticket.added.elapsed()).await {
+            drop(busy);
+            record(&ctx, &handle, ticket, Err(e));
+            continue;
         }
+        if seq.is_settled() {
+            let result = async {
+                seq.settle().await?;
+                seq.finish().await
+            }
+            .await;
+            drop(busy);
+            drop(slot);
+            record(&ctx, &handle, ticket, result);
+            continue;
+        }
+        drop(busy);
+        drop(slot);
+        let Ok(confirming) = pool.confirming.clone().acquire_owned().await else {
+            break;
+        };
+        let (ctx, handle, slots) = (ctx.clone(), handle.clone(), pool.slots.clone());
+        pool.parked.spawn(async move {
+            let _confirming = confirming;
+            let result = async {
+                seq.settle().await?;
+                let _slot = slots
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ProvisionError::Abandoned)?;
+                let _busy = ctx.metrics.busy_worker();
+                seq.finish().await
+            }
+            .await;
+            record(&ctx, &handle, ticket, result);
+        });
     }
     debug!(worker = n, "worker stopped");
+}
+
+/// What a node's sequence ended with: metrics, the log line, and what the
+/// registry does with the node.
+fn record(
+    ctx: &Context,
+    handle: &Handle,
+    ticket: Arc<registry::Ticket>,
+    result: Result<Outcome, ProvisionError>,
+) {
+    match result {
+        Ok(Outcome::Provisioned) => {
+            ctx.metrics.provisioned();
+            info!(node = %ticket.identity, "provisioned");
+            handle
+                .registry
+                .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+        }
+        Ok(Outcome::Shutdown) => {
+            handle
+                .registry
+                .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+        }
+        Ok(Outcome::Upgrading { to }) => {
+            info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
+            handle.registry.remove(&ticket);
+        }
+        Err(e) if e.is_pause() => {
+            info!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
+            handle.registry.remove(&ticket);
+        }
+        Err(e) => {
+            ctx.metrics.provision_error();
+            error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
+            handle.registry.remove(&ticket);
+        }
+    }
 }

@@ -2,10 +2,17 @@
 //!
 //! Discovery and startup events add hosts; workers take them off the queue.
 //! The registry follows the Go provisioner's rules: a host seen again within
-//! one `interval` of being added is ignored; an older entry is replaced. A
-//! provisioned host stays registered for [`HOLD_AFTER_SUCCESS`] so the burst of
-//! events around its restart does not queue it again; a failed host is
-//! forgotten at once so the next discovery retries it.
+//! one `interval` of being added is ignored; an older *queued* entry is
+//! replaced. A provisioned host stays registered for [`HOLD_AFTER_SUCCESS`]
+//! from its success so the burst of events around its restart does not queue
+//! it again; a failed host is forgotten at once so the next discovery retries
+//! it.
+//!
+//! Unlike Go, a host that is being worked on, or held after success, is
+//! never replaced, however long ago it was added: Go replaces any entry older
+//! than `interval`, so a node whose wait plus sequence outlasts one interval
+//! and is discovered again runs on two workers at once (two helper runs, two
+//! certificates, interleaved `configure`).
 //!
 //! Unlike Go, each registration gets a generation number and a queued ticket
 //! is only current while its generation is the registered one: after the
@@ -45,8 +52,10 @@ pub enum Source {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Added {
     Queued,
-    /// Registered less than one interval ago.
+    /// Registered less than one interval ago, or held after success.
     Recent,
+    /// A worker is provisioning it right now.
+    Busy,
     /// The work queue is full; the host was not registered.
     QueueFull,
 }
@@ -105,8 +114,13 @@ impl Registry {
     pub fn add(&self, identity: &str) -> Added {
         let mut hosts = self.hosts.lock().expect("registry lock");
         if let Some(entry) = hosts.get(identity) {
-            if entry.added.elapsed() < self.interval {
-                return Added::Recent;
+            match entry.state {
+                State::Working => return Added::Busy,
+                State::Held => return Added::Recent,
+                State::Queued if entry.added.elapsed() < self.interval => return Added::Recent,
+                // Go's rule: an old queued entry is replaced (the stale
+                // ticket still in the queue is then skipped).
+                State::Queued => {}
             }
         }
         let ticket = Arc::new(Ticket {
@@ -139,6 +153,16 @@ impl Registry {
         };
         self.update_gauges(hosts.len());
         result
+    }
+
+    /// Whether [`Registry::add`] would queue `identity` now (it is unknown,
+    /// or only an old queued entry): cheap, for deciding whether to confirm
+    /// an event-announced node at all.
+    pub fn would_queue(&self, identity: &str) -> bool {
+        match self.hosts.lock().expect("registry lock").get(identity) {
+            None => true,
+            Some(e) => e.state == State::Queued && e.added.elapsed() >= self.interval,
+        }
     }
 
     /// Whether `ticket` is still the registered generation of its host.
@@ -284,18 +308,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_old_registration_is_replaced_and_its_ticket_goes_stale() {
+    async fn an_old_queued_registration_is_replaced_and_its_ticket_goes_stale() {
         let r = registry(Duration::from_millis(10));
         assert_eq!(r.add("n1"), Added::Queued);
-        let first = r.next().await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(r.add("n1"), Added::Queued);
+        let first = r.next().await.unwrap();
         let second = r.next().await.unwrap();
         assert!(!r.is_current(&first), "replaced registration is stale");
         assert!(r.is_current(&second));
         // Removing with the stale ticket leaves the new registration alone.
         r.remove(&first);
         assert!(r.is_current(&second));
+    }
+
+    #[tokio::test]
+    async fn a_host_being_worked_or_held_is_never_replaced_however_old() {
+        // Keep the finisher's receiver: without it held nodes go at once.
+        let (r, _finisher) = Registry::new(Duration::from_millis(10), Arc::new(Metrics::new("t")));
+        assert_eq!(r.add("n1"), Added::Queued);
+        let working = r.next().await.unwrap();
+        // The sequence outlasts the interval and the node is seen again.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(r.add("n1"), Added::Busy);
+        assert_eq!(r.queued(), 0, "not queued a second time");
+        assert!(r.is_current(&working));
+        // Done: held from its success, however long ago it was added.
+        r.remove_later(working, HOLD_AFTER_SUCCESS);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(r.add("n1"), Added::Recent);
+        assert_eq!(r.queued(), 0);
     }
 
     #[tokio::test]

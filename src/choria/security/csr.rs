@@ -11,6 +11,7 @@
 //! simulator starting thousands of nodes uses an [`RsaKeyPool`] of
 //! pre-generated keys instead of one key per node.
 
+use crate::choria::identity::shown;
 use regex::Regex;
 use rsa::pkcs1::{DecodeRsaPublicKey, EncodeRsaPrivateKey, EncodeRsaPublicKey};
 use rsa::pkcs1v15::{Signature as RsaSignature, SigningKey, VerifyingKey};
@@ -102,8 +103,9 @@ pub enum CsrError {
     /// The CSR signature does not verify.
     #[error("CSR signature is invalid")]
     InvalidSignature,
-    /// The CSR CN differs from the node identity (Go's message).
-    #[error("common name {common_name} does not match identity {identity}")]
+    /// The CSR CN differs from the node identity (Go's message; the CN is
+    /// the node's text, shown clipped and escaped).
+    #[error("common name {} does not match identity {identity}", shown(.common_name))]
     CommonNameMismatch {
         /// CN found in the CSR.
         common_name: String,
@@ -111,8 +113,32 @@ pub enum CsrError {
         identity: String,
     },
     /// A CN or SAN matched the deny list (Go's message).
-    #[error("{0} matches denied certificate pattern")]
+    #[error("{} matches denied certificate pattern", shown(.0))]
     DeniedName(String),
+    /// The subject has no common name.
+    #[error("the CSR's subject has no common name; it must be the node's identity")]
+    NoCommonName,
+    /// The subject names several common names (Go would take the last).
+    #[error(
+        "the CSR's subject has {0} common names; exactly one, the node's identity, is allowed"
+    )]
+    SeveralCommonNames(usize),
+    /// A DNS subjectAltName other than the identity (and not allowed by
+    /// `csr_allowed_dns_names`).
+    #[error("the CSR asks for the DNS name {} besides the node's identity; only the identity (and names matching csr_allowed_dns_names) may be requested", shown(.0))]
+    ForeignDnsName(String),
+    /// An IP address subjectAltName.
+    #[error("the CSR asks for the IP address {0}; IP subjectAltNames are not signed")]
+    IpSan(IpAddr),
+    /// A URI subjectAltName.
+    #[error("the CSR asks for the URI {}; URI subjectAltNames are not signed", shown(.0))]
+    UriSan(String),
+    /// An e-mail subjectAltName.
+    #[error("the CSR asks for the e-mail address {}; e-mail subjectAltNames are not signed", shown(.0))]
+    EmailSan(String),
+    /// Another kind of subjectAltName (otherName, directoryName, ...).
+    #[error("the CSR asks for a {0} subjectAltName; only DNS names are signed")]
+    OtherSan(&'static str),
     /// A deny-list entry is not a valid regular expression.
     #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
     InvalidDenyPattern {
@@ -363,6 +389,10 @@ pub fn public_key_pem_go_style(key: &RsaPublicKey) -> Result<String, CsrError> {
 pub struct CsrInfo {
     /// Subject CN (the last one if several, like Go).
     pub common_name: String,
+    /// How many CNs the subject holds.
+    pub common_name_count: usize,
+    /// subjectAltName kinds other than DNS, e-mail, URI and IP.
+    pub other_san_kinds: Vec<&'static str>,
     /// SAN DNS names.
     pub dns_names: Vec<String>,
     /// SAN e-mail addresses.
@@ -431,7 +461,7 @@ impl CsrInfo {
         ok.map_err(|_| CsrError::InvalidSignature)
     }
 
-    /// Files one subjectAltName entry under its kind; other kinds are ignored.
+    /// Files one subjectAltName entry under its kind.
     fn add_san(&mut self, name: GeneralName) -> Result<(), CsrError> {
         match name {
             GeneralName::DnsName(s) => self.dns_names.push(s.to_string()),
@@ -451,7 +481,10 @@ impl CsrInfo {
                 })?;
                 self.ip_addresses.push(ip);
             }
-            _ => {}
+            GeneralName::OtherName(_) => self.other_san_kinds.push("otherName"),
+            GeneralName::DirectoryName(_) => self.other_san_kinds.push("directoryName"),
+            GeneralName::EdiPartyName(_) => self.other_san_kinds.push("ediPartyName"),
+            GeneralName::RegisteredId(_) => self.other_san_kinds.push("registeredID"),
         }
         Ok(())
     }
@@ -501,10 +534,12 @@ pub fn parse_csr_der(der: &[u8]) -> Result<CsrInfo, CsrError> {
     let req = CertReq::from_der(der).map_err(|e| CsrError::Parse(e.to_string()))?;
 
     let mut common_name = String::new();
+    let mut common_name_count = 0;
     for rdn in &req.info.subject.0 {
         for atv in rdn.0.iter() {
             if atv.oid == OID_CN {
                 common_name = directory_string(&atv.value)?;
+                common_name_count += 1;
             }
         }
     }
@@ -523,6 +558,8 @@ pub fn parse_csr_der(der: &[u8]) -> Result<CsrInfo, CsrError> {
 
     let mut info = CsrInfo {
         common_name,
+        common_name_count,
+        other_san_kinds: Vec::new(),
         dns_names: Vec::new(),
         email_addresses: Vec::new(),
         ip_addresses: Vec::new(),
@@ -614,6 +651,85 @@ pub fn validate_csr_names(
         }
     }
     Ok(())
+}
+
+/// The provisioner's checks of a node's CSR, stricter than the Go
+/// provisioner's `validateCSR` (which checks only the CN and the deny list,
+/// and does not verify the signature):
+///
+/// 1. the CSR's own signature verifies (the node holds the key);
+/// 2. the subject has exactly one common name, equal to `identity`;
+/// 3. no IP, URI, e-mail or other non-DNS subjectAltName;
+/// 4. every DNS subjectAltName is `identity` or matches an `allowed_dns`
+///    pattern;
+/// 5. neither the CN nor any DNS name matches the deny list.
+///
+/// Each refusal has its own [`CsrError`], with [`CsrError::reason`] as its
+/// metric label.
+pub fn check_csr(
+    info: &CsrInfo,
+    identity: &str,
+    deny_list: &[Regex],
+    allowed_dns: &[Regex],
+) -> Result<(), CsrError> {
+    info.verify_signature()?;
+    match info.common_name_count {
+        0 => return Err(CsrError::NoCommonName),
+        1 => {}
+        n => return Err(CsrError::SeveralCommonNames(n)),
+    }
+    if info.common_name != identity {
+        return Err(CsrError::CommonNameMismatch {
+            common_name: info.common_name.clone(),
+            identity: identity.to_string(),
+        });
+    }
+    if let Some(ip) = info.ip_addresses.first() {
+        return Err(CsrError::IpSan(*ip));
+    }
+    if let Some(uri) = info.uris.first() {
+        return Err(CsrError::UriSan(uri.clone()));
+    }
+    if let Some(mail) = info.email_addresses.first() {
+        return Err(CsrError::EmailSan(mail.clone()));
+    }
+    if let Some(kind) = info.other_san_kinds.first() {
+        return Err(CsrError::OtherSan(kind));
+    }
+    if let Some(foreign) = info
+        .dns_names
+        .iter()
+        .find(|n| n.as_str() != identity && !allowed_dns.iter().any(|re| re.is_match(n)))
+    {
+        return Err(CsrError::ForeignDnsName(foreign.clone()));
+    }
+    validate_csr_names(info, identity, deny_list)
+}
+
+impl CsrError {
+    /// A short, fixed label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CsrError::BadPem(_) | CsrError::Parse(_) => "unparsable",
+            CsrError::UnsupportedSignatureAlgorithm(_) | CsrError::UnsupportedPublicKey(_) => {
+                "unsupported_algorithm"
+            }
+            CsrError::InvalidSignature => "bad_signature",
+            CsrError::NoCommonName | CsrError::SeveralCommonNames(_) => "common_name_count",
+            CsrError::CommonNameMismatch { .. } => "common_name",
+            CsrError::ForeignDnsName(_) => "foreign_dns_name",
+            CsrError::IpSan(_)
+            | CsrError::UriSan(_)
+            | CsrError::EmailSan(_)
+            | CsrError::OtherSan(_) => "non_dns_san",
+            CsrError::DeniedName(_) => "denied_name",
+            CsrError::KeyGeneration { .. }
+            | CsrError::EmptyPool
+            | CsrError::MissingCommonName
+            | CsrError::Encode { .. }
+            | CsrError::InvalidDenyPattern { .. } => "other",
+        }
+    }
 }
 
 /// Parses an RSA public key from PKCS#1 DER (what

@@ -7,7 +7,7 @@
 //! public key enough to put it into the server JWT
 //! (`provisioner:host/rpc.go` `fetchEd25519PubKey`).
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use rand::rngs::OsRng;
 use std::fmt;
 
@@ -182,13 +182,18 @@ pub fn verify_nonce(public_hex: &str, nonce: &str, sig_hex: &str) -> Result<(), 
     let sig = hex::decode(sig_hex)
         .map_err(|e| Ed25519Error::InvalidSignatureEncoding(describe_hex_error(&e)))?;
     let sig = Signature::from_slice(&sig).map_err(|_| Ed25519Error::InvalidNonceSignature)?;
-    pk.verify(nonce.as_bytes(), &sig)
+    // Strict: a small-order (weak) public key or a non-canonical signature
+    // is refused. With plain `verify`, the identity point as the key and
+    // as R with s = 0 "signs" every nonce, so a node could pass the check
+    // without holding any private key.
+    pk.verify_strict(nonce.as_bytes(), &sig)
         .map_err(|_| Ed25519Error::InvalidNonceSignature)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ed25519_dalek::Verifier;
     use proptest::prelude::*;
 
     // RFC 8032 test 1.
@@ -203,6 +208,26 @@ mod tests {
         assert_eq!(kp.sign_nonce_hex(""), RFC_SIG_EMPTY);
         assert_eq!(kp.seed_hex(), RFC_SEED);
         verify_nonce(RFC_PUB, "", RFC_SIG_EMPTY).unwrap();
+    }
+
+    #[test]
+    fn a_weak_key_signature_that_fits_every_nonce_is_refused() {
+        // The identity point (encoded as 1 followed by zeros) as the public
+        // key and as R, with s = 0: lax verification accepts it for any message.
+        let identity = format!("01{}", "00".repeat(31));
+        let sig = format!("{identity}{}", "00".repeat(32));
+        let pk = parse_public_key_hex(&identity).unwrap();
+        let raw = Signature::from_slice(&hex::decode(&sig).unwrap()).unwrap();
+        assert!(
+            pk.verify(b"any nonce", &raw).is_ok(),
+            "the lax check accepts it (what verify_strict guards against)"
+        );
+        for nonce in ["any nonce", "another"] {
+            assert!(matches!(
+                verify_nonce(&identity, nonce, &sig),
+                Err(Ed25519Error::InvalidNonceSignature)
+            ));
+        }
     }
 
     #[test]

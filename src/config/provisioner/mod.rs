@@ -48,6 +48,9 @@ pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_DISCOVERY_WINDOW: Duration = Duration::from_secs(1);
 /// `helper_timeout` when unset (Go's fixed value).
 pub const DEFAULT_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+/// `reply_window` when unset: how long the reply subject of an answer later
+/// steps trust (`jwt`, `gen25519`, `gencsr`) is watched for a second one.
+pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_millis(500);
 
 /// `features:`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,6 +188,11 @@ pub struct ProvisionerConfig {
     /// How long one RPC attempt waits for its reply (ours); unset means Go's
     /// 2 s discovery timeout plus the agent's DDL timeout.
     pub rpc_timeout: Option<Duration>,
+    /// How long the reply subject of a trusted answer stays watched for a
+    /// second, different answer (ours); zero turns the watch off.
+    pub reply_window: Duration,
+    /// DNS names besides the identity a node's CSR may ask for (ours).
+    pub csr_allowed_dns_names: Vec<String>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -338,6 +346,17 @@ impl ProvisionerConfig {
         Ok(Some((token, claims)))
     }
 
+    /// The compiled `csr_allowed_dns_names` (validated when parsed).
+    pub fn csr_allowed_dns_regexes(&self) -> Result<Vec<Regex>, ConfigError> {
+        self.csr_allowed_dns_names
+            .iter()
+            .map(|p| {
+                Regex::new(crate::choria::security::csr::strip_regex_delimiters(p))
+                    .map_err(|e| self.err("csr_allowed_dns_names", format!("{p:?}: {e}")))
+            })
+            .collect()
+    }
+
     /// The compiled `cert_deny_list` (validated when parsed).
     pub fn cert_deny_regexes(&self) -> Result<Vec<Regex>, ConfigError> {
         compile_deny_list(&self.cert_deny_list)
@@ -407,6 +426,12 @@ impl ProvisionerConfig {
             discovery_window: d(self.discovery_window),
             helper_timeout: d(self.helper_timeout),
             rpc_timeout: self.rpc_timeout.and_then(d),
+            reply_window: Some(if self.reply_window.is_zero() {
+                "0s".to_string()
+            } else {
+                format_duration(self.reply_window)
+            }),
+            csr_allowed_dns_names: Some(self.csr_allowed_dns_names.clone()),
         }
     }
 
@@ -521,6 +546,11 @@ impl ProvisionerConfig {
                 "rpc_timeout".into(),
                 self.rpc_timeout
                     .map_or_else(|| "(Go's: 2s + the agent's timeout)".into(), d),
+            ),
+            ("reply_window".into(), d(self.reply_window)),
+            (
+                "csr_allowed_dns_names".into(),
+                self.csr_allowed_dns_names.join(" "),
             ),
         ]);
         out

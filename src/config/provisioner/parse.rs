@@ -2,6 +2,7 @@
 //! group of settings, each applying Go's default and check and ours.
 
 use super::*;
+use crate::choria::security::csr::strip_regex_delimiters;
 use crate::config::schema::{FeaturesFile, ProvisionerFile};
 
 impl ProvisionerConfig {
@@ -65,6 +66,22 @@ impl ProvisionerConfig {
             ));
         }
         let timeouts = timeouts(&sec, w)?;
+        let reply_window = match sec.duration("reply_window")? {
+            Some((raw, d)) if !raw.trim().is_empty() => d,
+            _ => DEFAULT_REPLY_WINDOW,
+        };
+        let csr_allowed_dns_names = sec
+            .string_list("csr_allowed_dns_names")?
+            .unwrap_or_default();
+        for (i, pattern) in csr_allowed_dns_names.iter().enumerate() {
+            if let Err(e) = Regex::new(strip_regex_delimiters(pattern)) {
+                return Err(sec.item_error(
+                    "csr_allowed_dns_names",
+                    i,
+                    format!("{pattern:?} is not a regular expression: {e}"),
+                ));
+            }
+        }
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -105,6 +122,8 @@ impl ProvisionerConfig {
             discovery_window: timeouts.discovery_window,
             helper_timeout: timeouts.helper_timeout,
             rpc_timeout: timeouts.rpc_timeout,
+            reply_window,
+            csr_allowed_dns_names,
             warnings,
         })
     }

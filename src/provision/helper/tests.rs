@@ -198,15 +198,18 @@ async fn execs_the_helper_directly() {
 #[tokio::test]
 async fn large_input_does_not_deadlock() {
     let dir = tempfile::tempdir().unwrap();
-    // `cat` echoes while still reading, filling stdout before stdin is
-    // done; its output is the input, a valid response with unknown keys.
+    // The helper prints 900 KB (more than a pipe holds) before it reads a
+    // 4 MiB input: both pipes must be serviced at once.
     let inventory = "x".repeat(4 << 20);
     let input = HelperInput {
         inventory: &inventory,
         ..input()
     };
-    let r = helper(dir.path(), "exec cat").run(&input).await.unwrap();
-    assert!(r.configuration.is_empty() && r.msg.is_empty());
+    let body =
+        "printf '{\"msg\":\"'; head -c 900000 /dev/zero | tr '\\0' y; printf '\"}'; cat >/dev/null";
+    let r = helper(dir.path(), body).run(&input).await.unwrap();
+    assert!(r.configuration.is_empty());
+    assert_eq!(r.msg.len(), 900_000);
 }
 
 #[tokio::test]
@@ -323,6 +326,89 @@ async fn timeout_kills_the_helper_quickly() {
     let pid = std::fs::read_to_string(&pid_file).unwrap();
     let proc_dir = format!("/proc/{}", pid.trim());
     assert!(!Path::new(&proc_dir).exists(), "{proc_dir} still exists");
+}
+
+/// Whether a process runs (a zombie counts as gone: it holds nothing).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .map(|stat| {
+            // state is the field after "(comm)"
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+fn wait_gone(pid: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_timed_out_helper_takes_its_children_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let child_pid = dir.path().join("child");
+    // The helper forks a child that would outlive it, then hangs itself.
+    let h = helper(
+        dir.path(),
+        &format!("sleep 300 & echo $! > '{}'; sleep 300", child_pid.display()),
+    )
+    .with_timeout(Duration::from_millis(300));
+    let err = h.run(&input()).await.unwrap_err();
+    assert!(matches!(err, HelperError::Timeout { .. }), "{err:?}");
+    let pid = std::fs::read_to_string(&child_pid).unwrap();
+    assert!(wait_gone(&pid), "the helper's child {pid} still runs");
+}
+
+#[tokio::test]
+async fn a_helper_that_leaves_a_child_behind_still_answers_and_the_child_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let child_pid = dir.path().join("child");
+    // The background child must not hold stdout open, or we would wait for it.
+    let h = helper(
+        dir.path(),
+        &format!(
+            "sleep 300 >/dev/null 2>&1 & echo $! > '{}'; echo '{{\"configuration\":{{\"a\":\"b\"}}}}'",
+            child_pid.display()
+        ),
+    );
+    let r = h.run(&input()).await.unwrap();
+    assert_eq!(r.configuration.get("a").map(String::as_str), Some("b"));
+    let pid = std::fs::read_to_string(&child_pid).unwrap();
+    assert!(wait_gone(&pid), "the helper's child {pid} still runs");
+}
+
+#[tokio::test]
+async fn output_beyond_the_cap_is_an_error_and_stops_the_helper() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = helper(dir.path(), "yes '{\"configuration\":{}}'");
+    let started = Instant::now();
+    let err = h.run(&input()).await.unwrap_err();
+    assert!(matches!(err, HelperError::OutputTooLarge { .. }), "{err:?}");
+    assert!(err.to_string().contains("1048576 bytes"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn the_quoted_stderr_line_is_short_and_has_no_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    // Longer than the quoted line, shorter than the stderr tail kept.
+    let long = "x".repeat(1500);
+    let h = helper(
+        dir.path(),
+        &format!("printf 'evil\\033[31m\\rforged log line {long}\\n' >&2; exit 3"),
+    );
+    let err = h.run(&input()).await.unwrap_err().to_string();
+    assert!(err.contains("exited with status 3"), "{err}");
+    assert!(!err.chars().any(|c| c.is_control()), "{err:?}");
+    assert!(err.contains("evil[31mforged log line"), "{err}");
+    assert!(err.len() < 600, "{} bytes: {err}", err.len());
 }
 
 #[tokio::test]

@@ -316,3 +316,142 @@ proptest! {
         let _ = compile_deny_list(&[p]);
     }
 }
+
+/// A CSR made by `openssl req` with `subj` and optional `-addext` values,
+/// signed with [`test_key`]; `None` without openssl.
+fn openssl_csr(subj: &str, addext: &[&str]) -> Option<CsrInfo> {
+    if skip_without_openssl("openssl-made CSRs") {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k.pem");
+    std::fs::write(&key, private_key_pkcs1_pem(test_key()).unwrap()).unwrap();
+    let mut cmd = openssl();
+    cmd.args(["req", "-new", "-key"])
+        .arg(&key)
+        .args(["-subj", subj]);
+    for e in addext {
+        cmd.args(["-addext", e]);
+    }
+    let out = run_ok(&mut cmd);
+    Some(parse_csr(&String::from_utf8(out.stdout).unwrap()).unwrap())
+}
+
+fn checked(info: &CsrInfo) -> Result<(), CsrError> {
+    check_csr(info, "n1.example.net", &default_deny_list(), &[])
+}
+
+#[test]
+fn a_csr_for_exactly_the_identity_passes_every_check() {
+    check_csr(
+        &csr_info("n1.example.net"),
+        "n1.example.net",
+        &default_deny_list(),
+        &[],
+    )
+    .unwrap();
+    if let Some(info) = openssl_csr("/CN=n1.example.net", &["subjectAltName=DNS:n1.example.net"]) {
+        checked(&info).unwrap();
+    }
+}
+
+#[test]
+fn a_csr_whose_signature_does_not_verify_is_refused() {
+    let pem_text = csr_pem("n1.example.net");
+    let mut der = pem::parse(&pem_text).unwrap().contents().to_vec();
+    let last = der.len() - 1;
+    der[last] ^= 0x01; // inside the signature BIT STRING
+    let info = parse_csr_der(&der).unwrap();
+    let e = checked(&info).unwrap_err();
+    assert_eq!(e, CsrError::InvalidSignature);
+    assert_eq!(e.reason(), "bad_signature");
+}
+
+#[test]
+fn each_name_problem_has_its_own_refusal() {
+    let cases: [(&str, &[&str], &str, &str); 7] = [
+        (
+            "/CN=n1.example.net/CN=n2.example.net",
+            &[],
+            "common_name_count",
+            "2 common names",
+        ),
+        ("/O=acme", &[], "common_name_count", "no common name"),
+        (
+            "/CN=n2.example.net",
+            &[],
+            "common_name",
+            "does not match identity",
+        ),
+        (
+            "/CN=n1.example.net",
+            &["subjectAltName=DNS:n1.example.net,DNS:evil.example.net"],
+            "foreign_dns_name",
+            "evil.example.net",
+        ),
+        (
+            "/CN=n1.example.net",
+            &["subjectAltName=IP:10.1.2.3"],
+            "non_dns_san",
+            "IP address 10.1.2.3",
+        ),
+        (
+            "/CN=n1.example.net",
+            &["subjectAltName=URI:spiffe://x/y"],
+            "non_dns_san",
+            "URI",
+        ),
+        (
+            "/CN=n1.example.net",
+            &["subjectAltName=email:a@example.net"],
+            "non_dns_san",
+            "e-mail",
+        ),
+    ];
+    for (subj, ext, reason, text) in cases {
+        let Some(info) = openssl_csr(subj, ext) else {
+            return;
+        };
+        let e = checked(&info).unwrap_err();
+        assert_eq!(e.reason(), reason, "{subj} {ext:?}: {e}");
+        assert!(e.to_string().contains(text), "{subj} {ext:?}: {e}");
+    }
+}
+
+#[test]
+fn extra_dns_names_pass_only_when_configured() {
+    let Some(info) = openssl_csr(
+        "/CN=n1.example.net",
+        &["subjectAltName=DNS:n1.example.net,DNS:n1.internal"],
+    ) else {
+        return;
+    };
+    assert!(matches!(checked(&info), Err(CsrError::ForeignDnsName(_))));
+    let allowed = [Regex::new(r"^n1\.internal$").unwrap()];
+    check_csr(&info, "n1.example.net", &default_deny_list(), &allowed).unwrap();
+}
+
+#[test]
+fn the_deny_list_still_applies_to_allowed_names() {
+    let Some(info) = openssl_csr(
+        "/CN=n1.example.net",
+        &["subjectAltName=DNS:n1.example.net,DNS:x.privileged.choria"],
+    ) else {
+        return;
+    };
+    let allowed = [Regex::new(r"choria$").unwrap()];
+    let e = check_csr(&info, "n1.example.net", &default_deny_list(), &allowed).unwrap_err();
+    assert_eq!(e.reason(), "denied_name", "{e}");
+}
+
+#[test]
+fn garbage_names_are_shown_clipped_and_escaped() {
+    let cn = format!("evil\u{1b}[31m{}", "x".repeat(500));
+    let e = CsrError::CommonNameMismatch {
+        common_name: cn,
+        identity: "n1".into(),
+    }
+    .to_string();
+    assert!(!e.chars().any(char::is_control), "{e:?}");
+    assert!(e.len() < 150, "{e}");
+}
