@@ -77,6 +77,13 @@ pub struct FleetOptions {
     /// Share of nodes that answer RPCs with malformed replies.
     #[arg(long, default_value_t = 0.0)]
     pub fail_malformed: f64,
+    /// How many nodes (the first ones) answer directed requests slowly;
+    /// they are healthy, just slow (broadcast discovery is answered at once).
+    #[arg(long, default_value_t = 0)]
+    pub slow_nodes: usize,
+    /// How long a slow node takes to answer each directed request, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub slow_delay_ms: u64,
     /// Seed for choosing which nodes fail.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -177,6 +184,9 @@ struct Ctx {
     /// waits for zero. Kept as a count so each change costs O(1), not a scan.
     remaining: Arc<AtomicUsize>,
     changed: Arc<Notify>,
+    /// Nodes with an index below this answer directed requests after `slow_delay`.
+    slow_nodes: usize,
+    slow_delay: Duration,
 }
 
 impl Ctx {
@@ -340,6 +350,8 @@ pub async fn run(
             failures.iter().filter(|f| f.is_none()).count(),
         )),
         changed: Arc::new(Notify::new()),
+        slow_nodes: opts.slow_nodes,
+        slow_delay: Duration::from_millis(opts.slow_delay_ms),
     };
     let nodes: Vec<NodeRef> = (0..opts.nodes)
         .map(|i| {
@@ -543,6 +555,15 @@ async fn directed_loop(node: NodeRef, mut sub: async_nats::Subscriber, link: Lin
                 continue;
             }
         };
+        let slow = {
+            let n = node.lock().expect("node lock");
+            n.index < ctx.slow_nodes
+        };
+        if slow && ctx.slow_delay > Duration::ZERO {
+            // go-choria serialises a node's provisioning actions: a slow
+            // node is slow for each request in turn.
+            tokio::time::sleep(ctx.slow_delay).await;
+        }
         serve(&node, &req, &link, &ctx).await;
     }
 }

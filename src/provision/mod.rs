@@ -595,6 +595,9 @@ async fn listen_for_startups(
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
+            Err(lifecycle::EventError::NoIdentity) => {
+                suspects.rejected_event_identity(&identity::IdentityError::Empty, "");
+            }
             Err(e) => {
                 if let Some(n) = suspects.should_log("undecodable lifecycle event") {
                     warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not handle a lifecycle event");

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 pub mod election;
 pub mod gopeers;
+pub mod hostile;
 pub mod kube;
 pub mod provisioner;
 

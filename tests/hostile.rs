@@ -1,0 +1,550 @@
+//! The hostile-node tier: misbehaving machines in the provisioning
+//! collective (tests/support/hostile.rs) beside a healthy simulated fleet,
+//! against the real `choria-provisioner run`. In every case the process
+//! stays up and connected, every healthy node is provisioned exactly once
+//! (from the fleet's journal), each hostile class is counted in its metric,
+//! and no key material or certificate goes to a node that did not ask.
+
+mod support;
+
+use choria_provisioner::choria::client::BrokerArgs;
+use choria_provisioner::choria::protocol::Version;
+use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
+use choria_provisioner::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
+use choria_provisioner::fleet::ca::CertificateAuthority;
+use choria_provisioner::fleet::FleetOptions;
+use choria_provisioner::provision::{EVENT_CONFIRM_QUEUE, EVENT_PINGS};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::hostile::{self, Actor, Mode};
+use support::provisioner::{binary, ProvisionerProcess};
+use support::{NatsServer, RunningFleet};
+
+const TOKEN: &str = "h0stile-t0ken";
+
+/// A provisioner (jwt + pki, the reference helper signing with a CA and
+/// shipping a key) and a healthy fleet on one broker.
+struct Scene {
+    dir: tempfile::TempDir,
+    nats: NatsServer,
+    issuer: Ed25519KeyPair,
+    fleet: Option<RunningFleet>,
+    p: ProvisionerProcess,
+}
+
+struct Setup {
+    nodes: usize,
+    yaml: String,
+    helper: Option<String>,
+    fleet: Box<dyn FnOnce(&mut FleetOptions)>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            nodes: 200,
+            yaml: "features:\n  jwt: true\n  pki: true\n".into(),
+            helper: None,
+            fleet: Box::new(|_| {}),
+        }
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+impl Scene {
+    async fn start(setup: Setup) -> Scene {
+        let dir = tempfile::tempdir().unwrap();
+        let nats = NatsServer::start();
+        let issuer = Ed25519KeyPair::generate();
+        let seed = dir.path().join("issuer.seed");
+        std::fs::write(&seed, issuer.seed_hex()).unwrap();
+        let ca = CertificateAuthority::generate("hostile test CA").unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+        std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+        let key = choria_provisioner::choria::security::csr::generate_rsa_key(1024).unwrap();
+        std::fs::write(
+            dir.path().join("node.key"),
+            choria_provisioner::choria::security::csr::private_key_pkcs1_pem(&key).unwrap(),
+        )
+        .unwrap();
+        let mut opts = FleetOptions {
+            broker: BrokerArgs::at([nats.url()]),
+            nodes: setup.nodes,
+            token: TOKEN.into(),
+            jwt_signer: Some(seed),
+            journal: Some(dir.path().join("journal.jsonl")),
+            key_pool_size: 4,
+            ..Default::default()
+        };
+        (setup.fleet)(&mut opts);
+        let fleet = RunningFleet::start(opts).await;
+        let helper = setup.helper.unwrap_or_else(|| {
+            format!(
+                "{} fleet-helper --ca-cert {} --ca-key {} --key-file {}",
+                binary(),
+                s(&dir.path().join("ca.pem")),
+                s(&dir.path().join("ca.key")),
+                s(&dir.path().join("node.key"))
+            )
+        });
+        let yaml = format!(
+            "workers: 16\ntoken: {TOKEN}\nsite: hostile\nhelper: {helper:?}\nchoria_insecure: true\nloglevel: info\n\
+             rpc_timeout: 3s\ndiscovery_window: 500ms\njwt_verify_cert: {}\n{}",
+            issuer.public_hex(),
+            setup.yaml
+        );
+        let choria = format!(
+            "identity = provisioner.hostile\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+            nats.url()
+        );
+        let p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+        Scene {
+            dir,
+            nats,
+            issuer,
+            fleet: Some(fleet),
+            p,
+        }
+    }
+
+    /// A provisioning JWT signed by the organisation, as a node would hold
+    /// (an impostor that copied one from a real node has this much).
+    fn stolen_jwt(&self) -> String {
+        let claims = ProvisioningClaims::new_at(
+            TOKEN,
+            &self.nats.url(),
+            "",
+            Duration::from_secs(3600),
+            chrono::Utc::now().timestamp(),
+        )
+        .unwrap();
+        TokenSigningKey::Ed25519(self.issuer.signing_key().clone())
+            .sign(&claims)
+            .unwrap()
+    }
+
+    fn journal_path(&self) -> PathBuf {
+        self.dir.path().join("journal.jsonl")
+    }
+
+    /// Waits until every node in `nodes` came back as a provisioned server.
+    async fn wait_servers(&mut self, nodes: &HashSet<String>, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let back: HashSet<String> = support::read_journal_so_far(&self.journal_path())
+                .iter()
+                .filter(|e| {
+                    e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
+                })
+                .map(|e| e["node"].as_str().unwrap().to_string())
+                .collect();
+            let missing = nodes.difference(&back).count();
+            if missing == 0 {
+                return;
+            }
+            assert!(
+                self.p.is_running(),
+                "the provisioner exited; log:\n{}",
+                self.p.logs_tail(40)
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{missing} of {} nodes not provisioned within {timeout:?}; log tail:\n{}",
+                nodes.len(),
+                self.p.logs_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (_, body) = self.p.get("/metrics");
+        body.lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Stops everything; the journal and the log.
+    async fn finish(mut self) -> (Vec<Value>, String) {
+        self.p.signal("TERM");
+        let status = self.p.wait_exit(Duration::from_secs(10));
+        assert!(status.success(), "exit status {status}");
+        let logs = self.p.logs();
+        let (_, journal) = self.fleet.take().unwrap().finish().await;
+        (journal, logs)
+    }
+}
+
+/// OK answers to `action`, per node, from the journal.
+fn ok_counts(journal: &[Value], action: &str) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for e in journal {
+        if e["kind"] == "action" && e["action"] == action && e["outcome"] == "ok" {
+            *counts
+                .entry(e["node"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Every node in `nodes` was configured and restarted exactly once.
+fn assert_provisioned_once(journal: &[Value], nodes: &HashSet<String>) {
+    let configured = ok_counts(journal, "configure");
+    let restarted = ok_counts(journal, "restart");
+    for n in nodes {
+        assert_eq!(configured.get(n), Some(&1), "{n} configure count");
+        assert_eq!(restarted.get(n), Some(&1), "{n} restart count");
+    }
+}
+
+/// The process stayed connected the whole time.
+fn assert_never_disconnected(logs: &str) {
+    assert!(
+        !logs.contains("disconnected from the broker"),
+        "the provisioner lost its broker connection:\n{}",
+        logs.lines()
+            .filter(|l| l.contains("disconnect") || l.contains("control line"))
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let longest = logs.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 4096, "a log line of {longest} bytes");
+}
+
+fn all(fleet: &RunningFleet) -> HashSet<String> {
+    fleet.identities.iter().cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impostor_answering_for_others_under_its_own_name_is_ignored() {
+    let mut scene = Scene::start(Setup::default()).await;
+    let actor = Actor::start(
+        &scene.nats.url(),
+        Version::V1,
+        Mode::OwnName("impostor.example.net".into()),
+    )
+    .await;
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    scene.wait_servers(&nodes, Duration::from_secs(120)).await;
+    let ignored = scene.metric(
+        "choria_provisioner_ignored_replies",
+        "reason=\"other_sender\"",
+    );
+    assert!(ignored >= nodes.len() as f64, "other_sender {ignored}");
+    assert_eq!(scene.metric("choria_provisioner_provision_errors", ""), 0.0);
+    assert!(actor.published.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+    assert!(
+        logs.contains("impostor.example.net"),
+        "the ignored replies are logged with their sender"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate() {
+    let mut scene = Scene::start(Setup::default()).await;
+    let fleet = scene.fleet.as_ref().unwrap();
+    let victims: HashSet<String> = fleet.identities.iter().take(15).cloned().collect();
+    let healthy: HashSet<String> = all(fleet).difference(&victims).cloned().collect();
+    let actor = Actor::start(
+        &scene.nats.url(),
+        Version::V1,
+        Mode::VictimName {
+            victims: victims.clone(),
+            jwt: scene.stolen_jwt(),
+        },
+    )
+    .await;
+    scene.wait_servers(&healthy, Duration::from_secs(120)).await;
+    // Each victim was aborted at least once as a security event.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scene.metric("choria_provisioner_conflicting_replies", "") < victims.len() as f64 {
+        assert!(Instant::now() < deadline, "conflicts not counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing of value went out for a victim while two parties claim it.
+    for v in &victims {
+        assert_eq!(actor.seen_for(v, "configure"), 0, "configure sent to {v}");
+    }
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &healthy);
+    let configured = ok_counts(&journal, "configure");
+    for v in &victims {
+        assert_eq!(configured.get(v), None, "{v} was configured");
+    }
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("SECURITY") && victims.iter().any(|v| l.contains(v))),
+        "the conflict is logged naming the node"
+    );
+    assert_never_disconnected(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds() {
+    let bad: Vec<String> = vec![
+        "x".repeat(8192),
+        "node.*".into(),
+        "node.>".into(),
+        "node with spaces".into(),
+        "a..b".into(),
+        String::new(),
+        "evil\u{1b}[31m.example.net".into(),
+    ];
+    let mut scene = Scene::start(Setup::default()).await;
+    let _discovery = Actor::start(
+        &scene.nats.url(),
+        Version::V1,
+        Mode::BadDiscoveryNames(bad.clone()),
+    )
+    .await;
+    hostile::bad_startup_events(&scene.nats.url(), &bad, 20).await;
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    scene.wait_servers(&nodes, Duration::from_secs(120)).await;
+    let events = scene.metric("choria_provisioner_rejected_identities", "source=\"event\"");
+    assert!(
+        events >= (bad.len() * 20) as f64,
+        "events refused: {events}"
+    );
+    // The first discovery ran before the actor subscribed; the next one (one
+    // interval later) gets its replies. A reply without any sender says
+    // nothing of who sent it: that one counts as undecodable instead.
+    let named = bad.iter().filter(|n| !n.is_empty()).count() as f64;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while scene.metric(
+        "choria_provisioner_rejected_identities",
+        "source=\"discovery\"",
+    ) < named
+        || scene.metric(
+            "choria_provisioner_ignored_replies",
+            "reason=\"undecodable\"",
+        ) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "discovery replies with bad names not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+    assert!(
+        !logs.contains(&"x".repeat(100)),
+        "a raw long name was logged"
+    );
+    assert!(
+        !logs.contains('\u{1b}'),
+        "an escape sequence reached the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_replies_and_replies_to_other_requests_are_ignored() {
+    let mut scene = Scene::start(Setup::default()).await;
+    let victims: HashSet<String> = scene
+        .fleet
+        .as_ref()
+        .unwrap()
+        .identities
+        .iter()
+        .take(30)
+        .cloned()
+        .collect();
+    let _echo = Actor::start(&scene.nats.url(), Version::V1, Mode::Echo).await;
+    let _wrong = Actor::start(
+        &scene.nats.url(),
+        Version::V1,
+        Mode::WrongRequestId {
+            victims: victims.clone(),
+        },
+    )
+    .await;
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    scene.wait_servers(&nodes, Duration::from_secs(120)).await;
+    assert!(scene.metric("choria_provisioner_ignored_replies", "reason=\"duplicate\"") > 0.0);
+    assert!(
+        scene.metric(
+            "choria_provisioner_ignored_replies",
+            "reason=\"wrong_request\""
+        ) >= victims.len() as f64
+    );
+    assert_eq!(
+        scene.metric("choria_provisioner_conflicting_replies", ""),
+        0.0
+    );
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_startup_events_for_made_up_nodes_does_not_starve_real_ones() {
+    let mut scene = Scene::start(Setup {
+        nodes: 500,
+        ..Default::default()
+    })
+    .await;
+    let url = scene.nats.url();
+    // CHORIA_HOSTILE_FLOOD_RATE measures other rates (README: the worst case).
+    let per_second: u64 = std::env::var("CHORIA_HOSTILE_FLOOD_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000);
+    let flood = tokio::spawn(async move {
+        hostile::flood_startup_events(&url, per_second, Duration::from_secs(20)).await
+    });
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    let t = Instant::now();
+    scene.wait_servers(&nodes, Duration::from_secs(180)).await;
+    let took = t.elapsed();
+    let sent = flood.await.unwrap();
+    // Let the confirmation stage drain.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let unconfirmed = scene.metric("choria_provisioner_unconfirmed_events", "");
+    let dropped = scene.metric("choria_provisioner_dropped_events", "");
+    let queued_by_events = scene.metric("choria_provisioner_event_discovered", "");
+    println!(
+        "flood: {sent} fake startup events in 20 s ({per_second}/s); {unconfirmed} unconfirmed, {dropped} dropped; 500 real nodes provisioned in {took:.1?}"
+    );
+    // Every fake event was dropped, refused after its ping, or is still
+    // waiting in the bounded confirmation stage: none reached the queue.
+    let in_stage = (EVENT_CONFIRM_QUEUE + EVENT_PINGS) as f64;
+    assert!(
+        unconfirmed + dropped + in_stage >= sent as f64,
+        "fake events accounted for: {unconfirmed} + {dropped} (+ at most {in_stage} pending) of {sent}"
+    );
+    assert!(
+        dropped > 0.0,
+        "a flood this size overflows the bounded stage"
+    );
+    assert!(
+        queued_by_events <= nodes.len() as f64,
+        "only real nodes are queued from events: {queued_by_events}"
+    );
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_slower_than_the_interval_is_never_worked_twice_at_once() {
+    // Three directed requests of 25 s each: inventory, configure, restart.
+    // The sequence outlasts the 1 m interval, so the second discovery finds
+    // the slow nodes still in provisioning mode while they are being worked.
+    let mut scene = Scene::start(Setup {
+        nodes: 40,
+        yaml: "interval: 1m\nrpc_timeout: 40s\n".into(),
+        helper: Some(format!("{} fleet-helper", binary())),
+        fleet: Box::new(|o| {
+            o.slow_nodes = 4;
+            o.slow_delay_ms = 25_000;
+        }),
+        ..Default::default()
+    })
+    .await;
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    let slow: Vec<String> = scene.fleet.as_ref().unwrap().identities[..4].to_vec();
+    scene.wait_servers(&nodes, Duration::from_secs(200)).await;
+    assert!(scene.metric("choria_provisioner_discover_cycles", "") >= 2.0);
+    assert_eq!(
+        scene.metric("choria_provisioner_provision_errors", ""),
+        0.0,
+        "a second sequence on a node being worked fails once the node has left provisioning"
+    );
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    for slow in &slow {
+        let sequences = logs
+            .lines()
+            .filter(|l| l.contains(": provisioning ") && l.contains(slow.as_str()))
+            .count();
+        assert_eq!(sequences, 1, "{slow} was worked by {sequences} sequences");
+        assert_eq!(
+            ok_counts(&journal, "inventory").get(slow),
+            Some(&1),
+            "{slow} inventory count"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_that_forks_and_hangs_is_killed_with_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    // For nodes 000-004 the helper leaves a child behind and hangs; the
+    // others get the reference helper's answer.
+    let script = dir.path().join("helper.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in\n  *node-00[0-4].*) sleep 300 & echo $! > {}/$$; sleep 300 ;;\n  *) printf '%s' \"$input\" | exec {} fleet-helper ;;\nesac\n",
+            s(&pids),
+            binary()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", &s(&script)])
+        .status()
+        .unwrap();
+    let mut scene = Scene::start(Setup {
+        nodes: 60,
+        yaml: "helper_timeout: 2s\n".into(),
+        helper: Some(s(&script)),
+        ..Default::default()
+    })
+    .await;
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    let healthy: HashSet<String> = nodes
+        .iter()
+        .filter(|n| !(0..5).any(|i| n.contains(&format!("node-00{i}."))))
+        .cloned()
+        .collect();
+    scene.wait_servers(&healthy, Duration::from_secs(120)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scene.metric("choria_provisioner_helper_errors", "") < 5.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the hanging helpers did not time out"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every child the hanging helpers left behind is gone.
+    let recorded: Vec<PathBuf> = std::fs::read_dir(&pids)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(recorded.len() >= 5, "{recorded:?}");
+    for f in recorded {
+        let pid = std::fs::read_to_string(&f).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        let alive = stat.is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        });
+        assert!(
+            !alive,
+            "the hanging helper's child {} still runs",
+            pid.trim()
+        );
+    }
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &healthy);
+    assert_never_disconnected(&logs);
+}
