@@ -332,6 +332,16 @@ impl ChoriaClient {
         }
     }
 
+    /// The TTL of a request we wait `timeout` for: that long (rounded up),
+    /// within what the protocol allows (v1's schema wants at least 30 s) and
+    /// Go's 60 s. A node must not act on a request after we stopped waiting
+    /// for it: a request buffered across a reconnect would otherwise reach a
+    /// node up to 60 s late, after another leader started on it. Clocks of
+    /// nodes and provisioner may differ by up to the TTL.
+    pub fn ttl_for(&self, timeout: Duration) -> i64 {
+        request_ttl(self.version(), timeout, self.ttl)
+    }
+
     fn encode(
         &self,
         id: &str,
@@ -339,6 +349,7 @@ impl ChoriaClient {
         filter: &Filter,
         payload: &[u8],
         reply_to: &str,
+        timeout: Duration,
     ) -> Result<Vec<u8>, ClientError> {
         let url = connected_url(&self.nats);
         let spec = RequestSpec {
@@ -347,7 +358,7 @@ impl ChoriaClient {
             caller: &self.me.caller,
             collective: &self.collective,
             agent,
-            ttl: self.ttl,
+            ttl: self.ttl_for(timeout),
             time_nanos: now_nanos(),
             filter,
             payload,
@@ -417,7 +428,7 @@ impl ChoriaClient {
             source,
         })?;
         let filter = Filter::with_agent(agent);
-        let msg = self.encode(&id, agent, &filter, &body, &reply_to)?;
+        let msg = self.encode(&id, agent, &filter, &body, &reply_to, opts.timeout)?;
         let target = subjects::node(&self.collective, identity);
         let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
 
@@ -479,7 +490,7 @@ impl ChoriaClient {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let filter = Filter::default();
-        let msg = self.encode(&id, "discovery", &filter, b"cGluZw==", &reply_to)?;
+        let msg = self.encode(&id, "discovery", &filter, b"cGluZw==", &reply_to, timeout)?;
         let target = subjects::node(&self.collective, identity);
         let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -551,7 +562,14 @@ impl ChoriaClient {
     ) -> Result<Vec<String>, ClientError> {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
-        let msg = self.encode(&id, "discovery", filter, b"cGluZw==", &reply_to)?;
+        let msg = self.encode(
+            &id,
+            "discovery",
+            filter,
+            b"cGluZw==",
+            &reply_to,
+            opts.timeout,
+        )?;
         let target = subjects::broadcast_agent(&self.collective, "discovery");
         let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
 
@@ -647,4 +665,34 @@ pub fn now_nanos() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
+}
+
+/// See [`ChoriaClient::ttl_for`]: `timeout` rounded up to whole seconds,
+/// at least the version's minimum, at most `max` (Go's 60 s).
+pub fn request_ttl(version: Version, timeout: Duration, max: i64) -> i64 {
+    let wanted = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX)
+        + i64::from(timeout.subsec_nanos() > 0);
+    let min = match version {
+        Version::V1 => protocol::v1::MIN_TTL,
+        Version::V2 => 1,
+    };
+    wanted.clamp(min, max.max(min))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_live_as_long_as_we_wait_for_them() {
+        let s = Duration::from_secs;
+        // Go's default wait for choria_provision: 2 s + 20 s.
+        assert_eq!(request_ttl(Version::V2, s(22), 60), 22);
+        assert_eq!(request_ttl(Version::V2, Duration::from_millis(2500), 60), 3);
+        assert_eq!(request_ttl(Version::V2, Duration::ZERO, 60), 1);
+        assert_eq!(request_ttl(Version::V2, s(300), 60), 60);
+        // v1 servers refuse a TTL under 30.
+        assert_eq!(request_ttl(Version::V1, s(3), 60), 30);
+        assert_eq!(request_ttl(Version::V1, s(45), 60), 45);
+    }
 }

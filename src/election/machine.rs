@@ -94,9 +94,28 @@ impl Machine {
         self.errors
     }
 
-    /// Feeds the result of a campaign (follower) or renewal (leader).
+    /// Feeds the result of an attempt that started and ended at `now`.
     pub fn observe<E>(
         &mut self,
+        now: Instant,
+        result: &Result<Outcome, E>,
+        me: &str,
+    ) -> Option<Transition> {
+        self.observe_attempt(now, now, result, me)
+    }
+
+    /// Feeds the result of a campaign (follower) or renewal (leader) that
+    /// was sent at `started` and answered at `now`.
+    ///
+    /// A successful renewal counts from `started`, not from its answer: the
+    /// store's expiry (a KV entry's TTL, a Lease's duration as others see
+    /// it) runs from when it stored the write, which is after we sent it and
+    /// may be long before its acknowledgement reached us. Counting from the
+    /// answer would let a late acknowledgement stretch our belief past the
+    /// real expiry, while a standby already won.
+    pub fn observe_attempt<E>(
+        &mut self,
+        started: Instant,
         now: Instant,
         result: &Result<Outcome, E>,
         me: &str,
@@ -104,9 +123,15 @@ impl Machine {
         match result {
             Ok(Outcome::Leading) => {
                 self.errors = 0;
-                self.last_renewal = Some(now);
+                self.last_renewal = Some(started);
                 self.leader = Some(me.to_string());
                 if self.leading {
+                    // Renewed, but perhaps too late to count.
+                    self.check_deadline(now)
+                } else if now.saturating_duration_since(started) >= self.timings.renew_deadline {
+                    // Won with an answer so late the win may be over already.
+                    self.last_renewal = None;
+                    self.leader = None;
                     None
                 } else {
                     self.leading = true;
@@ -263,6 +288,59 @@ mod tests {
         assert_eq!(m.errors(), 0);
         assert_eq!(m.check_deadline(t0 + Duration::from_secs(18)), None);
         assert!(m.check_deadline(t0 + Duration::from_secs(19)).is_some());
+    }
+
+    #[test]
+    fn a_late_acknowledgement_counts_from_when_the_renewal_was_sent() {
+        let t0 = Instant::now();
+        let mut m = Machine::new(T);
+        m.observe(t0, &ok(Outcome::Leading), "a");
+        // Sent at 5 s, acknowledged at 9 s: the store's clock started at 5 s.
+        let sent = t0 + Duration::from_secs(5);
+        assert_eq!(
+            m.observe_attempt(
+                sent,
+                t0 + Duration::from_secs(9),
+                &ok(Outcome::Leading),
+                "a"
+            ),
+            None
+        );
+        assert!(m.is_leader());
+        assert_eq!(m.check_deadline(t0 + Duration::from_secs(14)), None);
+        // 10 s after sending, not after the acknowledgement (19 s).
+        assert!(m.check_deadline(t0 + Duration::from_secs(15)).is_some());
+    }
+
+    #[test]
+    fn an_attempt_that_outlives_the_deadline_steps_down_even_if_it_succeeded() {
+        let t0 = Instant::now();
+        let mut m = Machine::new(T);
+        m.observe(t0, &ok(Outcome::Leading), "a");
+        // A renewal sent at 1 s whose answer took 12 s: by then the deadline
+        // counted from the send is over too.
+        let lost = m.observe_attempt(
+            t0 + Duration::from_secs(1),
+            t0 + Duration::from_secs(13),
+            &ok(Outcome::Leading),
+            "a",
+        );
+        assert!(matches!(
+            lost,
+            Some(Transition::Lost(LossReason::RenewDeadline(_)))
+        ));
+        assert!(!m.is_leader());
+        // A campaign answered that late is not a win either.
+        assert_eq!(
+            m.observe_attempt(
+                t0 + Duration::from_secs(20),
+                t0 + Duration::from_secs(31),
+                &ok(Outcome::Leading),
+                "a"
+            ),
+            None
+        );
+        assert!(!m.is_leader());
     }
 
     #[test]

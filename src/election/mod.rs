@@ -157,6 +157,8 @@ pub async fn drive<B: Backend, S: Steer>(
         }
         let leading = machine.is_leader();
         let timeout = machine.attempt_timeout(now.into_std());
+        // The renewal counts from here, when it is sent (see Machine::observe_attempt).
+        let started = now.into_std();
         let attempt = async {
             if leading {
                 backend.renew().await
@@ -185,7 +187,7 @@ pub async fn drive<B: Backend, S: Steer>(
             steer.worked();
         }
         let now = tokio::time::Instant::now().into_std();
-        if let Some(t) = machine.observe(now, &result, &me) {
+        if let Some(t) = machine.observe_attempt(started, now, &result, &me) {
             apply(&t, &steer, &me);
         }
         let leader = machine.leader().map(str::to_string);

@@ -320,6 +320,11 @@ pub struct BrokerSpec {
     /// `choria` security provider (protocol v2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_jwt_secret: Option<String>,
+    /// With `clientJwtSecret` and no `tlsSecret`, nothing verifies the
+    /// broker's TLS certificate: the token and the key exchange would cross
+    /// an unauthenticated channel. That is refused unless this is `true`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_skip_verify: bool,
 }
 
 /// A key of a Secret in this resource's namespace; it reaches the pods as a

@@ -87,6 +87,9 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         (_, Some(_), true) => problem(
             "spec.choriaInsecure: true contradicts spec.broker.clientJwtSecret (protocol v2 is always signed); remove one of them".into(),
         ),
+        (None, Some(_), false) if !b.insecure_skip_verify => problem(
+            "spec.broker.clientJwtSecret without spec.broker.tlsSecret leaves the broker's TLS certificate unverified, so the client token and the key exchange would cross an unauthenticated channel; add spec.broker.tlsSecret (its ca.crt verifies the broker), or set spec.broker.insecureSkipVerify: true to accept that".into(),
+        ),
         _ => {}
     }
     for (field, secret) in [
@@ -286,6 +289,28 @@ mod tests {
     }
 
     #[test]
+    fn an_unverified_v2_broker_needs_the_explicit_opt_in() {
+        let v2 = |extra: serde_json::Value| {
+            let mut broker = json!({"tlsSecret": null, "clientJwtSecret": "jwt"});
+            broker
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            problems(json!({"broker": broker, "features": {"ed25519": false}}))
+        };
+        assert_eq!(v2(json!({})).len(), 1);
+        assert_eq!(
+            v2(json!({"insecureSkipVerify": true})),
+            Vec::<String>::new()
+        );
+        // With the broker's CA nothing needs accepting.
+        assert_eq!(
+            problems(json!({"broker": {"tlsSecret": "tls", "clientJwtSecret": "jwt"}})),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
     fn feature_rules() {
         let keys = json!({
             "jwtVerifyKeySecret": {"name": "k", "key": "verify"},
@@ -368,6 +393,14 @@ mod tests {
         one(
             json!({"broker": {"clientJwtSecret": "jwt"}, "choriaInsecure": true}),
             &["spec.choriaInsecure", "contradicts"],
+        );
+        one(
+            json!({"broker": {"tlsSecret": null, "clientJwtSecret": "jwt"}}),
+            &[
+                "unverified",
+                "spec.broker.tlsSecret",
+                "insecureSkipVerify: true",
+            ],
         );
         one(
             json!({"broker": {"tlsSecret": "Bad_Name"}}),

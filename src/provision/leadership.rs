@@ -140,6 +140,52 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_following_its_provisioner_works_only_once_it_knows_spec_paused() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = dir.path().join("p.yaml");
+        std::fs::write(&yaml, "choria_insecure: true\nhelper: /bin/true\n").unwrap();
+        let ccfg = dir.path().join("c.cfg");
+        std::fs::write(
+            &ccfg,
+            "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let cfg = ProvisionerConfig::load(&yaml).unwrap();
+        let env = Environment::from_process();
+        let setup = ChoriaClientConfig::load_with(&ccfg, &env)
+            .unwrap()
+            .client_setup(&cfg, &env)
+            .unwrap();
+        let plain = Provisioner::new(cfg.clone(), setup.clone(), "test");
+        assert!(
+            !plain.handle().gate.is_paused(),
+            "no election, no resource: works at once"
+        );
+        let pod = Provisioner::new(cfg, setup, "test").with_resource("ns/prov".parse().unwrap());
+        assert!(
+            pod.handle().gate.is_paused(),
+            "paused until the watch reports spec.paused"
+        );
+    }
+
+    #[test]
+    fn two_processes_with_one_configuration_campaign_under_different_names() {
+        use crate::provision::candidate_identity;
+        let a = candidate_identity("provisioner.example.net", None);
+        let b = candidate_identity("provisioner.example.net", None);
+        assert_ne!(
+            a, b,
+            "replicas sharing a Choria identity must not share a candidate name"
+        );
+        assert!(a.starts_with("provisioner.example.net-"), "{a}");
+        let pod = candidate_identity("provisioner.example.net", Some("prov-7b9f-x2"));
+        assert!(pod.starts_with("prov-7b9f-x2-"), "{pod}");
+        assert_eq!(pod.len(), "prov-7b9f-x2-".len() + 6);
+        // An empty POD_NAME is no pod name.
+        assert!(candidate_identity("i", Some("")).starts_with("i-"));
+    }
+
+    #[test]
     fn failures_are_counted_and_fail_readiness_until_an_attempt_works() {
         let dir = tempfile::tempdir().unwrap();
         let p = provisioner(dir.path());

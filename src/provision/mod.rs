@@ -230,6 +230,10 @@ impl Provisioner {
     /// Follows this Provisioner resource (pause, leader status), as pods the
     /// operator runs do.
     pub fn with_resource(mut self, resource: resource::ResourceRef) -> Self {
+        // Paused until the resource's first watch event says whether
+        // `spec.paused` is set: a pod must not work before it knows (the
+        // API server may be slow or unreachable at start).
+        self.handle.gate.pause(PauseReason::Requested);
         self.resource = Some(resource);
         self
     }
@@ -342,11 +346,16 @@ impl Provisioner {
                 .run_finisher(finisher_rx, stop_tasks.clone()),
         );
 
+        let pod_name = std::env::var("POD_NAME").ok();
+        let me = candidate_identity(&setup.identity.identity, pod_name.as_deref());
+        if cfg.election.enabled() {
+            info!(candidate = %me, "campaigning under this process's own name");
+        }
         let election_stop = CancellationToken::new();
         let election = leadership::spawn(
             &cfg.election,
             &nats,
-            candidate_identity(&setup.identity.identity),
+            me.clone(),
             handle.clone(),
             election_stop.clone(),
             leader_tx,
@@ -355,7 +364,7 @@ impl Provisioner {
         if let Some(r) = resource {
             tasks.spawn(resource::run(
                 r,
-                candidate_identity(&setup.identity.identity),
+                me.clone(),
                 handle.clone(),
                 stop_tasks.clone(),
             ));
@@ -466,14 +475,18 @@ impl Provisioner {
     }
 }
 
-/// The name we campaign under: the pod name in Kubernetes (replicas share
-/// their configuration, so the Choria identity is not unique), else the
-/// Choria identity, as Go candidates use it.
-fn candidate_identity(choria_identity: &str) -> String {
-    std::env::var("POD_NAME")
-        .ok()
+/// The name we campaign under: the pod name in Kubernetes, else the Choria
+/// identity, with a random suffix that makes it this process's own.
+/// Replicas share their configuration, so the Choria identity is not
+/// unique, and even pod names repeat (a StatefulSet, a pod re-created under
+/// its name, two processes in one pod): with a shared name every replica
+/// would take the record for its own and believe it leads. The suffix also
+/// tells a restarted process from its predecessor in `choria election view`.
+pub fn candidate_identity(choria_identity: &str, pod_name: Option<&str>) -> String {
+    let base = pod_name
         .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| choria_identity.to_string())
+        .unwrap_or(choria_identity);
+    format!("{base}-{:06x}", rand::random::<u32>() & 0xff_ffff)
 }
 
 /// Connects, retrying while the broker is unreachable (reported on /readyz)
