@@ -67,8 +67,11 @@ pub struct Scenario {
     /// The resource before the status patch (the status patch answer is this
     /// with the patched status).
     pub resource: Value,
-    /// Requests whose path contains this fail with 500.
+    /// Writes whose path contains this fail with 500.
     pub fail: Option<&'static str>,
+    /// Objects that exist already: a GET whose path ends with the first
+    /// item answers the second; every other GET finds nothing.
+    pub existing: Vec<(&'static str, Value)>,
 }
 
 /// Answers every request of `client` until it is dropped: applies and event
@@ -114,6 +117,16 @@ pub fn api_server(scenario: Scenario) -> (kube::Client, tokio::task::JoinHandle<
 }
 
 fn answer(s: &Seen, scenario: &Scenario) -> (u16, Value) {
+    if s.method == "GET" {
+        return match scenario.existing.iter().find(|(p, _)| s.path.ends_with(p)) {
+            Some((_, obj)) => (200, obj.clone()),
+            None => (
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "message": "not found", "reason": "NotFound", "code": 404}),
+            ),
+        };
+    }
     if scenario.fail.is_some_and(|f| s.path.contains(f)) {
         return (
             500,

@@ -91,17 +91,32 @@ pub async fn reconcile(p: Arc<Provisioner>, ctx: Arc<Context>) -> Result<Action,
     ctx.metrics.reconciled();
     let ns = p.namespace().ok_or(BuildError::Missing("namespace"))?;
     let name = p.name_any();
-    let problems = validate(&p);
-    let ready_replicas = if problems.is_empty() {
-        apply_owned(&ctx.client, &ns, build::owned(&p)?).await?
+    let mut problems = validate(&p);
+    let mut reason = INVALID_SPEC;
+    let owned = if problems.is_empty() {
+        let owned = build::owned(&p)?;
+        let uid = p.metadata.uid.clone().ok_or(BuildError::Missing("uid"))?;
+        problems = foreign_objects(&ctx.client, &ns, &owned, &name, &uid).await?;
+        reason = NOT_OWNED;
+        Some(owned)
     } else {
-        ctx.metrics.invalid_spec();
-        report_invalid(&p, &ctx.recorder, &problems).await?;
-        // Keep what was observed: leaving the field out of the apply would
-        // remove it.
-        p.status.as_ref().and_then(|s| s.ready_replicas)
+        None
     };
-    let status = operator_status(&p, &problems, ready_replicas, Timestamp::now());
+    let ready_replicas = match owned {
+        Some(owned) if problems.is_empty() => apply_owned(&ctx.client, &ns, owned).await?,
+        _ => {
+            if reason == INVALID_SPEC {
+                ctx.metrics.invalid_spec();
+            } else {
+                ctx.metrics.failed("not_owned");
+            }
+            report_invalid(&p, &ctx.recorder, reason, &problems).await?;
+            // Keep what was observed: leaving the field out of the apply would
+            // remove it.
+            p.status.as_ref().and_then(|s| s.ready_replicas)
+        }
+    };
+    let status = operator_status(&p, reason, &problems, ready_replicas, Timestamp::now());
     let api: Api<Provisioner> = Api::namespaced(ctx.client.clone(), &ns);
     let body = serde_json::json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
     api.patch_status(&name, &apply_params(), &Patch::Apply(&body))
@@ -135,6 +150,105 @@ where
         .patch(&name, &apply_params(), &Patch::Apply(obj))
         .await
         .map_err(|e| api_error::<K>("apply", &name, &e))
+}
+
+/// Degraded reasons: the spec is invalid, or a name it needs is taken.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+pub const NOT_OWNED: &str = "NotOwned";
+
+/// Who owns an existing object, for messages: its owner references, else
+/// the managers of its fields, else nobody named.
+fn describe_owner(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    let owners: Vec<String> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| format!("{} {}", o.kind, o.name))
+        .collect();
+    if !owners.is_empty() {
+        return format!("owned by {}", owners.join(", "));
+    }
+    let managers: Vec<String> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    if managers.is_empty() {
+        "not owned by this Provisioner".into()
+    } else {
+        format!(
+            "not owned by this Provisioner (managed by {})",
+            managers.join(", ")
+        )
+    }
+}
+
+/// The object `name` of kind `K`, when it exists and is not ours: a message.
+async fn foreign<K>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Option<String>, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let existing = Api::<K>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| api_error::<K>("get", name, &e))?;
+    let Some(obj) = existing else {
+        return Ok(None);
+    };
+    let ours = obj
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid);
+    Ok((!ours).then(|| {
+        format!(
+            "{} {ns}/{name} exists and is {}; rename the Provisioner or remove that object (nothing was changed)",
+            K::kind(&()),
+            describe_owner(obj.meta())
+        )
+    }))
+}
+
+/// Every object the Provisioner needs a name for that exists and belongs
+/// to someone else. The names are fixed (`<name>`, `<name>-config`,
+/// `<name>-metrics`), so anyone allowed to create a Provisioner could
+/// otherwise overwrite (and, through the owner reference, have garbage
+/// collected) same-named objects of others; the PDB is checked even when it
+/// would be deleted.
+async fn foreign_objects(
+    client: &Client,
+    ns: &str,
+    owned: &Owned,
+    name: &str,
+    uid: &str,
+) -> Result<Vec<String>, Error> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let n = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.name.clone().unwrap_or_default()
+    };
+    let found = [
+        foreign::<ServiceAccount>(client, ns, &n(&owned.service_account.metadata), uid).await?,
+        foreign::<Role>(client, ns, &n(&owned.role.metadata), uid).await?,
+        foreign::<RoleBinding>(client, ns, &n(&owned.role_binding.metadata), uid).await?,
+        foreign::<ConfigMap>(client, ns, &n(&owned.config_map.metadata), uid).await?,
+        foreign::<Service>(client, ns, &n(&owned.service.metadata), uid).await?,
+        foreign::<Deployment>(client, ns, &n(&owned.deployment.metadata), uid).await?,
+        foreign::<PodDisruptionBudget>(client, ns, name, uid).await?,
+    ];
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// Applies every owned object (the ones others depend on first) and returns
@@ -171,6 +285,7 @@ async fn apply_owned(client: &Client, ns: &str, owned: Owned) -> Result<Option<i
 async fn report_invalid(
     p: &Provisioner,
     recorder: &Recorder,
+    reason: &str,
     problems: &[String],
 ) -> Result<(), Error> {
     let message = problems.join("; ");
@@ -179,7 +294,7 @@ async fn report_invalid(
         .as_ref()
         .and_then(|s| s.condition(DEGRADED))
         .is_some_and(|c| c.status == "True" && c.message == message);
-    warn!(provisioner = %p.name_any(), namespace = ?p.namespace(), %message, "invalid Provisioner spec; owned objects left unchanged");
+    warn!(provisioner = %p.name_any(), namespace = ?p.namespace(), %message, reason, "owned objects left unchanged");
     if reported {
         return Ok(());
     }
@@ -196,7 +311,7 @@ async fn report_invalid(
         .publish(
             &Event {
                 type_: EventType::Warning,
-                reason: "InvalidSpec".into(),
+                reason: reason.into(),
                 note: Some(note),
                 action: "Validate".into(),
                 secondary: None,
@@ -217,6 +332,7 @@ async fn report_invalid(
 /// are left out, so the apply neither sets nor removes them.
 pub fn operator_status(
     p: &Provisioner,
+    blocked: &str,
     problems: &[String],
     ready_replicas: Option<i32>,
     now: Timestamp,
@@ -230,8 +346,8 @@ pub fn operator_status(
     let (ready_status, ready_reason, ready_message) = if !valid {
         (
             false,
-            "InvalidSpec",
-            "the spec is invalid; see the Degraded condition".to_string(),
+            blocked,
+            "the owned objects were not applied; see the Degraded condition".to_string(),
         )
     } else if ready >= 1 {
         (
@@ -278,7 +394,7 @@ pub fn operator_status(
     let (degraded_reason, degraded_message) = if valid {
         ("AsExpected", "the spec is valid".to_string())
     } else {
-        ("InvalidSpec", problems.join("; "))
+        (blocked, problems.join("; "))
     };
 
     let condition = |type_: &str, status: bool, reason: &str, message: String| {

@@ -9,11 +9,15 @@ const WAIT: Duration = Duration::from_secs(5);
 
 struct Run {
     result: Result<Action, Error>,
+    /// The writes (PATCH, DELETE, POST), in order.
     seen: Vec<Seen>,
+    /// Every request, the ownership GETs included.
+    all: Vec<Seen>,
     metrics: Arc<Metrics>,
 }
 
 impl Run {
+    /// The writes, in order (the ownership GETs before them left out).
     fn lines(&self) -> Vec<String> {
         self.seen.iter().map(Seen::line).collect()
     }
@@ -60,13 +64,15 @@ async fn reconcile_with(resource: Value, scenario: Scenario) -> Run {
         error_policy(p, e, ctx.clone());
     }
     drop(ctx);
-    let seen = tokio::time::timeout(WAIT, server)
+    let all = tokio::time::timeout(WAIT, server)
         .await
         .expect("the mocked API server sees the client go")
         .unwrap();
+    let seen = all.iter().filter(|s| s.method != "GET").cloned().collect();
     Run {
         result,
         seen,
+        all,
         metrics,
     }
 }
@@ -76,6 +82,7 @@ async fn run(resource: Value, ready_replicas: Option<i32>) -> Run {
         ready_replicas,
         resource: resource.clone(),
         fail: None,
+        existing: Vec::new(),
     };
     reconcile_with(resource, scenario).await
 }
@@ -279,7 +286,7 @@ async fn an_invalid_spec_already_reported_gets_no_second_event() {
     let mut resource = resource_json(json!({"features": {"jwt": true}}));
     let p: Provisioner = serde_json::from_value(resource.clone()).unwrap();
     let problems = validate(&p);
-    let earlier = operator_status(&p, &problems, Some(1), Timestamp::UNIX_EPOCH);
+    let earlier = operator_status(&p, INVALID_SPEC, &problems, Some(1), Timestamp::UNIX_EPOCH);
     resource["status"] = serde_json::to_value(&earlier).unwrap();
     let r = run(resource, Some(1)).await;
     assert_eq!(r.lines(), [STATUS]);
@@ -298,6 +305,7 @@ async fn api_failures_are_errors_counted_by_the_error_policy() {
         ready_replicas: None,
         resource: resource.clone(),
         fail: Some("/configmaps/"),
+        existing: Vec::new(),
     };
     let r = reconcile_with(resource, scenario).await;
     let e = r.result.as_ref().unwrap_err();
@@ -323,11 +331,11 @@ fn transition_times_move_only_with_the_status() {
     let then = Timestamp::UNIX_EPOCH;
     let now = Timestamp::from_second(1_000_000).unwrap();
     let mut p: Provisioner = serde_json::from_value(resource_json(json!({}))).unwrap();
-    let first = operator_status(&p, &[], Some(0), then);
+    let first = operator_status(&p, INVALID_SPEC, &[], Some(0), then);
     p.status = Some(first);
-    let same = operator_status(&p, &[], Some(0), now);
+    let same = operator_status(&p, INVALID_SPEC, &[], Some(0), now);
     assert_eq!(condition(&same, READY).last_transition_time, Time(then));
-    let flipped = operator_status(&p, &[], Some(1), now);
+    let flipped = operator_status(&p, INVALID_SPEC, &[], Some(1), now);
     assert_eq!(condition(&flipped, READY).last_transition_time, Time(now));
     assert_eq!(
         condition(&flipped, DEGRADED).last_transition_time,
@@ -343,7 +351,7 @@ fn leader_conditions() {
             leader: leader.map(str::to_string),
             ..ProvisionerStatus::default()
         });
-        let s = operator_status(&p, &[], Some(ready), Timestamp::UNIX_EPOCH);
+        let s = operator_status(&p, INVALID_SPEC, &[], Some(ready), Timestamp::UNIX_EPOCH);
         let c = condition(&s, LEADER_ELECTED);
         (c.status.clone(), c.reason.clone())
     };
@@ -358,4 +366,98 @@ fn leader_conditions() {
         with(json!({"election": {"backend": "none"}}), None, 2),
         pair("False", "ElectionDisabled")
     );
+}
+
+#[tokio::test]
+async fn every_owned_name_is_checked_before_anything_is_written() {
+    let r = run(resource_json(json!({})), None).await;
+    let gets: Vec<String> = r
+        .all
+        .iter()
+        .filter(|s| s.method == "GET")
+        .map(Seen::line)
+        .collect();
+    let paths: Vec<String> = OWNED.iter().map(|l| l.replace("PATCH", "GET")).collect();
+    assert_eq!(gets, paths);
+    let first_write = r.all.iter().position(|s| s.method != "GET").unwrap();
+    assert_eq!(
+        first_write,
+        OWNED.len(),
+        "every GET comes before the first write"
+    );
+}
+
+#[tokio::test]
+async fn objects_of_someone_else_under_our_names_are_left_alone_and_reported() {
+    let resource = resource_json(json!({"replicas": 1}));
+    let theirs = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "prov-config", "namespace": "choria",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": "billing", "uid": "other-uid"}]},
+    });
+    let their_pdb = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "prov", "namespace": "choria",
+                     "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update"}]},
+    });
+    let scenario = Scenario {
+        ready_replicas: None,
+        resource: resource.clone(),
+        fail: None,
+        existing: vec![
+            ("/configmaps/prov-config", theirs),
+            ("/poddisruptionbudgets/prov", their_pdb),
+        ],
+    };
+    let r = reconcile_with(resource, scenario).await;
+    assert!(r.result.is_ok(), "{:?}", r.result);
+    let writes = r.lines();
+    assert!(
+        !writes
+            .iter()
+            .any(|l| !l.contains("/status") && !l.contains("/events")),
+        "nothing owned was written, nor the PDB deleted: {writes:#?}"
+    );
+    let status = r.status();
+    let degraded = condition(&status, DEGRADED);
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", NOT_OWNED)
+    );
+    for want in [
+        "ConfigMap choria/prov-config exists and is owned by Deployment billing",
+        "PodDisruptionBudget choria/prov exists and is not owned by this Provisioner (managed by kubectl-client-side-apply)",
+    ] {
+        assert!(degraded.message.contains(want), "{}", degraded.message);
+    }
+    let event = r.find("/events").body.clone();
+    assert_eq!(event["reason"], NOT_OWNED);
+    assert!(
+        event["note"].as_str().unwrap().contains("billing"),
+        "{event}"
+    );
+}
+
+#[tokio::test]
+async fn objects_we_own_are_applied_as_usual() {
+    let resource = resource_json(json!({}));
+    let ours = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "prov-config", "namespace": "choria",
+                     "ownerReferences": [{"apiVersion": "provisioning.choria.io/v1alpha1",
+                                          "kind": "Provisioner", "name": "prov", "uid": UID}]},
+    });
+    let scenario = Scenario {
+        ready_replicas: None,
+        resource: resource.clone(),
+        fail: None,
+        existing: vec![("/configmaps/prov-config", ours)],
+    };
+    let r = reconcile_with(resource, scenario).await;
+    assert!(r
+        .lines()
+        .iter()
+        .any(|l| l.contains("/configmaps/prov-config")));
+    assert_eq!(condition(&r.status(), DEGRADED).status, "False");
 }
