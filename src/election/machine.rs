@@ -171,6 +171,18 @@ impl Machine {
         None
     }
 
+    /// Stops leading at once for `reason` (the watchdog saw the deadline
+    /// pass by real time).
+    pub fn step_down(&mut self, reason: LossReason) -> Option<Transition> {
+        if !self.leading {
+            return None;
+        }
+        self.leading = false;
+        self.last_renewal = None;
+        self.leader = None;
+        Some(Transition::Lost(reason))
+    }
+
     /// Leadership given up on shutdown.
     pub fn release(&mut self) -> Option<Transition> {
         if !self.leading {

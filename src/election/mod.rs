@@ -17,6 +17,7 @@
 pub mod lease;
 pub mod machine;
 pub mod streams;
+pub mod watchdog;
 
 use crate::backoff::Backoff;
 use machine::{LossReason, Machine, Outcome, Timings, Transition};
@@ -140,7 +141,9 @@ pub async fn drive<B: Backend, S: Steer>(
     leader_tx: watch::Sender<Option<String>>,
 ) {
     let me = backend.identity().to_string();
-    let mut machine = Machine::new(backend.timings());
+    let timings = backend.timings();
+    let mut machine = Machine::new(timings);
+    let watchdog = watchdog::Watchdog::start(timings.renew_deadline);
     info!(election = %backend.describe(), identity = %me, "campaigning for leadership");
     let mut next = tokio::time::Instant::now();
     loop {
@@ -148,6 +151,12 @@ pub async fn drive<B: Backend, S: Steer>(
             _ = tokio::time::sleep_until(next) => {}
             _ = backend.vacancy(), if !machine.is_leader() => {
                 debug!("leadership was released; campaigning now");
+            }
+            _ = watchdog.expired(), if machine.is_leader() => {
+                clock_step_down(&mut machine, &steer, &me, timings);
+                watchdog.stand_down();
+                next = tokio::time::Instant::now();
+                continue;
             }
             _ = stop.cancelled() => break,
         }
@@ -159,6 +168,7 @@ pub async fn drive<B: Backend, S: Steer>(
         let timeout = machine.attempt_timeout(now.into_std());
         // The renewal counts from here, when it is sent (see Machine::observe_attempt).
         let started = now.into_std();
+        let sent_tick = watchdog.now();
         let attempt = async {
             if leading {
                 backend.renew().await
@@ -171,6 +181,12 @@ pub async fn drive<B: Backend, S: Steer>(
                 what: if leading { "renewal" } else { "campaign" },
                 timeout,
             })),
+            _ = watchdog.expired(), if leading => {
+                clock_step_down(&mut machine, &steer, &me, timings);
+                watchdog.stand_down();
+                next = tokio::time::Instant::now();
+                continue;
+            }
             _ = stop.cancelled() => break,
         };
         if let Err(e) = &result {
@@ -189,6 +205,11 @@ pub async fn drive<B: Backend, S: Steer>(
         let now = tokio::time::Instant::now().into_std();
         if let Some(t) = machine.observe_attempt(started, now, &result, &me) {
             apply(&t, &steer, &me);
+        }
+        if machine.is_leader() && result.is_ok() {
+            watchdog.renewed(sent_tick);
+        } else if !machine.is_leader() {
+            watchdog.stand_down();
         }
         let leader = machine.leader().map(str::to_string);
         leader_tx.send_if_modified(|l| {
@@ -218,6 +239,23 @@ pub async fn drive<B: Backend, S: Steer>(
         leader_tx.send_replace(None);
     }
     debug!("election stopped");
+}
+
+/// The watchdog's count says the renew deadline passed since the last
+/// renewal was sent, whatever the monotonic clock says: step down now.
+fn clock_step_down<S: Steer>(
+    machine: &mut Machine,
+    steer: &S,
+    me: &str,
+    timings: machine::Timings,
+) {
+    error!(
+        deadline = ?timings.renew_deadline,
+        "the renew deadline passed by real time but not by this process's clock (did the clock stall or go back?); stepping down"
+    );
+    if let Some(t) = machine.step_down(LossReason::RenewDeadline(timings.renew_deadline)) {
+        apply(&t, steer, me);
+    }
 }
 
 fn apply<S: Steer>(t: &Transition, steer: &S, me: &str) {
