@@ -16,9 +16,14 @@ ensure_rust
 ensure_nats_server
 export NATS_SERVER_BIN="$CACHE_BIN/nats-server"
 
-if ! command -v openssl >/dev/null 2>&1; then
-  log "installing openssl (test certificates)"
-  apt-get update -qq && apt-get install -y -qq openssl >/dev/null
+# openssl makes test certificates; faketime (libfaketime) moves a leader's
+# clock in the fault tier.
+missing=()
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} from Debian's packages"
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # The real Go peers: go-choria's `choria` (server + CLI) for the interop tier.

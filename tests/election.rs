@@ -12,11 +12,9 @@ mod support;
 
 use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
-use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::election::{choria_like_broker, create_bucket};
+use support::election::{assert_no_overlap, choria_like_broker, create_bucket};
 use support::provisioner::{binary, ProvisionerProcess};
 use support::{NatsServer, RunningFleet};
 
@@ -109,52 +107,6 @@ impl<'a> Replicas<'a> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-}
-
-/// Checks that no instance sent a request to a node while another
-/// instance's sequence on that node was between its first and last call.
-fn assert_no_overlap(journal: &[Value]) {
-    // node -> list of (sender, time) in journal order
-    let mut per_node: BTreeMap<&str, Vec<(&str, i64, &str)>> = BTreeMap::new();
-    for e in journal.iter().filter(|e| e["kind"] == "action") {
-        per_node
-            .entry(e["node"].as_str().unwrap())
-            .or_default()
-            .push((
-                e["sender"].as_str().unwrap_or(""),
-                e["time_us"].as_i64().unwrap(),
-                e["action"].as_str().unwrap_or(""),
-            ));
-    }
-    let mut checked = 0;
-    for (node, mut calls) in per_node {
-        calls.sort_by_key(|c| c.1);
-        // A sequence starts with `jwt`; it spans to the sender's last call
-        // before its next sequence.
-        let mut spans: Vec<(&str, i64, i64)> = Vec::new();
-        for (sender, t, action) in &calls {
-            if *action == "ping" {
-                continue; // discovery is broadcast, not a sequence
-            }
-            match spans.iter_mut().rev().find(|s| s.0 == *sender) {
-                Some(span) if *action != "jwt" => span.2 = *t,
-                _ => spans.push((sender, *t, *t)),
-            }
-        }
-        for (sender, t, action) in &calls {
-            if *action == "ping" {
-                continue;
-            }
-            for (other, start, end) in &spans {
-                assert!(
-                    other == sender || !(*start < *t && *t < *end),
-                    "{node}: {sender} sent {action} at {t} inside {other}'s sequence {start}..{end}"
-                );
-            }
-        }
-        checked += 1;
-    }
-    assert!(checked > 0);
 }
 
 async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {

@@ -43,6 +43,8 @@ pub struct ControlPlane {
     bins: Bins,
     etcd: Child,
     apiserver: Child,
+    /// How kube-apiserver was started, to start it again.
+    apiserver_args: Vec<String>,
     port: u16,
     admin_token: String,
     operator_token: String,
@@ -206,30 +208,31 @@ impl ControlPlane {
         }
 
         let server = format!("https://127.0.0.1:{port}");
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            // needed when the machine has no default route
+            "--advertise-address=127.0.0.1".into(),
+            // no kube-proxy/endpoints to maintain for a lone apiserver
+            "--endpoint-reconciler-type=none".into(),
+            // serving certificate self-signed into this directory
+            format!("--cert-dir={}", d.join("certs").display()),
+            format!("--service-account-issuer={server}"),
+            format!("--service-account-key-file={}", sa_key.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--authorization-mode=RBAC".into(),
+            format!("--token-auth-file={}", tokens.display()),
+            // no controller-manager creates the default ServiceAccounts
+            // this plugin would insist on (as in envtest)
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--allow-privileged=true".into(),
+        ];
         let apiserver = spawn(
             &bins.kube_apiserver,
             &d.join("kube-apiserver.log"),
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
-                // needed when the machine has no default route
-                "--advertise-address=127.0.0.1".into(),
-                // no kube-proxy/endpoints to maintain for a lone apiserver
-                "--endpoint-reconciler-type=none".into(),
-                // serving certificate self-signed into this directory
-                format!("--cert-dir={}", d.join("certs").display()),
-                format!("--service-account-issuer={server}"),
-                format!("--service-account-key-file={}", sa_key.display()),
-                format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                "--authorization-mode=RBAC".into(),
-                format!("--token-auth-file={}", tokens.display()),
-                // no controller-manager creates the default ServiceAccounts
-                // this plugin would insist on (as in envtest)
-                "--disable-admission-plugins=ServiceAccount".into(),
-                "--allow-privileged=true".into(),
-            ],
+            &apiserver_args,
         );
         let apiserver = match apiserver {
             Ok(c) => c,
@@ -244,6 +247,7 @@ impl ControlPlane {
             bins: bins.clone(),
             etcd,
             apiserver,
+            apiserver_args,
             port,
             admin_kubeconfig: PathBuf::new(),
             admin_token,
@@ -292,6 +296,37 @@ impl ControlPlane {
             cp.dir.path().display()
         );
         Ok(cp)
+    }
+
+    /// Kills kube-apiserver (etcd keeps the data).
+    pub fn stop_apiserver(&mut self) {
+        let _ = self.apiserver.kill();
+        let _ = self.apiserver.wait();
+    }
+
+    /// Starts kube-apiserver again on the same port and certificates and
+    /// waits until it is ready.
+    pub fn restart_apiserver(&mut self) {
+        self.stop_apiserver();
+        self.apiserver = spawn(
+            &self.bins.kube_apiserver,
+            &self.apiserver_log_path(),
+            &self.apiserver_args,
+        )
+        .unwrap_or_else(|e| panic!("restarting kube-apiserver: {e}"));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let out = self.kubectl(&["get", "--raw=/readyz", "--request-timeout=5s"]);
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                self.not_ready("did not come back")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn not_ready(&self, what: &str) -> String {

@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod election;
+pub mod faults;
 pub mod gopeers;
 pub mod hostile;
 pub mod kube;
