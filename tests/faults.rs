@@ -418,6 +418,12 @@ async fn soak_of_forced_failovers_of_every_kind() {
         let l = c.worker(TTL * 4).await;
         tokio::time::sleep(Duration::from_millis(300 + (round as u64 * 7919) % 1200)).await;
         let t = Instant::now();
+        println!(
+            "soak round {round}: {} of {} at {:?}",
+            kinds[kind],
+            c.replicas[l].name,
+            std::time::SystemTime::now()
+        );
         match kinds[kind] {
             "kill -9" | "SIGTERM" => {
                 let mut r = c.replicas.remove(l);
@@ -435,18 +441,20 @@ async fn soak_of_forced_failovers_of_every_kind() {
                 c.replicas[l].proxy.heal();
             }
             _ => {
-                // `choria election evict`: the key is deleted under the leader.
-                let reply = admin
-                    .request(
-                        "$JS.API.STREAM.PURGE.KV_CHORIA_LEADER_ELECTION",
-                        serde_json::json!({"filter": "$KV.CHORIA_LEADER_ELECTION.provisioner"})
-                            .to_string()
-                            .into(),
+                // `choria election evict` (go-choria: kv.Delete): a delete
+                // marker under the leader.
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("KV-Operation", "DEL");
+                let ack = admin
+                    .request_with_headers(
+                        "$KV.CHORIA_LEADER_ELECTION.provisioner",
+                        headers,
+                        Vec::new().into(),
                     )
                     .await
                     .unwrap();
-                let v: Value = serde_json::from_slice(&reply.payload).unwrap();
-                assert!(v.get("error").is_none(), "purge: {v}");
+                let v: Value = serde_json::from_slice(&ack.payload).unwrap();
+                assert!(v.get("error").is_none(), "evict: {v}");
                 // Whoever wins next, the old leader stops first.
                 c.paused_within(l, TTL * 2).await;
                 c.worker(TTL * 4).await;

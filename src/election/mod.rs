@@ -62,6 +62,12 @@ pub trait Backend: Send {
     fn vacancy(&mut self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
+    /// Asked right after a win: how long to hold back before working,
+    /// because the previous holder may not know yet that it lost (its
+    /// record was deleted under it rather than released or expired).
+    fn settle(&mut self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Who leads, for status reporting (the operator's `status.leader`).
@@ -146,14 +152,25 @@ pub async fn drive<B: Backend, S: Steer>(
     let watchdog = watchdog::Watchdog::start(timings.renew_deadline);
     info!(election = %backend.describe(), identity = %me, "campaigning for leadership");
     let mut next = tokio::time::Instant::now();
+    // A win we hold back from the steer until the previous holder stopped.
+    let mut pending_win: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
+            _ = tokio::time::sleep_until(pending_win.unwrap_or(next)), if pending_win.is_some() => {
+                pending_win = None;
+                if machine.is_leader() {
+                    steer.won(&me);
+                }
+                continue;
+            }
             _ = tokio::time::sleep_until(next) => {}
             _ = backend.vacancy(), if !machine.is_leader() => {
                 debug!("leadership was released; campaigning now");
             }
             _ = watchdog.expired(), if machine.is_leader() => {
-                clock_step_down(&mut machine, &steer, &me, timings);
+                if let Some(t) = clock_step_down(&mut machine, timings) {
+                    relay(&t, &steer, &me, &mut backend, &mut pending_win);
+                }
                 watchdog.stand_down();
                 next = tokio::time::Instant::now();
                 continue;
@@ -162,7 +179,7 @@ pub async fn drive<B: Backend, S: Steer>(
         }
         let now = tokio::time::Instant::now();
         if let Some(t) = machine.check_deadline(now.into_std()) {
-            apply(&t, &steer, &me);
+            relay(&t, &steer, &me, &mut backend, &mut pending_win);
         }
         let leading = machine.is_leader();
         let timeout = machine.attempt_timeout(now.into_std());
@@ -182,7 +199,9 @@ pub async fn drive<B: Backend, S: Steer>(
                 timeout,
             })),
             _ = watchdog.expired(), if leading => {
-                clock_step_down(&mut machine, &steer, &me, timings);
+                if let Some(t) = clock_step_down(&mut machine, timings) {
+                    relay(&t, &steer, &me, &mut backend, &mut pending_win);
+                }
                 watchdog.stand_down();
                 next = tokio::time::Instant::now();
                 continue;
@@ -204,7 +223,7 @@ pub async fn drive<B: Backend, S: Steer>(
         }
         let now = tokio::time::Instant::now().into_std();
         if let Some(t) = machine.observe_attempt(started, now, &result, &me) {
-            apply(&t, &steer, &me);
+            relay(&t, &steer, &me, &mut backend, &mut pending_win);
         }
         if machine.is_leader() && result.is_ok() {
             watchdog.renewed(sent_tick);
@@ -224,7 +243,7 @@ pub async fn drive<B: Backend, S: Steer>(
         // Stop working before giving the record away (the caller already
         // stopped its workers), then release so a standby takes over at once.
         if let Some(t) = machine.release() {
-            apply(&t, &steer, &me);
+            relay(&t, &steer, &me, &mut backend, &mut pending_win);
         }
         match tokio::time::timeout(RELEASE_TIMEOUT, backend.release()).await {
             Ok(Ok(())) => info!(election = %backend.describe(), "released leadership"),
@@ -241,26 +260,120 @@ pub async fn drive<B: Backend, S: Steer>(
     debug!("election stopped");
 }
 
-/// The watchdog's count says the renew deadline passed since the last
-/// renewal was sent, whatever the monotonic clock says: step down now.
-fn clock_step_down<S: Steer>(
-    machine: &mut Machine,
+/// Tells the steer about a transition; a win the backend asks to hold back
+/// is told later (see [`Backend::settle`]), and a loss before then is not
+/// told at all (the steer never heard of the win).
+fn relay<B: Backend, S: Steer>(
+    t: &Transition,
     steer: &S,
     me: &str,
-    timings: machine::Timings,
+    backend: &mut B,
+    pending_win: &mut Option<tokio::time::Instant>,
 ) {
+    match t {
+        Transition::Won => {
+            let settle = backend.settle();
+            if settle.is_zero() {
+                steer.won(me);
+            } else {
+                warn!(identity = me, wait = ?settle, "won a record deleted under its holder; waiting until that holder must have noticed before working");
+                *pending_win = Some(tokio::time::Instant::now() + settle);
+            }
+        }
+        Transition::Lost(reason) => {
+            if pending_win.take().is_some() {
+                warn!(identity = me, %reason, "lost leadership before starting to work");
+            } else {
+                steer.lost(me, reason);
+            }
+        }
+    }
+}
+
+/// The watchdog's count says the renew deadline passed since the last
+/// renewal was sent, whatever the monotonic clock says: step down now.
+fn clock_step_down(machine: &mut Machine, timings: machine::Timings) -> Option<Transition> {
     error!(
         deadline = ?timings.renew_deadline,
         "the renew deadline passed by real time but not by this process's clock (did the clock stall or go back?); stepping down"
     );
-    if let Some(t) = machine.step_down(LossReason::RenewDeadline(timings.renew_deadline)) {
-        apply(&t, steer, me);
-    }
+    machine.step_down(LossReason::RenewDeadline(timings.renew_deadline))
 }
 
-fn apply<S: Steer>(t: &Transition, steer: &S, me: &str) {
-    match t {
-        Transition::Won => steer.won(me),
-        Transition::Lost(reason) => steer.lost(me, reason),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    /// Always wins; asks to settle `settle` after the win.
+    struct Winner {
+        settle: Duration,
+    }
+
+    impl Backend for Winner {
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+        fn identity(&self) -> &str {
+            "me"
+        }
+        fn timings(&self) -> Timings {
+            Timings {
+                retry_period: Duration::from_millis(100),
+                renew_period: Duration::from_millis(100),
+                renew_deadline: Duration::from_secs(5),
+            }
+        }
+        async fn campaign(&mut self) -> Result<Outcome, ElectionError> {
+            Ok(Outcome::Leading)
+        }
+        async fn renew(&mut self) -> Result<Outcome, ElectionError> {
+            Ok(Outcome::Leading)
+        }
+        async fn release(&mut self) -> Result<(), ElectionError> {
+            Ok(())
+        }
+        fn settle(&mut self) -> Duration {
+            std::mem::take(&mut self.settle)
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<(Instant, &'static str)>>>);
+
+    impl Steer for Seen {
+        fn won(&self, _: &str) {
+            self.0.lock().unwrap().push((Instant::now(), "won"));
+        }
+        fn lost(&self, _: &str, _: &LossReason) {
+            self.0.lock().unwrap().push((Instant::now(), "lost"));
+        }
+    }
+
+    async fn won_after(settle: Duration) -> Duration {
+        let seen = Seen::default();
+        let stop = CancellationToken::new();
+        let (tx, _rx) = watch::channel(None);
+        let t = Instant::now();
+        let task = tokio::spawn(drive(Winner { settle }, seen.clone(), stop.clone(), tx));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while seen.0.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "never won");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        let events = seen.0.lock().unwrap().clone();
+        assert_eq!(events[0].1, "won");
+        assert_eq!(events.last().unwrap().1, "lost", "released on stop");
+        events[0].0 - t
+    }
+
+    #[tokio::test]
+    async fn a_win_is_told_at_once_unless_the_backend_asks_to_settle() {
+        assert!(won_after(Duration::ZERO).await < Duration::from_millis(200));
+        let held = won_after(Duration::from_millis(600)).await;
+        assert!(held >= Duration::from_millis(600), "{held:?}");
     }
 }

@@ -118,6 +118,9 @@ pub struct StreamsBackend {
     last_seq: u64,
     /// A released key's marker sequence, when announced.
     vacated: Option<u64>,
+    /// The last win claimed the key on a delete marker nobody announced
+    /// (`choria election evict`): its holder may still be working.
+    claimed_marker: bool,
     releases: async_nats::Subscriber,
 }
 
@@ -166,6 +169,7 @@ impl StreamsBackend {
             ttl: Duration::ZERO,
             last_seq: 0,
             vacated: None,
+            claimed_marker: false,
             releases,
         };
         backend.ttl = match backend.bucket_ttl().await {
@@ -359,10 +363,21 @@ impl Backend for StreamsBackend {
         if let Some(marker) = self.deleted_marker().await {
             if let Some(seq) = self.put(marker, false).await? {
                 self.last_seq = seq;
+                self.claimed_marker = true;
                 return Ok(Outcome::Leading);
             }
         }
         Ok(Outcome::Following(None))
+    }
+
+    /// After winning on an unannounced delete marker (an eviction), the
+    /// evicted leader stops at its next renewal at the latest: wait that long.
+    fn settle(&mut self) -> Duration {
+        if std::mem::take(&mut self.claimed_marker) {
+            self.timings().renew_period + Duration::from_millis(250)
+        } else {
+            Duration::ZERO
+        }
     }
 
     async fn renew(&mut self) -> Result<Outcome, ElectionError> {
