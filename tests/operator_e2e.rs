@@ -1653,3 +1653,189 @@ fn candidate_of(holder: &Value, pod: &str) -> bool {
         .and_then(|rest| rest.strip_prefix('-'))
         .is_some_and(|suffix| suffix.len() == 6 && suffix.chars().all(|c| c.is_ascii_hexdigit()))
 }
+
+/// The chart rendered with `values` by Helm's own engine (helm-python-sdk,
+/// installed by scripts/check-manifests.sh into the cache's virtualenv), as
+/// objects.
+fn render_chart(values: &Value) -> Vec<Value> {
+    let cache = std::env::var_os("CHORIA_RS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/choria-provisioner-rs")
+        });
+    let python = cache.join("venv/bin/python");
+    let script = r#"
+import json, sys, yaml
+import helm_python as helm
+values = json.loads(sys.argv[2])
+with helm.Chart.load(sys.argv[1]) as ch:
+    out = ch.render(values, name="choria-provisioner-operator", namespace="choria-provisioner")
+docs = [d for p in sorted(out) if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(out[p]) if d]
+print(json.dumps(docs))
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(repo_file_path("charts/choria-provisioner-operator"))
+        .arg(values.to_string())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} not runnable ({e}); scripts/test.sh installs it (scripts/check-manifests.sh)",
+                python.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "rendering the chart failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn repo_file_path(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The chart's namespaced mode (`watchNamespace`) end to end on a real API
+/// server, with only the RBAC that mode renders: the operator reconciles
+/// Provisioners in its namespace and ignores others, holds its Lease there,
+/// and leaves alone an object of someone else that has a name a
+/// Provisioner needs (Degraded NotOwned, a Warning Event, nothing written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_objects_alone() {
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let cp = ControlPlane::start(&bins);
+    apply(&cp, &repo_file("crds/provisioner.yaml"));
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        &format!("crd/{PROV}"),
+    ]);
+    apply(&cp, &repo_file("deploy/namespace.yaml"));
+    for ns in [NS, "elsewhere"] {
+        cp.kubectl_ok(&["create", "namespace", ns]);
+    }
+    let docs = render_chart(&json!({"watchNamespace": NS}));
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert!(!kinds.contains(&"ClusterRoleBinding"), "{kinds:?}");
+    for d in docs.iter().filter(|d| {
+        matches!(
+            d["kind"].as_str(),
+            Some("ServiceAccount" | "ClusterRole" | "Role" | "RoleBinding")
+        )
+    }) {
+        apply(&cp, &d.to_string());
+    }
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let mut args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .filter(|a| !a.starts_with("--metrics-port"))
+        .collect();
+    assert!(args.contains(&format!("--namespace={NS}")), "{args:?}");
+    let port = free_port();
+    args.push(format!("--metrics-port={port}"));
+    let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
+    let kubeconfig = cp.kubeconfig(&token);
+    wait_allowed(&cp, &kubeconfig, &["list", PROV, "-n", NS]);
+    let dir = tempfile::tempdir().unwrap();
+    let operator = Proc::spawn(
+        "operator",
+        dir.path(),
+        port,
+        &args,
+        &[
+            ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+            ("POD_NAME".into(), OPERATOR_POD.into()),
+            ("POD_NAMESPACE".into(), OPERATOR_NS.into()),
+        ],
+    );
+    wait_for(
+        "the namespaced operator to lead",
+        Duration::from_secs(30),
+        || (operator.metric("choria_provisioner_operator_leader") == 1.0).then_some(()),
+    );
+    // Its Lease lives in the watched namespace.
+    let lease = get(&cp, "lease", NS, "choria-provisioner-operator");
+    assert_eq!(lease["spec"]["holderIdentity"], OPERATOR_POD);
+
+    // Someone else's ConfigMap has the name Provisioner "clash" needs.
+    cp.kubectl_ok(&[
+        "create",
+        "configmap",
+        "clash-config",
+        "-n",
+        NS,
+        "--from-literal=owner=billing",
+    ]);
+    let provisioner = |ns: &str, name: &str| {
+        format!(
+            "apiVersion: provisioning.choria.io/v1alpha1\nkind: Provisioner\nmetadata:\n  name: {name}\n  namespace: {ns}\n\
+             spec:\n  choriaInsecure: true\n  broker:\n    urls: [nats://broker.example.net:4222]\n  \
+             helper:\n    command: /bin/true\n"
+        )
+    };
+    apply(&cp, &provisioner(NS, "ours"));
+    apply(&cp, &provisioner(NS, "clash"));
+    apply(&cp, &provisioner("elsewhere", "theirs"));
+
+    let ours = wait_for(
+        "Provisioner ours reconciled",
+        Duration::from_secs(30),
+        || try_get(&cp, "deployment", NS, "ours"),
+    );
+    assert_eq!(ours["metadata"]["ownerReferences"][0]["name"], "ours");
+    let clash = wait_for(
+        "Provisioner clash reported",
+        Duration::from_secs(30),
+        || {
+            let p = get(&cp, PROV, NS, "clash");
+            (cond(&p, "Degraded").0 == "True").then_some(p)
+        },
+    );
+    assert_eq!(cond(&clash, "Degraded"), pair("True", "NotOwned"));
+    let message = condition(&clash, "Degraded")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("ConfigMap choria/clash-config exists") && message.contains("kubectl"),
+        "{message}"
+    );
+    let cm = get(&cp, "configmap", NS, "clash-config");
+    assert_eq!(
+        cm["data"],
+        json!({"owner": "billing"}),
+        "the foreign ConfigMap was changed"
+    );
+    assert!(cm["metadata"]["ownerReferences"].is_null(), "{cm}");
+    assert!(
+        try_get(&cp, "deployment", NS, "clash").is_none(),
+        "nothing of clash was applied"
+    );
+    let events = cp.kubectl_ok(&["get", "events.events.k8s.io", "-n", NS, "-o", "json"]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "NotOwned"
+                && e["type"] == "Warning"
+                && e["regarding"]["name"] == "clash"),
+        "no NotOwned Warning event for clash"
+    );
+
+    // The other namespace is not watched: its Provisioner is untouched.
+    std::thread::sleep(Duration::from_secs(3));
+    let theirs = get(&cp, PROV, "elsewhere", "theirs");
+    assert!(theirs["status"].is_null(), "{theirs}");
+    assert!(try_get(&cp, "deployment", "elsewhere", "theirs").is_none());
+    drop(operator);
+}
