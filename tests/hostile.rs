@@ -451,7 +451,6 @@ async fn a_node_slower_than_the_interval_is_never_worked_twice_at_once() {
             o.slow_nodes = 4;
             o.slow_delay_ms = 25_000;
         }),
-        ..Default::default()
     })
     .await;
     let nodes = all(scene.fleet.as_ref().unwrap());

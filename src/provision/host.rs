@@ -616,7 +616,7 @@ impl HostSequence {
     async fn run_helper(&self) -> Result<HelperResponse, ProvisionError> {
         self.ctx.gate.check()?;
         let input = HelperInput {
-            identity: &*self.identity,
+            identity: &self.identity,
             csr: self.got.csr.as_ref(),
             ed25519_pubkey: self.got.ed25519.as_ref(),
             inventory: &self.got.inventory,
@@ -700,7 +700,7 @@ impl HostSequence {
             validity = cfg.server_jwt_validity;
         }
         let mut claims = ServerClaims::new(
-            &*self.identity,
+            &self.identity,
             collectives,
             &org,
             permissions,

@@ -109,7 +109,7 @@ impl ReplyObserver for Suspects {
             Ignored::Overflow => "discovery overflow",
         };
         if let Some(suppressed) = self.should_log(kind) {
-            let claimed = claimed.map(|c| identity::shown(c)).unwrap_or_default();
+            let claimed = claimed.map(identity::shown).unwrap_or_default();
             warn!(
                 node = %identity::shown(node),
                 rpc,
