@@ -7,14 +7,12 @@
 #                          compiled in (provisioning-capable server + CLI)
 #   natstap                raw NATS subscriber printing every message as a JSON
 #                          line (tests/gopeers/choria/natstap), for captures
-#   choria-go-provisioner  github.com/choria-io/provisioner (tests/gopeers/provisioner)
-#                          NOT BUILDABLE at the moment: the Go module proxy
-#                          refuses every version of that module (403), see
-#                          tests/gopeers/RECIPE.md
+#   choria-go-provisioner  the real Go provisioner (github.com/choria-io/provisioner
+#                          v0.16 line), from the copy in ../shared/peers/go-provisioner
+#                          (CHORIA_GO_PROVISIONER_SRC), see tests/gopeers/RECIPE.md
 #
 # Usage: scripts/build-go-peers.sh [choria] [natstap] [election-candidate] [provisioner]
-#        (default: all four; use "choria natstap election-candidate" for what
-#        builds today)
+#        (default: all four)
 #
 # Each build is skipped when the binary exists and its stamp (a hash of the Go
 # version, the module's go.mod/go.sum/*.go inputs and the ldflags) matches.
@@ -114,23 +112,29 @@ build_election_candidate() {
   build_peer election-candidate "$CACHE_BIN/choria-election-candidate" "$moddir" "$stamp" -- ./candidate
 }
 
+# The Go provisioner's source is not served by the module proxy (403 for
+# every version of github.com/choria-io/provisioner); a copy of upstream
+# (see tests/gopeers/RECIPE.md) sits beside the project in
+# ../shared/peers/go-provisioner, or where CHORIA_GO_PROVISIONER_SRC says.
+# It is copied to a writable place in the cache first (go may update go.sum).
 build_provisioner() {
-  local moddir="$GOPEERS/provisioner"
-  local stamp
-  if [ ! -s "$moddir/go.sum" ]; then
-    # No go.sum is committed yet because the module proxy refuses the module;
-    # resolving it here shows the real reason (and writes go.sum once served).
-    log "tests/gopeers/provisioner/go.sum is missing: running go mod tidy there (commit the go.sum it writes)"
-    local out
-    if ! out="$(cd "$moddir" && "$GO" mod tidy 2>&1)"; then
-      echo "build-go-peers: building choria-go-provisioner FAILED: cannot resolve its modules in $moddir:" >&2
-      echo "  $GO mod tidy" >&2
-      printf '%s\n' "$out" | sed 's/^/  | /' >&2
-      return 1
-    fi
+  local src="${CHORIA_GO_PROVISIONER_SRC:-$ROOT/../shared/peers/go-provisioner}"
+  if [ ! -f "$src/go.mod" ]; then
+    echo "build-go-peers: building choria-go-provisioner FAILED: no Go provisioner source at $src" >&2
+    echo "  (set CHORIA_GO_PROVISIONER_SRC to a checkout of github.com/choria-io/provisioner; see tests/gopeers/RECIPE.md)" >&2
+    return 1
   fi
-  stamp="$(stamp_of "$moddir" "$GOPEERS/appbuilder-stub" -- "pkg=github.com/choria-io/provisioner")"
-  build_peer choria-go-provisioner "$CACHE_BIN/choria-go-provisioner" "$moddir" "$stamp" -- github.com/choria-io/provisioner
+  src="$(cd "$src" && pwd)"
+  local work="$CACHE_DIR/src/go-provisioner" stamp
+  stamp="$(stamp_of "$src" -- "src=go-provisioner")"
+  if [ ! -f "$work/.stamp" ] || [ "$(cat "$work/.stamp")" != "$stamp" ]; then
+    rm -rf "$work"
+    mkdir -p "$work"
+    cp -R "$src/." "$work/"
+    chmod -R u+w "$work"
+    printf '%s\n' "$stamp" >"$work/.stamp"
+  fi
+  build_peer choria-go-provisioner "$CACHE_BIN/choria-go-provisioner" "$work" "$stamp" -- .
 }
 
 targets=("$@")

@@ -26,7 +26,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The real Go peers: go-choria's `choria` (server + CLI) for the interop tier.
+# The real Go peers: go-choria's `choria` (server + CLI) for the interop tier,
+# the election candidate, and the Go provisioner itself (built from the copy
+# in ../shared/peers/go-provisioner, see tests/gopeers/RECIPE.md).
 # A peer that cannot be built is reported loudly; the tests then say so too.
 peer_log="$CACHE_DIR/build-go-peers.log"
 if "$ROOT/scripts/build-go-peers.sh" choria natstap election-candidate >"$peer_log.out" 2>"$peer_log"; then
@@ -38,14 +40,13 @@ else
   printf '!!! go-choria could not be built: the interop tier cannot prove anything\n%s\n' "$CHORIA_GO_PEERS_UNAVAILABLE" >&2
   printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
 fi
-# The Go provisioner is not served by the Go module proxy (403 for every
-# version, see tests/gopeers/RECIPE.md). Try anyway so the day it is served
-# the tier notices, and say loudly that it is missing.
 if "$ROOT/scripts/build-go-peers.sh" provisioner >/dev/null 2>"$peer_log.prov"; then
   export CHORIA_GO_PROVISIONER_BIN="$CACHE_BIN/choria-go-provisioner"
+  log "Go provisioner peer: $CHORIA_GO_PROVISIONER_BIN"
 else
-  printf '\n!!! Go provisioner (github.com/choria-io/provisioner@v0.16.0) unavailable:\n%s\n\n' \
-    "$(grep -m1 -E '403|error|Forbidden' "$peer_log.prov" || tail -n 3 "$peer_log.prov")" >&2
+  export CHORIA_GO_PROVISIONER_UNAVAILABLE="$(tail -n 5 "$peer_log.prov")"
+  printf '\n!!! the Go provisioner could not be built: the side-by-side tiers cannot prove anything\n%s\n\n' \
+    "$CHORIA_GO_PROVISIONER_UNAVAILABLE" >&2
 fi
 
 # A real Kubernetes control plane (etcd, kube-apiserver, kubectl) for the kube

@@ -8,6 +8,7 @@ use choria_provisioner::choria::filter::Filter;
 use choria_provisioner::choria::lifecycle::{self, EventType};
 use choria_provisioner::choria::mcorpc::StatusCode;
 use choria_provisioner::choria::protocol::{RequestSigner, RequestSpec, Version};
+use choria_provisioner::choria::replies::Ignored;
 use choria_provisioner::choria::security::{csr, ecdh::EcdhKeyPair, ed25519, pem_crypt, tokens};
 use choria_provisioner::choria::{ids, subjects};
 use choria_provisioner::fleet::{self, FleetOptions};
@@ -485,12 +486,23 @@ async fn failure_injection_makes_silent_erroring_and_malformed_nodes() {
     let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
     let found = discover_provisionable(&c).await;
     assert_eq!(found.len(), 9, "silent nodes are not discovered: {found:?}");
+    // A malformed reply fails its hash check, so it is not taken as the
+    // answer (issue 11: anyone can publish on a reply subject): the request
+    // times out and the timeout says what was ignored.
+    let token = json!({"token": TOKEN});
+    let asks = found.iter().map(|node| {
+        c.rpc_with_timeout(
+            node,
+            "choria_provision",
+            "jwt",
+            &token,
+            Duration::from_secs(3),
+        )
+    });
+    let answers = futures::future::join_all(asks).await;
     let (mut ok, mut errors, mut malformed) = (0, 0, 0);
-    for node in &found {
-        match c
-            .rpc(node, "choria_provision", "jwt", &json!({"token": TOKEN}))
-            .await
-        {
+    for (node, answer) in found.iter().zip(answers) {
+        match answer {
             Ok(r) if r.body.is_ok() => ok += 1,
             Ok(r) => {
                 assert_eq!(
@@ -501,8 +513,9 @@ async fn failure_injection_makes_silent_erroring_and_malformed_nodes() {
                 );
                 errors += 1
             }
-            Err(ClientError::BadReply { reason, .. }) => {
-                assert!(reason.contains("hash mismatch"), "{node}: {reason}");
+            Err(e @ ClientError::Timeout { ignored, .. }) => {
+                assert_eq!(ignored.count(Ignored::Undecodable), 1, "{node}: {e}");
+                assert!(e.to_string().contains("(1 undecodable)"), "{node}: {e}");
                 malformed += 1
             }
             Err(e) => panic!("{node}: unexpected {e}"),

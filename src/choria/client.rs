@@ -6,7 +6,7 @@ use crate::choria::identity::{self, IdentityError};
 use crate::choria::lifecycle::{self, Event, EventType};
 use crate::choria::mcorpc::{self, RpcReply, RpcRequest};
 use crate::choria::protocol::{self, ProtocolError, Reply, RequestSigner, RequestSpec, Version};
-use crate::choria::replies::{self, Confirmation, Ignored, ReplyObserver, Verdict};
+use crate::choria::replies::{self, Confirmation, Ignored, IgnoredTally, ReplyObserver, Verdict};
 use crate::choria::subjects;
 use crate::choria::tls::{TlsError, TlsSettings};
 use futures::StreamExt;
@@ -107,14 +107,19 @@ pub enum ClientError {
         #[source]
         source: async_nats::PublishError,
     },
+    #[error("not connected to the broker: the request to {subject} was not sent")]
+    NotConnected { subject: String },
     #[error("could not encode the request: {0}")]
     Encode(#[from] ProtocolError),
-    #[error("no reply from {identity} to {agent}#{action} within {timeout:?}")]
+    #[error("no reply from {identity} to {agent}#{action} within {timeout:?}{ignored}")]
     Timeout {
         identity: String,
         agent: String,
         action: String,
         timeout: Duration,
+        /// What arrived on the reply subject and was not taken as the
+        /// answer, e.g. `"; ignored 1 message (undecodable)"`, or empty.
+        ignored: IgnoredTally,
     },
     #[error("invalid reply from {identity}: {reason}")]
     BadReply { identity: String, reason: String },
@@ -434,6 +439,7 @@ impl ChoriaClient {
 
         let rpc = format!("{agent}#{action}");
         let deadline = tokio::time::Instant::now() + opts.timeout;
+        let mut tally = IgnoredTally::default();
         loop {
             let next = tokio::time::timeout_at(deadline, sub.next()).await;
             let Ok(Some(m)) = next else {
@@ -443,12 +449,14 @@ impl ChoriaClient {
                     agent: agent.to_string(),
                     action: action.to_string(),
                     timeout: opts.timeout,
+                    ignored: tally,
                 });
             };
             let reply = match replies::classify(&m.payload, &id, identity) {
                 Verdict::Answer(reply) => reply,
                 Verdict::Ignore { why, claimed } => {
                     self.ignored(identity, &rpc, why, claimed.as_deref());
+                    tally.add(why);
                     continue;
                 }
             };
@@ -494,12 +502,14 @@ impl ChoriaClient {
         let target = subjects::node(&self.collective, identity);
         let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut tally = IgnoredTally::default();
         let result = loop {
             match tokio::time::timeout_at(deadline, sub.next()).await {
                 Ok(Some(m)) => match replies::classify(&m.payload, &id, identity) {
                     Verdict::Answer(_) => break Ok(()),
                     Verdict::Ignore { why, claimed } => {
-                        self.ignored(identity, "discovery#ping", why, claimed.as_deref())
+                        self.ignored(identity, "discovery#ping", why, claimed.as_deref());
+                        tally.add(why);
                     }
                 },
                 _ => {
@@ -508,6 +518,7 @@ impl ChoriaClient {
                         agent: "discovery".into(),
                         action: "ping".into(),
                         timeout,
+                        ignored: tally,
                     })
                 }
             }
@@ -523,6 +534,14 @@ impl ChoriaClient {
         target: String,
         msg: Vec<u8>,
     ) -> Result<async_nats::Subscriber, ClientError> {
+        // While disconnected the NATS client buffers publishes and sends
+        // them on reconnect: a request queued during an outage would reach
+        // the node seconds later, possibly after this replica paused and
+        // another took the node over. A request that cannot go now fails now
+        // (an attempt failure, retried behind the pause gate).
+        if self.nats.connection_state() != async_nats::connection::State::Connected {
+            return Err(ClientError::NotConnected { subject: target });
+        }
         let sub = self
             .nats
             .subscribe(reply_to.to_string())

@@ -56,6 +56,53 @@ impl Ignored {
     ];
 }
 
+/// How many messages on one request's reply subject were not taken as its
+/// answer, by reason; shown in a timeout so "no reply" is not mistaken for a
+/// silent node when the node (or someone) did answer, unacceptably.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IgnoredTally([u32; Ignored::ALL.len()]);
+
+impl IgnoredTally {
+    pub fn add(&mut self, why: Ignored) {
+        let i = Ignored::ALL.iter().position(|w| *w == why).unwrap_or(0);
+        self.0[i] = self.0[i].saturating_add(1);
+    }
+
+    pub fn total(&self) -> u32 {
+        self.0.iter().sum()
+    }
+
+    pub fn count(&self, why: Ignored) -> u32 {
+        Ignored::ALL
+            .iter()
+            .position(|w| *w == why)
+            .map_or(0, |i| self.0[i])
+    }
+}
+
+/// Empty when nothing was ignored, else `; ignored 2 messages (1 undecodable, 1 other_sender)`.
+impl std::fmt::Display for IgnoredTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total = self.total();
+        if total == 0 {
+            return Ok(());
+        }
+        let plural = if total == 1 { "" } else { "s" };
+        write!(f, "; ignored {total} message{plural} (")?;
+        let mut first = true;
+        for (why, n) in Ignored::ALL.iter().zip(self.0) {
+            if n > 0 {
+                if !first {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{n} {}", why.reason())?;
+                first = false;
+            }
+        }
+        f.write_str(")")
+    }
+}
+
 /// What to do with one message on a reply subject.
 #[derive(Debug)]
 pub enum Verdict {
@@ -214,6 +261,21 @@ mod tests {
             Version::V1 => protocol::v1::encode_reply(&spec).unwrap(),
             Version::V2 => protocol::v2::encode_reply(&spec).unwrap(),
         }
+    }
+
+    #[test]
+    fn a_timeout_names_what_was_ignored_and_nothing_when_nothing_was() {
+        let mut t = IgnoredTally::default();
+        assert_eq!(t.to_string(), "");
+        t.add(Ignored::Undecodable);
+        assert_eq!(t.to_string(), "; ignored 1 message (1 undecodable)");
+        t.add(Ignored::OtherSender);
+        t.add(Ignored::OtherSender);
+        assert_eq!(
+            t.to_string(),
+            "; ignored 3 messages (1 undecodable, 2 other_sender)"
+        );
+        assert_eq!((t.total(), t.count(Ignored::OtherSender)), (3, 2));
     }
 
     #[test]

@@ -362,12 +362,17 @@ impl Provisioner {
         );
 
         if let Some(r) = resource {
-            tasks.spawn(resource::run(
-                r,
-                me.clone(),
-                handle.clone(),
-                stop_tasks.clone(),
-            ));
+            // status.leader names the pod (what `kubectl logs` takes), not
+            // the suffixed candidate name.
+            let shown = pod_name
+                .clone()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| setup.identity.identity.clone());
+            let who = resource::Me {
+                candidate: me.clone(),
+                shown,
+            };
+            tasks.spawn(resource::run(r, who, handle.clone(), stop_tasks.clone()));
         }
 
         let pool = Pool {

@@ -82,8 +82,17 @@ pub fn status_patch(leader: Option<&str>, provisioned: u64) -> serde_json::Value
     })
 }
 
+/// Who this replica is: `candidate` is the name it campaigns under (what
+/// `handle.leader` reports when it leads), `shown` the name status.leader
+/// gives it (the pod's, which `kubectl logs` takes).
+#[derive(Clone, Debug)]
+pub struct Me {
+    pub candidate: String,
+    pub shown: String,
+}
+
 /// Runs both duties until `stop`; builds its kube client first, retrying.
-pub async fn run(resource: ResourceRef, me: String, handle: Handle, stop: CancellationToken) {
+pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let client = loop {
         match kube::Client::try_default().await {
@@ -153,7 +162,7 @@ pub async fn follow_pause(
 async fn report_leadership(
     api: Api<DynamicObject>,
     resource: ResourceRef,
-    me: String,
+    me: Me,
     handle: Handle,
     stop: CancellationToken,
 ) {
@@ -169,14 +178,14 @@ async fn report_leadership(
         // Only the leader writes: a replica that lost leadership does not
         // clear the name, which would race with the next leader's write
         // (both use one field manager); the next leader overwrites it.
-        if leader.borrow().as_deref() != Some(me.as_str()) {
+        if leader.borrow().as_deref() != Some(me.candidate.as_str()) {
             continue;
         }
         let provisioned = handle
             .metrics
             .value("choria_provisioner_provisioned")
             .unwrap_or(0.0) as u64;
-        let patch = status_patch(Some(me.as_str()), provisioned);
+        let patch = status_patch(Some(me.shown.as_str()), provisioned);
         match api
             .patch_status(&resource.name, &params, &Patch::Apply(&patch))
             .await
