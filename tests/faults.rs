@@ -474,3 +474,68 @@ async fn soak_of_forced_failovers_of_every_kind() {
     }
     c.finish().await;
 }
+
+/// A request made while the connection is down is refused at once, not
+/// buffered by the NATS client and sent on reconnect: by then this replica
+/// may have paused and another may own the node (the cut-leader overlap CI
+/// caught: a request queued during the outage reached its node seconds
+/// later, inside the new leader's sequence).
+#[tokio::test]
+async fn a_request_made_while_disconnected_fails_at_once_and_is_never_sent_later() {
+    use choria_provisioner::choria::client::{ChoriaClient, ClientError, Identity};
+    use choria_provisioner::choria::protocol::RequestSigner;
+    use futures::StreamExt;
+
+    let nats = NatsServer::start();
+    let proxy = Proxy::start(nats.port).await;
+    let node = nats.connect("node").await;
+    let mut seen = node
+        .subscribe("choria.provisioning.node.victim.example.net")
+        .await
+        .unwrap();
+    node.flush().await.unwrap();
+    let conn = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    let c = ChoriaClient::new(
+        conn.clone(),
+        Identity {
+            identity: "provisioner.example.net".into(),
+            caller: "choria=provisioner.example.net".into(),
+            signer: RequestSigner::V1Insecure,
+        },
+    );
+    proxy.cut();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn.connection_state() == async_nats::connection::State::Connected {
+        assert!(Instant::now() < deadline, "the cut was not noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked = Instant::now();
+    let r = c
+        .rpc_with_timeout(
+            "victim.example.net",
+            "choria_provision",
+            "inventory",
+            &serde_json::json!({}),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(r, Err(ClientError::NotConnected { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(asked.elapsed() < Duration::from_secs(1), "{:?}", asked.elapsed());
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while conn.connection_state() != async_nats::connection::State::Connected {
+        assert!(Instant::now() < deadline, "no reconnect after the heal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    conn.flush().await.unwrap();
+    let late = tokio::time::timeout(Duration::from_secs(2), seen.next()).await;
+    assert!(late.is_err(), "the request was sent after the reconnect: {late:?}");
+}
