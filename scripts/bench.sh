@@ -28,7 +28,8 @@
 #   --out DIR             where results go (default ~/.cache/choria-provisioner-rs/bench-results/<date>)
 #
 # Environment: GO_PROVISIONER_BIN=PATH uses a Go provisioner built elsewhere
-# instead of scripts/build-go-peers.sh provisioner.
+# instead of scripts/build-go-peers.sh provisioner (which builds it from the
+# source copy in ../shared/peers/go-provisioner, see tests/gopeers/RECIPE.md).
 #
 # Scenarios (both with the `jwt` feature: the fleet's provisioning JWTs are
 # signed by an RSA key made with openssl and the provisioner verifies them):
@@ -134,12 +135,12 @@ fi
 GO_BIN=""
 GO_STATUS=""
 if [ -n "${GO_PROVISIONER_BIN:-}" ]; then
-  # A Go provisioner built elsewhere (the module proxy refuses the module here).
+  # A Go provisioner built elsewhere.
   [ -x "$GO_PROVISIONER_BIN" ] || { log "GO_PROVISIONER_BIN=$GO_PROVISIONER_BIN is not executable"; exit 1; }
   GO_BIN="$GO_PROVISIONER_BIN"
   GO_STATUS="given: $GO_BIN ($("$GO_BIN" --version 2>&1 | head -n1 || true))"
 elif [ "$TRY_GO" = 1 ]; then
-  log "trying to build the Go provisioner (github.com/choria-io/provisioner@v0.16.0)"
+  log "building the Go provisioner peer (scripts/build-go-peers.sh provisioner)"
   if GO_OUT="$("$ROOT/scripts/build-go-peers.sh" provisioner 2>"$OUT/go-build.log")"; then
     GO_BIN="$(printf '%s\n' "$GO_OUT" | grep 'choria-go-provisioner$' | tail -n1)"
     GO_STATUS="built: $GO_BIN"

@@ -7,8 +7,14 @@
 //! election subjects. Leaders are killed or stopped while a sampler checks,
 //! every ~20 ms, that no two candidates lead at once.
 //!
-//! Needs `$CHORIA_ELECTION_CANDIDATE_BIN` (scripts/test.sh builds and exports
-//! it); without it the tests say loudly that they proved nothing.
+//! The real Go provisioner (`choria-go-provisioner`, built from
+//! ../shared/peers/go-provisioner) joins the same election in
+//! `the_real_go_provisioner_and_ours_share_one_election`, sampled from its
+//! `/metrics`.
+//!
+//! Needs `$CHORIA_ELECTION_CANDIDATE_BIN` and `$CHORIA_GO_PROVISIONER_BIN`
+//! (scripts/test.sh builds and exports them); without them the tests say
+//! loudly that they proved nothing.
 
 mod support;
 
@@ -88,6 +94,29 @@ fn candidate_bin(test: &str) -> Option<PathBuf> {
          !!! Build the peer with `scripts/build-go-peers.sh election-candidate` and export\n\
          !!! CHORIA_ELECTION_CANDIDATE_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-election-candidate\n\
          !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PEERS_UNAVAILABLE:\n{why}\n{bar}\n"
+    );
+    None
+}
+
+/// `$CHORIA_GO_PROVISIONER_BIN` when it names a file; otherwise prints why
+/// this test proves nothing and returns `None`.
+fn go_provisioner_bin(test: &str) -> Option<PathBuf> {
+    let bin = std::env::var_os("CHORIA_GO_PROVISIONER_BIN").map(PathBuf::from);
+    let problem = match &bin {
+        Some(p) if p.is_file() => return bin,
+        Some(p) => format!("CHORIA_GO_PROVISIONER_BIN={} does not exist", p.display()),
+        None => "CHORIA_GO_PROVISIONER_BIN is not set".to_string(),
+    };
+    let why = std::env::var("CHORIA_GO_PROVISIONER_UNAVAILABLE").unwrap_or_else(|_| {
+        "(CHORIA_GO_PROVISIONER_UNAVAILABLE is not set: run scripts/test.sh)".into()
+    });
+    let bar = "!".repeat(78);
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! Sharing an election with the real Go provisioner proves NOTHING in this run.\n\
+         !!! Build the peer with `scripts/build-go-peers.sh provisioner` (from ../shared/peers/go-provisioner)\n\
+         !!! and export CHORIA_GO_PROVISIONER_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-go-provisioner\n\
+         !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PROVISIONER_UNAVAILABLE:\n{why}\n{bar}\n"
     );
     None
 }
@@ -196,13 +225,26 @@ impl Drop for GoCandidate {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
+    /// go-choria's election as the Go provisioner campaigns
+    /// (`choria-election-candidate`).
     Go,
     Ours,
+    /// The real Go provisioner (`choria-go-provisioner`, leader_election on).
+    GoProvisioner,
 }
 
 enum Proc {
     Go(GoCandidate),
     Ours(ProvisionerProcess),
+    /// Sampled from its `/metrics` like ours: it works while
+    /// `choria_provisioner_paused` is 0. `trusted` once its log shows it
+    /// started its election: it serves /metrics, with the gauge still 0 from
+    /// loading its configuration, before it connects and pauses, and it does
+    /// not provision in that gap.
+    GoProvisioner {
+        p: ProvisionerProcess,
+        trusted: bool,
+    },
 }
 
 /// One candidate and what is known *for certain* about when it led.
@@ -252,7 +294,7 @@ impl Candidate {
         if !self.alive {
             return;
         }
-        match &self.proc {
+        match &mut self.proc {
             Proc::Go(g) => {
                 let new: Vec<(i64, bool)> = g.lines.lock().unwrap()[self.go_seen..].to_vec();
                 self.go_seen += new.len();
@@ -264,19 +306,28 @@ impl Candidate {
                 let start = now_us();
                 let value = try_metric(p.monitor_port, "choria_provisioner_leader");
                 let end = now_us();
-                observe_read(
-                    &mut self.run,
-                    &mut self.intervals,
-                    start,
-                    end,
-                    value == Some(1.0),
-                );
-                if self.run.is_some() {
-                    self.leading_since.get_or_insert(end);
-                } else {
-                    self.leading_since = None;
-                }
+                self.read(start, end, value == Some(1.0));
             }
+            Proc::GoProvisioner { p, trusted } => {
+                if !*trusted {
+                    *trusted = p.logs().contains("Starting leader election");
+                }
+                let trusted = *trusted;
+                let start = now_us();
+                let value = try_metric(p.monitor_port, "choria_provisioner_paused");
+                let end = now_us();
+                self.read(start, end, trusted && value == Some(0.0));
+            }
+        }
+    }
+
+    /// One gauge read taken between `start` and `end`.
+    fn read(&mut self, start: i64, end: i64, leading: bool) {
+        observe_read(&mut self.run, &mut self.intervals, start, end, leading);
+        if self.run.is_some() {
+            self.leading_since.get_or_insert(end);
+        } else {
+            self.leading_since = None;
         }
     }
 
@@ -330,6 +381,11 @@ impl Candidate {
                 p.wait_exit(Duration::from_secs(10));
                 self.end_run();
             }
+            Proc::GoProvisioner { p, .. } => {
+                p.signal(if term_go { "TERM" } else { "KILL" });
+                p.wait_exit(Duration::from_secs(10));
+                self.end_run();
+            }
         }
         self.alive = false;
         self.leading_since = None;
@@ -342,7 +398,7 @@ impl Candidate {
                 let all: Vec<&str> = text.lines().collect();
                 all[all.len().saturating_sub(10)..].join("\n")
             }
-            Proc::Ours(p) => p.logs_tail(15),
+            Proc::Ours(p) | Proc::GoProvisioner { p, .. } => p.logs_tail(15),
         }
     }
 }
@@ -481,12 +537,19 @@ struct Harness {
     sampler: Option<std::thread::JoinHandle<()>>,
     nats: NatsServer,
     dir: tempfile::TempDir,
-    go_bin: PathBuf,
-    started: (usize, usize),
+    /// `choria-election-candidate`, for [`Kind::Go`].
+    go_bin: Option<PathBuf>,
+    /// `choria-go-provisioner`, for [`Kind::GoProvisioner`].
+    go_provisioner: Option<PathBuf>,
+    started: (usize, usize, usize),
 }
 
 impl Harness {
     async fn new(go_bin: PathBuf) -> Self {
+        Self::with_peers(Some(go_bin), None).await
+    }
+
+    async fn with_peers(go_bin: Option<PathBuf>, go_provisioner: Option<PathBuf>) -> Self {
         let nats = choria_like_broker();
         create_bucket(&nats, TTL).await;
         let pool = Arc::new(Mutex::new(Pool {
@@ -515,7 +578,8 @@ impl Harness {
             nats,
             dir: tempfile::tempdir().unwrap(),
             go_bin,
-            started: (0, 0),
+            go_provisioner,
+            started: (0, 0, 0),
         }
     }
 
@@ -525,8 +589,30 @@ impl Harness {
                 self.started.0 += 1;
                 let name = format!("go{}", self.started.0);
                 let identity = format!("{name}.provisioners.example.net");
-                let g = GoCandidate::start(&self.go_bin, self.dir.path(), &self.nats, &identity);
+                let bin = self.go_bin.as_ref().expect("no Go candidate binary");
+                let g = GoCandidate::start(bin, self.dir.path(), &self.nats, &identity);
                 (name, Proc::Go(g))
+            }
+            Kind::GoProvisioner => {
+                self.started.2 += 1;
+                let name = format!("gp{}", self.started.2);
+                let bin = self
+                    .go_provisioner
+                    .as_ref()
+                    .expect("no Go provisioner binary");
+                let p = ProvisionerProcess::start_program(
+                    bin,
+                    self.dir.path(),
+                    &name,
+                    &go_yaml(),
+                    &format!(
+                        "identity = {name}.provisioners.example.net\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+                        self.nats.url()
+                    ),
+                    &[],
+                    &[],
+                );
+                (name, Proc::GoProvisioner { p, trusted: false })
             }
             Kind::Ours => {
                 self.started.1 += 1;
@@ -710,6 +796,16 @@ impl Drop for Harness {
     }
 }
 
+/// The Go provisioner's configuration: the same keys as ours where they
+/// exist (it has no rpc/discovery timeouts), logging to stderr (the process
+/// log) at debug so its election lines are there.
+fn go_yaml() -> String {
+    format!(
+        "workers: 2\ninterval: 1m\ntoken: s3cret\nsite: election\nhelper: {}\nchoria_insecure: true\nleader_election: true\nlogfile: /dev/stderr\nloglevel: debug\n",
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/helper.sh").display()
+    )
+}
+
 fn yaml() -> String {
     format!(
         "workers: 2\ninterval: 1m\ntoken: s3cret\nsite: election\nhelper: {} fleet-helper\nchoria_insecure: true\nrpc_timeout: 2s\ndiscovery_timeout: 2s\ndiscovery_window: 500ms\nleader_election: true\n",
@@ -752,7 +848,7 @@ async fn go_candidates_and_ours_never_lead_at_once_and_leadership_moves() {
         let key = read_key(&admin).await;
         let identity = format!("{name}.provisioners.example.net");
         let holds = match (&key, kind) {
-            (Some((op, v)), Kind::Go) => op == "PUT" && *v == identity,
+            (Some((op, v)), Kind::Go | Kind::GoProvisioner) => op == "PUT" && *v == identity,
             (Some((op, v)), Kind::Ours) => {
                 op == "PUT"
                     && v.strip_prefix(&identity)
@@ -766,7 +862,7 @@ async fn go_candidates_and_ours_never_lead_at_once_and_leadership_moves() {
             "round {round}: the bucket holds {key:?}, not the leader {name}"
         );
         match kind {
-            Kind::Go => led_go = true,
+            Kind::Go | Kind::GoProvisioner => led_go = true,
             Kind::Ours => led_ours = true,
         }
         if round == ROUNDS {
@@ -906,6 +1002,121 @@ async fn our_graceful_stop_hands_over_to_ours_at_once_and_to_go_after_the_marker
         "a Go standby led {} after our release: before the marker expired",
         secs(to_go_took)
     );
+    h.assert_no_violation();
+    h.finish();
+}
+
+/// The real Go provisioner and ours on one election, sampled from both
+/// `/metrics` (Go: `choria_provisioner_paused`, ours: the leader gauge,
+/// which is 1 exactly while our gate is open for the election): the Go one
+/// wins while ours are gone, keeps the lead when ours arrive, ours take over
+/// only after its key expired when it is killed, and a Go provisioner that
+/// comes back stays a standby under our leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_go_provisioner_and_ours_share_one_election() {
+    let Some(go_provisioner) =
+        go_provisioner_bin("the_real_go_provisioner_and_ours_share_one_election")
+    else {
+        return;
+    };
+    let mut h = Harness::with_peers(None, Some(go_provisioner)).await;
+    let admin = admin(&h.nats).await;
+
+    // Alone, the Go provisioner wins (after its connect, a splay of up to
+    // 5 s and its first renewal).
+    h.start(Kind::GoProvisioner);
+    let (go, go_name, kind, _) = h
+        .leader(TTL + Duration::from_secs(5) + GO_WON_DELAY + SLACK * 2)
+        .await;
+    assert_eq!(kind, Kind::GoProvisioner);
+    assert_eq!(
+        read_key(&admin).await,
+        Some((
+            "PUT".to_string(),
+            format!("{go_name}.provisioners.example.net")
+        )),
+        "the bucket names the Go provisioner"
+    );
+
+    // Ours arrive: they campaign, fail, and stay paused for three TTLs.
+    h.start(Kind::Ours);
+    h.start(Kind::Ours);
+    let until = Instant::now() + TTL * 3;
+    while Instant::now() < until {
+        assert_eq!(
+            h.leader(SLACK).await.0,
+            go,
+            "the Go provisioner lost the lead"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    {
+        let pool = h.pool.lock().unwrap();
+        for c in pool.candidates.iter().filter(|c| c.kind == Kind::Ours) {
+            let Proc::Ours(p) = &c.proc else {
+                unreachable!()
+            };
+            assert_eq!(
+                p.metric("choria_provisioner_paused"),
+                1.0,
+                "{} works",
+                c.name
+            );
+            // Losing to the Go provisioner's key is not an error: ours read
+            // it through the provisioning account's imports.
+            assert_eq!(
+                p.metric("choria_provisioner_election_errors"),
+                0.0,
+                "{}: {}",
+                c.name,
+                p.logs_tail(20)
+            );
+        }
+    }
+
+    // The Go provisioner dies: one of ours takes over, not before its key
+    // (renewed at most one Go renewal period before the kill) expired.
+    let bound = h.failover_bound(go);
+    let killed = h.kill(go);
+    let (ours, ours_name, kind, since) = h.leader(bound).await;
+    let took = since - killed;
+    println!(
+        "kill -9 {go_name} -> {ours_name} ({kind:?}) after {}",
+        secs(took)
+    );
+    assert_eq!(kind, Kind::Ours);
+    assert!(
+        took >= us(EARLIEST_CRASH_FAILOVER),
+        "ours led {} after the kill, before the Go provisioner's key could expire",
+        secs(took)
+    );
+
+    // A Go provisioner comes back: it stays a standby.
+    h.start(Kind::GoProvisioner);
+    let until = Instant::now() + TTL * 3;
+    while Instant::now() < until {
+        assert_eq!(h.leader(SLACK).await.0, ours, "our leader lost the lead");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // And ours, all gone (kill -9, so no release), leave it to the Go one.
+    let bound = TTL + GO_BACKOFF_MAX + GO_WON_DELAY + SLACK;
+    let standby = {
+        let pool = h.pool.lock().unwrap();
+        (0..pool.candidates.len())
+            .find(|&j| {
+                j != ours && pool.candidates[j].alive && pool.candidates[j].kind == Kind::Ours
+            })
+            .unwrap()
+    };
+    h.kill(standby);
+    let killed = h.kill(ours);
+    let (_, back, kind, since) = h.leader(bound).await;
+    println!(
+        "kill -9 {ours_name} (and our standby) -> {back} ({kind:?}) after {}",
+        secs(since - killed)
+    );
+    assert_eq!(kind, Kind::GoProvisioner);
     h.assert_no_violation();
     h.finish();
 }

@@ -528,7 +528,11 @@ async fn a_request_made_while_disconnected_fails_at_once_and_is_never_sent_later
         "{:?}",
         r.map(|_| ())
     );
-    assert!(asked.elapsed() < Duration::from_secs(1), "{:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
     proxy.heal();
     let deadline = Instant::now() + Duration::from_secs(15);
     while conn.connection_state() != async_nats::connection::State::Connected {
@@ -537,5 +541,8 @@ async fn a_request_made_while_disconnected_fails_at_once_and_is_never_sent_later
     }
     conn.flush().await.unwrap();
     let late = tokio::time::timeout(Duration::from_secs(2), seen.next()).await;
-    assert!(late.is_err(), "the request was sent after the reconnect: {late:?}");
+    assert!(
+        late.is_err(),
+        "the request was sent after the reconnect: {late:?}"
+    );
 }

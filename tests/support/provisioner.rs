@@ -46,6 +46,21 @@ impl ProvisionerProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_program(Path::new(binary()), dir, name, yaml, choria_cfg, extra, env)
+    }
+
+    /// [`ProvisionerProcess::start_with_env`] of another program with the
+    /// same command line (`run --config --choria-config`), e.g. the real Go
+    /// provisioner.
+    pub fn start_program(
+        program: &Path,
+        dir: &Path,
+        name: &str,
+        yaml: &str,
+        choria_cfg: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let monitor_port = super::free_port();
         let config = dir.join(format!("{name}.yaml"));
         std::fs::write(&config, format!("{yaml}\nmonitor_port: {monitor_port}\n")).unwrap();
@@ -55,10 +70,10 @@ impl ProvisionerProcess {
         let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
             let mut c = Command::new("/usr/bin/setpriv");
-            c.args(["--pdeathsig", "KILL"]).arg(binary());
+            c.args(["--pdeathsig", "KILL"]).arg(program);
             c
         } else {
-            Command::new(binary())
+            Command::new(program)
         };
         let child = cmd
             .arg("run")
@@ -73,7 +88,7 @@ impl ProvisionerProcess {
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary()));
+            .unwrap_or_else(|e| panic!("could not start {}: {e}", program.display()));
         let p = ProvisionerProcess {
             child,
             monitor_port,
