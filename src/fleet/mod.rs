@@ -96,6 +96,11 @@ pub struct FleetOptions {
     /// Pre-generated RSA keys shared by `gencsr` (generating one per node is slow).
     #[arg(long = "key-pool", default_value_t = 16)]
     pub key_pool_size: usize,
+    /// Sign every node's default CSR (CN = its identity) before the nodes
+    /// start, so `gencsr` costs the fleet no RSA work while a benchmark is
+    /// measured. The CSR is the same one `gencsr` would make.
+    #[arg(long)]
+    pub presign_csrs: bool,
     /// NATS connections the nodes are spread over.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -300,6 +305,42 @@ fn provisioning_jwt(opts: &FleetOptions) -> Result<String, FleetError> {
     })
 }
 
+/// The default-subject CSR (CN = identity) of every node, signed with the
+/// node's pool key on one thread per core.
+fn presign_csrs(
+    pool: &RsaKeyPool,
+    identities: &[String],
+) -> Result<Vec<String>, crate::choria::security::csr::CsrError> {
+    use crate::choria::security::csr::{make_csr, CsrSubject};
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = identities.len().div_ceil(threads).max(1);
+    let parts: Vec<Result<Vec<String>, _>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = identities
+            .chunks(chunk)
+            .enumerate()
+            .map(|(c, ids)| {
+                scope.spawn(move || {
+                    ids.iter()
+                        .enumerate()
+                        .map(|(j, id)| {
+                            make_csr(&pool.get(c * chunk + j), &CsrSubject::new(id.clone()))
+                        })
+                        .collect::<Result<Vec<String>, _>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a CSR thread panicked"))
+            .collect()
+    });
+    let mut all = Vec::with_capacity(identities.len());
+    for part in parts {
+        all.extend(part?);
+    }
+    Ok(all)
+}
+
 /// Runs the fleet until `stop` resolves, `--duration` passes or (with
 /// `--exit-when-done`) every healthy node has left provisioning.
 pub async fn run(
@@ -316,6 +357,20 @@ pub async fn run(
         .map_err(|e| FleetError::KeyPool(e.to_string()))?
         .map_err(|e| FleetError::KeyPool(e.to_string()))?;
     debug!(keys = pool_size, elapsed = ?started.elapsed(), "RSA key pool ready");
+    let pool = Arc::new(pool);
+    let presigned_csrs = if opts.presign_csrs {
+        let started = std::time::Instant::now();
+        let identities: Vec<String> = (0..opts.nodes).map(|i| identity_for(&opts, i)).collect();
+        let keys = pool.clone();
+        let csrs = tokio::task::spawn_blocking(move || presign_csrs(&keys, &identities))
+            .await
+            .map_err(|e| FleetError::KeyPool(e.to_string()))?
+            .map_err(|e| FleetError::KeyPool(e.to_string()))?;
+        info!(csrs = csrs.len(), elapsed = ?started.elapsed(), "CSRs signed ahead (--presign-csrs)");
+        csrs
+    } else {
+        Vec::new()
+    };
 
     let shared = Arc::new(FleetShared {
         protocol: opts.protocol,
@@ -323,7 +378,8 @@ pub async fn run(
         token: opts.token.clone(),
         provisioning_jwt: Some(jwt.clone()),
         upgradable: opts.upgradable,
-        key_pool: Arc::new(pool),
+        key_pool: pool,
+        presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: opts.facts.clone(),
     });

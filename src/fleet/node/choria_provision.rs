@@ -154,6 +154,17 @@ impl Node {
         let args: Args = self.parse("gencsr", data)?;
         self.check_token("gencsr", &args.token)?;
         let key = self.shared.key_pool.get(self.index);
+        let default_subject = (args.cn.is_empty() || args.cn == self.identity)
+            && args.country.is_empty()
+            && args.locality.is_empty()
+            && args.organization.is_empty()
+            && args.organizational_unit.is_empty();
+        let presigned = self
+            .shared
+            .presigned_csrs
+            .get(self.index)
+            .filter(|_| default_subject)
+            .cloned();
         let mut subject = CsrSubject::new(if args.cn.is_empty() {
             self.identity.clone()
         } else {
@@ -166,7 +177,11 @@ impl Node {
         subject.organizational_unit = opt(args.organizational_unit);
         // go-choria accepts ST but never puts it into the subject.
         let _ = args.state;
-        let csr_pem = match csr::make_csr(&key, &subject) {
+        let made = match presigned {
+            Some(pem) => Ok(pem),
+            None => csr::make_csr(&key, &subject),
+        };
+        let csr_pem = match made {
             Ok(c) => c,
             Err(e) => return Ok(self.abort("gencsr", format!("Could not create CSR: {e}"))),
         };

@@ -36,6 +36,11 @@ pub struct FleetShared {
     /// The JWT's `update` claim: `release_update` allowed, inventory `upgradable`.
     pub upgradable: bool,
     pub key_pool: Arc<RsaKeyPool>,
+    /// `--presign-csrs`: by node index, the CSR `gencsr` returns when asked
+    /// for the default subject (CN = the identity, nothing else), signed
+    /// before the fleet started so a benchmark measures the provisioner,
+    /// not the simulator's RSA work. Empty: every CSR is made when asked.
+    pub presigned_csrs: Vec<String>,
     /// Where each node pretends its configuration lives.
     pub config_root: String,
     pub facts: serde_json::Value,

@@ -10,6 +10,7 @@ fn node() -> Node {
         provisioning_jwt: Some("a.b.c".into()),
         upgradable: false,
         key_pool: Arc::new(RsaKeyPool::from_keys(vec![key]).unwrap()),
+        presigned_csrs: Vec::new(),
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
     });
@@ -136,4 +137,47 @@ fn unparsable_rpc_body_is_invalid_data_with_empty_action() {
         .as_str()
         .unwrap()
         .starts_with("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: "));
+}
+
+#[test]
+fn presigned_csrs_are_served_for_the_default_subject_only() {
+    let key = csr::generate_rsa_key(1024).unwrap();
+    let pool = RsaKeyPool::from_keys(vec![key]).unwrap();
+    let ids = vec!["n0.example.net".to_string(), "n1.example.net".to_string()];
+    let presigned = crate::fleet::presign_csrs(&pool, &ids).unwrap();
+    assert_eq!(presigned.len(), 2);
+    let shared = Arc::new(FleetShared {
+        protocol: Version::V1,
+        server_version: "0.30.2".into(),
+        token: "s3cret".into(),
+        provisioning_jwt: Some("a.b.c".into()),
+        upgradable: false,
+        key_pool: Arc::new(pool),
+        presigned_csrs: presigned.clone(),
+        config_root: "/etc/choria-fleet".into(),
+        facts: serde_json::json!({}),
+    });
+    let mut n = Node::new("n1.example.net".into(), 1, None, shared);
+    let ask = |n: &mut Node, data: &str| {
+        let payload = format!(r#"{{"agent":"choria_provision","action":"gencsr","data":{data}}}"#);
+        let h = n.handle(
+            &request("choria_provision", &payload, "p"),
+            crate::choria::client::now_nanos(),
+        );
+        body(&h)["data"]["csr"].as_str().unwrap().to_string()
+    };
+    // What the provisioners ask for: the presigned CSR, with its CN.
+    let got = ask(&mut n, r#"{"token":"s3cret","cn":"n1.example.net"}"#);
+    assert_eq!(got, presigned[1]);
+    let info = csr::parse_csr(&got).unwrap();
+    assert_eq!(
+        (info.common_name.as_str(), info.common_name_count),
+        ("n1.example.net", 1)
+    );
+    // Anything else is made on request.
+    let other = ask(
+        &mut n,
+        r#"{"token":"s3cret","cn":"n1.example.net","O":"Acme"}"#,
+    );
+    assert_ne!(other, presigned[1]);
 }
