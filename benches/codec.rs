@@ -111,6 +111,7 @@ fn simulator(c: &mut Criterion) {
         provisioning_jwt: Some("header.claims.signature".into()),
         upgradable: false,
         key_pool: Arc::new(RsaKeyPool::generate(1, 2048).unwrap()),
+        presigned_csrs: Vec::new(),
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
     });

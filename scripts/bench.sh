@@ -260,6 +260,9 @@ run_one() {
     echo "choria_insecure: true"
     echo "monitor_port: $monitor"
     echo "loglevel: warn"
+    # The Go provisioner's default logfile is a file named "info" in its
+    # working directory; ours logs to stdout unless told otherwise.
+    [ "$impl" = go ] && echo "logfile: $dir/go-provisioner.log"
     echo "jwt_verify_cert: $WORK/signer.pub"
     echo "features:"
     echo "  jwt: true"

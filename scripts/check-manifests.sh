@@ -13,11 +13,14 @@
 #      that values.schema.json refuses bad values;
 #   2. renders the chart (helm-python-sdk, Helm's own Go engine) with default values
 #      and variants (ServiceMonitor on, one replica without leader election and so
-#      without PDB, one watched namespace, CRD off, PDB off, image by digest) and
-#      checks what each variant must contain;
+#      without PDB, one watched namespace, CRD off, PDB off, image by digest, the
+#      Grafana dashboard ConfigMap and the PrometheusRule on) and checks what each
+#      variant must contain; the chart's dashboard is checked to be the Go
+#      provisioner's dashboard.json unchanged (when ../shared/peers has it);
 #   3. validates every rendered object and everything in deploy/ with
 #      kubernetes-validate against Kubernetes 1.34, strict (unknown fields fail).
-#      ServiceMonitor has no schema there and is skipped with a note; Provisioner
+#      ServiceMonitor and PrometheusRule have no schema there and are skipped with a
+#      note; Provisioner
 #      objects are validated against the CRD's openAPIV3Schema with jsonschema;
 #   4. RBAC: no wildcards; the ClusterRole holds exactly what the operator does
 #      plus what the Roles it builds for provisioner pods grant (Kubernetes refuses
@@ -46,7 +49,9 @@ import copy
 import difflib
 import fnmatch
 import functools
+import json
 import os
+import re
 import sys
 from importlib.metadata import version
 
@@ -69,6 +74,8 @@ for arg in sys.argv[2:]:
 
 CHART = os.path.join(ROOT, "charts", "choria-provisioner-operator")
 CHART_CRD = os.path.join(CHART, "files", "crds", "provisioner.yaml")
+CHART_DASHBOARD = os.path.join(CHART, "dashboards", "choria-provisioner.json")
+UPSTREAM_DASHBOARD = os.path.join(ROOT, "..", "shared", "peers", "go-provisioner", "dashboard.json")
 CRD_SRC = os.path.join(ROOT, "crds", "provisioner.yaml")
 DEPLOY = os.path.join(ROOT, "deploy")
 KUBE = "1.34"
@@ -168,7 +175,7 @@ PROV_SCHEMA = None
 def validate_doc(doc, where):
     """kubernetes-validate strict for built-in kinds; the CRD schema for Provisioner."""
     kind = doc.get("kind")
-    if kind == "ServiceMonitor":
+    if kind in ("ServiceMonitor", "PrometheusRule"):
         counts["skipped"] += 1
         print(f"  note  {where}: {kn(doc)} skipped (monitoring.coreos.com has no schema in kubernetes-validate)")
         return
@@ -308,15 +315,109 @@ def kinds(docs):
     return sorted({d["kind"] for d in docs})
 
 
+def dashboard_problems(docs, label="grafana_dashboard", value="1", namespace=NAMESPACE, datasource="Prometheus"):
+    """The Grafana dashboard ConfigMap: the sidecar's label, and the chart's JSON with
+    ${DS_PROMETHEUS} replaced by the data source (kept when that is empty)."""
+    cms = find(docs, "ConfigMap")
+    if len(cms) != 1:
+        return [f"{len(cms)} ConfigMaps, want the dashboard's only"]
+    cm, problems = cms[0], []
+    if (cm["metadata"].get("labels") or {}).get(label) != value:
+        problems.append(f"{kn(cm)} lacks the label {label}: {value!r}")
+    if cm["metadata"].get("namespace") != namespace:
+        problems.append(f"{kn(cm)} is not in namespace {namespace}")
+    data = cm.get("data") or {}
+    if list(data) != ["choria-provisioner.json"]:
+        return problems + [f"{kn(cm)} data keys {list(data)}"]
+    try:
+        dashboard = json.loads(data["choria-provisioner.json"])
+    except ValueError as e:
+        return problems + [f"{kn(cm)}: the dashboard is not JSON: {e}"]
+    shipped = read(CHART_DASHBOARD)
+    if datasource:
+        shipped = shipped.replace('"${DS_PROMETHEUS}"', json.dumps(datasource))
+    if not dashboard.get("panels"):
+        problems.append(f"{kn(cm)}: the dashboard has no panels")
+    if dashboard != json.loads(shipped):
+        problems.append(f"{kn(cm)}: the dashboard is not {rel(CHART_DASHBOARD)} with datasource {datasource!r}")
+    return problems
+
+
+RULE_ALERTS = ["ChoriaProvisionerNoLeader", "ChoriaProvisionerElectionErrors",
+               "ChoriaProvisionerHelperErrors", "ChoriaProvisionerProvisionErrors"]
+
+
+def rule_problems(docs, alerts=RULE_ALERTS, labels=None, expr_has=None):
+    """The PrometheusRule: exactly these alerts, each with an expr over our metrics,
+    a for, a severity and both annotations; expr_has: alert -> substrings."""
+    rules = find(docs, "PrometheusRule")
+    if len(rules) != 1:
+        return [f"{len(rules)} PrometheusRules, want 1"]
+    pr, problems = rules[0], []
+    for k, v in (labels or {}).items():
+        if (pr["metadata"].get("labels") or {}).get(k) != v:
+            problems.append(f"{kn(pr)} lacks the label {k}: {v}")
+    got = [r for g in pr["spec"]["groups"] for r in (g.get("rules") or [])]
+    if [r.get("alert") for r in got] != alerts:
+        problems.append(f"{kn(pr)} alerts {[r.get('alert') for r in got]}, want {alerts}")
+    # The provisioner's metric names, as src/provision/metrics.rs registers them.
+    ours = set(re.findall(r'"(choria_provisioner_[a-z_]+)"', read(os.path.join(ROOT, "src", "provision", "metrics.rs"))))
+    for r in got:
+        expr = str(r.get("expr") or "").strip()
+        used = set(re.findall(r"choria_provisioner_[a-z_]+", expr))
+        if not used:
+            problems.append(f"{r.get('alert')}: expr {expr!r} reads none of our metrics")
+        elif used - ours:
+            problems.append(f"{r.get('alert')}: {sorted(used - ours)} are not metrics of src/provision/metrics.rs")
+        for part in (expr_has or {}).get(r.get("alert"), []):
+            if part not in expr:
+                problems.append(f"{r.get('alert')}: expr {expr!r} lacks {part!r}")
+        if not r.get("for") or not (r.get("labels") or {}).get("severity"):
+            problems.append(f"{r.get('alert')}: no for or no severity")
+        if not all((r.get("annotations") or {}).get(a) for a in ("summary", "description")):
+            problems.append(f"{r.get('alert')}: no summary or description")
+    return problems
+
+
+def no_problems(problems, msg):
+    for p in problems:
+        fail(f"{msg}: {p}")
+    if not problems:
+        ok(msg)
+
+
 BASE_KINDS = ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
               "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
 
 VARIANTS = [
-    ("default", {}, lambda d: check(kinds(d) == BASE_KINDS, f"default: objects {kinds(d)}")),
+    ("default", {}, lambda d: check(kinds(d) == BASE_KINDS, f"default: objects {kinds(d)} "
+                                    "(no dashboard ConfigMap, no PrometheusRule, no ServiceMonitor)")),
     ("serviceMonitor", {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
      lambda d: check(len(find(d, "ServiceMonitor")) == 1
                      and find(d, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "metrics",
                      "serviceMonitor: one ServiceMonitor scraping port 'metrics'")),
+    ("grafanaDashboard", {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Choria"}}},
+     lambda d: no_problems(dashboard_problems(d), "grafanaDashboard: a ConfigMap labelled grafana_dashboard=1 "
+                           "with the chart's dashboard, data source Prometheus")),
+    ("grafanaDashboard-custom", {"grafanaDashboard": {"enabled": True, "label": "grafana.example.net/dashboard",
+                                                      "labelValue": "choria", "namespace": "monitoring",
+                                                      "datasource": ""}},
+     lambda d: no_problems(dashboard_problems(d, "grafana.example.net/dashboard", "choria", "monitoring", ""),
+                           "grafanaDashboard-custom: own label and namespace, ${DS_PROMETHEUS} kept")),
+    ("prometheusRule", {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
+     lambda d: no_problems(rule_problems(d, labels={"release": "prometheus"}, expr_has={
+         "ChoriaProvisionerNoLeader": ["choria_provisioner_leader", "choria_provisioner_paused"],
+         "ChoriaProvisionerProvisionErrors": ["increase(choria_provisioner_provision_errors[15m])", "> 0"],
+         "ChoriaProvisionerElectionErrors": ["increase(choria_provisioner_election_errors[10m])"],
+         "ChoriaProvisionerHelperErrors": ["increase(choria_provisioner_helper_errors[15m])"]}),
+         "prometheusRule: a PrometheusRule with the four alerts over our metrics")),
+    ("prometheusRule-scoped", {"watchNamespace": "choria", "prometheusRule": {"enabled": True, "alerts": {
+        "noLeader": {"enabled": False}, "helperErrors": {"window": "30m", "threshold": 3}}}},
+     lambda d: no_problems(rule_problems(d, RULE_ALERTS[1:], expr_has={
+         "ChoriaProvisionerElectionErrors": ['election_errors{namespace="choria"}[10m]'],
+         "ChoriaProvisionerHelperErrors": ['helper_errors{namespace="choria"}[30m]', "> 3"],
+         "ChoriaProvisionerProvisionErrors": ['provision_errors{namespace="choria"}[15m]']}),
+         "prometheusRule-scoped: queries limited to watchNamespace, noLeader off, helper threshold 3 over 30m")),
     ("single", {"replicas": 1, "leaderElection": {"enabled": False}},
      lambda d: check(not find(d, "PodDisruptionBudget") and not find(d, "Role")
                      and "--leader-election=false" in deployment_args(d),
@@ -355,6 +456,12 @@ REFUSED = [
     ("unknown key", {"replica": 2}),
     ("bad logFormat", {"logFormat": "xml"}),
     ("bad watchNamespace", {"watchNamespace": "Not_A_Namespace"}),
+    ("grafanaDashboard.enabled: yes", {"grafanaDashboard": {"enabled": "yes"}}),
+    ("bad grafanaDashboard.label", {"grafanaDashboard": {"label": "not a label"}}),
+    ("prometheusRule duration", {"prometheusRule": {"alerts": {"noLeader": {"for": "five minutes"}}}}),
+    ("prometheusRule negative threshold", {"prometheusRule": {"alerts": {"helperErrors": {"threshold": -1}}}}),
+    ("prometheusRule selector in braces", {"prometheusRule": {"selector": '{namespace="choria"}'}}),
+    ("unknown prometheusRule alert", {"prometheusRule": {"alerts": {"noleader": {"enabled": False}}}}),
 ]
 
 
@@ -488,6 +595,18 @@ def main():
             check(same, f"{rel(dst)} is identical to {rel(CRD_SRC)}" if same else
                   f"{rel(dst)} differs from {rel(CRD_SRC)} (refresh: scripts/check-manifests.sh --write-deploy)")
 
+    section("Grafana dashboard copy")
+    if check(os.path.exists(CHART_DASHBOARD), f"{rel(CHART_DASHBOARD)} exists"):
+        try:
+            check(bool(json.loads(read(CHART_DASHBOARD)).get("panels")), f"{rel(CHART_DASHBOARD)} is JSON with panels")
+        except ValueError as e:
+            fail(f"{rel(CHART_DASHBOARD)} is not JSON: {e}")
+        if os.path.exists(UPSTREAM_DASHBOARD):
+            check(read(CHART_DASHBOARD) == read(UPSTREAM_DASHBOARD),
+                  f"{rel(CHART_DASHBOARD)} is the Go provisioner's dashboard.json unchanged")
+        else:
+            print(f"  note  {os.path.normpath(UPSTREAM_DASHBOARD)} absent: copy not compared with upstream")
+
     section(f"helm lint --strict (kube {KUBE})")
     for label, values, _ in VARIANTS:
         bad = lint(values, label)
@@ -574,7 +693,7 @@ def main():
     print("\n== summary")
     print(f"  {counts['validated']} objects valid against Kubernetes {KUBE} (strict), "
           f"{counts['crs']} Provisioner(s) valid against the CRD, "
-          f"{counts['skipped']} ServiceMonitor(s) skipped (no schema)")
+          f"{counts['skipped']} ServiceMonitor/PrometheusRule object(s) skipped (no schema)")
     if failures:
         print(f"  {len(failures)} FAILURE(S):")
         for f in failures:
