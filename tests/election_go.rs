@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::election::{admin, choria_like_broker, create_bucket};
-use support::provisioner::{binary, metric_sum, ProvisionerProcess};
+use support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
 use support::NatsServer;
 
 /// The bucket TTL (Go refuses less than a second; our minimum is 4 s).
@@ -419,7 +419,8 @@ fn try_metric(port: u16, name: &str) -> Option<f64> {
     if !head.starts_with("HTTP/1.1 200") {
         return None;
     }
-    body.contains(name).then(|| metric_sum(body, name))
+    let body = http_body(head, body);
+    body.contains(name).then(|| metric_sum(&body, name))
 }
 
 /// One read of our leader gauge, taken between `start` and `end`: a read of

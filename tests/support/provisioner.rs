@@ -217,9 +217,36 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
     let body = text
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
+        .map(|(head, b)| http_body(head, b))
         .unwrap_or_default();
     (status, body)
+}
+
+/// The body of an HTTP/1.1 response: as sent, or de-chunked when the head
+/// says `Transfer-Encoding: chunked` (Go's net/http chunks large bodies, so
+/// the Go provisioner's /metrics would otherwise carry chunk sizes in the
+/// middle of its lines).
+pub fn http_body(head: &str, body: &str) -> String {
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    if !chunked {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
 }
 
 /// Sums the samples of metric `name` in Prometheus text.
