@@ -38,9 +38,11 @@ LABEL org.opencontainers.image.title="choria-provisioner" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 # ca-certificates: the broker and the Kubernetes client trust the system roots
-# unless told otherwise.
+# unless told otherwise. tini: PID 1, so helper processes that escaped their
+# process group (a daemonising helper script) are reaped, not left as zombies;
+# the provisioner itself only reaps the helpers it started.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin nonroot \
@@ -49,5 +51,5 @@ COPY --from=build /out/choria-provisioner /usr/local/bin/choria-provisioner
 ENV HOME=/tmp
 WORKDIR /tmp
 USER 65532:65532
-ENTRYPOINT ["/usr/local/bin/choria-provisioner"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"]
 CMD ["--help"]

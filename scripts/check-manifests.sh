@@ -29,8 +29,12 @@
 #   5. the chart's CRD copy and deploy/crd.yaml equal crds/provisioner.yaml, and
 #      deploy/ equals the chart's default render (namespace choria-provisioner);
 #   6. the Dockerfile parses (BuildKit's parser, PyPI dockerfile), runs as 65532
-#      with the documented entrypoint, and .dockerignore lets in what it copies.
-#      No image is built: there is no container engine here.
+#      with the documented entrypoint, and .dockerignore lets in what it copies;
+#      its final stage and the image contract block of scripts/build-image.sh
+#      (which builds the image here from Debian packages, no registry) agree on
+#      user, entrypoint, cmd, workdir, HOME, binary path, packages and labels;
+#      its version is Cargo.toml's and deploy/ names that image. No image is
+#      built here (scripts/image-smoke.sh builds one and checks it).
 #
 # Tools (PyPI kubernetes-validate, helm-python-sdk, jsonschema, dockerfile) are installed once
 # into the project cache's virtualenv ($HOME/.cache/choria-provisioner-rs/venv).
@@ -551,8 +555,12 @@ def check_dockerfile():
     user = [c.value[0] for c in final if c.cmd == "USER"]
     check(user and user[-1].split(":")[0] == "65532", f"final stage runs as UID 65532 (USER {user[-1] if user else '-'})")
     entry = [c for c in final if c.cmd == "ENTRYPOINT"]
-    check(entry and entry[-1].json and list(entry[-1].value) == ["/usr/local/bin/choria-provisioner"],
-          'ENTRYPOINT ["/usr/local/bin/choria-provisioner"]')
+    check(entry and entry[-1].json
+          and list(entry[-1].value) == ["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"],
+          'ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"] (tini reaps escaped helpers)')
+    installs = " ".join(" ".join(c.value) for c in final if c.cmd == "RUN")
+    check(re.search(r"apt-get install[^&]*\btini\b", installs) is not None,
+          "the final stage installs tini (Debian package) for its ENTRYPOINT")
     # .dockerignore: "*" then "!path" exceptions; every context COPY source must be let in.
     rules = [line.strip() for line in read(os.path.join(ROOT, ".dockerignore")).splitlines()
              if line.strip() and not line.startswith("#")]
@@ -571,6 +579,124 @@ def check_dockerfile():
     missing = [s for s in sources if not included(s) or not os.path.exists(os.path.join(ROOT, s))]
     check(not missing, f"COPY sources exist and pass .dockerignore: {', '.join(sources)}"
           + (f" (not: {missing})" if missing else ""))
+    check_image_contract(cmds, final)
+
+
+BUILD_IMAGE = os.path.join(ROOT, "scripts", "build-image.sh")
+
+
+def image_contract():
+    """The values scripts/build-image.sh declares between its `# >>> image
+    contract` and `# <<< image contract` lines (NAME='literal' only)."""
+    import shlex
+    m = re.search(r"^# >>> image contract\n(.*?)^# <<< image contract$", read(BUILD_IMAGE), re.M | re.S)
+    if not m:
+        fail(f"{rel(BUILD_IMAGE)} has no '# >>> image contract' ... '# <<< image contract' block")
+        return None
+    values = {}
+    for line in m.group(1).splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        kv_ = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(.*)", line)
+        words = shlex.split(kv_.group(2)) if kv_ else []
+        if not kv_ or len(words) != 1 or "$" in kv_.group(2):
+            fail(f"{rel(BUILD_IMAGE)} image contract: not a NAME='literal' line: {line}")
+            continue
+        values[kv_.group(1)] = words[0]
+    return values
+
+
+def check_image_contract(cmds, final):
+    """The image scripts/build-image.sh makes without a registry and the
+    Dockerfile's final stage promise the same user, entrypoint, cmd, workdir,
+    HOME, binary path, packages and labels (scripts/image-smoke.sh then holds
+    the built image to the same block)."""
+    c = image_contract()
+    if c is None:
+        return
+    need = ["IMAGE_NAME", "IMAGE_USER", "IMAGE_USER_NAME", "IMAGE_HOME", "IMAGE_WORKDIR", "IMAGE_BINARY",
+            "IMAGE_ENTRYPOINT", "IMAGE_CMD", "IMAGE_PACKAGES", "IMAGE_TITLE", "IMAGE_DESCRIPTION", "IMAGE_LICENSES"]
+    missing = [k for k in need if k not in c]
+    if not check(not missing, f"{rel(BUILD_IMAGE)} declares the image contract ({len(c)} values)"
+                 + (f"; missing {missing}" if missing else "")):
+        return
+    who = f"Dockerfile and {rel(BUILD_IMAGE)}"
+
+    def agree(what, dockerfile, want):
+        return check(dockerfile == want, f"{who} agree: {what}"
+                     + ("" if dockerfile == want else f" (Dockerfile: {dockerfile})"))
+
+    def last(cmd):
+        found = [x for x in final if x.cmd == cmd]
+        return found[-1] if found else None
+
+    user = last("USER")
+    agree(f"USER {c['IMAGE_USER']}", user.value[0] if user else None, c["IMAGE_USER"])
+    for cmd, key in (("ENTRYPOINT", "IMAGE_ENTRYPOINT"), ("CMD", "IMAGE_CMD")):
+        x = last(cmd)
+        try:
+            want = json.loads(c[key])
+        except ValueError:
+            fail(f"{rel(BUILD_IMAGE)}: {key} is not a JSON list: {c[key]}")
+            continue
+        agree(f"{cmd} {json.dumps(want)}", list(x.value) if x is not None and x.json else None, want)
+    workdir = last("WORKDIR")
+    agree(f"WORKDIR {c['IMAGE_WORKDIR']}", workdir.value[0] if workdir else None, c["IMAGE_WORKDIR"])
+    env = {}
+    for x in final:
+        if x.cmd == "ENV":
+            env.update(zip(x.value[::2], x.value[1::2]))
+    agree(f"ENV HOME={c['IMAGE_HOME']}", env.get("HOME"), c["IMAGE_HOME"])
+    dest = [x.value[-1] for x in final if x.cmd == "COPY" and any(f.startswith("--from=") for f in x.flags)]
+    agree(f"the binary at {c['IMAGE_BINARY']}", dest, [c["IMAGE_BINARY"]])
+    try:
+        check(json.loads(c["IMAGE_ENTRYPOINT"])[-1] == c["IMAGE_BINARY"],
+              f"{rel(BUILD_IMAGE)}: the entrypoint ends in the binary {c['IMAGE_BINARY']}")
+    except (ValueError, IndexError):
+        pass
+    runs = " && ".join(" ".join(x.value) for x in final if x.cmd == "RUN")
+    installed = set()
+    for m in re.finditer(r"apt-get install((?:\s+[^&;|\s]+)*)", runs):
+        installed.update(w for w in m.group(1).split() if not w.startswith("-"))
+    want = set(c["IMAGE_PACKAGES"].split())
+    agree(f"packages {' '.join(sorted(want))}", " ".join(sorted(installed)), " ".join(sorted(want)))
+    uid, _, gid = c["IMAGE_USER"].partition(":")
+    useradd = re.search(r"useradd\s[^&;|]*", runs)
+    ua = useradd.group(0).split() if useradd else []
+
+    def opt(name):
+        return ua[ua.index(name) + 1] if name in ua and ua.index(name) + 1 < len(ua) else None
+    agree(f"user {c['IMAGE_USER_NAME']} {uid}:{gid} with home {c['IMAGE_HOME']}",
+          ' '.join(ua) if ua else None,
+          ' '.join(ua) if ua and (opt("--uid"), opt("--gid"), opt("--home-dir"), ua[-1])
+          == (uid, gid, c["IMAGE_HOME"], c["IMAGE_USER_NAME"]) else "a useradd line with these values")
+    labels = {}
+    for x in final:
+        if x.cmd == "LABEL":
+            labels.update((k, v.strip('"')) for k, v in zip(x.value[::2], x.value[1::2]))
+    for key, label in (("IMAGE_TITLE", "title"), ("IMAGE_DESCRIPTION", "description"), ("IMAGE_LICENSES", "licenses")):
+        have = labels.get(f"org.opencontainers.image.{label}")
+        agree(f"label org.opencontainers.image.{label}", have, c[key])
+    # The version: Cargo.toml's (build-image.sh labels and tags with it), the
+    # Dockerfile's ARG VERSION default, and the image the manifests name.
+    cargo = re.search(r'^\[package\]\n(?:[^\[].*\n)*?version\s*=\s*"([^"]+)"', read(os.path.join(ROOT, "Cargo.toml")), re.M)
+    cargo = cargo.group(1) if cargo else None
+    args = [v for x in final if x.cmd == "ARG" for v in x.value if v.startswith("VERSION=")]
+    check(labels.get("org.opencontainers.image.version") == "${VERSION}" and args == [f"VERSION={cargo}"],
+          f"Dockerfile: label version ${{VERSION}} with ARG VERSION={cargo}, Cargo.toml's version"
+          + ("" if args == [f"VERSION={cargo}"] else f" (found {args})"))
+    tag = f"{c['IMAGE_NAME']}:{cargo}"
+    named = []
+    for f in ("operator.yaml", "example-provisioner.yaml"):
+        for d in load_docs(read(os.path.join(DEPLOY, f))):
+            if d.get("kind") == "Deployment":
+                named += [(f, k["image"]) for k in d["spec"]["template"]["spec"]["containers"]]
+            elif d.get("kind") == "Provisioner":
+                named.append((f, d.get("spec", {}).get("image")))
+    wrong = [f"deploy/{f}: {i}" for f, i in named if i != tag]
+    check(bool(named) and not wrong, f"deploy/ names the image build-image.sh tags, {tag}"
+          + (f" (not: {wrong})" if wrong else ""))
 
 
 # ---------------------------------------------------------------------------

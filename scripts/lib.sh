@@ -88,6 +88,48 @@ ensure_rust() {
   fi
 }
 
+# ensure_image_tools installs what scripts/build-image.sh and
+# scripts/image-smoke.sh need from the machine's Debian packages: podman, runc
+# (podman's default runtime crun fails on a host with the hybrid cgroup v1/v2
+# layout, so podman_cmd runs podman with runc), mmdebstrap (the image's Debian
+# root filesystem) and binutils (strip). Root only; no registry is involved.
+IMAGE_TOOLS="podman runc mmdebstrap binutils"
+ensure_image_tools() {
+  local missing=() pkg cmd
+  for pkg in $IMAGE_TOOLS; do
+    case "$pkg" in binutils) cmd="strip" ;; *) cmd="$pkg" ;; esac
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    log "missing ${missing[*]}: install them (Debian packages of the same names), as root with apt-get"
+    return 1
+  fi
+  log "installing ${missing[*]} from Debian's packages"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  for pkg in "${missing[@]}"; do
+    case "$pkg" in binutils) cmd="strip" ;; *) cmd="$pkg" ;; esac
+    command -v "$cmd" >/dev/null 2>&1 || { log "$pkg installed but $cmd is not on PATH"; return 1; }
+  done
+}
+
+# podman_cmd runs podman with runc as its runtime (see ensure_image_tools;
+# PODMAN_RUNTIME overrides it).
+podman_cmd() { podman --runtime "${PODMAN_RUNTIME:-runc}" "$@"; }
+
+# podman_ulimits prints --ulimit flags within this shell's hard limits:
+# podman's defaults (1048576 open files) exceed them on some machines, and the
+# container then does not start.
+podman_ulimits() {
+  local nofile nproc
+  nofile="$(ulimit -Hn)"
+  nproc="$(ulimit -Hu)"
+  { [ "$nofile" = unlimited ] || [ "$nofile" -gt 65536 ]; } && nofile=65536
+  { [ "$nproc" = unlimited ] || [ "$nproc" -gt 4096 ]; } && nproc=4096
+  printf -- '--ulimit nofile=%s:%s --ulimit nproc=%s:%s\n' "$nofile" "$nofile" "$nproc" "$nproc"
+}
+
 # free_port prints a free TCP port on the loopback interface.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
