@@ -118,7 +118,18 @@ build_election_candidate() {
 # ../shared/peers/go-provisioner, or where CHORIA_GO_PROVISIONER_SRC says.
 # It is copied to a writable place in the cache first (go may update go.sum).
 build_provisioner() {
-  local src="${CHORIA_GO_PROVISIONER_SRC:-$ROOT/../shared/peers/go-provisioner}"
+  # ../shared/peers/go-provisioner beside the checkout; a clone made deeper
+  # (e.g. CI's) finds it further up.
+  local src="${CHORIA_GO_PROVISIONER_SRC:-}" up
+  if [ -z "$src" ]; then
+    src="$ROOT/../shared/peers/go-provisioner"
+    for up in .. ../.. ../../..; do
+      if [ -f "$ROOT/$up/shared/peers/go-provisioner/go.mod" ]; then
+        src="$ROOT/$up/shared/peers/go-provisioner"
+        break
+      fi
+    done
+  fi
   if [ ! -f "$src/go.mod" ]; then
     echo "build-go-peers: building choria-go-provisioner FAILED: no Go provisioner source at $src" >&2
     echo "  (set CHORIA_GO_PROVISIONER_SRC to a checkout of github.com/choria-io/provisioner; see tests/gopeers/RECIPE.md)" >&2
