@@ -20,9 +20,9 @@ use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use support::gopeers::go_provisioner_bin;
 use support::provisioner::{binary, ProvisionerProcess};
 use support::{read_journal_so_far, NatsServer, RunningFleet};
 
@@ -49,24 +49,6 @@ const KNOWN: &[(&str, &str)] = &[
 enum Impl {
     Go,
     Ours,
-}
-
-/// `$CHORIA_GO_PROVISIONER_BIN`, or a loud note that this tier proved nothing.
-fn go_provisioner(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CHORIA_GO_PROVISIONER_BIN").map(PathBuf::from);
-    if let Some(p) = bin.as_ref().filter(|p| p.is_file()) {
-        return Some(p.clone());
-    }
-    let why = std::env::var("CHORIA_GO_PROVISIONER_UNAVAILABLE")
-        .unwrap_or_else(|_| "(run scripts/test.sh, which builds and exports it)".into());
-    let bar = "!".repeat(78);
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {test}: NOT RUN — CHORIA_GO_PROVISIONER_BIN is not a file.\n\
-         !!! The behaviour comparison with the real Go provisioner proves NOTHING in this run.\n\
-         !!! {why}\n{bar}\n"
-    );
-    None
 }
 
 struct Scenario {
@@ -574,7 +556,7 @@ fn scenarios() -> Vec<Scenario> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_and_ours_treat_identical_fleets_alike_or_differ_as_documented() {
     let Some(go_bin) =
-        go_provisioner("go_and_ours_treat_identical_fleets_alike_or_differ_as_documented")
+        go_provisioner_bin("go_and_ours_treat_identical_fleets_alike_or_differ_as_documented")
     else {
         return;
     };

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::election::{admin, choria_like_broker, create_bucket};
+use support::gopeers::go_provisioner_bin;
 use support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
 use support::NatsServer;
 
@@ -94,29 +95,6 @@ fn candidate_bin(test: &str) -> Option<PathBuf> {
          !!! Build the peer with `scripts/build-go-peers.sh election-candidate` and export\n\
          !!! CHORIA_ELECTION_CANDIDATE_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-election-candidate\n\
          !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PEERS_UNAVAILABLE:\n{why}\n{bar}\n"
-    );
-    None
-}
-
-/// `$CHORIA_GO_PROVISIONER_BIN` when it names a file; otherwise prints why
-/// this test proves nothing and returns `None`.
-fn go_provisioner_bin(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CHORIA_GO_PROVISIONER_BIN").map(PathBuf::from);
-    let problem = match &bin {
-        Some(p) if p.is_file() => return bin,
-        Some(p) => format!("CHORIA_GO_PROVISIONER_BIN={} does not exist", p.display()),
-        None => "CHORIA_GO_PROVISIONER_BIN is not set".to_string(),
-    };
-    let why = std::env::var("CHORIA_GO_PROVISIONER_UNAVAILABLE").unwrap_or_else(|_| {
-        "(CHORIA_GO_PROVISIONER_UNAVAILABLE is not set: run scripts/test.sh)".into()
-    });
-    let bar = "!".repeat(78);
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! Sharing an election with the real Go provisioner proves NOTHING in this run.\n\
-         !!! Build the peer with `scripts/build-go-peers.sh provisioner` (from ../shared/peers/go-provisioner)\n\
-         !!! and export CHORIA_GO_PROVISIONER_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-go-provisioner\n\
-         !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PROVISIONER_UNAVAILABLE:\n{why}\n{bar}\n"
     );
     None
 }

@@ -48,6 +48,31 @@ pub fn choria_bin(test: &str) -> Option<PathBuf> {
     None
 }
 
+/// `$CHORIA_GO_PROVISIONER_BIN` (the real Go provisioner, built by
+/// `scripts/build-go-peers.sh provisioner` from ../shared/peers/go-provisioner)
+/// when it names a file; otherwise prints why this test proves nothing and
+/// returns `None`.
+pub fn go_provisioner_bin(test: &str) -> Option<PathBuf> {
+    let bin = std::env::var_os("CHORIA_GO_PROVISIONER_BIN").map(PathBuf::from);
+    let problem = match &bin {
+        Some(p) if p.is_file() => return bin,
+        Some(p) => format!("CHORIA_GO_PROVISIONER_BIN={} does not exist", p.display()),
+        None => "CHORIA_GO_PROVISIONER_BIN is not set".to_string(),
+    };
+    let why = std::env::var("CHORIA_GO_PROVISIONER_UNAVAILABLE").unwrap_or_else(|_| {
+        "(CHORIA_GO_PROVISIONER_UNAVAILABLE is not set: run scripts/test.sh)".into()
+    });
+    let bar = "!".repeat(78);
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! Nothing is proven against the real Go provisioner in this run.\n\
+         !!! Build it with `scripts/build-go-peers.sh provisioner` (from ../shared/peers/go-provisioner)\n\
+         !!! and export CHORIA_GO_PROVISIONER_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-go-provisioner\n\
+         !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PROVISIONER_UNAVAILABLE:\n{why}\n{bar}\n"
+    );
+    None
+}
+
 pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
