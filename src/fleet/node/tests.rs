@@ -1,19 +1,23 @@
 use super::*;
 use crate::choria::filter::Filter;
 
-fn node() -> Node {
-    let key = csr::generate_rsa_key(1024).unwrap();
-    let shared = Arc::new(FleetShared {
+fn shared(key_pool: RsaKeyPool, presigned_csrs: Vec<String>) -> Arc<FleetShared> {
+    Arc::new(FleetShared {
         protocol: Version::V1,
         server_version: "0.30.2".into(),
         token: "s3cret".into(),
         provisioning_jwt: Some("a.b.c".into()),
         upgradable: false,
-        key_pool: Arc::new(RsaKeyPool::from_keys(vec![key]).unwrap()),
-        presigned_csrs: Vec::new(),
+        key_pool: Arc::new(key_pool),
+        presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
-    });
+    })
+}
+
+fn node() -> Node {
+    let key = csr::generate_rsa_key(1024).unwrap();
+    let shared = shared(RsaKeyPool::from_keys(vec![key]).unwrap(), Vec::new());
     Node::new("n1.example.net".into(), 0, None, shared)
 }
 
@@ -146,17 +150,7 @@ fn presigned_csrs_are_served_for_the_default_subject_only() {
     let ids = vec!["n0.example.net".to_string(), "n1.example.net".to_string()];
     let presigned = crate::fleet::presign_csrs(&pool, &ids).unwrap();
     assert_eq!(presigned.len(), 2);
-    let shared = Arc::new(FleetShared {
-        protocol: Version::V1,
-        server_version: "0.30.2".into(),
-        token: "s3cret".into(),
-        provisioning_jwt: Some("a.b.c".into()),
-        upgradable: false,
-        key_pool: Arc::new(pool),
-        presigned_csrs: presigned.clone(),
-        config_root: "/etc/choria-fleet".into(),
-        facts: serde_json::json!({}),
-    });
+    let shared = shared(pool, presigned.clone());
     let mut n = Node::new("n1.example.net".into(), 1, None, shared);
     let ask = |n: &mut Node, data: &str| {
         let payload = format!(r#"{{"agent":"choria_provision","action":"gencsr","data":{data}}}"#);
