@@ -253,7 +253,16 @@ async fn an_impostor_answering_for_others_under_its_own_name_is_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate() {
-    let mut scene = Scene::start(Setup::default()).await;
+    // The window must outlast the skew between the two answers: beside the
+    // flood test on 2 cores the victim's or the impostor's reply came more
+    // than the default 500 ms after the other (CI, twice), and a second
+    // answer after the window is, by design, not seen (README: the
+    // trust-on-first-use limit).
+    let mut scene = Scene::start(Setup {
+        yaml: "features:\n  jwt: true\n  pki: true\nreply_window: 3s\n".into(),
+        ..Setup::default()
+    })
+    .await;
     let fleet = scene.fleet.as_ref().unwrap();
     let victims: HashSet<String> = fleet.identities.iter().take(15).cloned().collect();
     let healthy: HashSet<String> = all(fleet).difference(&victims).cloned().collect();
@@ -268,9 +277,14 @@ async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate(
     .await;
     scene.wait_servers(&healthy, Duration::from_secs(120)).await;
     // Each victim was aborted at least once as a security event.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while scene.metric("choria_provisioner_conflicting_replies", "") < victims.len() as f64 {
-        assert!(Instant::now() < deadline, "conflicts not counted");
+        assert!(
+            Instant::now() < deadline,
+            "{} conflicts counted for {} victims",
+            scene.metric("choria_provisioner_conflicting_replies", ""),
+            victims.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Nothing of value went out for a victim while two parties claim it.
