@@ -285,12 +285,7 @@ async fn run(which: Impl, bin: &Path, sc: &Scenario, root: &Path) -> Outcome {
     let deadline = started + sc.run_for.unwrap_or_default() + Duration::from_secs(120);
     loop {
         let j = read_journal_so_far(&journal);
-        let servers = j
-            .iter()
-            .filter(|e| {
-                e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup"
-            })
-            .count();
+        let servers = support::server_startups(&j);
         if servers >= sc.provisioned && started.elapsed() >= sc.run_for.unwrap_or_default() {
             break;
         }

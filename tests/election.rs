@@ -194,12 +194,9 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     // pick them up once the lock has expired.
     let deadline = Instant::now() + Duration::from_secs(360);
     loop {
-        let finals_done = support::read_journal_so_far(&dir.path().join("journal.jsonl"))
-            .iter()
-            .filter(|e| {
-                e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup"
-            })
-            .count();
+        let finals_done = support::server_startups(&support::read_journal_so_far(
+            &dir.path().join("journal.jsonl"),
+        ));
         if finals_done >= nodes {
             break;
         }

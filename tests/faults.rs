@@ -204,13 +204,7 @@ impl Cluster {
         let nodes = self.fleet.as_ref().unwrap().identities.len();
         let deadline = Instant::now() + timeout;
         loop {
-            let done = self
-                .journal()
-                .iter()
-                .filter(|e| {
-                    e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup"
-                })
-                .count();
+            let done = support::server_startups(&self.journal());
             if done >= nodes {
                 return;
             }

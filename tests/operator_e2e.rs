@@ -648,10 +648,7 @@ fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
 }
 
 fn server_startups(journal: &Path) -> usize {
-    read_journal_so_far(journal)
-        .iter()
-        .filter(|e| e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup")
-        .count()
+    support::server_startups(&read_journal_so_far(journal))
 }
 
 fn wait_all_provisioned(journal: &Path, nodes: usize, timeout: Duration, leader: &Proc) {

@@ -107,7 +107,7 @@ pub enum ClientError {
         #[source]
         source: async_nats::PublishError,
     },
-    #[error("not connected to the broker: the request to {subject} was not sent")]
+    #[error("not connected to the broker: the request to {subject} was not sent (it is tried again once the connection is back)")]
     NotConnected { subject: String },
     #[error("could not encode the request: {0}")]
     Encode(#[from] ProtocolError),

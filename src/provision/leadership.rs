@@ -93,26 +93,32 @@ mod tests {
     use crate::provision::Provisioner;
     use std::time::Duration;
 
-    /// A provisioner with a streams election configured, not running.
-    fn provisioner(dir: &std::path::Path) -> Provisioner {
-        let yaml = dir.join("provisioner.yaml");
-        std::fs::write(
-            &yaml,
-            "choria_insecure: true\nsite: lead\nhelper: /bin/true\nleader_election: true\n",
-        )
-        .unwrap();
+    /// The configuration and client set-up read from these two files' texts.
+    fn load(
+        dir: &std::path::Path,
+        yaml: &str,
+        choria_cfg: &str,
+    ) -> (ProvisionerConfig, crate::config::ClientSetup) {
+        let yaml_path = dir.join("provisioner.yaml");
+        std::fs::write(&yaml_path, yaml).unwrap();
         let ccfg = dir.join("choria.cfg");
-        std::fs::write(
-            &ccfg,
-            "identity = provisioner.lead\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
-        )
-        .unwrap();
-        let cfg = ProvisionerConfig::load(&yaml).unwrap();
+        std::fs::write(&ccfg, choria_cfg).unwrap();
+        let cfg = ProvisionerConfig::load(&yaml_path).unwrap();
         let env = Environment::from_process();
         let setup = ChoriaClientConfig::load_with(&ccfg, &env)
             .unwrap()
             .client_setup(&cfg, &env)
             .unwrap();
+        (cfg, setup)
+    }
+
+    /// A provisioner with a streams election configured, not running.
+    fn provisioner(dir: &std::path::Path) -> Provisioner {
+        let (cfg, setup) = load(
+            dir,
+            "choria_insecure: true\nsite: lead\nhelper: /bin/true\nleader_election: true\n",
+            "identity = provisioner.lead\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+        );
         Provisioner::new(cfg, setup, "test")
     }
 
@@ -142,20 +148,11 @@ mod tests {
     #[test]
     fn a_pod_following_its_provisioner_works_only_once_it_knows_spec_paused() {
         let dir = tempfile::tempdir().unwrap();
-        let yaml = dir.path().join("p.yaml");
-        std::fs::write(&yaml, "choria_insecure: true\nhelper: /bin/true\n").unwrap();
-        let ccfg = dir.path().join("c.cfg");
-        std::fs::write(
-            &ccfg,
+        let (cfg, setup) = load(
+            dir.path(),
+            "choria_insecure: true\nhelper: /bin/true\n",
             "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
-        )
-        .unwrap();
-        let cfg = ProvisionerConfig::load(&yaml).unwrap();
-        let env = Environment::from_process();
-        let setup = ChoriaClientConfig::load_with(&ccfg, &env)
-            .unwrap()
-            .client_setup(&cfg, &env)
-            .unwrap();
+        );
         let plain = Provisioner::new(cfg.clone(), setup.clone(), "test");
         assert!(
             !plain.handle().gate.is_paused(),

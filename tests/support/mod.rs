@@ -198,6 +198,15 @@ pub fn read_journal(path: &Path) -> Vec<Value> {
 
 /// The complete lines of a journal the fleet may still be writing: none while
 /// the file does not exist yet, and not a last line still being written.
+/// How many nodes in `journal` came back as servers (their `startup`
+/// event in normal mode, after a provisioning restart).
+pub fn server_startups(journal: &[Value]) -> usize {
+    journal
+        .iter()
+        .filter(|e| e["kind"] == "event" && e["component"] == "server" && e["event"] == "startup")
+        .count()
+}
+
 pub fn read_journal_so_far(path: &Path) -> Vec<Value> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
