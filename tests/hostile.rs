@@ -29,16 +29,33 @@ const TOKEN: &str = "h0stile-t0ken";
 struct Scene {
     dir: tempfile::TempDir,
     nats: NatsServer,
-    issuer: Ed25519KeyPair,
     fleet: Option<RunningFleet>,
+    /// The hostile actors of `Setup::actors`, in order.
+    actors: Vec<Actor>,
     p: ProvisionerProcess,
 }
+
+/// What the actors of a scene may know before the provisioner starts.
+struct Prelude<'a> {
+    /// The healthy fleet's identities.
+    identities: &'a [String],
+    /// A provisioning JWT signed by the organisation, as a node would hold
+    /// (an impostor that copied one from a real node has this much).
+    stolen_jwt: String,
+}
+
+type Actors = Box<dyn FnOnce(&Prelude) -> Vec<(Version, Mode)>>;
 
 struct Setup {
     nodes: usize,
     yaml: String,
     helper: Option<String>,
     fleet: Box<dyn FnOnce(&mut FleetOptions)>,
+    /// Hostile actors, subscribed before the provisioner starts: one that
+    /// joined later would miss the first requests of some node's sequence
+    /// and see the rest of it, which is not the attack under test (CI saw a
+    /// victim's configure this way).
+    actors: Actors,
 }
 
 impl Default for Setup {
@@ -48,12 +65,28 @@ impl Default for Setup {
             yaml: "features:\n  jwt: true\n  pki: true\n".into(),
             helper: None,
             fleet: Box::new(|_| {}),
+            actors: Box::new(|_| Vec::new()),
         }
     }
 }
 
 fn s(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// A provisioning JWT for the broker at `url`, signed by `issuer`.
+fn stolen_jwt(issuer: &Ed25519KeyPair, url: &str) -> String {
+    let claims = ProvisioningClaims::new_at(
+        TOKEN,
+        url,
+        "",
+        Duration::from_secs(3600),
+        chrono::Utc::now().timestamp(),
+    )
+    .unwrap();
+    TokenSigningKey::Ed25519(issuer.signing_key().clone())
+        .sign(&claims)
+        .unwrap()
 }
 
 impl Scene {
@@ -83,6 +116,14 @@ impl Scene {
         };
         (setup.fleet)(&mut opts);
         let fleet = RunningFleet::start(opts).await;
+        let prelude = Prelude {
+            identities: &fleet.identities,
+            stolen_jwt: stolen_jwt(&issuer, &nats.url()),
+        };
+        let mut actors = Vec::new();
+        for (version, mode) in (setup.actors)(&prelude) {
+            actors.push(Actor::start(&nats.url(), version, mode).await);
+        }
         let helper = setup.helper.unwrap_or_else(|| {
             format!(
                 "{} fleet-helper --ca-cert {} --ca-key {} --key-file {}",
@@ -106,26 +147,10 @@ impl Scene {
         Scene {
             dir,
             nats,
-            issuer,
             fleet: Some(fleet),
+            actors,
             p,
         }
-    }
-
-    /// A provisioning JWT signed by the organisation, as a node would hold
-    /// (an impostor that copied one from a real node has this much).
-    fn stolen_jwt(&self) -> String {
-        let claims = ProvisioningClaims::new_at(
-            TOKEN,
-            &self.nats.url(),
-            "",
-            Duration::from_secs(3600),
-            chrono::Utc::now().timestamp(),
-        )
-        .unwrap();
-        TokenSigningKey::Ed25519(self.issuer.signing_key().clone())
-            .sign(&claims)
-            .unwrap()
     }
 
     fn journal_path(&self) -> PathBuf {
@@ -224,14 +249,17 @@ fn all(fleet: &RunningFleet) -> HashSet<String> {
     fleet.identities.iter().cloned().collect()
 }
 
+/// The first `n` of a fleet's identities: the nodes an actor preys on.
+fn victims_of(identities: &[String], n: usize) -> HashSet<String> {
+    identities.iter().take(n).cloned().collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impostor_answering_for_others_under_its_own_name_is_ignored() {
-    let mut scene = Scene::start(Setup::default()).await;
-    let actor = Actor::start(
-        &scene.nats.url(),
-        Version::V1,
-        Mode::OwnName("impostor.example.net".into()),
-    )
+    let mut scene = Scene::start(Setup {
+        actors: Box::new(|_| vec![(Version::V1, Mode::OwnName("impostor.example.net".into()))]),
+        ..Setup::default()
+    })
     .await;
     let nodes = all(scene.fleet.as_ref().unwrap());
     scene.wait_servers(&nodes, Duration::from_secs(120)).await;
@@ -241,7 +269,12 @@ async fn an_impostor_answering_for_others_under_its_own_name_is_ignored() {
     );
     assert!(ignored >= nodes.len() as f64, "other_sender {ignored}");
     assert_eq!(scene.metric("choria_provisioner_provision_errors", ""), 0.0);
-    assert!(actor.published.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        scene.actors[0]
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &nodes);
     assert_never_disconnected(&logs);
@@ -260,21 +293,21 @@ async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate(
     // trust-on-first-use limit).
     let mut scene = Scene::start(Setup {
         yaml: "features:\n  jwt: true\n  pki: true\nreply_window: 3s\n".into(),
+        actors: Box::new(|p| {
+            vec![(
+                Version::V1,
+                Mode::VictimName {
+                    victims: victims_of(p.identities, 15),
+                    jwt: p.stolen_jwt.clone(),
+                },
+            )]
+        }),
         ..Setup::default()
     })
     .await;
     let fleet = scene.fleet.as_ref().unwrap();
-    let victims: HashSet<String> = fleet.identities.iter().take(15).cloned().collect();
+    let victims = victims_of(&fleet.identities, 15);
     let healthy: HashSet<String> = all(fleet).difference(&victims).cloned().collect();
-    let actor = Actor::start(
-        &scene.nats.url(),
-        Version::V1,
-        Mode::VictimName {
-            victims: victims.clone(),
-            jwt: scene.stolen_jwt(),
-        },
-    )
-    .await;
     scene.wait_servers(&healthy, Duration::from_secs(120)).await;
     // Each victim was aborted at least once as a security event.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -289,7 +322,11 @@ async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate(
     }
     // Nothing of value went out for a victim while two parties claim it.
     for v in &victims {
-        assert_eq!(actor.seen_for(v, "configure"), 0, "configure sent to {v}");
+        assert_eq!(
+            scene.actors[0].seen_for(v, "configure"),
+            0,
+            "configure sent to {v}"
+        );
     }
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &healthy);
@@ -316,12 +353,11 @@ async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds(
         String::new(),
         "evil\u{1b}[31m.example.net".into(),
     ];
-    let mut scene = Scene::start(Setup::default()).await;
-    let _discovery = Actor::start(
-        &scene.nats.url(),
-        Version::V1,
-        Mode::BadDiscoveryNames(bad.clone()),
-    )
+    let names = bad.clone();
+    let mut scene = Scene::start(Setup {
+        actors: Box::new(move |_| vec![(Version::V1, Mode::BadDiscoveryNames(names))]),
+        ..Setup::default()
+    })
     .await;
     hostile::bad_startup_events(&scene.nats.url(), &bad, 20).await;
     let nodes = all(scene.fleet.as_ref().unwrap());
@@ -331,9 +367,8 @@ async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds(
         events >= (bad.len() * 20) as f64,
         "events refused: {events}"
     );
-    // The first discovery ran before the actor subscribed; the next one (one
-    // interval later) gets its replies. A reply without any sender says
-    // nothing of who sent it: that one counts as undecodable instead.
+    // A reply without any sender says nothing of who sent it: that one
+    // counts as undecodable instead.
     let named = bad.iter().filter(|n| !n.is_empty()).count() as f64;
     let deadline = Instant::now() + Duration::from_secs(90);
     while scene.metric(
@@ -366,25 +401,22 @@ async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn double_replies_and_replies_to_other_requests_are_ignored() {
-    let mut scene = Scene::start(Setup::default()).await;
-    let victims: HashSet<String> = scene
-        .fleet
-        .as_ref()
-        .unwrap()
-        .identities
-        .iter()
-        .take(30)
-        .cloned()
-        .collect();
-    let _echo = Actor::start(&scene.nats.url(), Version::V1, Mode::Echo).await;
-    let _wrong = Actor::start(
-        &scene.nats.url(),
-        Version::V1,
-        Mode::WrongRequestId {
-            victims: victims.clone(),
-        },
-    )
+    let mut scene = Scene::start(Setup {
+        actors: Box::new(|p| {
+            vec![
+                (Version::V1, Mode::Echo),
+                (
+                    Version::V1,
+                    Mode::WrongRequestId {
+                        victims: victims_of(p.identities, 30),
+                    },
+                ),
+            ]
+        }),
+        ..Setup::default()
+    })
     .await;
+    let victims = victims_of(&scene.fleet.as_ref().unwrap().identities, 30);
     let nodes = all(scene.fleet.as_ref().unwrap());
     scene.wait_servers(&nodes, Duration::from_secs(120)).await;
     assert!(scene.metric("choria_provisioner_ignored_replies", "reason=\"duplicate\"") > 0.0);
@@ -465,6 +497,7 @@ async fn a_node_slower_than_the_interval_is_never_worked_twice_at_once() {
             o.slow_nodes = 4;
             o.slow_delay_ms = 25_000;
         }),
+        ..Setup::default()
     })
     .await;
     let nodes = all(scene.fleet.as_ref().unwrap());
