@@ -46,6 +46,8 @@ struct Options {
     yaml: String,
     /// Extra `fleet-helper` arguments.
     helper: Vec<String>,
+    /// No `helper:` line at all (a `configuration_template` in `yaml`).
+    without_helper: bool,
     fleet: Box<dyn FnOnce(&mut FleetOptions)>,
     /// Writes extra files into the run directory before the provisioner
     /// starts (`{dir}` in `yaml` and `helper` names it); returns more secrets.
@@ -59,6 +61,7 @@ impl Default for Options {
             protocol: Version::V1,
             yaml: "features:\n  jwt: true\n".into(),
             helper: Vec::new(),
+            without_helper: false,
             fleet: Box::new(|_| {}),
             prepare: Box::new(|_, _| Vec::new()),
         }
@@ -145,8 +148,13 @@ impl Run {
             helper.push(' ');
             helper.push_str(&shell_words::quote(&a.replace("{dir}", &here)));
         }
+        let helper = if opts.without_helper {
+            String::new()
+        } else {
+            format!("helper: {helper:?}\n")
+        };
         let yaml = format!(
-            "workers: 32\ninterval: 1m\ntoken: {TOKEN}\nsite: e2e\nhelper: {helper:?}\nchoria_insecure: {}\nbroker_provisioning_password: {BROKER_PASSWORD}\nrpc_timeout: 3s\ndiscovery_window: 500ms\njwt_verify_cert: {}\n{}",
+            "workers: 32\ninterval: 1m\ntoken: {TOKEN}\nsite: e2e\n{helper}choria_insecure: {}\nbroker_provisioning_password: {BROKER_PASSWORD}\nrpc_timeout: 3s\ndiscovery_window: 500ms\njwt_verify_cert: {}\n{}",
             opts.protocol == Version::V1,
             issuer.public_hex(),
             opts.yaml.replace("{dir}", &here)
@@ -321,6 +329,82 @@ async fn jwt_feature_provisions_every_node_exactly_once() {
         "the helper's configuration reached the node: {keys:?}"
     );
     assert!(f.logs.contains("provisioned"), "success is logged");
+}
+
+/// A `configuration_template` and no helper: every node gets its own
+/// rendered settings (identity, a fact, the site, the operator's values), and
+/// no helper process ran (its timing summary stays empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_template_alone_provisions_every_node_with_no_helper_process() {
+    const KEYS: [&str; 3] = [
+        "identity",
+        "plugin.choria.middleware_hosts",
+        "plugin.choria.srv_domain",
+    ];
+    let mut run = Run::start(Options {
+        nodes: 500,
+        yaml: "features:\n  jwt: true\nconfiguration_template:\n  values:\n    broker: nats://broker.e2e.example.net:4222\n  configuration:\n\
+               \x20   identity: '{{ identity }}'\n    plugin.choria.middleware_hosts: '{{ values.broker }}'\n\
+               \x20   plugin.choria.srv_domain: '{{ inventory.facts.dc }}.{{ site }}.example.net'\n    plugin.choria.server.provision: false\n"
+            .into(),
+        without_helper: true,
+        fleet: Box::new(|o| {
+            o.facts = serde_json::json!({"dc": "ams1"});
+            o.journal_config_keys = KEYS.iter().map(|k| k.to_string()).collect();
+        }),
+        ..Default::default()
+    })
+    .await;
+    run.wait_provisioned(500, Duration::from_secs(180)).await;
+    let (_, metrics) = run.provisioner().get("/metrics");
+    let helper_runs = metrics
+        .lines()
+        .find(|l| l.starts_with("choria_provisioner_helper_time_count"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(helper_runs.unwrap_or(0.0), 0.0, "a helper ran:\n{metrics}");
+    let f = run.finish().await;
+    let nodes = all_nodes(&f);
+    assert_eq!(nodes.len(), 500);
+    f.assert_provisioned_once(&nodes);
+    for (node, state) in f.finals() {
+        let values = &state["config_values"];
+        assert_eq!(values["identity"], node.as_str(), "{state}");
+        assert_eq!(
+            values["plugin.choria.middleware_hosts"],
+            "nats://broker.e2e.example.net:4222"
+        );
+        assert_eq!(values["plugin.choria.srv_domain"], "ams1.e2e.example.net");
+    }
+}
+
+/// A template that does not render for a node fails that node alone, with
+/// the setting's name, and counts it; the process stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_that_does_not_render_fails_its_nodes_naming_the_setting() {
+    let mut run = Run::start(Options {
+        nodes: 50,
+        yaml: "features:\n  jwt: true\nconfiguration_template:\n  configuration:\n    identity: '{{ identity }}'\n\
+               \x20   plugin.choria.srv_domain: '{{ inventory.facts.dc }}.example.net'\n    plugin.choria.server.provision: false\n"
+            .into(),
+        without_helper: true,
+        ..Default::default()
+    })
+    .await;
+    run.provisioner()
+        .wait_for_metric(
+            "choria_provisioner_template_errors",
+            50.0,
+            Duration::from_secs(60),
+        )
+        .await;
+    let f = run.finish().await;
+    assert!(
+        f.logs.lines().any(|l| l
+            .contains("configuration_template.configuration.plugin.choria.srv_domain")
+            && l.contains("undefined")),
+        "the failure names the setting"
+    );
+    assert_eq!(f.ok_actions("configure").len(), 0, "nothing was configured");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ pub mod duration;
 pub mod election;
 pub mod provisioner;
 pub mod schema;
+pub mod template;
 mod yaml;
 
 pub use choria::{ChoriaClientConfig, ClientSetup, Environment, SecurityProvider};

@@ -10,6 +10,7 @@
 //! before defaults and checks: that is the reader's job.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Declares a file section: a struct of optional fields named exactly as the
 /// YAML keys, serialized without the unset ones, and `KEYS`, the key list.
@@ -73,6 +74,20 @@ file_section! {
         reply_window: String,
         /// Ours: DNS names besides the identity a CSR may ask for (regexes).
         csr_allowed_dns_names: Vec<String>,
+        /// Ours: the node's configuration as templates (`config::template`).
+        configuration_template: ConfigurationTemplateFile,
+    }
+}
+
+file_section! {
+    /// `configuration_template:` (ours).
+    pub struct ConfigurationTemplateFile {
+        values: BTreeMap<String, serde_json::Value>,
+        configuration: BTreeMap<String, String>,
+        action_policies: BTreeMap<String, String>,
+        opa_policies: BTreeMap<String, String>,
+        server_claims: serde_json::Value,
+        upgrade: String,
     }
 }
 

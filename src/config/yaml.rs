@@ -45,6 +45,28 @@ impl Node {
         }
     }
 
+    /// The same value as JSON (mapping keys as their text).
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match self {
+            Node::Null => Value::Null,
+            Node::Bool(b) => Value::Bool(*b),
+            Node::Int(i) => match i64::try_from(*i) {
+                Ok(i) => Value::from(i),
+                Err(_) => Value::from(i.to_string()),
+            },
+            Node::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
+            Node::Str(s) => Value::String(s.clone()),
+            Node::Seq(items) => Value::Array(items.iter().map(Node::to_json).collect()),
+            Node::Map(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.key_text(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
     /// A short rendering for messages.
     pub(crate) fn describe(&self) -> String {
         match self {
@@ -398,6 +420,49 @@ impl<'a> Section<'a> {
                 format!("expected a list of strings, found {}", other.kind()),
             )),
         }
+    }
+
+    /// A mapping of names to text. Numbers and booleans are taken as the
+    /// text they are written as (`interval: 300` means "300"), as a Choria
+    /// configuration file has no types; lists and mappings are errors.
+    pub(crate) fn string_map(
+        &self,
+        canon: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, ConfigError> {
+        let entries = match self.node(canon) {
+            None => return Ok(None),
+            Some(Node::Map(entries)) => entries,
+            Some(other) => {
+                return Err(self.error(
+                    canon,
+                    format!(
+                        "expected a mapping of names to text, found {}",
+                        other.kind()
+                    ),
+                ))
+            }
+        };
+        let mut out = BTreeMap::new();
+        for (k, v) in entries {
+            let key = k.key_text();
+            let text = match v {
+                Node::Str(s) => s.clone(),
+                Node::Int(i) => i.to_string(),
+                Node::Float(f) => f.to_string(),
+                Node::Bool(b) => b.to_string(),
+                Node::Null => String::new(),
+                other => {
+                    return Err(ConfigError::invalid(
+                        self.file,
+                        None,
+                        format!("{}.{key}", self.key(canon)),
+                        format!("expected text, found {}", other.kind()),
+                    ))
+                }
+            };
+            out.insert(key, text);
+        }
+        Ok(Some(out))
     }
 
     /// A Choria duration (see [`super::duration`]).

@@ -102,6 +102,9 @@ pub struct FinalState {
     pub provision_disabled: bool,
     /// Configuration keys written (values are left out: they may hold secrets).
     pub config_keys: Vec<String>,
+    /// The values of the keys `--journal-config-key` names.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub config_values: std::collections::BTreeMap<String, String>,
     pub has_certificate: bool,
     pub has_private_key: bool,
     pub has_server_jwt: bool,

@@ -104,6 +104,11 @@ pub struct FleetOptions {
     /// NATS connections the nodes are spread over.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Configuration keys whose written values the journal's final states
+    /// record (`config_values`); other values are left out, as they may
+    /// hold secrets. Repeatable.
+    #[arg(long = "journal-config-key", value_name = "KEY")]
+    pub journal_config_keys: Vec<String>,
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
@@ -382,6 +387,7 @@ pub async fn run(
         presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: opts.facts.clone(),
+        journal_config_keys: opts.journal_config_keys.clone(),
     });
 
     let (journal, writer) = match &opts.journal {

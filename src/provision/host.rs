@@ -11,6 +11,7 @@
 
 use super::gate::{PauseGate, Paused};
 use super::helper::{CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse};
+use super::template::{self, NodeTemplate, TemplateError};
 use super::version::Version;
 use crate::choria::client::{ChoriaClient, ClientError, RpcOptions, RpcResult};
 use crate::choria::identity;
@@ -39,7 +40,11 @@ pub struct Context {
     pub client: ChoriaClient,
     pub gate: PauseGate,
     pub metrics: Arc<Metrics>,
-    pub helper: Helper,
+    /// The user's helper; `None` when `configuration_template` alone
+    /// configures the nodes.
+    pub helper: Option<Helper>,
+    /// `configuration_template`, compiled.
+    pub template: Option<NodeTemplate>,
     pub deny_list: Vec<Regex>,
     /// DNS names besides the identity a CSR may ask for.
     pub csr_allowed_dns: Vec<Regex>,
@@ -125,6 +130,8 @@ pub enum ProvisionError {
     NoCsr,
     #[error("the helper failed: {0}")]
     Helper(#[from] HelperError),
+    #[error("{0}")]
+    Template(#[source] TemplateError),
     #[error("configuration deferred by the helper: {0}")]
     Deferred(String),
     #[error("could not sign the server JWT: {0}")]
@@ -156,6 +163,7 @@ impl ProvisionError {
             ProvisionError::Ed25519(_) => "choria_provision#gen25519",
             ProvisionError::Csr(_) | ProvisionError::NoCsr => "choria_provision#gencsr",
             ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",
+            ProvisionError::Template(_) => "template",
             ProvisionError::ServerJwt(_) | ProvisionError::ServerJwtSetup(_) => "server_jwt",
             ProvisionError::KeyEncryption(_) => "key_encryption",
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",
@@ -303,7 +311,7 @@ impl HostSequence {
     pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
         let cfg = self.ctx.cfg.clone();
         debug_assert!(self.pending.is_empty(), "settle() before finish()");
-        let response = self.run_helper().await?;
+        let response = self.decide().await?;
         if response.defer {
             return Err(ProvisionError::Deferred(response.msg));
         }
@@ -613,7 +621,9 @@ impl HostSequence {
         Ok(())
     }
 
-    async fn run_helper(&self) -> Result<HelperResponse, ProvisionError> {
+    /// The node's configuration: the template's, the helper's, or the
+    /// helper's merged over the template's (`template::merge`).
+    async fn decide(&self) -> Result<HelperResponse, ProvisionError> {
         self.ctx.gate.check()?;
         let input = HelperInput {
             identity: &self.identity,
@@ -622,15 +632,30 @@ impl HostSequence {
             inventory: &self.got.inventory,
             jwt: self.got.jwt.as_ref(),
         };
+        let templated = match &self.ctx.template {
+            Some(t) => Some(t.render(&input).map_err(|e| {
+                self.ctx.metrics.template_error();
+                ProvisionError::Template(e)
+            })?),
+            None => None,
+        };
+        let Some(helper) = &self.ctx.helper else {
+            // The configuration says one of the two is there.
+            return Ok(templated.unwrap_or_default());
+        };
         let started = Instant::now();
         let result = tokio::select! {
-            r = self.ctx.helper.run(&input) => r,
+            r = helper.run(&input) => r,
             _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
         self.ctx.metrics.observe_helper(started.elapsed());
-        result.map_err(|e| {
+        let helped = result.map_err(|e| {
             self.ctx.metrics.helper_error();
             ProvisionError::Helper(e)
+        })?;
+        Ok(match templated {
+            Some(t) => template::merge(t, helped),
+            None => helped,
         })
     }
 

@@ -38,6 +38,7 @@ pub struct Metrics {
     helper_time: Summary,
     rpc_errors: IntCounterVec,
     helper_errors: IntCounter,
+    template_errors: IntCounter,
     helper_shutdowns: IntCounter,
     discovered: IntCounter,
     event_discovered: IntCounter,
@@ -145,6 +146,10 @@ impl Metrics {
             helper_errors: counter(
                 "choria_provisioner_helper_errors",
                 "How many helper related errors were encountered",
+            ),
+            template_errors: counter(
+                "choria_provisioner_template_errors",
+                "How many nodes failed because configuration_template did not render for them",
             ),
             helper_shutdowns: counter(
                 "choria_provisioner_helper_shutdown_requests",
@@ -293,6 +298,10 @@ impl Metrics {
 
     pub fn helper_error(&self) {
         self.helper_errors.inc();
+    }
+
+    pub fn template_error(&self) {
+        self.template_errors.inc();
     }
 
     pub fn helper_shutdown(&self) {

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod registry;
 pub mod resource;
 mod suspects;
+pub mod template;
 pub mod version;
 
 use crate::backoff::Backoff;
@@ -302,7 +303,20 @@ impl Provisioner {
             error!(error = %e, "could not publish our startup event");
         }
 
-        let helper = helper::Helper::new(cfg.helper_command()?).with_timeout(cfg.helper_timeout);
+        let argv = cfg.helper_command()?;
+        let helper =
+            (!argv.is_empty()).then(|| helper::Helper::new(argv).with_timeout(cfg.helper_timeout));
+        let template = match &cfg.configuration_template {
+            Some(t) => Some(template::NodeTemplate::new(t, &cfg.site).map_err(|e| {
+                ConfigError::invalid(
+                    &cfg.file,
+                    None,
+                    format!("configuration_template.{}", e.name),
+                    e.source.to_string(),
+                )
+            })?),
+            None => None,
+        };
         let abandon = CancellationToken::new();
         let ctx = Arc::new(Context {
             cfg: cfg.clone(),
@@ -310,6 +324,7 @@ impl Provisioner {
             gate: handle.gate.clone(),
             metrics: metrics.clone(),
             helper,
+            template,
             deny_list: cfg.cert_deny_regexes()?,
             csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
             reply_window: cfg.reply_window,

@@ -21,7 +21,8 @@
 
 use super::duration::format_duration;
 use super::election::ElectionConfig;
-use super::schema::{FeaturesFile, ProvisionerFile};
+use super::schema::{ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
+use super::template::ConfigurationTemplate;
 use super::yaml::{Node, Section};
 use super::{ConfigError, ConfigWarning, Secret};
 use crate::choria::security::csr::{compile_deny_list, DEFAULT_CERT_DENY_LIST};
@@ -193,6 +194,9 @@ pub struct ProvisionerConfig {
     pub reply_window: Duration,
     /// DNS names besides the identity a node's CSR may ask for (ours).
     pub csr_allowed_dns_names: Vec<String>,
+    /// The nodes' configuration as templates (ours); with it the helper is
+    /// optional, and its answer is merged over the template's.
+    pub configuration_template: Option<ConfigurationTemplate>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -257,6 +261,9 @@ impl ProvisionerConfig {
     fn check_helper(&self) -> Result<(), ConfigError> {
         let words = self.helper_command()?;
         let Some(program) = words.first() else {
+            if self.configuration_template.is_some() {
+                return Ok(());
+            }
             return Err(self.err("helper", "required"));
         };
         if program.contains('/') {
@@ -393,7 +400,7 @@ impl ProvisionerConfig {
             interval: Some(self.interval_text.clone()),
             logfile: self.logfile.clone(),
             loglevel: self.loglevel.clone(),
-            helper: Some(self.helper.clone()),
+            helper: (!self.helper.is_empty()).then(|| self.helper.clone()),
             token: (!self.token.is_empty()).then(|| self.token.expose().to_string()),
             token_file: path(&self.token_file),
             broker_provisioning_password_file: path(&self.broker_provisioning_password_file),
@@ -432,6 +439,19 @@ impl ProvisionerConfig {
                 format_duration(self.reply_window)
             }),
             csr_allowed_dns_names: Some(self.csr_allowed_dns_names.clone()),
+            configuration_template: self.configuration_template.as_ref().map(|t| {
+                ConfigurationTemplateFile {
+                    values: Some(t.values.clone()),
+                    configuration: Some(t.configuration.clone()),
+                    action_policies: Some(t.action_policies.clone()),
+                    opa_policies: Some(t.opa_policies.clone()),
+                    server_claims: t
+                        .server_claims
+                        .as_ref()
+                        .map(|c| serde_json::to_value(c).expect("claims serialize")),
+                    upgrade: t.upgrade.clone(),
+                }
+            }),
         }
     }
 
@@ -553,6 +573,29 @@ impl ProvisionerConfig {
                 self.csr_allowed_dns_names.join(" "),
             ),
         ]);
+        if let Some(t) = &self.configuration_template {
+            // Templates may hold secrets the operator wrote in: only names.
+            out.push((
+                "configuration_template".into(),
+                format!(
+                    "{} settings ({}), {} action and {} OPA policies{}{}",
+                    t.configuration.len(),
+                    t.configuration
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    t.action_policies.len(),
+                    t.opa_policies.len(),
+                    if t.server_claims.is_some() {
+                        ", server claims"
+                    } else {
+                        ""
+                    },
+                    if t.upgrade.is_some() { ", upgrade" } else { "" },
+                ),
+            ));
+        }
         out
     }
 

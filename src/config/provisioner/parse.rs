@@ -3,7 +3,11 @@
 
 use super::*;
 use crate::choria::security::csr::strip_regex_delimiters;
-use crate::config::schema::{FeaturesFile, ProvisionerFile};
+use crate::config::schema::{ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
+use crate::config::template::{
+    ConfigurationTemplate, ACTION_POLICIES, CONFIGURATION, OPA_POLICIES,
+};
+use std::collections::BTreeMap;
 
 impl ProvisionerConfig {
     /// Parses and validates YAML text without touching the file system; `file`
@@ -21,7 +25,8 @@ impl ProvisionerConfig {
         let workers = workers(&sec)?;
         let (interval_text, interval) = interval(&sec)?;
         let (logfile, loglevel) = logging(&sec, w)?;
-        let helper = helper(&sec)?;
+        let configuration_template = configuration_template(file, &sec, w)?;
+        let helper = helper(&sec, configuration_template.is_some())?;
         let creds = credentials(&sec, w)?;
         let lifecycle_component = lifecycle_component(&sec)?;
         let choria_insecure = sec.bool("choria_insecure")?.unwrap_or(false);
@@ -44,6 +49,12 @@ impl ProvisionerConfig {
         let upgrades_repository = non_empty(sec.string("upgrades_repository")?);
         let upgrades_optional = sec.bool("upgrades_optional")?.unwrap_or(false);
         let features = features(file, &sec, w)?;
+        if features.pki && helper.is_empty() {
+            return Err(sec.error(
+                "helper",
+                "required with features.pki: the helper signs the nodes' certificates (configuration_template only configures them)",
+            ));
+        }
         if features.jwt && jwt_verify_cert.is_none() {
             return Err(sec.error(
                 "jwt_verify_cert",
@@ -124,6 +135,7 @@ impl ProvisionerConfig {
             rpc_timeout: timeouts.rpc_timeout,
             reply_window,
             csr_allowed_dns_names,
+            configuration_template,
             warnings,
         })
     }
@@ -185,17 +197,122 @@ fn logging(
     Ok((logfile, loglevel))
 }
 
-/// `helper`: required, and it must split like a shell command line.
-fn helper(sec: &Section) -> Result<String, ConfigError> {
+/// `helper`: required unless a `configuration_template` configures the
+/// nodes, and it must split like a shell command line.
+fn helper(sec: &Section, templated: bool) -> Result<String, ConfigError> {
     let helper = sec.string("helper")?.unwrap_or_default();
     match crate::config::split_command_line(&helper) {
         Err(e) => Err(sec.error("helper", format!("{helper:?}: {e}"))),
+        Ok(words) if words.is_empty() && templated => Ok(String::new()),
         Ok(words) if words.is_empty() => Err(sec.error(
             "helper",
-            "required: the command that decides each node's configuration",
+            "required: the command that decides each node's configuration (or a configuration_template)",
         )),
         Ok(_) => Ok(helper),
     }
+}
+
+/// Agent names as Choria makes them: lower-case letters, digits and `_`.
+fn is_agent_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// `configuration_template:`: names that are safe where they end up (a
+/// Choria setting is one `key = value` line; a policy is a file named after
+/// its agent), every template compiles, `server_claims` are claims.
+fn configuration_template(
+    file: &Path,
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<Option<ConfigurationTemplate>, ConfigError> {
+    if !sec.is_set("configuration_template") {
+        return Ok(None);
+    }
+    let prefix = format!("{}.", sec.key("configuration_template"));
+    let tsec = Section::new(
+        file,
+        &prefix,
+        sec.node("configuration_template")
+            .cloned()
+            .unwrap_or(Node::Null),
+        ConfigurationTemplateFile::KEYS,
+        w,
+    )?;
+    let values = match tsec.node("values") {
+        None => BTreeMap::new(),
+        Some(n @ Node::Map(_)) => match n.to_json() {
+            serde_json::Value::Object(m) => m.into_iter().collect(),
+            _ => unreachable!("a mapping is a JSON object"),
+        },
+        Some(other) => {
+            return Err(tsec.error(
+                "values",
+                format!("expected a mapping, found {}", other.kind()),
+            ))
+        }
+    };
+    let configuration = tsec.string_map(CONFIGURATION)?.unwrap_or_default();
+    for key in configuration.keys() {
+        if key.is_empty()
+            || key.contains('=')
+            || key.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(tsec.error(
+                CONFIGURATION,
+                format!(
+                    "{key:?} is not a Choria setting name (no spaces, '=' or control characters)"
+                ),
+            ));
+        }
+    }
+    let policies = |section: &str| -> Result<BTreeMap<String, String>, ConfigError> {
+        let map = tsec.string_map(section)?.unwrap_or_default();
+        for agent in map.keys() {
+            if !is_agent_name(agent) {
+                return Err(tsec.error(
+                    section,
+                    format!("{agent:?} is not an agent name (lower-case letters, digits and _)"),
+                ));
+            }
+        }
+        Ok(map)
+    };
+    let action_policies = policies(ACTION_POLICIES)?;
+    let opa_policies = policies(OPA_POLICIES)?;
+    let server_claims = match tsec.node("server_claims") {
+        None => None,
+        Some(n) => Some(
+            serde_json::from_value(n.to_json())
+                .map_err(|e| tsec.error("server_claims", format!("not server claims: {e}")))?,
+        ),
+    };
+    let upgrade = non_empty(tsec.string("upgrade")?);
+    let template = ConfigurationTemplate {
+        values,
+        configuration,
+        action_policies,
+        opa_policies,
+        server_claims,
+        upgrade,
+    };
+    if let Err(e) = template.environment() {
+        return Err(ConfigError::invalid(
+            file,
+            None,
+            format!("{prefix}{}", e.name),
+            format!("not a valid template: {}", e.source),
+        ));
+    }
+    if template.configuration.is_empty() && !sec.is_set("helper") {
+        return Err(tsec.error(
+            CONFIGURATION,
+            "empty while no helper is set: nodes would get no configuration",
+        ));
+    }
+    Ok(Some(template))
 }
 
 struct Credentials {

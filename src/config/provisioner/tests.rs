@@ -297,7 +297,7 @@ fn settings_required_by_features() {
 fn helper_rules() {
     assert_eq!(
         err("token: t\n"),
-        "provisioner.yaml: helper: required: the command that decides each node's configuration"
+        "provisioner.yaml: helper: required: the command that decides each node's configuration (or a configuration_template)"
     );
     assert!(err("helper: '   '\n").contains("helper: required"));
     assert!(err("helper: \"ruby '/x\"\n")
@@ -743,6 +743,9 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         "helper: h\njwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nfeatures: {ed25519: true}\n\
          election: {backend: lease, lease_name: l, lease_namespace: ns, lease_duration: 20s, renew_deadline: 15s, retry_period: 3s}\n",
         "helper: h\nelection: {backend: streams, bucket: B, name: n, api_prefix: '', create_bucket: true, bucket_ttl: 30s}\n",
+        "configuration_template:\n  values: {broker: 'nats://b:4222', n: 3, list: [a, b]}\n  configuration: {identity: '{{ identity }}', interval: 300}\n\
+         \x20 action_policies: {rpcutil: \"policy default allow\\n\"}\n  opa_policies: {default: 'package choria'}\n\
+         \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -762,7 +765,8 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
 fn every_schema_key_is_written_for_a_full_configuration() {
     let c = parse(
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
-         jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n",
+         jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
+         configuration_template: {configuration: {identity: '{{ identity }}'}}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();
@@ -774,4 +778,68 @@ fn every_schema_key_is_written_for_a_full_configuration() {
     {
         assert!(doc.get(key).is_some(), "{key} not written:\n{yaml}");
     }
+}
+
+#[test]
+fn a_configuration_template_makes_the_helper_optional() {
+    let c = ok("configuration_template:\n  configuration:\n    identity: '{{ identity }}'\n    registration_interval: 300\n");
+    assert_eq!(c.helper, "");
+    assert!(c.helper_command().unwrap().is_empty());
+    let t = c.configuration_template.as_ref().unwrap();
+    assert_eq!(t.configuration["identity"], "{{ identity }}");
+    assert_eq!(
+        t.configuration["registration_interval"], "300",
+        "numbers are text"
+    );
+    c.check_files().expect("no helper program to check");
+    // Both: the helper is kept and checked as before.
+    let c = ok("helper: /bin/h\nconfiguration_template: {configuration: {a: b}}\n");
+    assert_eq!(c.helper, "/bin/h");
+}
+
+#[test]
+fn configuration_template_mistakes_are_errors_naming_the_key() {
+    let e = err("configuration_template:\n  configuration:\n    plugin.choria.middleware_hosts: '{{ values.broker'\n");
+    assert!(
+        e.contains("configuration_template.configuration.plugin.choria.middleware_hosts: not a valid template"),
+        "{e}"
+    );
+    let e = err("configuration_template: {configuration: {'bad key': x}}\n");
+    assert!(
+        e.contains(
+            "configuration_template.configuration: \"bad key\" is not a Choria setting name"
+        ),
+        "{e}"
+    );
+    let e = err("configuration_template: {configuration: {a: [x]}}\n");
+    assert!(
+        e.contains("configuration_template.configuration.a: expected text, found a list"),
+        "{e}"
+    );
+    let e = err("configuration_template: {configuration: {a: b}, action_policies: {'../x': y}}\n");
+    assert!(
+        e.contains("configuration_template.action_policies: \"../x\" is not an agent name"),
+        "{e}"
+    );
+    let e =
+        err("configuration_template: {configuration: {a: b}, server_claims: {collectives: 3}}\n");
+    assert!(
+        e.contains("configuration_template.server_claims: not server claims"),
+        "{e}"
+    );
+    let e = err("configuration_template: {values: {a: 1}}\n");
+    assert!(
+        e.contains("configuration_template.configuration: empty while no helper is set"),
+        "{e}"
+    );
+    let e = err("configuration_template: {configuration: {a: b}}\nfeatures: {pki: true}\n");
+    assert!(e.contains("helper: required with features.pki"), "{e}");
+    let c = ok("configuration_template: {configuration: {a: b}, confguration: {}}\n");
+    assert!(
+        c.warnings.iter().any(|w| w
+            .to_string()
+            .contains("configuration_template.confguration: unknown setting")),
+        "{:?}",
+        c.warnings
+    );
 }

@@ -44,6 +44,8 @@ pub struct FleetShared {
     /// Where each node pretends its configuration lives.
     pub config_root: String,
     pub facts: serde_json::Value,
+    /// `--journal-config-key`: values the final state records.
+    pub journal_config_keys: Vec<String>,
 }
 
 /// Failure injected into a node.
@@ -351,6 +353,17 @@ impl Node {
                 .config
                 .as_ref()
                 .map(|c| c.keys().cloned().collect())
+                .unwrap_or_default(),
+            config_values: self
+                .written
+                .config
+                .as_ref()
+                .map(|c| {
+                    c.iter()
+                        .filter(|(k, _)| self.shared.journal_config_keys.contains(k))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
                 .unwrap_or_default(),
             has_certificate: self.written.certificate.is_some(),
             has_private_key: self.written.private_key.is_some(),

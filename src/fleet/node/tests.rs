@@ -12,6 +12,7 @@ fn shared(key_pool: RsaKeyPool, presigned_csrs: Vec<String>) -> Arc<FleetShared>
         presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
+        journal_config_keys: vec!["identity".into()],
     })
 }
 
@@ -124,6 +125,20 @@ fn configure_with_provision_true_blocks_restart() {
     assert_eq!(
         b["statusmsg"],
         "Configuration /etc/choria-fleet/n1.example.net/server.conf enables provisioning, restart cannot continue"
+    );
+}
+
+#[test]
+fn the_final_state_records_only_the_values_of_the_named_keys() {
+    let mut n = node();
+    let now = crate::choria::client::now_nanos();
+    let cfg = r#"{"agent":"choria_provision","action":"configure","data":{"token":"s3cret","config":"{\"identity\":\"n1.example.net\",\"plugin.choria.middleware_hosts\":\"nats://b:4222\",\"password\":\"pw\"}"}}"#;
+    n.handle(&request("choria_provision", cfg, "a"), now);
+    let f = n.final_state();
+    assert_eq!(f.config_keys.len(), 3, "{:?}", f.config_keys);
+    assert_eq!(
+        f.config_values,
+        [("identity".to_string(), "n1.example.net".to_string())].into()
     );
 }
 

@@ -1,0 +1,403 @@
+//! A node's configuration from `configuration_template` (see
+//! `config::template`), and how it combines with the helper's answer.
+//!
+//! The templates see what the helper would read, as data rather than a JSON
+//! string: `identity`, `inventory` (the node's `rpcutil#inventory` reply:
+//! `facts`, `classes`, `agents`, `version`, `collectives`, ...), `jwt` (the
+//! verified provisioning claims, without the provisioning token), `csr`
+//! (`ssldir`, ...), `ed25519` (`directory`, ...), and the provisioner's own
+//! `site` and `values`.
+//!
+//! Everything a node reports is untrusted, and a Choria setting is one
+//! `key = value` line of the file the node writes: a rendered setting with
+//! a line break or another control character could add settings of the
+//! node's choosing, so it fails the node instead. Errors name the template
+//! and are cut short; the node is retried on a later cycle like any other
+//! failure.
+
+use super::helper::{HelperInput, HelperResponse};
+use crate::config::template::{
+    template_name, ConfigurationTemplate, TemplateSyntaxError, ACTION_POLICIES, CONFIGURATION,
+    OPA_POLICIES, UPGRADE,
+};
+use minijinja::value::{Serde, Value};
+use minijinja::Environment;
+use serde_json::json;
+
+/// The longest rendered setting or policy.
+pub const MAX_RENDERED: usize = 64 * 1024;
+/// The longest template error message kept.
+const MAX_MESSAGE: usize = 300;
+
+/// A template that failed for one node; `name` as in the file.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration_template.{name}: {message}")]
+pub struct TemplateError {
+    pub name: String,
+    pub message: String,
+}
+
+/// `configuration_template`, compiled once for every node.
+pub struct NodeTemplate {
+    env: Environment<'static>,
+    template: ConfigurationTemplate,
+    site: String,
+}
+
+impl std::fmt::Debug for NodeTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTemplate")
+            .field("configuration", &self.template.configuration.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeTemplate {
+    pub fn new(template: &ConfigurationTemplate, site: &str) -> Result<Self, TemplateSyntaxError> {
+        Ok(NodeTemplate {
+            env: template.environment()?,
+            template: template.clone(),
+            site: site.to_string(),
+        })
+    }
+
+    /// The node's configuration, policies, claims and upgrade version.
+    pub fn render(&self, input: &HelperInput<'_>) -> Result<HelperResponse, TemplateError> {
+        let ctx = Value::from(Serde(self.context(input)));
+        let render = |section: &str, key: &str, one_line: bool| -> Result<String, TemplateError> {
+            let name = template_name(section, key);
+            let fail = |message: String| TemplateError {
+                name: name.clone(),
+                message,
+            };
+            let out = self
+                .env
+                .get_template(&name)
+                .and_then(|t| t.render(&ctx))
+                .map_err(|e| fail(clean(&e.to_string())))?;
+            if out.len() > MAX_RENDERED {
+                return Err(fail(format!(
+                    "rendered to {} bytes, more than {MAX_RENDERED}",
+                    out.len()
+                )));
+            }
+            if one_line && out.chars().any(char::is_control) {
+                return Err(fail(
+                    "rendered to a value with a line break or control character, which a Choria setting cannot hold (does a value the node reported contain one?)"
+                        .into(),
+                ));
+            }
+            Ok(out)
+        };
+        let mut response = HelperResponse::default();
+        for key in self.template.configuration.keys() {
+            response
+                .configuration
+                .insert(key.clone(), render(CONFIGURATION, key, true)?);
+        }
+        for agent in self.template.action_policies.keys() {
+            response
+                .action_policies
+                .insert(agent.clone(), render(ACTION_POLICIES, agent, false)?);
+        }
+        for agent in self.template.opa_policies.keys() {
+            response
+                .opa_policies
+                .insert(agent.clone(), render(OPA_POLICIES, agent, false)?);
+        }
+        if self.template.upgrade.is_some() {
+            let version = render(UPGRADE, "", false)?;
+            let version = version.trim();
+            if version.chars().any(char::is_control) {
+                return Err(TemplateError {
+                    name: UPGRADE.into(),
+                    message: "rendered to a version with a control character".into(),
+                });
+            }
+            response.upgrade = version.to_string();
+        }
+        response.server_claims = self.template.server_claims.clone();
+        Ok(response)
+    }
+
+    /// What the templates see (module docs).
+    fn context(&self, input: &HelperInput<'_>) -> serde_json::Value {
+        let inventory: serde_json::Value =
+            serde_json::from_str(input.inventory).unwrap_or_default();
+        let jwt = input.jwt.map(|claims| {
+            let mut v = serde_json::to_value(claims).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                // The provisioning token is a secret shared by the fleet.
+                o.remove("cht");
+            }
+            v
+        });
+        json!({
+            "identity": input.identity,
+            "inventory": inventory,
+            "jwt": jwt,
+            "csr": input.csr,
+            "ed25519": input.ed25519_pubkey,
+            "site": self.site,
+            "values": self.template.values,
+        })
+    }
+}
+
+/// The helper's answer over the template's: a setting or policy the helper
+/// gives replaces the template's of the same name, the others stay; its
+/// `server_claims` and `upgrade` replace the template's when given;
+/// `defer`, `shutdown`, `msg` and the key, certificate, CA and ssldir come
+/// from the helper alone.
+pub fn merge(template: HelperResponse, helper: HelperResponse) -> HelperResponse {
+    let mut out = helper;
+    for (k, v) in template.configuration {
+        out.configuration.entry(k).or_insert(v);
+    }
+    for (k, v) in template.action_policies {
+        out.action_policies.entry(k).or_insert(v);
+    }
+    for (k, v) in template.opa_policies {
+        out.opa_policies.entry(k).or_insert(v);
+    }
+    if out.server_claims.is_none() {
+        out.server_claims = template.server_claims;
+    }
+    if out.upgrade.is_empty() {
+        out.upgrade = template.upgrade;
+    }
+    out
+}
+
+/// An error message without control characters, cut short.
+fn clean(message: &str) -> String {
+    let mut out: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_MESSAGE)
+        .collect();
+    if message.chars().count() > MAX_MESSAGE {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::choria::security::tokens::ProvisioningClaims;
+    use crate::provision::helper::CsrReply;
+    use std::collections::BTreeMap;
+
+    fn template(configuration: &[(&str, &str)]) -> ConfigurationTemplate {
+        ConfigurationTemplate {
+            configuration: configuration
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    const INVENTORY: &str = r#"{"agents":["rpcutil","choria_provision"],"facts":{"dc":"ams1","role":"web"},"classes":["base","web"],"version":"0.30.2"}"#;
+
+    fn input<'a>(identity: &'a str, inventory: &'a str) -> HelperInput<'a> {
+        HelperInput {
+            identity,
+            csr: None,
+            ed25519_pubkey: None,
+            inventory,
+            jwt: None,
+        }
+    }
+
+    #[test]
+    fn settings_are_rendered_from_identity_inventory_site_and_values() {
+        let mut t = template(&[
+            ("identity", "{{ identity }}"),
+            ("plugin.choria.middleware_hosts", "{{ values.broker }}"),
+            ("classes", "{{ inventory.classes | join(',') }}"),
+            (
+                "plugin.choria.srv_domain",
+                "{{ inventory.facts.dc }}.{{ site }}.example.net",
+            ),
+            ("registration_interval", "{{ values.interval }}"),
+        ]);
+        t.values = [
+            ("broker".to_string(), json!("nats://b.example.net:4222")),
+            ("interval".to_string(), json!(300)),
+        ]
+        .into();
+        let n = NodeTemplate::new(&t, "eu").unwrap();
+        let r = n.render(&input("web1.example.net", INVENTORY)).unwrap();
+        let want: BTreeMap<String, String> = [
+            ("identity", "web1.example.net"),
+            (
+                "plugin.choria.middleware_hosts",
+                "nats://b.example.net:4222",
+            ),
+            ("classes", "base,web"),
+            ("plugin.choria.srv_domain", "ams1.eu.example.net"),
+            ("registration_interval", "300"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(r.configuration, want);
+        assert!(!r.defer && !r.shutdown && r.certificate.is_empty());
+    }
+
+    #[test]
+    fn an_undefined_value_fails_naming_the_setting() {
+        let n =
+            NodeTemplate::new(&template(&[("x", "{{ inventory.facts.missing }}")]), "").unwrap();
+        let e = n.render(&input("n1", INVENTORY)).unwrap_err();
+        assert_eq!(e.name, "configuration.x");
+        assert!(
+            e.to_string()
+                .starts_with("configuration_template.configuration.x: "),
+            "{e}"
+        );
+        assert!(e.message.contains("undefined"), "{e}");
+    }
+
+    #[test]
+    fn a_node_cannot_smuggle_settings_in_through_a_fact() {
+        let evil = r#"{"facts":{"role":"web\nplugin.security.provider = none"}}"#;
+        let n =
+            NodeTemplate::new(&template(&[("role", "{{ inventory.facts.role }}")]), "").unwrap();
+        let e = n.render(&input("n1", evil)).unwrap_err();
+        assert_eq!(e.name, "configuration.role");
+        assert!(e.message.contains("line break"), "{e}");
+        // A policy is a file: its lines are its own.
+        let t = ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            action_policies: [(
+                "rpcutil".to_string(),
+                "policy default deny\nallow\t*\t*\t*\t{{ inventory.facts.role }}\n".to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let r = NodeTemplate::new(&t, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .unwrap();
+        assert_eq!(
+            r.action_policies["rpcutil"],
+            "policy default deny\nallow\t*\t*\t*\tweb\n"
+        );
+    }
+
+    #[test]
+    fn an_oversized_rendering_fails() {
+        let n = NodeTemplate::new(&template(&[("x", "{{ 'a' * 70000 }}")]), "").unwrap();
+        let e = n.render(&input("n1", INVENTORY)).unwrap_err();
+        assert!(e.message.contains("more than 65536"), "{e}");
+    }
+
+    #[test]
+    fn the_jwt_claims_are_there_without_the_token_and_the_csr_paths_too() {
+        let claims = ProvisioningClaims {
+            token: "s3cret-token".into(),
+            srv_domain: "example.net".into(),
+            ..Default::default()
+        };
+        let csr = CsrReply {
+            ssldir: "/etc/choria/ssl".into(),
+            ..Default::default()
+        };
+        let t = template(&[
+            ("srv", "{{ jwt.chsrv }}"),
+            ("cert", "{{ csr.ssldir }}/cert.pem"),
+            ("all", "{{ jwt | tojson }}"),
+        ]);
+        let mut i = input("n1", INVENTORY);
+        i.jwt = Some(&claims);
+        i.csr = Some(&csr);
+        let r = NodeTemplate::new(&t, "").unwrap().render(&i).unwrap();
+        assert_eq!(r.configuration["srv"], "example.net");
+        assert_eq!(r.configuration["cert"], "/etc/choria/ssl/cert.pem");
+        assert!(
+            !r.configuration["all"].contains("s3cret"),
+            "{}",
+            r.configuration["all"]
+        );
+        let e = NodeTemplate::new(&template(&[("t", "{{ jwt.cht }}")]), "")
+            .unwrap()
+            .render(&i)
+            .unwrap_err();
+        assert!(e.message.contains("undefined"), "{e}");
+    }
+
+    #[test]
+    fn an_inventory_that_is_not_json_is_simply_absent() {
+        let n = NodeTemplate::new(&template(&[("id", "{{ identity }}")]), "").unwrap();
+        assert_eq!(
+            n.render(&input("n1", "not json")).unwrap().configuration["id"],
+            "n1"
+        );
+        let n = NodeTemplate::new(&template(&[("v", "{{ inventory.version }}")]), "").unwrap();
+        assert!(n.render(&input("n1", "not json")).is_err());
+    }
+
+    #[test]
+    fn the_upgrade_version_is_rendered_and_trimmed() {
+        let t = ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            upgrade: Some(" {{ values.v }}\n".into()),
+            values: [("v".to_string(), json!("0.31.0"))].into(),
+            ..Default::default()
+        };
+        let r = NodeTemplate::new(&t, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .unwrap();
+        assert_eq!(r.upgrade, "0.31.0");
+    }
+
+    #[test]
+    fn the_helper_answer_is_merged_over_the_template() {
+        let map = |p: &[(&str, &str)]| -> BTreeMap<String, String> {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let from_template = HelperResponse {
+            configuration: map(&[("identity", "t-id"), ("loglevel", "info")]),
+            action_policies: map(&[("rpcutil", "t-policy"), ("puppet", "t-puppet")]),
+            upgrade: "0.30.0".into(),
+            ..Default::default()
+        };
+        let from_helper = HelperResponse {
+            configuration: map(&[("loglevel", "debug"), ("extra", "1")]),
+            action_policies: map(&[("rpcutil", "h-policy")]),
+            certificate: "CERT".into(),
+            ..Default::default()
+        };
+        let m = merge(from_template, from_helper);
+        assert_eq!(
+            m.configuration,
+            map(&[("extra", "1"), ("identity", "t-id"), ("loglevel", "debug")])
+        );
+        assert_eq!(
+            m.action_policies,
+            map(&[("puppet", "t-puppet"), ("rpcutil", "h-policy")])
+        );
+        assert_eq!(m.upgrade, "0.30.0", "the helper gave none");
+        assert_eq!(m.certificate, "CERT");
+        let m = merge(
+            HelperResponse {
+                upgrade: "0.30.0".into(),
+                ..Default::default()
+            },
+            HelperResponse {
+                upgrade: "0.31.0".into(),
+                defer: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(m.upgrade, "0.31.0");
+        assert!(m.defer);
+    }
+}
