@@ -7,18 +7,27 @@
 #   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver  (tests/kubepeers/kubernetes)
 #   kubectl         k8s.io/kubernetes/cmd/kubectl         (tests/kubepeers/kubernetes)
 #
+# and, only when asked for (target cert-manager, not in the default set):
+#
+#   cert-manager-controller  github.com/cert-manager/cert-manager's issuers,
+#                   certificaterequests-approver and certificaterequests-issuer-ca
+#                   controllers (tests/gopeers/certmanager/main.go), plus
+#                   cert-manager's CRDs as plain YAML in $CACHE_DIR/cert-manager/crds/
+#                   (tests/cert_manager.rs runs them)
+#
 # The versions are the ones required in the wrapper modules' go.mod (see
 # tests/kubepeers/README.md). tests/support/kube.rs starts them.
 #
-# Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl]
-#        (default: all three)
+# Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl] [cert-manager]
+#        (default: etcd kube-apiserver kubectl)
 #        scripts/build-kube-peers.sh --pin 1.M.N
 #        (rewrites tests/kubepeers/kubernetes/go.mod and go.sum for Kubernetes
 #        v1.M.N: every staging module pinned to v0.M.N, as read from the
 #        published k8s.io/kubernetes go.mod; commit the result)
 #
 # Each build is skipped when the binary exists and its stamp (a hash of the Go
-# version, the module's go.mod/go.sum, the package and the ldflags) matches.
+# version, the module's go.mod/go.sum, the package and the ldflags; for
+# cert-manager also its main.go) matches.
 # A failing build prints go's exact output and makes the script exit 1 (after
 # trying the other requested binaries). The paths of the binaries that are
 # ready are printed on stdout, one per line.
@@ -81,11 +90,11 @@ stamp_of() {
   } | sha256sum | cut -d' ' -f1
 }
 
-# build_bin NAME MODDIR PKG LDFLAGS
+# build_bin NAME MODDIR PKG LDFLAGS [STAMPWORD...]: the extra words go into the stamp
 build_bin() {
   local name="$1" moddir="$2" pkg="$3" ldflags="$4"
   local out="$CACHE_BIN/$name" stamp
-  stamp="$(stamp_of "$moddir" "pkg=$pkg" "ldflags=$ldflags" "cgo=$CGO_ENABLED")"
+  stamp="$(stamp_of "$moddir" "pkg=$pkg" "ldflags=$ldflags" "cgo=$CGO_ENABLED" "${@:5}")"
   if [ -x "$out" ] && [ -f "$out.stamp" ] && [ "$(cat "$out.stamp")" = "$stamp" ]; then
     log "$name is up to date: $out"
     return 0
@@ -131,6 +140,41 @@ build_kube() {
   local name="$1" ldflags
   ldflags="$(kube_ldflags)" || return 1
   build_bin "$name" "$KUBEPEERS/kubernetes" "k8s.io/kubernetes/cmd/$name" "$ldflags"
+}
+
+# cert-manager: the controllers from tests/gopeers/certmanager, and the CRDs
+# of the same cert-manager release from the module cache. deploy/crds holds
+# controller-gen's plain YAML (the chart's templates/crd-*.yaml are the same
+# CRDs wrapped in Helm markup); any line that is only a template action is
+# dropped anyway, and markup left anywhere else is an error.
+build_cert_manager() {
+  local moddir="$ROOT/tests/gopeers/certmanager" v dir
+  v="$(module_version "$moddir" github.com/cert-manager/cert-manager)" || return 1
+  local ldflags="-s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$v"
+  build_bin cert-manager-controller "$moddir" . "$ldflags" "main=$(cd "$moddir" && sha256sum main.go)" || return 1
+
+  dir="$(run_go "$moddir" "locating github.com/cert-manager/cert-manager $v" -- list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)" || return 1
+  [ -n "$dir" ] || dir="$(run_go "$moddir" "downloading github.com/cert-manager/cert-manager $v" -- mod download -json "github.com/cert-manager/cert-manager@$v" | sed -n 's|.*"Dir": "\(.*\)".*|\1|p')"
+  local src="$dir/deploy/crds" out="$CACHE_DIR/cert-manager/crds" f n=0
+  if ! compgen -G "$src/*.yaml" >/dev/null; then
+    echo "build-kube-peers: no CRDs in $src" >&2
+    return 1
+  fi
+  rm -rf "$out.tmp"
+  mkdir -p "$out.tmp"
+  for f in "$src"/*.yaml; do
+    sed -E '/^[[:space:]]*\{\{-?.*-?\}\}[[:space:]]*$/d' "$f" >"$out.tmp/$(basename "$f")"
+    if grep -n '{{' "$out.tmp/$(basename "$f")" >&2; then
+      echo "build-kube-peers: Helm markup left in $f (above)" >&2
+      rm -rf "$out.tmp"
+      return 1
+    fi
+    n=$((n + 1))
+  done
+  printf '%s\n' "$v" >"$out.tmp/VERSION"
+  rm -rf "$out"
+  mv "$out.tmp" "$out"
+  log "cert-manager $v: $n CRDs in $out"
 }
 
 # pin K: points tests/kubepeers/kubernetes at k8s.io/kubernetes vK.
@@ -181,7 +225,8 @@ for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd && built+=("$CACHE_BIN/etcd") || failed=1 ;;
     kube-apiserver | kubectl) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
-    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl)" >&2; exit 2 ;;
+    cert-manager) build_cert_manager && built+=("$CACHE_BIN/cert-manager-controller") || failed=1 ;;
+    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager)" >&2; exit 2 ;;
   esac
 done
 

@@ -20,7 +20,7 @@
 #          the Go build cache (GOCACHE) stays warm, or this would take the
 #          full cold build time.
 #   kube   scripts/build-kube-peers.sh the same way (etcd, kube-apiserver,
-#          kubectl).
+#          kubectl, and cert-manager with its CRDs).
 #
 # Cost with warm caches on 2 cores: see README ("What a first run costs").
 set -euo pipefail
@@ -109,11 +109,14 @@ check_go() {
 
 check_kube() {
   local out
-  out="$(go_fresh kube "$ROOT/scripts/build-kube-peers.sh")"
+  out="$(go_fresh kube "$ROOT/scripts/build-kube-peers.sh" etcd kube-apiserver kubectl cert-manager)"
   printf '%s\n' "$out"
   "$(fresh_cache kube)/bin/kube-apiserver" --version
   "$(fresh_cache kube)/bin/kubectl" version --client
   "$(fresh_cache kube)/bin/etcd" --version
+  "$(fresh_cache kube)/bin/cert-manager-controller" --help >/dev/null
+  test -s "$(fresh_cache kube)/cert-manager/crds/VERSION"
+  ls "$(fresh_cache kube)"/cert-manager/crds/*.yaml >/dev/null
 }
 
 for t in "${targets[@]}"; do

@@ -76,6 +76,22 @@ file_section! {
         csr_allowed_dns_names: Vec<String>,
         /// Ours: the node's configuration as templates (`config::template`).
         configuration_template: ConfigurationTemplateFile,
+        /// Ours: cert-manager signs the nodes' CSRs (`features.pki`).
+        cert_manager: CertManagerFile,
+    }
+}
+
+file_section! {
+    /// `cert_manager:` (ours).
+    pub struct CertManagerFile {
+        issuer: String,
+        issuer_kind: String,
+        issuer_group: String,
+        namespace: String,
+        duration: String,
+        usages: Vec<String>,
+        timeout: String,
+        keep: String,
     }
 }
 

@@ -9,6 +9,7 @@
 //! is read before the call and before every attempt, so pausing stops a node
 //! at its next attempt boundary. Errors name the node and the step.
 
+use super::certmanager::{SignError, Signer};
 use super::gate::{PauseGate, Paused};
 use super::helper::{CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse};
 use super::template::{self, NodeTemplate, TemplateError};
@@ -45,6 +46,8 @@ pub struct Context {
     pub helper: Option<Helper>,
     /// `configuration_template`, compiled.
     pub template: Option<NodeTemplate>,
+    /// `cert_manager`: signs the nodes' CSRs when the helper did not.
+    pub signer: Option<Signer>,
     pub deny_list: Vec<Regex>,
     /// DNS names besides the identity a CSR may ask for.
     pub csr_allowed_dns: Vec<Regex>,
@@ -132,6 +135,8 @@ pub enum ProvisionError {
     Helper(#[from] HelperError),
     #[error("{0}")]
     Template(#[source] TemplateError),
+    #[error("cert-manager: {0}")]
+    CertManager(#[source] SignError),
     #[error("configuration deferred by the helper: {0}")]
     Deferred(String),
     #[error("could not sign the server JWT: {0}")]
@@ -164,6 +169,7 @@ impl ProvisionError {
             ProvisionError::Csr(_) | ProvisionError::NoCsr => "choria_provision#gencsr",
             ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",
             ProvisionError::Template(_) => "template",
+            ProvisionError::CertManager(_) => "cert_manager",
             ProvisionError::ServerJwt(_) | ProvisionError::ServerJwtSetup(_) => "server_jwt",
             ProvisionError::KeyEncryption(_) => "key_encryption",
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",
@@ -311,7 +317,7 @@ impl HostSequence {
     pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
         let cfg = self.ctx.cfg.clone();
         debug_assert!(self.pending.is_empty(), "settle() before finish()");
-        let response = self.decide().await?;
+        let mut response = self.decide().await?;
         if response.defer {
             return Err(ProvisionError::Deferred(response.msg));
         }
@@ -326,6 +332,10 @@ impl HostSequence {
             }
             self.shutdown().await?;
             return Ok(Outcome::Shutdown);
+        }
+
+        if cfg.features.pki && response.certificate.is_empty() {
+            self.sign_with_cert_manager(&mut response).await?;
         }
 
         let server_jwt = if cfg.features.ed25519 {
@@ -657,6 +667,38 @@ impl HostSequence {
             Some(t) => template::merge(t, helped),
             None => helped,
         })
+    }
+
+    /// The certificate and CA from cert-manager, when it is the signer and
+    /// the helper (if any) gave no certificate.
+    async fn sign_with_cert_manager(
+        &self,
+        response: &mut HelperResponse,
+    ) -> Result<(), ProvisionError> {
+        let (Some(signer), Some(csr)) = (&self.ctx.signer, &self.got.csr) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        match signer
+            .sign(&self.identity, &csr.csr, &self.ctx.gate, &self.ctx.abandon)
+            .await
+        {
+            Ok(issued) => {
+                self.ctx.metrics.cert_manager_request("issued");
+                debug!(node = &*self.identity, took = ?started.elapsed(), "certificate issued by cert-manager");
+                response.certificate = issued.certificate;
+                if response.ca.is_empty() {
+                    response.ca = issued.ca;
+                }
+                Ok(())
+            }
+            Err(SignError::Paused(p)) => Err(ProvisionError::Paused(p)),
+            Err(SignError::Abandoned) => Err(ProvisionError::Abandoned),
+            Err(e) => {
+                self.ctx.metrics.cert_manager_request(e.outcome());
+                Err(ProvisionError::CertManager(e))
+            }
+        }
     }
 
     async fn shutdown(&self) -> Result<(), ProvisionError> {

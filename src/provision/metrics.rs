@@ -39,6 +39,7 @@ pub struct Metrics {
     rpc_errors: IntCounterVec,
     helper_errors: IntCounter,
     template_errors: IntCounter,
+    cert_manager_requests: IntCounterVec,
     helper_shutdowns: IntCounter,
     discovered: IntCounter,
     event_discovered: IntCounter,
@@ -150,6 +151,12 @@ impl Metrics {
             template_errors: counter(
                 "choria_provisioner_template_errors",
                 "How many nodes failed because configuration_template did not render for them",
+            ),
+            cert_manager_requests: labelled(
+                "choria_provisioner_cert_manager_requests",
+                "CertificateRequests made for nodes' CSRs, by how they ended",
+                "outcome",
+                &super::certmanager::OUTCOMES,
             ),
             helper_shutdowns: counter(
                 "choria_provisioner_helper_shutdown_requests",
@@ -302,6 +309,12 @@ impl Metrics {
 
     pub fn template_error(&self) {
         self.template_errors.inc();
+    }
+
+    pub fn cert_manager_request(&self, outcome: &str) {
+        self.cert_manager_requests
+            .with_label_values(&[outcome])
+            .inc();
     }
 
     pub fn helper_shutdown(&self) {

@@ -9,6 +9,7 @@
 //!                                       └──── finisher <─────┘ (forget now, or after 60 s)
 //! ```
 
+pub mod certmanager;
 pub mod gate;
 pub mod helper;
 pub mod host;
@@ -325,6 +326,10 @@ impl Provisioner {
             metrics: metrics.clone(),
             helper,
             template,
+            signer: cfg
+                .cert_manager
+                .clone()
+                .map(|c| certmanager::Signer::new(c, resource.clone())),
             deny_list: cfg.cert_deny_regexes()?,
             csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
             reply_window: cfg.reply_window,
@@ -844,4 +849,19 @@ fn record(
             handle.registry.remove(&ticket);
         }
     }
+}
+
+/// Text from outside (a node, cert-manager) made fit for one log line or
+/// error: control characters become spaces, and it is cut at `max`
+/// characters (marked with `…`).
+pub(crate) fn one_line(text: &str, max: usize) -> String {
+    let mut out: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(max)
+        .collect();
+    if text.chars().count() > max {
+        out.push('…');
+    }
+    out
 }

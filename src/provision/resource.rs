@@ -57,7 +57,7 @@ impl std::fmt::Display for ResourceRef {
     }
 }
 
-fn api_resource() -> ApiResource {
+pub(crate) fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("provisioning.choria.io", "v1alpha1", "Provisioner"),
         "provisioners",

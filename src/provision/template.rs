@@ -171,15 +171,7 @@ pub fn merge(template: HelperResponse, helper: HelperResponse) -> HelperResponse
 
 /// An error message without control characters, cut short.
 fn clean(message: &str) -> String {
-    let mut out: String = message
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(MAX_MESSAGE)
-        .collect();
-    if message.chars().count() > MAX_MESSAGE {
-        out.push('…');
-    }
-    out
+    super::one_line(message, MAX_MESSAGE)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@
 
 use super::duration::format_duration;
 use super::election::ElectionConfig;
-use super::schema::{ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
+use super::schema::{CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
 use super::template::ConfigurationTemplate;
 use super::yaml::{Node, Section};
 use super::{ConfigError, ConfigWarning, Secret};
@@ -52,6 +52,61 @@ pub const DEFAULT_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 /// `reply_window` when unset: how long the reply subject of an answer later
 /// steps trust (`jwt`, `gen25519`, `gencsr`) is watched for a second one.
 pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_millis(500);
+
+/// `cert_manager:`: a cert-manager issuer signs the nodes' CSRs through
+/// `CertificateRequest`s (ours; see `provision::certmanager`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertManagerConfig {
+    /// The issuer's name, kind (`Issuer` or `ClusterIssuer`) and API group.
+    pub issuer: String,
+    pub issuer_kind: String,
+    pub issuer_group: String,
+    /// Where the requests are made (an `Issuer` must live there too).
+    pub namespace: String,
+    /// Requested certificate lifetime; `None`: the issuer's default.
+    pub duration: Option<Duration>,
+    pub usages: Vec<String>,
+    /// How long a request may take to be issued.
+    pub timeout: Duration,
+    /// How long a used request is kept before it is deleted (zero: at once).
+    pub keep: Duration,
+}
+
+/// `cert_manager.usages` when unset: a Choria server's certificate serves
+/// TLS and is presented as a client to the broker.
+pub const DEFAULT_CERT_MANAGER_USAGES: [&str; 4] = [
+    "digital signature",
+    "key encipherment",
+    "server auth",
+    "client auth",
+];
+/// `cert_manager.timeout` when unset.
+pub const DEFAULT_CERT_MANAGER_TIMEOUT: Duration = Duration::from_secs(30);
+/// cert-manager's key usages (`KeyUsage` in its API).
+pub const CERT_MANAGER_USAGES: [&str; 22] = [
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+];
 
 /// `features:`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -197,6 +252,8 @@ pub struct ProvisionerConfig {
     /// The nodes' configuration as templates (ours); with it the helper is
     /// optional, and its answer is merged over the template's.
     pub configuration_template: Option<ConfigurationTemplate>,
+    /// cert-manager as the signer of the nodes' certificates (ours).
+    pub cert_manager: Option<CertManagerConfig>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -452,6 +509,20 @@ impl ProvisionerConfig {
                     upgrade: t.upgrade.clone(),
                 }
             }),
+            cert_manager: self.cert_manager.as_ref().map(|c| CertManagerFile {
+                issuer: Some(c.issuer.clone()),
+                issuer_kind: Some(c.issuer_kind.clone()),
+                issuer_group: Some(c.issuer_group.clone()),
+                namespace: Some(c.namespace.clone()),
+                duration: c.duration.map(format_duration),
+                usages: Some(c.usages.clone()),
+                timeout: d(c.timeout),
+                keep: Some(if c.keep.is_zero() {
+                    "0s".to_string()
+                } else {
+                    format_duration(c.keep)
+                }),
+            }),
         }
     }
 
@@ -573,6 +644,22 @@ impl ProvisionerConfig {
                 self.csr_allowed_dns_names.join(" "),
             ),
         ]);
+        if let Some(c) = &self.cert_manager {
+            out.push((
+                "cert_manager".into(),
+                format!(
+                    "{} {}.{} in {}, duration {}, usages {}, timeout {}, keep {}",
+                    c.issuer_kind,
+                    c.issuer,
+                    c.issuer_group,
+                    c.namespace,
+                    c.duration.map_or("(issuer default)".into(), d),
+                    c.usages.join(", "),
+                    d(c.timeout),
+                    d(c.keep)
+                ),
+            ));
+        }
         if let Some(t) = &self.configuration_template {
             // Templates may hold secrets the operator wrote in: only names.
             out.push((

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::choria::security::csr::strip_regex_delimiters;
-use crate::config::schema::{ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
+use crate::config::schema::{
+    CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile,
+};
 use crate::config::template::{
     ConfigurationTemplate, ACTION_POLICIES, CONFIGURATION, OPA_POLICIES,
 };
@@ -49,10 +51,17 @@ impl ProvisionerConfig {
         let upgrades_repository = non_empty(sec.string("upgrades_repository")?);
         let upgrades_optional = sec.bool("upgrades_optional")?.unwrap_or(false);
         let features = features(file, &sec, w)?;
-        if features.pki && helper.is_empty() {
+        let cert_manager = cert_manager(file, &sec, w)?;
+        if cert_manager.is_some() && !features.pki {
+            w.push(sec.warning(
+                "cert_manager",
+                "set while features.pki is off: no CSR is fetched, so cert-manager signs nothing",
+            ));
+        }
+        if features.pki && helper.is_empty() && cert_manager.is_none() {
             return Err(sec.error(
                 "helper",
-                "required with features.pki: the helper signs the nodes' certificates (configuration_template only configures them)",
+                "required with features.pki unless cert_manager is set: something has to sign the nodes' certificates (configuration_template only configures them)",
             ));
         }
         if features.jwt && jwt_verify_cert.is_none() {
@@ -136,6 +145,7 @@ impl ProvisionerConfig {
             reply_window,
             csr_allowed_dns_names,
             configuration_template,
+            cert_manager,
             warnings,
         })
     }
@@ -210,6 +220,87 @@ fn helper(sec: &Section, templated: bool) -> Result<String, ConfigError> {
         )),
         Ok(_) => Ok(helper),
     }
+}
+
+/// `cert_manager:`: an issuer name, a namespace, known usages.
+fn cert_manager(
+    file: &Path,
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<Option<CertManagerConfig>, ConfigError> {
+    if !sec.is_set("cert_manager") {
+        return Ok(None);
+    }
+    let c = Section::new(
+        file,
+        &format!("{}.", sec.key("cert_manager")),
+        sec.node("cert_manager").cloned().unwrap_or(Node::Null),
+        CertManagerFile::KEYS,
+        w,
+    )?;
+    let name = |key: &str, default: Option<&str>| -> Result<String, ConfigError> {
+        match (non_empty(c.string(key)?), default) {
+            (Some(v), _) if crate::k8s::is_dns_subdomain(&v) || key == "issuer_kind" => Ok(v),
+            (Some(v), _) => Err(c.error(key, format!("{v:?} is not a Kubernetes name"))),
+            (None, Some(d)) => Ok(d.to_string()),
+            (None, None) => Err(c.error(key, "required")),
+        }
+    };
+    let issuer = name("issuer", None)?;
+    let issuer_kind = name("issuer_kind", Some("Issuer"))?;
+    if !issuer_kind.chars().all(|ch| ch.is_ascii_alphanumeric()) {
+        return Err(c.error("issuer_kind", format!("{issuer_kind:?} is not a kind")));
+    }
+    let issuer_group = name("issuer_group", Some("cert-manager.io"))?;
+    let namespace = name("namespace", None)?;
+    if !crate::k8s::is_dns_label(&namespace) {
+        return Err(c.error(
+            "namespace",
+            format!("{namespace:?} is not a namespace name"),
+        ));
+    }
+    let duration = match c.duration("duration")? {
+        Some((raw, d)) if !raw.trim().is_empty() => {
+            if d < Duration::from_secs(3600) {
+                return Err(c.error(
+                    "duration",
+                    format!("{raw} is shorter than cert-manager's minimum of 1h"),
+                ));
+            }
+            Some(d)
+        }
+        _ => None,
+    };
+    let usages = c.string_list("usages")?.unwrap_or_else(|| {
+        DEFAULT_CERT_MANAGER_USAGES
+            .iter()
+            .map(|u| u.to_string())
+            .collect()
+    });
+    for (i, u) in usages.iter().enumerate() {
+        if !CERT_MANAGER_USAGES.contains(&u.as_str()) {
+            return Err(c.item_error(
+                "usages",
+                i,
+                format!("{u:?} is not a cert-manager key usage (e.g. \"digital signature\", \"server auth\", \"client auth\")"),
+            ));
+        }
+    }
+    let timeout = positive_duration(&c, "timeout", DEFAULT_CERT_MANAGER_TIMEOUT)?;
+    let keep = match c.duration("keep")? {
+        Some((raw, d)) if !raw.trim().is_empty() => d,
+        _ => Duration::ZERO,
+    };
+    Ok(Some(CertManagerConfig {
+        issuer,
+        issuer_kind,
+        issuer_group,
+        namespace,
+        duration,
+        usages,
+        timeout,
+        keep,
+    }))
 }
 
 /// Agent names as Choria makes them: lower-case letters, digits and `_`.

@@ -746,6 +746,8 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         "configuration_template:\n  values: {broker: 'nats://b:4222', n: 3, list: [a, b]}\n  configuration: {identity: '{{ identity }}', interval: 300}\n\
          \x20 action_policies: {rpcutil: \"policy default allow\\n\"}\n  opa_policies: {default: 'package choria'}\n\
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
+        "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
+         configuration_template: {configuration: {a: b}}\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -766,7 +768,7 @@ fn every_schema_key_is_written_for_a_full_configuration() {
     let c = parse(
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
-         configuration_template: {configuration: {identity: '{{ identity }}'}}\n",
+         configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();
@@ -839,6 +841,55 @@ fn configuration_template_mistakes_are_errors_naming_the_key() {
         c.warnings.iter().any(|w| w
             .to_string()
             .contains("configuration_template.confguration: unknown setting")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn cert_manager_is_a_signer_for_pki_without_a_helper() {
+    let c = ok(
+        "features: {pki: true}\nconfiguration_template: {configuration: {a: b}}\n\
+                cert_manager: {issuer: choria-ca, namespace: choria, duration: 90d, keep: 10m}\n",
+    );
+    let cm = c.cert_manager.as_ref().unwrap();
+    assert_eq!(cm.issuer, "choria-ca");
+    assert_eq!(cm.issuer_kind, "Issuer");
+    assert_eq!(cm.issuer_group, "cert-manager.io");
+    assert_eq!(cm.duration, Some(Duration::from_secs(90 * 24 * 3600)));
+    assert_eq!(cm.usages, DEFAULT_CERT_MANAGER_USAGES);
+    assert_eq!(cm.timeout, DEFAULT_CERT_MANAGER_TIMEOUT);
+    assert_eq!(cm.keep, Duration::from_secs(600));
+    let e = err(&with_helper("cert_manager: {namespace: choria}\n"));
+    assert!(e.contains("cert_manager.issuer: required"), "{e}");
+    let e = err(&with_helper("cert_manager: {issuer: x}\n"));
+    assert!(e.contains("cert_manager.namespace: required"), "{e}");
+    let e = err(&with_helper(
+        "cert_manager: {issuer: 'Bad Name', namespace: n}\n",
+    ));
+    assert!(
+        e.contains("cert_manager.issuer: \"Bad Name\" is not a Kubernetes name"),
+        "{e}"
+    );
+    let e = err(&with_helper(
+        "cert_manager: {issuer: x, namespace: n, usages: [server auth, everything]}\n",
+    ));
+    assert!(
+        e.contains("cert_manager.usages[1]: \"everything\" is not a cert-manager key usage"),
+        "{e}"
+    );
+    let e = err(&with_helper(
+        "cert_manager: {issuer: x, namespace: n, duration: 30m}\n",
+    ));
+    assert!(
+        e.contains("shorter than cert-manager's minimum of 1h"),
+        "{e}"
+    );
+    let c = ok("helper: h\ncert_manager: {issuer: x, namespace: n}\n");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.to_string().contains("features.pki is off")),
         "{:?}",
         c.warnings
     );

@@ -1,0 +1,325 @@
+//! cert-manager as the signer, against the real thing: cert-manager
+//! v1.21.2's own controllers (issuers, the approver, the CA issuer; built
+//! by `scripts/build-kube-peers.sh cert-manager`) on the test control plane,
+//! and `choria-provisioner run` with `features.pki`, a
+//! `configuration_template` and no helper at all.
+//!
+//! 1. A CA `Issuer`: every node gets a certificate cert-manager signed with
+//!    that CA, for its own name, and its rendered configuration; every
+//!    CertificateRequest is labelled, annotated with its node and deleted
+//!    after use; no process ran per node.
+//! 2. An issuer that does not exist: the requests stay `Pending`, each node
+//!    fails with an error naming its request and what cert-manager said,
+//!    the `timeout` outcome is counted, no node is configured, and the
+//!    requests are deleted all the same.
+
+mod support;
+
+use choria_provisioner::choria::client::BrokerArgs;
+use choria_provisioner::fleet::ca as pki;
+use choria_provisioner::fleet::FleetOptions;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::kube::ControlPlane;
+use support::provisioner::ProvisionerProcess;
+use support::{NatsServer, RunningFleet};
+
+const NS: &str = "choria";
+const NODES: usize = 100;
+
+/// The cert-manager controller and its CRDs from the project cache (or
+/// `CERT_MANAGER_CONTROLLER_BIN` / `CERT_MANAGER_CRDS`); `None` with a loud
+/// banner when they were not built.
+fn cert_manager() -> Option<(PathBuf, PathBuf)> {
+    let cache = std::env::var_os("CHORIA_RS_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/choria-provisioner-rs"))
+        })
+        .unwrap_or_default();
+    let bin = std::env::var_os("CERT_MANAGER_CONTROLLER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache.join("bin/cert-manager-controller"));
+    let crds = std::env::var_os("CERT_MANAGER_CRDS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache.join("cert-manager/crds"));
+    if bin.is_file() && crds.join("VERSION").is_file() {
+        return Some((bin, crds));
+    }
+    let bar = "!".repeat(78);
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{bar}\n!!! cert_manager: NOT RUN — {} or {} is missing.\n\
+         !!! Build them with scripts/build-kube-peers.sh cert-manager (~3 min cold).\n{bar}\n",
+        bin.display(),
+        crds.display()
+    );
+    None
+}
+
+/// The controller, killed on drop.
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kubectl_apply(cp: &ControlPlane, yaml: &str) {
+    let out = cp.kubectl_stdin(&["apply", "-f", "-"], yaml);
+    assert!(
+        out.status.success(),
+        "kubectl apply:\n{yaml}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The CertificateRequests in the namespace.
+fn requests(cp: &ControlPlane) -> Vec<Value> {
+    let out = cp.kubectl_ok(&["get", "certificaterequests", "-n", NS, "-o", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits until no CertificateRequest is left.
+fn wait_no_requests(cp: &ControlPlane, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = requests(cp).len();
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} CertificateRequests were not deleted"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+const TEMPLATE: &str = "configuration_template:\n  configuration:\n    identity: '{{ identity }}'\n\
+    \x20   plugin.security.file.certificate: '{{ csr.ssldir }}/cert.pem'\n    plugin.choria.server.provision: false\n";
+
+/// A fleet and a provisioner signing through `issuer`.
+async fn start(
+    dir: &Path,
+    nats: &NatsServer,
+    kubeconfig: &Path,
+    name: &str,
+    issuer: &str,
+    timeout: &str,
+) -> (RunningFleet, ProvisionerProcess) {
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: NODES,
+        token: "cm-token".into(),
+        journal: Some(dir.join(format!("{name}.jsonl"))),
+        key_pool_size: 8,
+        journal_config_keys: vec!["identity".into(), "plugin.security.file.certificate".into()],
+        ..Default::default()
+    })
+    .await;
+    let yaml = format!(
+        "workers: 16\ninterval: 1m\ntoken: cm-token\nsite: cm\nchoria_insecure: true\nloglevel: debug\nrpc_timeout: 3s\ndiscovery_window: 500ms\n\
+         features:\n  pki: true\n{TEMPLATE}cert_manager:\n  issuer: {issuer}\n  namespace: {NS}\n  duration: 2160h\n  timeout: {timeout}\n"
+    );
+    let choria = format!(
+        "identity = provisioner.cm\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+        nats.url()
+    );
+    let p = ProvisionerProcess::start_with_env(
+        dir,
+        name,
+        &yaml,
+        &choria,
+        &[],
+        &[("KUBECONFIG", &kubeconfig.display().to_string())],
+    );
+    (fleet, p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name() {
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let Some((controller, crds)) = cert_manager() else {
+        return;
+    };
+    let cp = ControlPlane::start(&bins);
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &crds.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/certificaterequests.cert-manager.io",
+        "crd/issuers.cert-manager.io",
+        "--timeout=60s",
+    ]);
+    cp.kubectl_ok(&["create", "namespace", NS]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki::CertificateAuthority::generate("cert-manager test CA").unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        "choria-ca",
+        "-n",
+        NS,
+        &format!("--cert={}", dir.path().join("ca.crt").display()),
+        &format!("--key={}", dir.path().join("ca.key").display()),
+    ]);
+    kubectl_apply(
+        &cp,
+        &format!("apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {{name: choria-ca, namespace: {NS}}}\nspec:\n  ca: {{secretName: choria-ca}}\n"),
+    );
+    let admin = cp.kubeconfig(cp.admin_token());
+    let log = std::fs::File::create(dir.path().join("cert-manager.log")).unwrap();
+    let _controller = Controller(
+        Command::new(&controller)
+            .arg(format!("--kubeconfig={}", admin.display()))
+            .arg(format!("--cluster-resource-namespace={NS}"))
+            .arg("-v=2")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting cert-manager-controller"),
+    );
+    let out = cp.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "issuer/choria-ca",
+        "-n",
+        NS,
+        "--timeout=90s",
+    ]);
+    assert!(
+        out.status.success(),
+        "the Issuer did not become Ready: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.path().join("cert-manager.log")).unwrap_or_default()
+    );
+
+    // 1. Signed by cert-manager, configured by the template.
+    let nats = NatsServer::start();
+    let (fleet, mut p) = start(dir.path(), &nats, &admin, "good", "choria-ca", "30s").await;
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        NODES as f64,
+        Duration::from_secs(180),
+    )
+    .await;
+    // Requests are deleted once used.
+    wait_no_requests(&cp, Duration::from_secs(20));
+    let (_, metrics) = p.get("/metrics");
+    let issued = metric(
+        &metrics,
+        "choria_provisioner_cert_manager_requests{",
+        "outcome=\"issued\"",
+    );
+    assert!(issued >= NODES as f64, "issued {issued}");
+    assert_eq!(
+        metric(&metrics, "choria_provisioner_helper_time_count", ""),
+        0.0
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(10)).success());
+    let logs = p.logs();
+    let (_, journal) = fleet.finish().await;
+    let finals: BTreeMap<String, &Value> = journal
+        .iter()
+        .filter(|e| e["kind"] == "final")
+        .map(|e| (e["node"].as_str().unwrap().to_string(), e))
+        .collect();
+    assert_eq!(finals.len(), NODES);
+    for (node, f) in &finals {
+        assert_eq!(f["state"], "provisioned", "{node}: {f}");
+        let cert = f["certificate"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{node}: no certificate"));
+        pki::verify_issued_by(cert, &ca.cert_pem())
+            .unwrap_or_else(|e| panic!("{node}'s certificate is not from the Issuer's CA: {e}"));
+        assert_eq!(pki::certificate_common_name(cert).unwrap(), *node);
+        assert_eq!(
+            f["ca"].as_str().map(str::trim),
+            Some(ca.cert_pem().trim()),
+            "{node}: status.ca"
+        );
+        assert_eq!(f["config_values"]["identity"], node.as_str());
+        assert!(f["config_values"]["plugin.security.file.certificate"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("/cert.pem") && c.len() > "/cert.pem".len()));
+    }
+    assert!(!logs.contains("PRIVATE KEY"));
+
+    // 2. No such issuer: Pending until the timeout, named, counted, cleaned up.
+    let (fleet, mut p) = start(dir.path(), &nats, &admin, "missing", "no-such-issuer", "2s").await;
+    p.wait_for_metric(
+        "choria_provisioner_cert_manager_requests",
+        NODES as f64,
+        Duration::from_secs(120),
+    )
+    .await;
+    let (_, metrics) = p.get("/metrics");
+    assert!(
+        metric(
+            &metrics,
+            "choria_provisioner_cert_manager_requests{",
+            "outcome=\"timeout\""
+        ) >= NODES as f64
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "choria_provisioner_cert_manager_requests{",
+            "outcome=\"issued\""
+        ),
+        0.0
+    );
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(10)).success());
+    let logs = p.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("was not issued within 2s"))
+        .unwrap_or_else(|| panic!("no timeout error logged:\n{}", p.logs_tail(20)));
+    assert!(
+        line.contains(&format!("CertificateRequest {NS}/")),
+        "{line}"
+    );
+    assert!(
+        line.contains("no-such-issuer"),
+        "cert-manager's reason is in the error: {line}"
+    );
+    let (_, journal) = fleet.finish().await;
+    assert!(
+        !journal
+            .iter()
+            .any(|e| e["kind"] == "action" && e["action"] == "configure"),
+        "a node was configured without a certificate"
+    );
+    wait_no_requests(&cp, Duration::from_secs(20));
+}
+
+/// The sum of the series of `name` whose line contains `labels`.
+fn metric(body: &str, name: &str, labels: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
