@@ -188,8 +188,20 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt_signing_token_secret: Option<SecretKeyRef>,
 
-    /// The helper that decides each node's configuration.
-    pub helper: HelperSpec,
+    /// The helper that decides each node's configuration; optional when
+    /// `nodeConfiguration` configures the nodes (then its answer is merged
+    /// over the templates').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helper: Option<HelperSpec>,
+
+    /// Each node's configuration as templates (`configuration_template` of
+    /// `provisioner.yaml`): no process per node for the common case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_configuration: Option<NodeConfigurationSpec>,
+
+    /// Who signs the nodes' certificates with `features.pki`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pki: Option<PkiSpec>,
 
     /// Placement and metadata of the provisioner pods.
     #[serde(default, skip_serializing_if = "PodOverrides::is_empty")]
@@ -348,6 +360,86 @@ pub struct HelperSpec {
     /// `/etc/choria-provisioner/helper`, e.g. holding `helper.sh`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<String>,
+}
+
+/// Node configuration templates (minijinja); each value is a template
+/// rendered per node from `identity`, `inventory`, `jwt`, `csr`,
+/// `ed25519`, `site` and `values`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfigurationSpec {
+    /// Your own values, `{{ values.NAME }}` in the templates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, String>,
+    /// Choria setting → template of its value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configuration: BTreeMap<String, String>,
+    /// Agent → template of its action policy file.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub action_policies: BTreeMap<String, String>,
+    /// Agent (or `default`) → template of its Open Policy Agent policy.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub opa_policies: BTreeMap<String, String>,
+    /// Claims the server JWTs are based on (`features.ed25519`), as the
+    /// helper's `server_claims`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_object_schema")]
+    pub server_claims: Option<serde_json::Value>,
+    /// Template of the version to upgrade nodes to (`features.upgrades`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
+}
+
+/// An object whose fields the API server keeps as given.
+fn free_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Certificate signing for `features.pki`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PkiSpec {
+    /// A cert-manager issuer signs each node's CSR through a
+    /// CertificateRequest in this resource's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_manager: Option<CertManagerSpec>,
+}
+
+/// cert-manager as the signer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertManagerSpec {
+    /// The issuer that signs.
+    pub issuer_ref: IssuerRef,
+    /// Requested certificate lifetime, e.g. `2160h` (default: the issuer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// cert-manager key usages (default: digital signature, key
+    /// encipherment, server auth, client auth).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usages: Vec<String>,
+    /// How long a request may wait to be issued (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// How long a used request is kept before deletion (default `0s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<String>,
+}
+
+/// A cert-manager issuer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IssuerRef {
+    /// The issuer's name.
+    pub name: String,
+    /// `Issuer` (default) or `ClusterIssuer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Default `cert-manager.io`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Pod placement and metadata.
@@ -591,7 +683,7 @@ mod tests {
             serde_json::json!(["lease", "streams", "none"])
         );
         let required = s["properties"]["spec"]["required"].as_array().unwrap();
-        assert!(required.contains(&"broker".into()) && required.contains(&"helper".into()));
+        assert!(required.contains(&"broker".into()) && !required.contains(&"helper".into()));
         assert_eq!(
             props["broker"]["required"],
             serde_json::json!(["urls"]),

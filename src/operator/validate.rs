@@ -190,11 +190,19 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     }
 
     // Helper.
-    if s.helper.command.trim().is_empty() {
-        problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
-    }
-    if let Some(cm) = &s.helper.config_map {
-        check_object_name("spec.helper.configMap", cm, &mut problem);
+    match &s.helper {
+        Some(h) => {
+            if h.command.trim().is_empty() {
+                problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
+            }
+            if let Some(cm) = &h.config_map {
+                check_object_name("spec.helper.configMap", cm, &mut problem);
+            }
+        }
+        None if s.node_configuration.is_none() => problem(
+            "neither spec.helper nor spec.nodeConfiguration is set; one of them has to configure the nodes".into(),
+        ),
+        None => {}
     }
 
     // The provisioner's own rules, applied to what the pods will read. Only
@@ -339,6 +347,32 @@ mod tests {
         let mut ok = keys;
         crate::operator::fixtures::merge(&mut ok, json!({"features": {"ed25519": true}}));
         assert!(problems(ok).is_empty());
+    }
+
+    #[test]
+    fn a_helper_or_node_configuration_is_needed_and_templates_must_compile() {
+        one(
+            json!({"helper": null}),
+            &["neither spec.helper nor spec.nodeConfiguration"],
+        );
+        one(
+            json!({"helper": null, "nodeConfiguration": {"configuration": {"identity": "{{ identity"}}}),
+            &[
+                "configuration_template.configuration.identity",
+                "not a valid template",
+            ],
+        );
+        one(
+            json!({"helper": null, "features": {"pki": true}, "nodeConfiguration": {"configuration": {"a": "b"}}}),
+            &["helper", "cert_manager"],
+        );
+        assert!(problems(json!({
+            "helper": null,
+            "features": {"pki": true},
+            "nodeConfiguration": {"configuration": {"a": "b"}},
+            "pki": {"certManager": {"issuerRef": {"name": "ca"}}},
+        }))
+        .is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
     let streams = e.backend == ElectionBackend::Streams;
     let owned = |v: Option<&String>| v.cloned();
     let doc = ProvisionerFile {
-        helper: Some(s.helper.command.clone()),
+        helper: s.helper.as_ref().map(|h| h.command.clone()),
         workers: s.workers.map(i64::from),
         interval: owned(s.interval.as_ref()),
         loglevel: s.log_level.map(|l| l.as_str().to_string()),
@@ -50,6 +50,35 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             api_prefix: owned(e.api_prefix.as_ref()).filter(|_| streams),
             ..Default::default()
         }),
+        configuration_template: s
+            .node_configuration
+            .as_ref()
+            .map(|n| ConfigurationTemplateFile {
+                values: Some(
+                    n.values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.clone())))
+                        .collect(),
+                ),
+                configuration: Some(n.configuration.clone()),
+                action_policies: Some(n.action_policies.clone()),
+                opa_policies: Some(n.opa_policies.clone()),
+                server_claims: n.server_claims.clone(),
+                upgrade: n.upgrade.clone(),
+            }),
+        cert_manager: match s.pki.as_ref().and_then(|p| p.cert_manager.as_ref()) {
+            Some(c) => Some(CertManagerFile {
+                issuer: Some(c.issuer_ref.name.clone()),
+                issuer_kind: c.issuer_ref.kind.clone(),
+                issuer_group: c.issuer_ref.group.clone(),
+                namespace: Some(namespace(p)?),
+                duration: c.duration.clone(),
+                usages: (!c.usages.is_empty()).then(|| c.usages.clone()),
+                timeout: c.timeout.clone(),
+                keep: c.keep.clone(),
+            }),
+            None => None,
+        },
         ..Default::default()
     };
     let body = doc.to_yaml().map_err(|e| BuildError::Serialize {

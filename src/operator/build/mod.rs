@@ -8,7 +8,9 @@
 //! only holds those paths.
 
 use super::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
-use crate::config::schema::{ElectionFile, FeaturesFile, ProvisionerFile};
+use crate::config::schema::{
+    CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, ProvisionerFile,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,

@@ -21,7 +21,8 @@ pub(super) fn rule(group: &str, resource: &str, names: Option<&str>, verbs: &[&s
 
 /// What the pods may do: follow their own Provisioner (a watch restricted by
 /// name needs a `metadata.name` field selector), write its status, and —
-/// with the lease backend — hold the Lease named like it. `create` cannot be
+/// with the lease backend — hold the Lease named like it; with
+/// `spec.pki.certManager`, make CertificateRequests. `create` cannot be
 /// restricted to a name, so it is a rule of its own.
 pub fn role(p: &Provisioner) -> Result<Role, BuildError> {
     let name = p.name_any();
@@ -47,6 +48,19 @@ pub fn role(p: &Provisioner) -> Result<Role, BuildError> {
             "leases",
             Some(&name),
             &["get", "update"],
+        ));
+    }
+    if p.spec
+        .pki
+        .as_ref()
+        .is_some_and(|k| k.cert_manager.is_some())
+    {
+        // One CertificateRequest per node, made, read until issued, deleted.
+        rules.push(rule(
+            "cert-manager.io",
+            "certificaterequests",
+            None,
+            &["create", "get", "delete"],
         ));
     }
     Ok(Role {

@@ -541,3 +541,72 @@ fn without_uid_nothing_is_built() {
     p.metadata.uid = None;
     assert!(matches!(owned(&p), Err(BuildError::Missing("uid"))));
 }
+
+#[test]
+fn node_configuration_and_cert_manager_reach_the_provisioner_and_the_role() {
+    let p = provisioner(json!({
+        "helper": null,
+        "features": {"pki": true},
+        "nodeConfiguration": {
+            "values": {"broker": "nats://b.example.net:4222"},
+            "configuration": {"identity": "{{ identity }}", "plugin.choria.middleware_hosts": "{{ values.broker }}"},
+            "serverClaims": {"ou": "ops"},
+            "upgrade": "0.31.0",
+        },
+        "pki": {"certManager": {"issuerRef": {"name": "choria-ca", "kind": "ClusterIssuer"}, "duration": "2160h"}},
+    }));
+    assert_eq!(
+        crate::operator::validate::validate(&p),
+        Vec::<String>::new()
+    );
+    let cfg = config(&p);
+    assert_eq!(cfg.helper, "", "no helper at all");
+    let t = cfg.configuration_template.as_ref().unwrap();
+    assert_eq!(t.configuration["identity"], "{{ identity }}");
+    assert_eq!(t.values["broker"], "nats://b.example.net:4222");
+    assert_eq!(t.server_claims.as_ref().unwrap().organization_unit, "ops");
+    assert_eq!(t.upgrade.as_deref(), Some("0.31.0"));
+    let cm = cfg.cert_manager.as_ref().unwrap();
+    assert_eq!(
+        (
+            cm.issuer.as_str(),
+            cm.issuer_kind.as_str(),
+            cm.namespace.as_str()
+        ),
+        ("choria-ca", "ClusterIssuer", NS),
+        "requests are made in the Provisioner's own namespace"
+    );
+    assert_eq!(
+        cm.duration,
+        Some(std::time::Duration::from_secs(2160 * 3600))
+    );
+    let cert_manager_rule = |p: &Provisioner| {
+        role(p)
+            .unwrap()
+            .rules
+            .unwrap()
+            .into_iter()
+            .find(|r| r.api_groups.as_deref() == Some(&["cert-manager.io".to_string()][..]))
+    };
+    let rule = cert_manager_rule(&p).expect("a rule for CertificateRequests");
+    assert_eq!(
+        rule.resources.as_deref(),
+        Some(&["certificaterequests".to_string()][..])
+    );
+    assert_eq!(rule.verbs, ["create", "get", "delete"]);
+    assert!(
+        cert_manager_rule(&jwt_spec()).is_none(),
+        "only when enabled"
+    );
+    // No helper: no helper volume either.
+    let d = deployment(&p, "sum").unwrap();
+    let volumes = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap_or_default();
+    assert!(!volumes.iter().any(|v| v.name == "helper"));
+}

@@ -117,7 +117,7 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
             ..Volume::default()
         });
     }
-    if let Some(cm) = &s.helper.config_map {
+    if let Some(cm) = s.helper.as_ref().and_then(|h| h.config_map.as_ref()) {
         mounts.push(read_only("helper", HELPER_DIR));
         volumes.push(Volume {
             name: "helper".into(),
