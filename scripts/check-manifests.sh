@@ -240,6 +240,8 @@ DELEGATED = [
     ("provisioning.choria.io", "provisioners", {"get", "list", "watch"}),
     ("provisioning.choria.io", "provisioners/status", {"get", "patch", "update"}),
     ("coordination.k8s.io", "leases", {"get", "create", "update"}),
+    # spec.pki.certManager (src/operator/build/rbac.rs)
+    ("cert-manager.io", "certificaterequests", {"create", "get", "delete"}),
 ]
 # What the operator itself does, cluster-wide (or in the watched namespace).
 NEEDED = DELEGATED + [

@@ -6,8 +6,9 @@
 //!
 //! 1. A CA `Issuer`: every node gets a certificate cert-manager signed with
 //!    that CA, for its own name, and its rendered configuration; every
-//!    CertificateRequest is labelled, annotated with its node and deleted
-//!    after use; no process ran per node.
+//!    CertificateRequest is deleted after use; no process ran per node
+//!    (tests/operator_e2e.rs checks the requests' labels and owner, made
+//!    with only the Role the operator generates).
 //! 2. An issuer that does not exist: the requests stay `Pending`, each node
 //!    fails with an error naming its request and what cert-manager said,
 //!    the `timeout` outcome is counted, no node is configured, and the
@@ -20,88 +21,15 @@ use choria_provisioner::fleet::ca as pki;
 use choria_provisioner::fleet::FleetOptions;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
+use support::certmanager::{self, CertManager};
 use support::kube::ControlPlane;
 use support::provisioner::ProvisionerProcess;
 use support::{NatsServer, RunningFleet};
 
 const NS: &str = "choria";
 const NODES: usize = 100;
-
-/// The cert-manager controller and its CRDs from the project cache (or
-/// `CERT_MANAGER_CONTROLLER_BIN` / `CERT_MANAGER_CRDS`); `None` with a loud
-/// banner when they were not built.
-fn cert_manager() -> Option<(PathBuf, PathBuf)> {
-    let cache = std::env::var_os("CHORIA_RS_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/choria-provisioner-rs"))
-        })
-        .unwrap_or_default();
-    let bin = std::env::var_os("CERT_MANAGER_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache.join("bin/cert-manager-controller"));
-    let crds = std::env::var_os("CERT_MANAGER_CRDS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache.join("cert-manager/crds"));
-    if bin.is_file() && crds.join("VERSION").is_file() {
-        return Some((bin, crds));
-    }
-    let bar = "!".repeat(78);
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! cert_manager: NOT RUN — {} or {} is missing.\n\
-         !!! Build them with scripts/build-kube-peers.sh cert-manager (~3 min cold).\n{bar}\n",
-        bin.display(),
-        crds.display()
-    );
-    None
-}
-
-/// The controller, killed on drop.
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn kubectl_apply(cp: &ControlPlane, yaml: &str) {
-    let out = cp.kubectl_stdin(&["apply", "-f", "-"], yaml);
-    assert!(
-        out.status.success(),
-        "kubectl apply:\n{yaml}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The CertificateRequests in the namespace.
-fn requests(cp: &ControlPlane) -> Vec<Value> {
-    let out = cp.kubectl_ok(&["get", "certificaterequests", "-n", NS, "-o", "json"]);
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["items"].as_array().cloned().unwrap_or_default()
-}
-
-/// Waits until no CertificateRequest is left.
-fn wait_no_requests(cp: &ControlPlane, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = requests(cp).len();
-        if left == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} CertificateRequests were not deleted"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
 
 const TEMPLATE: &str = "configuration_template:\n  configuration:\n    identity: '{{ identity }}'\n\
     \x20   plugin.security.file.certificate: '{{ csr.ssldir }}/cert.pem'\n    plugin.choria.server.provision: false\n";
@@ -149,70 +77,15 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
     let Some(bins) = ControlPlane::available() else {
         return;
     };
-    let Some((controller, crds)) = cert_manager() else {
+    let Some(cm_bins) = certmanager::available() else {
         return;
     };
     let cp = ControlPlane::start(&bins);
-    let out = cp.kubectl(&["apply", "--server-side", "-f", &crds.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/certificaterequests.cert-manager.io",
-        "crd/issuers.cert-manager.io",
-        "--timeout=60s",
-    ]);
     cp.kubectl_ok(&["create", "namespace", NS]);
-
     let dir = tempfile::tempdir().unwrap();
-    let ca = pki::CertificateAuthority::generate("cert-manager test CA").unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
-    cp.kubectl_ok(&[
-        "create",
-        "secret",
-        "tls",
-        "choria-ca",
-        "-n",
-        NS,
-        &format!("--cert={}", dir.path().join("ca.crt").display()),
-        &format!("--key={}", dir.path().join("ca.key").display()),
-    ]);
-    kubectl_apply(
-        &cp,
-        &format!("apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {{name: choria-ca, namespace: {NS}}}\nspec:\n  ca: {{secretName: choria-ca}}\n"),
-    );
+    let cm = CertManager::start(&cp, &cm_bins, dir.path(), NS, "choria-ca");
+    let ca = &cm.ca;
     let admin = cp.kubeconfig(cp.admin_token());
-    let log = std::fs::File::create(dir.path().join("cert-manager.log")).unwrap();
-    let _controller = Controller(
-        Command::new(&controller)
-            .arg(format!("--kubeconfig={}", admin.display()))
-            .arg(format!("--cluster-resource-namespace={NS}"))
-            .arg("-v=2")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting cert-manager-controller"),
-    );
-    let out = cp.kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "issuer/choria-ca",
-        "-n",
-        NS,
-        "--timeout=90s",
-    ]);
-    assert!(
-        out.status.success(),
-        "the Issuer did not become Ready: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        std::fs::read_to_string(dir.path().join("cert-manager.log")).unwrap_or_default()
-    );
 
     // 1. Signed by cert-manager, configured by the template.
     let nats = NatsServer::start();
@@ -224,7 +97,7 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
     )
     .await;
     // Requests are deleted once used.
-    wait_no_requests(&cp, Duration::from_secs(20));
+    certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
     let (_, metrics) = p.get("/metrics");
     let issued = metric(
         &metrics,
@@ -313,7 +186,7 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
             .any(|e| e["kind"] == "action" && e["action"] == "configure"),
         "a node was configured without a certificate"
     );
-    wait_no_requests(&cp, Duration::from_secs(20));
+    certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
 }
 
 /// The sum of the series of `name` whose line contains `labels`.

@@ -1834,3 +1834,161 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
     assert!(try_get(&cp, "deployment", "elsewhere", "theirs").is_none());
     drop(operator);
 }
+
+/// Helper-free on Kubernetes: a Provisioner with `nodeConfiguration` and
+/// `pki.certManager` and no helper. Its pod, logged in with only the Role
+/// the operator generated (which now allows CertificateRequests, and
+/// nothing more), has the real cert-manager sign every node's CSR; the
+/// requests carry our labels, the node's identity and the Provisioner as
+/// owner; every node is provisioned with its rendered configuration and a
+/// certificate from the Issuer's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_role() {
+    const NODES: usize = 60;
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let Some(cm_bins) = support::certmanager::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(&bins);
+    let cp = &c.cp;
+    c.create_namespace();
+    let cm = support::certmanager::CertManager::start(cp, &cm_bins, c.dir.path(), NS, "choria-ca");
+    let nats = NatsServer::start();
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "nohelper-token",
+        "-n",
+        NS,
+        &format!("--from-literal=token={TOKEN}"),
+    ]);
+    let resource = json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "metadata": {"name": "nohelper", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "image": "choria-provisioner:e2e",
+            "workers": 8,
+            "site": "e2e",
+            "logLevel": "info",
+            "choriaInsecure": true,
+            "broker": {"urls": [nats.url()]},
+            "tokenSecret": {"name": "nohelper-token", "key": "token"},
+            "features": {"pki": true},
+            "rpcTimeout": "3s",
+            "discoveryTimeout": "2s",
+            "discoveryWindow": "500ms",
+            "nodeConfiguration": {
+                "values": {"broker": "nats://broker.e2e.example.net:4222"},
+                "configuration": {
+                    "identity": "{{ identity }}",
+                    "plugin.choria.middleware_hosts": "{{ values.broker }}",
+                    "plugin.choria.server.provision": "false",
+                },
+            },
+            "pki": {"certManager": {"issuerRef": {"name": "choria-ca"}, "duration": "2160h", "keep": "5m"}},
+            "election": {"backend": "none"},
+        },
+    });
+    apply(cp, &resource.to_string());
+    let p = c.observed("nohelper");
+    assert_eq!(
+        cond(&p, "Degraded"),
+        pair("False", "AsExpected"),
+        "{}",
+        p["status"]
+    );
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let deployment = get(cp, "deployment", NS, "nohelper");
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        !volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "helper"),
+        "a helper volume without a helper: {volumes}"
+    );
+
+    wait_for(
+        "the operator's RoleBinding",
+        Duration::from_secs(30),
+        || try_get(cp, "rolebinding", NS, "nohelper"),
+    );
+    let kubeconfig = cp.kubeconfig(&create_token(cp, NS, "nohelper"));
+    let requests = "certificaterequests.cert-manager.io";
+    wait_allowed(cp, &kubeconfig, &["create", requests, "-n", NS]);
+    for allowed in [["get", requests], ["delete", requests]] {
+        assert!(
+            can_i(cp, &kubeconfig, &[allowed[0], allowed[1], "-n", NS]),
+            "{allowed:?}"
+        );
+    }
+    for denied in [
+        vec!["list", requests, "-n", NS],
+        vec!["update", requests, "-n", NS],
+        vec!["create", requests, "-n", "default"],
+        vec!["get", "certificates.cert-manager.io", "-n", NS],
+        vec!["get", "issuers.cert-manager.io", "-n", NS],
+    ] {
+        assert!(!can_i(cp, &kubeconfig, &denied), "the pods may {denied:?}");
+    }
+
+    let journal = c.dir.path().join("nohelper.jsonl");
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: NODES,
+        token: TOKEN.into(),
+        journal: Some(journal.clone()),
+        key_pool_size: 4,
+        journal_config_keys: vec!["identity".into(), "plugin.choria.middleware_hosts".into()],
+        ..Default::default()
+    })
+    .await;
+    let pod = start_pod(&c, &deployment, "nohelper-7d9f8c6b5-z2x4q", &kubeconfig);
+    wait_all_provisioned(&journal, NODES, Duration::from_secs(120), &pod);
+    assert_eq!(pod.metric("choria_provisioner_helper_time_count"), 0.0);
+
+    // Kept for `keep`: each request is ours, names its node, is owned.
+    let made = support::certmanager::requests(cp, NS);
+    assert!(made.len() >= NODES, "{} requests", made.len());
+    for r in &made {
+        let m = &r["metadata"];
+        assert_eq!(
+            m["labels"]["app.kubernetes.io/managed-by"], "choria-provisioner",
+            "{m}"
+        );
+        assert_eq!(
+            m["labels"]["provisioning.choria.io/provisioner"], "nohelper",
+            "{m}"
+        );
+        assert!(
+            m["annotations"]["provisioning.choria.io/node"].is_string(),
+            "{m}"
+        );
+        assert_eq!(m["ownerReferences"][0]["uid"], uid.as_str(), "{m}");
+        assert_eq!(m["ownerReferences"][0]["kind"], "Provisioner", "{m}");
+        assert_eq!(r["spec"]["duration"], "7776000s", "{}", r["spec"]);
+    }
+    drop(pod);
+    let (_, journal) = fleet.finish().await;
+    assert_provisioned_once(&journal, NODES);
+    for f in journal.iter().filter(|e| e["kind"] == "final") {
+        let node = f["node"].as_str().unwrap();
+        let cert = f["certificate"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{node}: no certificate"));
+        choria_provisioner::fleet::ca::verify_issued_by(cert, &cm.ca.cert_pem())
+            .unwrap_or_else(|e| panic!("{node}: not from the Issuer's CA: {e}"));
+        assert_eq!(f["config_values"]["identity"], node);
+        assert_eq!(
+            f["config_values"]["plugin.choria.middleware_hosts"],
+            "nats://broker.e2e.example.net:4222"
+        );
+    }
+}

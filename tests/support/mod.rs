@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod certmanager;
 pub mod election;
 pub mod faults;
 pub mod gopeers;
