@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Builds a Kubernetes control plane for the integration tests (no kubelet,
-# scheduler or controller-manager), from the Go module proxy, into the project
-# cache ($CACHE_BIN, see scripts/lib.sh):
+# Builds a Kubernetes control plane for the integration tests (by default no
+# kubelet, scheduler or controller-manager), from the Go module proxy, into the
+# project cache ($CACHE_BIN, see scripts/lib.sh):
 #
 #   etcd            go.etcd.io/etcd/server/v3             (tests/kubepeers/etcd)
 #   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver  (tests/kubepeers/kubernetes)
 #   kubectl         k8s.io/kubernetes/cmd/kubectl         (tests/kubepeers/kubernetes)
 #
-# and, only when asked for (target cert-manager, not in the default set):
+# and, only when asked for (not in the default set):
 #
+#   kubelet, kube-scheduler, kube-controller-manager
+#                   k8s.io/kubernetes/cmd/...               (tests/kubepeers/kubernetes)
+#                   the node tier: scripts/node-tier.sh runs them with containerd
 #   cert-manager-controller  github.com/cert-manager/cert-manager's issuers,
 #                   certificaterequests-approver and certificaterequests-issuer-ca
 #                   controllers (tests/gopeers/certmanager/main.go), plus
@@ -19,6 +22,7 @@
 # tests/kubepeers/README.md). tests/support/kube.rs starts them.
 #
 # Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl] [cert-manager]
+#          [kubelet] [kube-scheduler] [kube-controller-manager]
 #        (default: etcd kube-apiserver kubectl)
 #        scripts/build-kube-peers.sh --pin 1.M.N
 #        (rewrites tests/kubepeers/kubernetes/go.mod and go.sum for Kubernetes
@@ -206,7 +210,11 @@ pin() {
   if [ -n "$godebug" ]; then
     run_go "$moddir" "editing go.mod" -- mod edit "-godebug=$godebug" >/dev/null || exit 1
   fi
-  run_go "$moddir" "go get" -- get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$k" "k8s.io/kubernetes/cmd/kubectl@v$k" >/dev/null || exit 1
+  local tools=() t
+  for t in kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager; do
+    tools+=("k8s.io/kubernetes/cmd/$t@v$k")
+  done
+  run_go "$moddir" "go get" -- get -tool "${tools[@]}" >/dev/null || exit 1
   run_go "$moddir" "go mod tidy" -- mod tidy >/dev/null || exit 1
   log "tests/kubepeers/kubernetes now builds Kubernetes v$k (staging modules v$s${godebug:+, godebug $godebug}); commit go.mod and go.sum"
   exit 0
@@ -224,9 +232,9 @@ built=()
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd && built+=("$CACHE_BIN/etcd") || failed=1 ;;
-    kube-apiserver | kubectl) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
+    kube-apiserver | kubectl | kubelet | kube-scheduler | kube-controller-manager) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
     cert-manager) build_cert_manager && built+=("$CACHE_BIN/cert-manager-controller") || failed=1 ;;
-    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager)" >&2; exit 2 ;;
+    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager, kubelet, kube-scheduler, kube-controller-manager)" >&2; exit 2 ;;
   esac
 done
 

@@ -573,15 +573,7 @@ fn fleet_provisioner(
     helper_sleep: &str,
     rpc_timeout: &str,
 ) -> Value {
-    c.cp.kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        &format!("{name}-token"),
-        "-n",
-        NS,
-        &format!("--from-literal=token={TOKEN}"),
-    ]);
+    token_secret(&c.cp, name);
     let resource = json!({
         "apiVersion": "provisioning.choria.io/v1alpha1",
         "kind": "Provisioner",
@@ -616,6 +608,19 @@ fn fleet_provisioner(
         p["status"]
     );
     p
+}
+
+/// Secret `<name>-token` holding the fleet's provisioning token.
+fn token_secret(cp: &ControlPlane, name: &str) {
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        &format!("{name}-token"),
+        "-n",
+        NS,
+        &format!("--from-literal=token={TOKEN}"),
+    ]);
 }
 
 /// The pods' ServiceAccount token (the operator created the account and bound
@@ -1857,15 +1862,7 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
     c.create_namespace();
     let cm = support::certmanager::CertManager::start(cp, &cm_bins, c.dir.path(), NS, "choria-ca");
     let nats = NatsServer::start();
-    cp.kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "nohelper-token",
-        "-n",
-        NS,
-        &format!("--from-literal=token={TOKEN}"),
-    ]);
+    token_secret(cp, "nohelper");
     let resource = json!({
         "apiVersion": "provisioning.choria.io/v1alpha1",
         "kind": "Provisioner",
