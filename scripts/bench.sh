@@ -12,7 +12,7 @@
 #   --runs R              runs per configuration and implementation (default 3)
 #   --workers W[,W...]    provisioner `workers` (default 16: on 2 cores the run is
 #                         CPU-bound from 16 on, more workers only add latency)
-#   --scenario S          jwt | pki | all (default all)
+#   --scenario S          jwt | pki | template | all (default all: jwt and pki)
 #   --quick               --nodes 1000 --runs 1
 #   --helper CMD          helper command line for the jwt scenario instead of
 #                         examples/helper.sh (experiments)
@@ -36,6 +36,11 @@
 #   jwt   helper examples/helper.sh (sh + sed: configuration only)
 #   pki   features jwt + pki; helper `choria-provisioner fleet-helper --ca-cert
 #         --ca-key`, which signs each node's CSR with a CA made by openssl
+#   template  jwt, but ours has no helper: a configuration_template renders the
+#         same four settings examples/helper.sh prints (no process per node).
+#         The Go provisioner has no templates and runs examples/helper.sh, so
+#         this compares what each offers for that configuration, not one
+#         harness (ours' row shows no helper CPU)
 #
 # For every run: nodes/min from the journal (first discovery request a node
 # received to the last `restart` acknowledged), the end-to-end time from
@@ -93,8 +98,9 @@ done
 case "$SCENARIO" in
   jwt) SCENARIOS=(jwt) ;;
   pki) SCENARIOS=(pki) ;;
+  template) SCENARIOS=(template) ;;
   all) SCENARIOS=(jwt pki) ;;
-  *) echo "bench.sh: --scenario must be jwt, pki or all" >&2; exit 2 ;;
+  *) echo "bench.sh: --scenario must be jwt, pki, template or all" >&2; exit 2 ;;
 esac
 IFS=, read -r -a NODES_ARR <<<"$NODES_LIST"
 IFS=, read -r -a WORKERS_ARR <<<"$WORKERS_LIST"
@@ -248,6 +254,8 @@ run_one() {
   local helper
   if [ "$scenario" = pki ]; then
     helper="$BIN fleet-helper --broker nats://broker.bench.example.net:4222 --ca-cert $WORK/ca.pem --ca-key $WORK/ca.key"
+  elif [ "$scenario" = template ] && [ "$impl" = rust ]; then
+    helper="(configuration_template)"
   else
     helper="$JWT_HELPER"
   fi
@@ -256,7 +264,17 @@ run_one() {
     echo "interval: 1m"
     echo "token: s3cret"
     echo "site: bench"
-    echo "helper: $helper"
+    if [ "$helper" = "(configuration_template)" ]; then
+      # What examples/helper.sh prints, as templates.
+      echo "configuration_template:"
+      echo "  configuration:"
+      echo "    identity: '{{ identity }}'"
+      echo "    loglevel: info"
+      echo "    plugin.choria.server.provision: 'false'"
+      echo "    plugin.choria.middleware_hosts: nats://broker.bench.example.net:4222"
+    else
+      echo "helper: $helper"
+    fi
     echo "choria_insecure: true"
     echo "monitor_port: $monitor"
     echo "loglevel: warn"
