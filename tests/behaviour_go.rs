@@ -265,13 +265,24 @@ async fn run(which: Impl, bin: &Path, sc: &Scenario, root: &Path) -> Outcome {
         ]);
     }
     let helper = recording_helper(&dir, &helper_args);
+    let mut features = sc.yaml.to_string();
+    if sc.yaml.contains("ed25519: true") {
+        // Both read a hex ed25519 seed file as the server JWT signer.
+        let seed = dir.join("server-signer.seed");
+        std::fs::write(
+            &seed,
+            choria_provisioner::choria::security::ed25519::Ed25519KeyPair::generate().seed_hex(),
+        )
+        .unwrap();
+        features.push_str(&format!("jwt_signing_key: {}\n", seed.display()));
+    }
     // The same file for both; Go needs `logfile` (its default is a file
     // named "info" in the working directory), ours logs there as well.
     let yaml = format!(
         "workers: 4\ninterval: 1m\ntoken: {TOKEN}\nsite: diff\nhelper: {}\nchoria_insecure: true\njwt_verify_cert: {}\nloglevel: debug\nlogfile: /dev/stderr\n{}",
         helper.display(),
         signer_pub.display(),
-        sc.yaml
+        features
     );
     let ccfg = format!(
         "identity = provisioner.diff.example.net\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
@@ -502,6 +513,18 @@ fn scenarios() -> Vec<Scenario> {
             provisioned: 6,
             run_for: None,
         },
+        // Organisation-issuer networks: each node's ed25519 key is fetched
+        // (nonce signature checked) and a server JWT signed for it with
+        // `jwt_signing_key` (written per run, see `run`).
+        Scenario {
+            name: "ed25519",
+            nodes: 8,
+            yaml: "features:\n  ed25519: true\n",
+            helper: Vec::new(),
+            fleet: |_| {},
+            provisioned: 8,
+            run_for: None,
+        },
         // Every node deferred once by the helper: provisioned on the next
         // cycle, a minute later.
         Scenario {
@@ -601,6 +624,12 @@ async fn go_and_ours_treat_identical_fleets_alike_or_differ_as_documented() {
                 "{} {which:?}: the helper never ran",
                 sc.name
             );
+            if sc.name == "ed25519" {
+                // Alike must mean "issued", not "both failed the same way".
+                for (node, f) in &o.finals {
+                    assert_eq!(f["has_server_jwt"], true, "ed25519 {which:?}: {node}: {f}");
+                }
+            }
         }
         let diffs = compare(sc, &go, &ours);
         println!(
