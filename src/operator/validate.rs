@@ -510,3 +510,40 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod examples {
+    use super::*;
+
+    /// Every Provisioner shipped in deploy/ passes what the operator checks,
+    /// the provisioner's own parsers included (not just the CRD schema).
+    #[test]
+    fn the_shipped_example_provisioners_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if !path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("example-")
+            {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in serde_norway::Deserializer::from_str(&text) {
+                let v = <serde_json::Value as serde::Deserialize>::deserialize(doc).unwrap();
+                if v["kind"] != "Provisioner" {
+                    continue;
+                }
+                let mut v = v;
+                v["metadata"]["uid"] = "u".into();
+                let p: Provisioner = serde_json::from_value(v).unwrap();
+                assert_eq!(validate(&p), Vec::<String>::new(), "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "{seen} example Provisioners");
+    }
+}
