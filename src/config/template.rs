@@ -11,8 +11,8 @@
 //!     identity: "{{ identity }}"
 //!     plugin.choria.middleware_hosts: "{{ values.broker }}"
 //!     classes: "{{ inventory.classes | join(',') }}"
-//!   action_policies: {}          # agent: template (policy file text)
-//!   opa_policies: {}             # agent or `default`: template
+//!   action_policies: {}          # rpcutil.policy: template of that file
+//!   opa_policies: {}             # default.rego: template of that file
 //!   server_claims: {}            # static, as the helper's server_claims
 //!   upgrade: ""                  # template: version to upgrade to
 //! ```
@@ -34,9 +34,9 @@ pub struct ConfigurationTemplate {
     pub values: BTreeMap<String, serde_json::Value>,
     /// Choria setting → template of its value.
     pub configuration: BTreeMap<String, String>,
-    /// Agent → template of its action policy file.
+    /// Policy file name (`<agent>.policy`) → template of its text.
     pub action_policies: BTreeMap<String, String>,
-    /// Agent (or `default`) → template of its Open Policy Agent policy.
+    /// Rego file name (`<agent>.rego`, `default.rego`) → template of its text.
     pub opa_policies: BTreeMap<String, String>,
     /// Claims the node's server JWT is based on (`features.ed25519`).
     pub server_claims: Option<ServerClaims>,
@@ -119,7 +119,7 @@ mod tests {
     fn every_template_is_compiled_under_its_name() {
         let t = ConfigurationTemplate {
             configuration: [("identity".to_string(), "{{ identity }}".to_string())].into(),
-            opa_policies: [("default".to_string(), "package x\n".to_string())].into(),
+            opa_policies: [("default.rego".to_string(), "package x\n".to_string())].into(),
             upgrade: Some("0.30.{{ 1 + 1 }}".into()),
             ..Default::default()
         };
@@ -128,10 +128,14 @@ mod tests {
         names.sort_unstable();
         assert_eq!(
             names,
-            ["configuration.identity", "opa_policies.default", "upgrade"]
+            [
+                "configuration.identity",
+                "opa_policies.default.rego",
+                "upgrade"
+            ]
         );
         let out = env
-            .get_template("opa_policies.default")
+            .get_template("opa_policies.default.rego")
             .unwrap()
             .render(())
             .unwrap();

@@ -374,10 +374,10 @@ pub struct NodeConfigurationSpec {
     /// Choria setting → template of its value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub configuration: BTreeMap<String, String>,
-    /// Agent → template of its action policy file.
+    /// Policy file name (`<agent>.policy`) → template of its text.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub action_policies: BTreeMap<String, String>,
-    /// Agent (or `default`) → template of its Open Policy Agent policy.
+    /// Rego file name (`<agent>.rego`, `default.rego`) → template of its text.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub opa_policies: BTreeMap<String, String>,
     /// Claims the server JWTs are based on (`features.ed25519`), as the

@@ -95,15 +95,15 @@ impl NodeTemplate {
                 .configuration
                 .insert(key.clone(), render(CONFIGURATION, key, true)?);
         }
-        for agent in self.template.action_policies.keys() {
+        for file in self.template.action_policies.keys() {
             response
                 .action_policies
-                .insert(agent.clone(), render(ACTION_POLICIES, agent, false)?);
+                .insert(file.clone(), render(ACTION_POLICIES, file, false)?);
         }
-        for agent in self.template.opa_policies.keys() {
+        for file in self.template.opa_policies.keys() {
             response
                 .opa_policies
-                .insert(agent.clone(), render(OPA_POLICIES, agent, false)?);
+                .insert(file.clone(), render(OPA_POLICIES, file, false)?);
         }
         if self.template.upgrade.is_some() {
             let version = render(UPGRADE, "", false)?;
@@ -265,7 +265,7 @@ mod tests {
         let t = ConfigurationTemplate {
             configuration: [("a".to_string(), "b".to_string())].into(),
             action_policies: [(
-                "rpcutil".to_string(),
+                "rpcutil.policy".to_string(),
                 "policy default deny\nallow\t*\t*\t*\t{{ inventory.facts.role }}\n".to_string(),
             )]
             .into(),
@@ -276,7 +276,7 @@ mod tests {
             .render(&input("n1", INVENTORY))
             .unwrap();
         assert_eq!(
-            r.action_policies["rpcutil"],
+            r.action_policies["rpcutil.policy"],
             "policy default deny\nallow\t*\t*\t*\tweb\n"
         );
     }

@@ -303,12 +303,17 @@ fn cert_manager(
     }))
 }
 
-/// Agent names as Choria makes them: lower-case letters, digits and `_`.
-fn is_agent_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+/// A policy file name as go-choria's `configure` writes it into the
+/// node's policy directory: `<name><extension>`, the name of letters,
+/// digits, `_`, `-` and `.` (no path, not hidden).
+fn is_policy_file(name: &str, extension: &str) -> bool {
+    name.strip_suffix(extension).is_some_and(|stem| {
+        !stem.is_empty()
+            && !stem.starts_with('.')
+            && stem
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    })
 }
 
 /// `configuration_template:`: names that are safe where they end up (a
@@ -359,20 +364,23 @@ fn configuration_template(
             ));
         }
     }
-    let policies = |section: &str| -> Result<BTreeMap<String, String>, ConfigError> {
+    // go-choria refuses other names ("expected %q to have .policy
+    // extension") after writing the configuration: the node would be
+    // configured without its policies.
+    let policies = |section: &str, ext: &str| -> Result<BTreeMap<String, String>, ConfigError> {
         let map = tsec.string_map(section)?.unwrap_or_default();
-        for agent in map.keys() {
-            if !is_agent_name(agent) {
+        for file in map.keys() {
+            if !is_policy_file(file, ext) {
                 return Err(tsec.error(
                     section,
-                    format!("{agent:?} is not an agent name (lower-case letters, digits and _)"),
+                    format!("{file:?} is not a policy file name such as rpcutil{ext} (letters, digits, _, - and ., ending {ext})"),
                 ));
             }
         }
         Ok(map)
     };
-    let action_policies = policies(ACTION_POLICIES)?;
-    let opa_policies = policies(OPA_POLICIES)?;
+    let action_policies = policies(ACTION_POLICIES, ".policy")?;
+    let opa_policies = policies(OPA_POLICIES, ".rego")?;
     let server_claims = match tsec.node("server_claims") {
         None => None,
         Some(n) => Some(

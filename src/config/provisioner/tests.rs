@@ -744,7 +744,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          election: {backend: lease, lease_name: l, lease_namespace: ns, lease_duration: 20s, renew_deadline: 15s, retry_period: 3s}\n",
         "helper: h\nelection: {backend: streams, bucket: B, name: n, api_prefix: '', create_bucket: true, bucket_ttl: 30s}\n",
         "configuration_template:\n  values: {broker: 'nats://b:4222', n: 3, list: [a, b]}\n  configuration: {identity: '{{ identity }}', interval: 300}\n\
-         \x20 action_policies: {rpcutil: \"policy default allow\\n\"}\n  opa_policies: {default: 'package choria'}\n\
+         \x20 action_policies: {rpcutil.policy: \"policy default allow\\n\"}\n  opa_policies: {default.rego: 'package choria'}\n\
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
@@ -818,9 +818,13 @@ fn configuration_template_mistakes_are_errors_naming_the_key() {
         e.contains("configuration_template.configuration.a: expected text, found a list"),
         "{e}"
     );
-    let e = err("configuration_template: {configuration: {a: b}, action_policies: {'../x': y}}\n");
+    let e = err(
+        "configuration_template: {configuration: {a: b}, action_policies: {'../x.policy': y}}\n",
+    );
     assert!(
-        e.contains("configuration_template.action_policies: \"../x\" is not an agent name"),
+        e.contains(
+            "configuration_template.action_policies: \"../x.policy\" is not a policy file name"
+        ),
         "{e}"
     );
     let e =
