@@ -865,3 +865,160 @@ async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
     let logs = bench.stop_and_check_log(p);
     assert!(logs.contains(id), "the node is named in the log");
 }
+
+// ---------------------------------------------------------------------------
+// 3. v1, no helper: a configuration template and the real cert-manager.
+// ---------------------------------------------------------------------------
+
+/// The certificate's key usages and extended key usages, as openssl names them.
+fn usages(cert: &Path) -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "keyUsage,extendedKeyUsage", "-in"])
+        .arg(cert)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager() {
+    const TEST: &str = "real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager";
+    let Some(kube) = support::kube::ControlPlane::available() else {
+        return;
+    };
+    let Some(cm_bins) = support::certmanager::available() else {
+        return;
+    };
+    let Some(mut bench) = Bench::start(TEST).await else {
+        return;
+    };
+    let cp = support::kube::ControlPlane::start(&kube);
+    cp.kubectl_ok(&["create", "namespace", "choria"]);
+    // The Issuer signs with the CA that signed the broker's certificate, so
+    // the provisioned server's TLS verifies.
+    let _cm = support::certmanager::CertManager::start_with_ca(
+        &cp,
+        &cm_bins,
+        "choria",
+        "choria-ca",
+        &bench.broker.ca.cert,
+        &bench.broker.ca.key,
+        bench.work.path(),
+    );
+    let id = "real-cm.provision.example.net";
+    let node_dir = bench.path(id);
+    let ssl = node_dir.join("ssl");
+    let policy = rpcutil_policy("choria=admin.mcollective");
+    let template = serde_json::json!({
+        "configuration": {
+            "identity": "{{ identity }}",
+            "plugin.choria.server.provision": "false",
+            "plugin.choria.middleware_hosts": bench.url(),
+            "loglevel": "info",
+            "plugin.choria.use_srv": "false",
+            "plugin.security.provider": "file",
+            "plugin.security.file.certificate": "{{ csr.ssldir }}/certificate.pem",
+            "plugin.security.file.key": "{{ csr.ssldir }}/private.pem",
+            "plugin.security.file.ca": "{{ csr.ssldir }}/ca.pem",
+        },
+        "action_policies": {"rpcutil.policy": policy},
+    });
+    let yaml = format!(
+        "workers: 2\ninterval: 1m\ntoken: {TOKEN}\nsite: real-cm\ndiscovery_timeout: 2s\nchoria_insecure: true\n\
+         jwt_verify_cert: {}\nfeatures:\n  jwt: true\n  pki: true\nconfiguration_template: {template}\n\
+         cert_manager:\n  issuer: choria-ca\n  namespace: choria\n",
+        s(&bench.signers.rsa_public)
+    );
+    let choria_cfg = format!(
+        "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+        bench.url()
+    );
+    let dir = bench.path("provisioner");
+    std::fs::create_dir_all(&dir).unwrap();
+    let admin = cp.kubeconfig(cp.admin_token());
+    let mut p = ProvisionerProcess::start_with_env(
+        &dir,
+        "provisioner",
+        &yaml,
+        &choria_cfg,
+        &["--debug"],
+        &[("KUBECONFIG", s(&admin))],
+    );
+    p.wait_for_metric("choria_provisioner_discover_cycles", 1.0, STARTUP_TIMEOUT)
+        .await;
+    let mut server = bench.server(id, Version::V1).await;
+    bench
+        .wait_provisioned_and_restarted(&mut p, &mut server)
+        .await;
+    // One request, issued.
+    assert_eq!(p.metric("choria_provisioner_cert_manager_requests"), 1.0);
+    let (_, metrics) = p.get("/metrics");
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("choria_provisioner_cert_manager_requests{")
+                && l.contains("outcome=\"issued\"")
+                && l.ends_with(" 1")
+        ),
+        "{metrics}"
+    );
+    assert_eq!(
+        p.metric("choria_provisioner_helper_time_count"),
+        0.0,
+        "no helper ran"
+    );
+
+    // Exactly the template's settings, rendered for this node.
+    let (_, written) = read_written_config(&node_dir.join("server.conf"));
+    let settings = [
+        ("plugin.choria.use_srv", "false".to_string()),
+        ("plugin.security.provider", "file".to_string()),
+        (
+            "plugin.security.file.certificate",
+            s(&ssl.join("certificate.pem")).to_string(),
+        ),
+        (
+            "plugin.security.file.key",
+            s(&ssl.join("private.pem")).to_string(),
+        ),
+        (
+            "plugin.security.file.ca",
+            s(&ssl.join("ca.pem")).to_string(),
+        ),
+    ];
+    assert_eq!(written, bench.expected_config(id, &settings));
+    assert_policy_written(&node_dir, &policy);
+
+    // cert-manager's certificate, from the Issuer's CA, for the node's name
+    // and key, for TLS server and client use.
+    let cert_path = ssl.join("certificate.pem");
+    let cert = std::fs::read_to_string(&cert_path).unwrap();
+    let ca_pem = bench.broker.ca.cert_pem();
+    pki::verify_issued_by(&cert, &ca_pem)
+        .unwrap_or_else(|e| panic!("the node's certificate is not from the Issuer's CA: {e}"));
+    assert_eq!(pki::certificate_common_name(&cert).unwrap(), id);
+    assert_eq!(
+        std::fs::read_to_string(ssl.join("ca.pem")).unwrap().trim(),
+        ca_pem.trim(),
+        "status.ca is the CA"
+    );
+    let u = usages(&cert_path);
+    for usage in [
+        "Digital Signature",
+        "Key Encipherment",
+        "TLS Web Server Authentication",
+        "TLS Web Client Authentication",
+    ] {
+        assert!(u.contains(usage), "{usage} missing: {u}");
+    }
+    bench.assert_connected_in(id, "mcollective");
+    bench.secrets.push((
+        "a line of the node's private key",
+        pem_body_line(&ssl.join("private.pem")),
+    ));
+    bench.stop_and_check_log(p);
+}

@@ -65,8 +65,8 @@ impl Drop for CertManager {
 
 impl CertManager {
     /// Installs the CRDs, a CA Secret and Issuer in `namespace` (which must
-    /// exist), starts the controllers logged in as admin and waits for the
-    /// Issuer to be Ready.
+    /// exist) with a CA of its own, starts the controllers logged in as
+    /// admin and waits for the Issuer to be Ready.
     pub fn start(
         cp: &ControlPlane,
         bins: &Bins,
@@ -74,6 +74,29 @@ impl CertManager {
         namespace: &str,
         issuer: &str,
     ) -> Self {
+        let ca = CertificateAuthority::generate("cert-manager test CA").unwrap();
+        let (crt, key) = (dir.join("cm-ca.crt"), dir.join("cm-ca.key"));
+        std::fs::write(&crt, ca.cert_pem()).unwrap();
+        std::fs::write(&key, ca.key_pem()).unwrap();
+        Self::start_with_ca(cp, bins, namespace, issuer, &crt, &key, dir)
+    }
+
+    /// [`CertManager::start`] with the CA in these PEM files (say, the one
+    /// that signed the broker's certificate).
+    pub fn start_with_ca(
+        cp: &ControlPlane,
+        bins: &Bins,
+        namespace: &str,
+        issuer: &str,
+        crt: &Path,
+        key: &Path,
+        dir: &Path,
+    ) -> Self {
+        let ca = CertificateAuthority::from_pem(
+            &std::fs::read_to_string(crt).unwrap(),
+            &std::fs::read_to_string(key).unwrap(),
+        )
+        .unwrap();
         // The Issuer CRDs are too big for client-side apply's annotation.
         let out = cp.kubectl(&[
             "apply",
@@ -93,10 +116,6 @@ impl CertManager {
             "crd/issuers.cert-manager.io",
             "--timeout=60s",
         ]);
-        let ca = CertificateAuthority::generate("cert-manager test CA").unwrap();
-        let (crt, key) = (dir.join("cm-ca.crt"), dir.join("cm-ca.key"));
-        std::fs::write(&crt, ca.cert_pem()).unwrap();
-        std::fs::write(&key, ca.key_pem()).unwrap();
         cp.kubectl_ok(&[
             "create",
             "secret",
