@@ -13,6 +13,9 @@
 //!    fails with an error naming its request and what cert-manager said,
 //!    the `timeout` outcome is counted, no node is configured, and the
 //!    requests are deleted all the same.
+//! 3. Requests denied by an approval policy (cert-manager's approver off,
+//!    the test denying each): the error names the request and the policy's
+//!    reason, `denied` is counted, no node is configured.
 
 mod support;
 
@@ -29,7 +32,10 @@ use support::provisioner::ProvisionerProcess;
 use support::{NatsServer, RunningFleet};
 
 const NS: &str = "choria";
-const NODES: usize = 100;
+/// Signed in the first part.
+const NODES: usize = 500;
+/// Failed on purpose in the others.
+const FAILING: usize = 50;
 
 const TEMPLATE: &str = "configuration_template:\n  configuration:\n    identity: '{{ identity }}'\n\
     \x20   plugin.security.file.certificate: '{{ csr.ssldir }}/cert.pem'\n    plugin.choria.server.provision: false\n";
@@ -42,10 +48,11 @@ async fn start(
     name: &str,
     issuer: &str,
     timeout: &str,
+    nodes: usize,
 ) -> (RunningFleet, ProvisionerProcess) {
     let fleet = RunningFleet::start(FleetOptions {
         broker: BrokerArgs::at([nats.url()]),
-        nodes: NODES,
+        nodes,
         token: "cm-token".into(),
         journal: Some(dir.join(format!("{name}.jsonl"))),
         key_pool_size: 8,
@@ -73,7 +80,7 @@ async fn start(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name() {
+async fn cert_manager_signs_every_node_and_missing_issuers_and_denials_fail_them_by_name() {
     let Some(bins) = ControlPlane::available() else {
         return;
     };
@@ -83,13 +90,13 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
     let cp = ControlPlane::start(&bins);
     cp.kubectl_ok(&["create", "namespace", NS]);
     let dir = tempfile::tempdir().unwrap();
-    let cm = CertManager::start(&cp, &cm_bins, dir.path(), NS, "choria-ca");
+    let mut cm = CertManager::start(&cp, &cm_bins, dir.path(), NS, "choria-ca");
     let ca = &cm.ca;
     let admin = cp.kubeconfig(cp.admin_token());
 
     // 1. Signed by cert-manager, configured by the template.
     let nats = NatsServer::start();
-    let (fleet, mut p) = start(dir.path(), &nats, &admin, "good", "choria-ca", "30s").await;
+    let (fleet, mut p) = start(dir.path(), &nats, &admin, "good", "choria-ca", "30s", NODES).await;
     p.wait_for_metric(
         "choria_provisioner_provisioned",
         NODES as f64,
@@ -139,12 +146,41 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
             .is_some_and(|c| c.ends_with("/cert.pem") && c.len() > "/cert.pem".len()));
     }
     assert!(!logs.contains("PRIVATE KEY"));
+    // The usages asked for (the defaults: a Choria server's certificate is
+    // a TLS server's and the broker's client's), on a few of them.
+    for (node, f) in finals.iter().take(3) {
+        let file = dir.path().join("sample.pem");
+        std::fs::write(&file, f["certificate"].as_str().unwrap()).unwrap();
+        let out = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-ext", "keyUsage,extendedKeyUsage", "-in"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for usage in [
+            "Digital Signature",
+            "Key Encipherment",
+            "TLS Web Server Authentication",
+            "TLS Web Client Authentication",
+        ] {
+            assert!(text.contains(usage), "{node}: {usage} missing: {text}");
+        }
+    }
 
     // 2. No such issuer: Pending until the timeout, named, counted, cleaned up.
-    let (fleet, mut p) = start(dir.path(), &nats, &admin, "missing", "no-such-issuer", "2s").await;
+    let (fleet, mut p) = start(
+        dir.path(),
+        &nats,
+        &admin,
+        "missing",
+        "no-such-issuer",
+        "2s",
+        FAILING,
+    )
+    .await;
     p.wait_for_metric(
         "choria_provisioner_cert_manager_requests",
-        NODES as f64,
+        FAILING as f64,
         Duration::from_secs(120),
     )
     .await;
@@ -154,7 +190,7 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
             &metrics,
             "choria_provisioner_cert_manager_requests{",
             "outcome=\"timeout\""
-        ) >= NODES as f64
+        ) >= FAILING as f64
     );
     assert_eq!(
         metric(
@@ -185,6 +221,57 @@ async fn cert_manager_signs_every_node_and_a_missing_issuer_fails_them_by_name()
             .iter()
             .any(|e| e["kind"] == "action" && e["action"] == "configure"),
         "a node was configured without a certificate"
+    );
+    certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
+
+    // 3. Denied by an approval policy (cert-manager's approver off, the test
+    //    denies every request as it comes): a clear error naming the
+    //    request and the policy's reason, counted, nothing configured.
+    cm.restart_without_approver();
+    let (fleet, mut p) = start(
+        dir.path(),
+        &nats,
+        &admin,
+        "denied",
+        "choria-ca",
+        "20s",
+        FAILING,
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut denied = 0;
+    while metric(
+        &p.get("/metrics").1,
+        "choria_provisioner_cert_manager_requests{",
+        "outcome=\"denied\"",
+    ) < FAILING as f64
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{denied} denied, not all seen as denied:\n{}",
+            p.logs_tail(20)
+        );
+        denied += certmanager::deny_pending(&cp, NS);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(10)).success());
+    let logs = p.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("was denied"))
+        .unwrap_or_else(|| panic!("no denial logged:\n{}", p.logs_tail(20)));
+    assert!(
+        line.contains(&format!("CertificateRequest {NS}/"))
+            && line.contains("TestPolicy: denied by the test's approval policy"),
+        "{line}"
+    );
+    let (_, journal) = fleet.finish().await;
+    assert!(
+        !journal
+            .iter()
+            .any(|e| e["kind"] == "action" && e["action"] == "configure"),
+        "a denied node was configured"
     );
     certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
 }

@@ -52,6 +52,9 @@ pub fn available() -> Option<Bins> {
 pub struct CertManager {
     child: Child,
     log: PathBuf,
+    bins: Bins,
+    admin: PathBuf,
+    namespace: String,
     /// The Issuer's CA.
     pub ca: CertificateAuthority,
 }
@@ -137,17 +140,18 @@ impl CertManager {
         );
         let admin = cp.kubeconfig(cp.admin_token());
         let log = dir.join("cert-manager.log");
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(&bins.controller)
-            .arg(format!("--kubeconfig={}", admin.display()))
-            .arg(format!("--cluster-resource-namespace={namespace}"))
-            .arg("-v=2")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("starting cert-manager-controller");
-        let cm = CertManager { child, log, ca };
+        let child = spawn(bins, &admin, namespace, &log, None);
+        let cm = CertManager {
+            child,
+            log,
+            ca,
+            bins: Bins {
+                controller: bins.controller.clone(),
+                crds: bins.crds.clone(),
+            },
+            admin,
+            namespace: namespace.to_string(),
+        };
         let out = cp.kubectl(&[
             "wait",
             "--for=condition=Ready",
@@ -165,11 +169,89 @@ impl CertManager {
         cm
     }
 
+    /// Restarts the controllers without cert-manager's approver: requests
+    /// then wait for an approval decision (an approval policy's job), which
+    /// the test makes itself (see [`deny_pending`]).
+    pub fn restart_without_approver(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(
+            &self.bins,
+            &self.admin,
+            &self.namespace,
+            &self.log,
+            Some("issuers,certificaterequests-issuer-ca"),
+        );
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(25)..].join("\n")
     }
+}
+
+fn spawn(
+    bins: &Bins,
+    admin: &Path,
+    namespace: &str,
+    log: &Path,
+    controllers: Option<&str>,
+) -> Child {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut cmd = Command::new(&bins.controller);
+    cmd.arg(format!("--kubeconfig={}", admin.display()))
+        .arg(format!("--cluster-resource-namespace={namespace}"))
+        .arg("-v=2");
+    if let Some(c) = controllers {
+        cmd.arg(format!("--controllers={c}"));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .expect("starting cert-manager-controller")
+}
+
+/// Denies every request in `namespace` that has no approval decision yet,
+/// as an approval policy that refuses them would; returns how many.
+pub fn deny_pending(cp: &ControlPlane, namespace: &str) -> usize {
+    let mut denied = 0;
+    for r in requests(cp, namespace) {
+        let decided = r["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Approved" || c["type"] == "Denied")
+        });
+        if decided {
+            continue;
+        }
+        let name = r["metadata"]["name"].as_str().unwrap();
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "Denied", "status": "True", "reason": "TestPolicy",
+            "message": "denied by the test's approval policy",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]}});
+        let out = cp.kubectl(&[
+            "patch",
+            "certificaterequest",
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ]);
+        // It may be gone already (the provisioner deletes what it gave up on).
+        if out.status.success() {
+            denied += 1;
+        }
+    }
+    denied
 }
 
 /// The CertificateRequests in `namespace`.
