@@ -17,12 +17,15 @@
 #                   controllers (tests/gopeers/certmanager/main.go), plus
 #                   cert-manager's CRDs as plain YAML in $CACHE_DIR/cert-manager/crds/
 #                   (tests/cert_manager.rs runs them)
+#   helm            helm.sh/helm/v3/cmd/helm (v3.22.0)     (tests/kubepeers/helm)
+#                   scripts/node-tier.sh installs charts/choria-provisioner-operator
+#                   with it; the version ldflags of Helm's Makefile
 #
 # The versions are the ones required in the wrapper modules' go.mod (see
 # tests/kubepeers/README.md). tests/support/kube.rs starts them.
 #
 # Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl] [cert-manager]
-#          [kubelet] [kube-scheduler] [kube-controller-manager]
+#          [kubelet] [kube-scheduler] [kube-controller-manager] [helm]
 #        (default: etcd kube-apiserver kubectl)
 #        scripts/build-kube-peers.sh --pin 1.M.N
 #        (rewrites tests/kubepeers/kubernetes/go.mod and go.sum for Kubernetes
@@ -181,6 +184,22 @@ build_cert_manager() {
   log "cert-manager $v: $n CRDs in $out"
 }
 
+# helm: what Helm's Makefile stamps into a release (the version, a clean tree,
+# and the Kubernetes version `helm template`/lint assume: client-go v0.M ->
+# 1.M); gitCommit is not known from a module.
+build_helm() {
+  local moddir="$KUBEPEERS/helm" v k
+  v="$(module_version "$moddir" helm.sh/helm/v3)" || return 1
+  k="$(module_version "$moddir" k8s.io/client-go)" || return 1
+  k="${k#v0.}"
+  k="${k%%.*}"
+  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$v -X helm.sh/helm/v3/internal/version.gitTreeState=clean" pkg
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    flags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k"
+  done
+  build_bin helm "$moddir" helm.sh/helm/v3/cmd/helm "$flags"
+}
+
 # pin K: points tests/kubepeers/kubernetes at k8s.io/kubernetes vK.
 pin() {
   local k="${1#v}" moddir="$KUBEPEERS/kubernetes"
@@ -234,7 +253,8 @@ for t in "${targets[@]}"; do
     etcd) build_etcd && built+=("$CACHE_BIN/etcd") || failed=1 ;;
     kube-apiserver | kubectl | kubelet | kube-scheduler | kube-controller-manager) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
     cert-manager) build_cert_manager && built+=("$CACHE_BIN/cert-manager-controller") || failed=1 ;;
-    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager, kubelet, kube-scheduler, kube-controller-manager)" >&2; exit 2 ;;
+    helm) build_helm && built+=("$CACHE_BIN/helm") || failed=1 ;;
+    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager, kubelet, kube-scheduler, kube-controller-manager, helm)" >&2; exit 2 ;;
   esac
 done
 

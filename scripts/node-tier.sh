@@ -15,20 +15,41 @@
 #      version;
 #   2. probes are real: a pod whose liveness probe hits a closed port is
 #      restarted by the kubelet, its readiness probe keeps it NotReady;
-#   3. the operator as the chart installs it (deploy/: the chart's default
-#      render, which scripts/check-manifests.sh holds equal to it; CRD, RBAC,
-#      2 replicas with liveness/readiness probes on /healthz and /readyz, Pod
-#      Security "restricted") rolls out: both pods Ready, one leads the Lease,
-#      in-cluster config through the `kubernetes` Service's ClusterIP;
-#   4. `kubectl delete pod` of the leader: SIGTERM through tini, the container
-#      ends with exit code 0, the pod is gone well within its 30 s grace period
-#      and the other replica takes the Lease;
-#   5. `kubectl rollout restart`: the Deployment rolls to new pods;
-#   6. a Provisioner (namespace choria, Pod Security "restricted"): the
-#      operator's Deployment of 2 provisioner pods becomes Ready against a
-#      nats-server on the bridge's address, and a `fleet` Job (the same image)
-#      of NODE_TIER_FLEET_NODES nodes completes: every node provisioned, as the
-#      pods' /metrics (scraped at their pod IPs) say.
+#   3. the operator installed by the real Helm (v3.22.0, scripts/build-kube-peers.sh
+#      helm): `helm install choria-provisioner-operator
+#      charts/choria-provisioner-operator -n choria-provisioner --create-namespace`
+#      with the imported image (pullPolicy Never); the release is deployed, the
+#      chart's CRD Established, both replicas Ready (liveness/readiness probes
+#      on /healthz and /readyz), one leads the Lease, in-cluster config through
+#      the `kubernetes` Service's ClusterIP. When helm cannot be built, deploy/
+#      (the chart's default render, which scripts/check-manifests.sh holds equal
+#      to it) is applied instead, with a loud warning, and the summary says so;
+#   4. `kubectl delete pod` of the operator's leader: SIGTERM through tini, the
+#      container ends with exit code 0, the pod is gone well within its 30 s
+#      grace period and the other replica takes the Lease;
+#   5. `kubectl rollout restart` of the operator: the Deployment rolls to new pods;
+#   6. a Provisioner of 3 replicas (namespace choria, Pod Security "restricted",
+#      Lease election 4 s / 3 s / 1 s, features.jwt with a signer key made here)
+#      against a nats-server on the bridge's address, provisioning a fleet of
+#      NODE_TIER_FLEET_NODES nodes simulated on the HOST (`choria-provisioner
+#      fleet`, the image's own binary, --journal): a sampler scrapes every pod's
+#      /metrics at its pod IP every NODE_TIER_SAMPLE_MS ms into a timeline, and
+#        a. 3 pods Ready, exactly one reports choria_provisioner_leader 1, the
+#           Lease's holder is that pod, `kubectl get prov` shows it as LEADER;
+#        b. `kubectl rollout restart` mid-provisioning: every hand-over's gap
+#           (the old leader's last leader-1 sample to the new one's first) is
+#           < NODE_TIER_MAX_GAP s, and no sample ever shows two leaders;
+#        c. `kubectl delete pod` of the leader: the same;
+#        d. spec.paused: true: the leader's choria_provisioner_paused is 1
+#           within 1 s of the PATCH, nothing is configured while paused, no
+#           pod restarted; then unpaused;
+#        e. the fleet finishes (--exit-when-done): every node in the journal
+#           configured once and restarted once (configure ok = 1, restart ok =
+#           1, final state provisioned);
+#        f. nats-server stopped for >= 15 s: every pod NotReady (/readyz 503,
+#           /healthz 200), none restarted (restartCount, no liveness failure);
+#           started again on the same port: all Ready.
+#      The measured figures are printed as a table at the end.
 #
 #   scripts/node-tier.sh [--hold] [--image OCI_ARCHIVE] [--keep]
 #     --hold    after the checks, keep everything running and wait (Ctrl-C or
@@ -42,8 +63,13 @@
 # Environment: NODE_TIER_NET (first three octets of the pods' /24, default
 # 10.244.0; its .1 is the bridge, the node's IP, the apiserver's and NATS'
 # address), NODE_TIER_BRIDGE (bridge name, default choriant0),
-# NODE_TIER_FLEET_NODES (default 50), NODE_TIER_HOLD_EARLY=1 with --hold (hold
-# as soon as the node is Ready, before any check).
+# NODE_TIER_FLEET_NODES (default 1000), NODE_TIER_HELPER_SLEEP (seconds the
+# helper sleeps per node, default 1) and NODE_TIER_WORKERS (the Provisioner's
+# workers, default 24): together they pace provisioning (~WORKERS nodes/s) so
+# that it lasts through b-d; NODE_TIER_SAMPLE_MS (the sampler's period, default
+# 50), NODE_TIER_MAX_GAP (seconds, default 2), NODE_TIER_FLEET_BIN (the fleet's
+# binary; default: the one in the image archive), NODE_TIER_HOLD_EARLY=1 with
+# --hold (hold as soon as the node is Ready, before any check).
 #
 # Needs root (containerd, kubelet, iptables, mounts). Installs containerd, runc,
 # containernetworking-plugins, iptables and gcc/libc6-dev (for the pause binary)
@@ -218,6 +244,20 @@ KUBECTL="$CACHE_BIN/kubectl"
 KUBELET="$CACHE_BIN/kubelet"
 SCHEDULER="$CACHE_BIN/kube-scheduler"
 KCM="$CACHE_BIN/kube-controller-manager"
+# Helm for the operator's install; without it the chart's default render in
+# deploy/ is applied instead, and every summary says so.
+HELM=""
+if nice -n 10 "$ROOT/scripts/build-kube-peers.sh" helm >"$CACHE_DIR/node-tier-build-helm.log" 2>&1; then
+  HELM="$CACHE_BIN/helm"
+  pass "$("$HELM" version --short 2>/dev/null || echo helm) at $HELM"
+else
+  log "node-tier: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  log "node-tier: WARNING: helm could not be built (scripts/build-kube-peers.sh helm, see"
+  log "node-tier: $CACHE_DIR/node-tier-build-helm.log): the operator is installed from"
+  log "node-tier: deploy/ (the chart's default render) with kubectl apply, NOT with helm"
+  log "node-tier: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  tail -n 20 "$CACHE_DIR/node-tier-build-helm.log" | sed 's/^/  | /' >&2
+fi
 
 step "release image archive"
 if [ ! -s "$ARCHIVE" ] && [ "$ARCHIVE_GIVEN" = 0 ]; then
@@ -785,24 +825,55 @@ ev="$(kc -n default get events --field-selector involvedObject.name=probes -o js
 pass "pod probes: restartCount $(kc -n default get pod probes -o jsonpath='{.status.containerStatuses[0].restartCount}'), Ready=$ready; events: $ev"
 kc -n default delete pod probes --wait=false >/dev/null
 
-# ---- 3. the operator, as the chart installs it -------------------------------------------------
-step "operator: deploy/ (the chart's default render) rolls out"
-STEP_LOGS=("$W/kubelet.log")
-kc apply --server-side -f crds/provisioner.yaml >/dev/null || die "applying crds/provisioner.yaml"
-kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null || die "CRD not Established"
-kc apply -f deploy/namespace.yaml -f deploy/rbac.yaml >/dev/null || die "applying deploy/namespace.yaml, deploy/rbac.yaml"
-wait_until 60 "ServiceAccount $NS/default" kc -n "$NS" get serviceaccount default
-t0=$(now)
-kc apply -f deploy/operator.yaml >/dev/null || die "applying deploy/operator.yaml"
+# ---- 3. the operator, installed by helm from the chart ----------------------------------------
 op_pods() { kc -n "$NS" get pods -l app.kubernetes.io/name=choria-provisioner-operator "$@"; }
-if ! kc -n "$NS" rollout status deployment/choria-provisioner-operator --timeout=180s >"$W/rollout.log" 2>&1; then
+op_failed() {
   op_pods -o wide >&2 || true
   kc -n "$NS" describe pods >"$W/operator-pods.txt" 2>&1 || true
   STEP_LOGS+=("$W/operator-pods.txt")
   for p in $(op_pods -o name 2>/dev/null); do kc -n "$NS" logs "$p" --tail=20 >&2 || true; done
-  die "the operator Deployment did not roll out"
+  die "$@"
+}
+if [ -n "$HELM" ]; then
+  step "operator: helm install charts/choria-provisioner-operator"
+  STEP_LOGS=("$W/helm-install.log" "$W/kubelet.log")
+  # Helm's cache, config and data (repositories, plugins) in the work directory.
+  hm() {
+    HELM_CACHE_HOME="$W/helm/cache" HELM_CONFIG_HOME="$W/helm/config" HELM_DATA_HOME="$W/helm/data" \
+      KUBECONFIG="$KUBECONFIG_FILE" "$HELM" "$@"
+  }
+  OPERATOR_VIA="helm install ($("$HELM" version --template '{{.Version}}' 2>/dev/null))"
+  t0=$(now)
+  # The image the kubelet finds in containerd (no registry): pullPolicy Never.
+  hm install choria-provisioner-operator charts/choria-provisioner-operator \
+    -n "$NS" --create-namespace \
+    --set image.repository="$IMAGE_NAME" --set image.tag="$VERSION" --set image.pullPolicy=Never \
+    --wait --timeout 180s >"$W/helm-install.log" 2>&1 || op_failed "helm install failed"
+  kc -n "$NS" rollout status deployment/choria-provisioner-operator --timeout=60s >"$W/rollout.log" 2>&1 ||
+    op_failed "the operator Deployment did not roll out"
+  OP_READY_S="$(secs "$t0" "$(now)")"
+  rel="$(hm status choria-provisioner-operator -n "$NS" -o json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["info"]["status"], "revision", r["version"], "chart", r["chart"]["metadata"]["name"] + "-" + r["chart"]["metadata"]["version"])')" ||
+    die "helm status"
+  [[ "$rel" == deployed* ]] || die "helm status: $rel"
+  kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null ||
+    die "the chart's CRD is not Established"
+  pass "helm: release choria-provisioner-operator $rel; operator Ready $OP_READY_S s after helm install started"
+else
+  step "operator: deploy/ (the chart's default render; helm could not be built) rolls out"
+  log "node-tier: WARNING: NOT installed with helm (no helm binary): kubectl apply -f deploy/"
+  STEP_LOGS=("$W/kubelet.log")
+  OPERATOR_VIA="kubectl apply -f deploy/ (FALLBACK: helm could not be built)"
+  kc apply --server-side -f crds/provisioner.yaml >/dev/null || die "applying crds/provisioner.yaml"
+  kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null || die "CRD not Established"
+  kc apply -f deploy/namespace.yaml -f deploy/rbac.yaml >/dev/null || die "applying deploy/namespace.yaml, deploy/rbac.yaml"
+  wait_until 60 "ServiceAccount $NS/default" kc -n "$NS" get serviceaccount default
+  t0=$(now)
+  kc apply -f deploy/operator.yaml >/dev/null || die "applying deploy/operator.yaml"
+  kc -n "$NS" rollout status deployment/choria-provisioner-operator --timeout=180s >"$W/rollout.log" 2>&1 ||
+    op_failed "the operator Deployment did not roll out"
+  OP_READY_S="$(secs "$t0" "$(now)")"
 fi
-pass "rolled out in $(secs "$t0" "$(now)") s: $(op_pods -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP} ready={.status.conditions[?(@.type=="Ready")].status}; {end}')"
+pass "rolled out in $OP_READY_S s: $(op_pods -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP} ready={.status.conditions[?(@.type=="Ready")].status}; {end}')"
 holder() { kc -n "$NS" get lease choria-provisioner-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
 has_holder() { [ -n "$(holder)" ]; }
 wait_until 60 "a leader in Lease $NS/choria-provisioner-operator" has_holder
@@ -851,101 +922,472 @@ only_new() {
 wait_until 90 "the old pods gone" only_new
 pass "rolled in $(secs "$t0" "$(now)") s: $before -> $(op_pods -o jsonpath='{.items[*].metadata.name}')"
 
-# ---- 6. a Provisioner: the operator's pods provision a fleet -----------------------------
-step "Provisioner: operator-made pods provision a fleet (a Job) via NATS on $GW"
+# ---- 6. a Provisioner of 3 replicas provisions a fleet on the host -------------------------
+# The fleet (`choria-provisioner fleet`) and NATS run on the host, NATS on the
+# bridge's address; the Provisioner's pods reach it there. A background sampler
+# scrapes every pod's /metrics at its pod IP every SAMPLE_MS ms (the timeline:
+# which replica reports choria_provisioner_leader 1 when), from which the
+# hand-over gaps below are measured. The helper sleeps HELPER_SLEEP s per node
+# (WORKERS at a time), so provisioning lasts through the rollout, the delete and
+# the pause.
+FLEET_NODES="${NODE_TIER_FLEET_NODES:-1000}"
+HELPER_SLEEP="${NODE_TIER_HELPER_SLEEP:-1}"
+WORKERS="${NODE_TIER_WORKERS:-24}"
+SAMPLE_MS="${NODE_TIER_SAMPLE_MS:-50}"
+MAX_GAP="${NODE_TIER_MAX_GAP:-2}"
+PNS=choria
+SUMMARY=()
+summary() { SUMMARY+=("$(printf '%-58s %s' "$1" "$2")"); }
+summary "operator installed with" "$OPERATOR_VIA"
+summary "operator Ready (install -> rollout complete)" "$OP_READY_S s"
+
+step "host: nats-server on $GW, a fleet of $FLEET_NODES on the host"
 ensure_nats_server >"$W/nats-install.log" 2>&1 || { STEP_LOGS=("$W/nats-install.log"); die "no nats-server"; }
-STEP_LOGS=("$W/nats-server.log" "$W/kubelet.log")
-FLEET_NODES="${NODE_TIER_FLEET_NODES:-50}"
+STEP_LOGS=("$W/nats-server.log" "$W/fleet.log")
 nport="$(free_port)"
 # On the bridge's address: pods reach the host there (no hostNetwork needed).
 printf 'listen: %s:%s\nmax_payload: 4MB\n' "$GW" "$nport" >"$W/nats.conf"
+NATS_URL="nats://$GW:$nport"
 spawn nats-server "$CACHE_BIN/nats-server" -c "$W/nats.conf"
+NATS_PID="${PIDS[-1]%%:*}"
 nats_up() { (exec 3<>"/dev/tcp/$GW/$nport") 2>/dev/null; }
 wait_until 20 "nats-server on $GW:$nport" nats_up
+# The fleet runs the very binary the pods run (taken out of the image archive),
+# unless NODE_TIER_FLEET_BIN names another.
+FLEET_BIN="${NODE_TIER_FLEET_BIN:-}"
+if [ -z "$FLEET_BIN" ]; then
+  FLEET_BIN="$W/choria-provisioner"
+  python3 - "$ARCHIVE" "${IMAGE_BINARY#/}" "$FLEET_BIN" <<'PY' || die "no ${IMAGE_BINARY} in $ARCHIVE"
+import json, shutil, sys, tarfile
+archive, member, out = sys.argv[1:]
+with tarfile.open(archive) as oci:
+    blob = lambda d: oci.extractfile("blobs/" + d.replace(":", "/"))
+    desc = json.load(oci.extractfile("index.json"))["manifests"][0]
+    while "manifests" in (m := json.load(blob(desc["digest"]))):
+        desc = m["manifests"][0]
+    for layer in reversed(m["layers"]):
+        with tarfile.open(fileobj=blob(layer["digest"]), mode="r:*") as t:
+            try:
+                f = t.extractfile(member)
+            except KeyError:
+                continue
+            with open(out, "wb") as o:
+                shutil.copyfileobj(f, o)
+            sys.exit(0)
+sys.exit(1)
+PY
+  chmod 0755 "$FLEET_BIN"
+fi
+"$FLEET_BIN" --version | grep -qw -- "$VERSION" || die "$FLEET_BIN is not version $VERSION"
 openssl genrsa -out "$W/signer.key" 2048 2>/dev/null
 openssl rsa -in "$W/signer.key" -pubout -out "$W/jwt-verify.pem" 2>/dev/null
-kc apply -f - >/dev/null <<EOF || die "creating namespace choria"
+TOKEN="s3cret-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
+JOURNAL="$W/journal.jsonl"
+t0=$(now)
+spawn fleet "$FLEET_BIN" fleet --nats "$NATS_URL" --nodes "$FLEET_NODES" --token "$TOKEN" \
+  --jwt-signer "$W/signer.key" --journal "$JOURNAL" --exit-when-done --key-pool 2 --connections 4 --log warn
+FLEET_PID="${PIDS[-1]%%:*}"
+jcount() { grep -c -- "$1" "$JOURNAL" 2>/dev/null || true; }
+fleet_started() { alive "$FLEET_PID" && [ "$(jcount '"event":"startup","component":"provision_mode_server"')" -ge "$FLEET_NODES" ]; }
+wait_until 120 "the fleet's $FLEET_NODES nodes announced (journal startup events)" fleet_started
+# configure / restart requests answered OK so far (serde's field order: action before outcome).
+configured() { jcount '"action":"configure",.*"outcome":"ok"'; }
+restarted_ok() { jcount '"action":"restart",.*"outcome":"ok"'; }
+has_configured() { [ "$(configured)" -gt 0 ]; }
+pass "nats-server at $NATS_URL; fleet of $FLEET_NODES nodes (pid $FLEET_PID, $FLEET_BIN) up in $(secs "$t0" "$(now)") s, journal $JOURNAL"
+
+step "Provisioner: 3 replicas Ready, exactly one leader (Lease, kubectl get prov)"
+STEP_LOGS=("$W/kubelet.log" "$W/nats-server.log")
+kc apply -f - >/dev/null <<EOT || die "creating namespace $PNS"
 apiVersion: v1
 kind: Namespace
 metadata:
-  name: choria
+  name: $PNS
   labels:
     pod-security.kubernetes.io/enforce: restricted
     pod-security.kubernetes.io/enforce-version: latest
-EOF
-wait_until 60 "ServiceAccount choria/default" kc -n choria get serviceaccount default
-kc -n choria create secret generic choria-provisioner --from-literal=token=s3cret \
+EOT
+wait_until 60 "ServiceAccount $PNS/default" kc -n "$PNS" get serviceaccount default
+kc -n "$PNS" create secret generic choria-provisioner --from-literal=token="$TOKEN" \
   --from-file=jwt-verify.pem="$W/jwt-verify.pem" >/dev/null || die "creating Secret choria-provisioner"
-kc -n choria create configmap choria-provisioner-helper --from-file=helper.sh=examples/helper.sh >/dev/null ||
+kc -n "$PNS" create configmap choria-provisioner-helper --from-file=helper.sh=examples/helper.sh >/dev/null ||
   die "creating ConfigMap choria-provisioner-helper"
-kc -n default create secret generic fleet-signer --from-file=signer.key="$W/signer.key" >/dev/null ||
-  die "creating Secret fleet-signer"
-kc apply -f - >/dev/null <<EOF || die "creating Provisioner choria/provisioner"
+# Which IPs the pods hold: host-local's files, named by address (the sampler
+# scrapes each; only provisioners export choria_provisioner_leader). Which pod
+# had which IP: a kubectl watch, for the report.
+IPAM_DIR="$W/cni/ipam/$CNI_NET"
+cat >"$W/sampler.py" <<'PY'
+import concurrent.futures as cf, os, re, sys, time, urllib.request
+ipam, port, out, period = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]) / 1000
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+names = ("choria_provisioner_leader", "choria_provisioner_paused", "choria_provisioner_provisioned")
+def scrape(ip):
+    try:
+        with opener.open(f"http://{ip}:{port}/metrics", timeout=0.5) as r:
+            body = r.read().decode()
+    except Exception:
+        return ip, None
+    v = dict.fromkeys(names, 0.0)
+    seen = False
+    for line in body.splitlines():
+        for n in names:
+            if line.startswith(n + " ") or line.startswith(n + "{"):
+                v[n] += float(line.rsplit(None, 1)[1])
+                seen = seen or n == names[0]
+    return ip, (v if seen else None)
+known = set()
+pool = cf.ThreadPoolExecutor(8)
+with open(out, "a", buffering=1) as f:
+    while True:
+        t = time.time()
+        try:
+            ips = sorted(x for x in os.listdir(ipam) if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", x))
+        except FileNotFoundError:
+            ips = []
+        cells = []
+        for ip, v in pool.map(scrape, ips):
+            if v is not None:
+                known.add(ip)
+                cells.append("%s:%d:%d:%d" % (ip, v[names[0]], v[names[1]], v[names[2]]))
+            elif ip in known:
+                cells.append(ip + ":-")
+        f.write("%d %s\n" % (t * 1000, " ".join(cells)))
+        time.sleep(max(0.0, period - (time.time() - t)))
+PY
+TIMELINE="$W/timeline.txt"
+spawn sampler python3 "$W/sampler.py" "$IPAM_DIR" 8080 "$TIMELINE" "$SAMPLE_MS"
+spawn podwatch env KUBECACHEDIR="$W/kube-cache" "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" -n "$PNS" get pods --watch \
+  -o jsonpath='{.status.podIP} {.metadata.name}{"\n"}'
+t_apply=$(now)
+kc apply -f - >/dev/null <<EOT || die "creating Provisioner $PNS/provisioner"
 apiVersion: provisioning.choria.io/v1alpha1
 kind: Provisioner
 metadata:
   name: provisioner
-  namespace: choria
+  namespace: $PNS
 spec:
-  replicas: 2
+  replicas: 3
   image: $IMAGE_NAME:$VERSION
+  imagePullPolicy: Never
   choriaInsecure: true
   broker:
-    urls: [nats://$GW:$nport]
+    urls: [$NATS_URL]
   features:
     jwt: true
   tokenSecret: { name: choria-provisioner, key: token }
   jwtVerifyKeySecret: { name: choria-provisioner, key: jwt-verify.pem }
   helper:
-    command: /etc/choria-provisioner/helper/helper.sh
+    # A slow helper (HELPER_SLEEP s per node, WORKERS nodes at a time): the
+    # fleet is still being provisioned during the hand-overs below.
+    command: "sh -c 'sleep $HELPER_SLEEP; exec /etc/choria-provisioner/helper/helper.sh'"
     configMap: choria-provisioner-helper
+  workers: $WORKERS
+  rpcTimeout: 1s
+  discoveryTimeout: 2s
+  discoveryWindow: 500ms
+  election:
+    backend: lease
+    leaseDuration: 4s
+    renewDeadline: 3s
+    retryPeriod: 1s
   site: node-tier
-EOF
-t0=$(now)
-wait_until 60 "Deployment choria/provisioner (made by the operator)" kc -n choria get deployment provisioner
-if ! kc -n choria rollout status deployment/provisioner --timeout=120s >"$W/rollout-provisioner.log" 2>&1; then
-  kc -n choria get pods -o wide >&2 || true
-  kc -n choria describe pods >"$W/provisioner-pods.txt" 2>&1 || true
+EOT
+# live_pods: "name ip restarts ready" of the pods not being deleted.
+live_pods() {
+  kc -n "$PNS" get pods -o jsonpath='{range .items[*]}{.metadata.name}|{.metadata.deletionTimestamp}|{.status.podIP}|{.status.containerStatuses[0].restartCount}|{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null |
+    awk -F'|' '$1 != "" && $2 == "" { print $1, $3, $4, $5 }'
+}
+all_ready() { [ "$(live_pods | awk '$4 == "True"' | wc -l)" = 3 ] && [ "$(live_pods | wc -l)" = 3 ]; }
+none_ready() { [ "$(live_pods | wc -l)" = 3 ] && [ "$(live_pods | awk '$4 == "True"' | wc -l)" = 0 ]; }
+# restarts: "pod=restartCount ..." of the live pods with a container;
+# same_restarts BEFORE AFTER: every pod of BEFORE has the same count in AFTER.
+restarts() { live_pods | awk '$3 != "" { print $1 "=" $3 }' | sort | tr '\n' ' '; }
+same_restarts() {
+  local e
+  for e in $1; do grep -qw -- "$e" <<<"$2" || return 1; done
+}
+prov_failed() {
+  kc -n "$PNS" get pods -o wide >&2 || true
+  kc -n "$PNS" describe pods >"$W/provisioner-pods.txt" 2>&1 || true
   STEP_LOGS+=("$W/provisioner-pods.txt")
-  for p in $(kc -n choria get pods -o name 2>/dev/null); do kc -n choria logs "$p" --tail=20 >&2 || true; done
-  die "the Provisioner's Deployment did not roll out"
-fi
-prov_ips="$(kc -n choria get pods -o jsonpath='{range .items[*]}{.status.podIP}{" "}{end}')"
-pass "Deployment choria/provisioner ready in $(secs "$t0" "$(now)") s: pods at $prov_ips"
-t0=$(now)
-kc apply -f - >/dev/null <<EOF || die "creating Job fleet"
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: fleet
-  namespace: default
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-        - name: fleet
-          image: $IMAGE_NAME:$VERSION
-          imagePullPolicy: Never
-          args: [fleet, --nats, "nats://$GW:$nport", --nodes, "$FLEET_NODES", --token, s3cret,
-                 --jwt-signer, /signer/signer.key, --exit-when-done, --log, warn]
-          volumeMounts: [{ name: signer, mountPath: /signer, readOnly: true }]
-      volumes: [{ name: signer, secret: { secretName: fleet-signer } }]
-EOF
-job_state() { kc -n default get job fleet -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}' 2>/dev/null; }
-job_over() { [[ "$(job_state)" == *Complete=True* || "$(job_state)" == *Failed=True* ]]; }
-wait_until 180 "Job fleet finished ($FLEET_NODES nodes provisioned and restarted)" job_over
-[[ "$(job_state)" == *Complete=True* ]] || die "Job fleet: $(job_state); its log: $(kc -n default logs job/fleet --tail=20 2>&1)"
-provisioned=0
-for ip in $prov_ips; do
-  v="$(curl -fsS --max-time 2 "http://$ip:8080/metrics" 2>/dev/null |
-    awk '$1 == "choria_provisioner_provisioned" || index($1, "choria_provisioner_provisioned{") == 1 { s += $NF } END { printf "%d", s }')"
-  provisioned=$((provisioned + ${v:-0}))
+  for p in $(kc -n "$PNS" get pods -o name 2>/dev/null); do kc -n "$PNS" logs "$p" --tail=20 >&2 || true; done
+  die "$@"
+}
+# The last sample's leaders (IPs), and a pod's name by IP.
+leaders_now() { tail -n 1 "$TIMELINE" 2>/dev/null | tr ' ' '\n' | awk -F: 'NF == 4 && $2 == 1 { print $1 }'; }
+one_leader() { [ "$(leaders_now | wc -l)" = 1 ]; }
+pod_of() { awk -v ip="$1" '$1 == ip { n = $2 } END { print n }' "$W/podwatch.log"; }
+gauge() { # IP METRIC
+  curl -fsS --max-time 1 "http://$1:8080/metrics" 2>/dev/null |
+    awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $NF; f = 1 } END { if (f) printf "%d", s }'
+}
+lease_holder() { kc -n "$PNS" get lease provisioner -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+# analyse FROM_NS TO_NS: the hand-overs in the timeline between the two times
+# (a change of the one replica reporting leader 1: the gap from the old
+# leader's last sample to the new one's first), samples with two leaders,
+# and the longest stretch without any. Prints "handover OLD NEW GAP_S" lines,
+# "double T IPS" lines and a final "stats SAMPLES LONGEST_NO_LEADER_S".
+analyse() {
+  python3 - "$TIMELINE" "$W/podwatch.log" "$(($1 / 1000000))" "$(($2 / 1000000))" <<'PY'
+import sys
+timeline, podwatch, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+names = {}
+for line in open(podwatch):
+    w = line.split()
+    if len(w) == 2:
+        names[w[0]] = w[1]
+name = lambda ip: names.get(ip, ip)
+prev = prev_t = None
+samples = 0
+no_leader_since = None
+longest = 0
+for line in open(timeline):
+    w = line.split()
+    if not w or not line.endswith("\n"):
+        continue
+    t = int(w[0])
+    if t > t1:
+        break
+    leaders = [c.split(":")[0] for c in w[1:] if c.count(":") == 3 and c.split(":")[1] == "1"]
+    if t >= t0:
+        samples += 1
+        if len(leaders) > 1:
+            print("double", t, ",".join(name(i) for i in leaders))
+        if not leaders:
+            no_leader_since = no_leader_since or (prev_t if prev_t and prev_t >= t0 else t)
+        elif no_leader_since:
+            longest = max(longest, t - no_leader_since)
+            no_leader_since = None
+    if len(leaders) == 1:
+        if prev and leaders[0] != prev and t >= t0:
+            print("handover", name(prev), name(leaders[0]), "%.2f" % ((t - prev_t) / 1000))
+        prev, prev_t = leaders[0], t
+print("stats", samples, "%.2f" % (longest / 1000))
+PY
+}
+kc -n "$PNS" rollout status deployment/provisioner --timeout=120s >"$W/rollout-provisioner.log" 2>&1 ||
+  prov_failed "the Provisioner's Deployment did not roll out"
+wait_until 60 "3 provisioner pods Ready" all_ready
+REPLICAS_READY_S="$(secs "$t_apply" "$(now)")"
+wait_until 30 "exactly one replica reporting choria_provisioner_leader 1" one_leader
+LEADER_IP="$(leaders_now)"
+LEADER="$(pod_of "$LEADER_IP")"
+[ -n "$LEADER" ] || die "no pod name for leader IP $LEADER_IP"
+first_leader_ms="$(awk -F'[ :]' '/:1:[0-9]+:[0-9]+/ { print $1; exit }' "$TIMELINE")"
+holds() { [[ "$(lease_holder)" == "$LEADER"-* ]]; }
+wait_until 10 "Lease $PNS/provisioner held by $LEADER (holder $(lease_holder))" holds
+get_prov_leader() { # the LEADER column of `kubectl get prov`
+  kc -n "$PNS" get prov provisioner 2>/dev/null | awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "LEADER") c = i } NR == 2 { print $c }'
+}
+shows_leader() { [ "$(get_prov_leader)" = "$LEADER" ]; }
+wait_until 15 "kubectl get prov showing leader $LEADER (shows '$(get_prov_leader)')" shows_leader
+# Every replica answers /metrics; the others are paused standbys.
+for ip in $(live_pods | awk '{ print $2 }'); do
+  [ "$ip" = "$LEADER_IP" ] && continue
+  [ "$(gauge "$ip" choria_provisioner_leader)" = 0 ] || die "standby $(pod_of "$ip") reports leader $(gauge "$ip" choria_provisioner_leader)"
 done
-[ "$provisioned" -ge "$FLEET_NODES" ] || die "the provisioner pods' /metrics say $provisioned provisioned, not $FLEET_NODES"
-pass "Job fleet Complete in $(secs "$t0" "$(now)") s; choria_provisioner_provisioned = $provisioned (scraped from the pods at their IPs)"
+summary "3 provisioner replicas Ready (apply -> 3 Ready)" "$REPLICAS_READY_S s"
+summary "first leader sample after apply" "$(awk -v a="$((t_apply / 1000000))" -v b="$first_leader_ms" 'BEGIN { printf "%.1f", (b - a) / 1000 }') s"
+pass "3/3 Ready in $REPLICAS_READY_S s; leader $LEADER ($LEADER_IP), Lease holder $(lease_holder); kubectl get prov:"
+kc -n "$PNS" get prov provisioner | sed 's/^/    /' >&2
+
+# handovers NAME FROM TO: checks and records the hand-overs between FROM and TO.
+handovers() {
+  local what="$1" out n=0
+  out="$(analyse "$2" "$3")" || die "analysing $TIMELINE"
+  printf '%s\n' "$out" >"$W/handovers-$what.txt"
+  if grep -q '^double' <<<"$out"; then
+    die "$what: two replicas reported leader 1 in the same sample: $(grep '^double' <<<"$out" | head -n 3 | tr '\n' ';')"
+  fi
+  local _ from to gap samples longest
+  while read -r _ from to gap; do
+    n=$((n + 1))
+    summary "$what: hand-over $n gap ($from -> $to)" "$gap s"
+    awk -v g="$gap" -v m="$MAX_GAP" 'BEGIN { exit !(g < m) }' || die "$what: hand-over $from -> $to took $gap s (goal < $MAX_GAP s)"
+    log "node-tier:   hand-over $n: $from -> $to, no leader for $gap s"
+  done < <(grep '^handover' <<<"$out")
+  [ "$n" -ge 1 ] || die "$what: no hand-over seen in the timeline ($TIMELINE)"
+  read -r _ samples longest < <(grep '^stats' <<<"$out")
+  summary "$what: samples / longest stretch without a leader" "$samples / $longest s"
+  HANDOVERS="$n"
+}
+mid_provisioning() { # WHAT: the fleet must still be being provisioned
+  local c
+  c="$(configured)"
+  [ "$c" -lt "$FLEET_NODES" ] || die "$1: all $FLEET_NODES nodes were configured already (raise NODE_TIER_HELPER_SLEEP or lower NODE_TIER_WORKERS)"
+  [ "$c" -gt 0 ] || wait_until 60 "provisioning to start before $1" has_configured
+  log "node-tier: $1 with $(configured)/$FLEET_NODES nodes configured"
+}
+
+step "Provisioner: kubectl rollout restart hands leadership over"
+STEP_LOGS=("$W/kubelet.log")
+wait_until 60 "provisioning to start" has_configured
+mid_provisioning "rollout restart"
+before="$(live_pods | awk '{ print $1 }' | tr '\n' ' ')"
+c0="$(configured)"
+t0=$(now)
+kc -n "$PNS" rollout restart deployment/provisioner >/dev/null || die "rollout restart"
+kc -n "$PNS" rollout status deployment/provisioner --timeout=180s >"$W/rollout-provisioner.log" 2>&1 ||
+  prov_failed "the restarted Deployment did not roll out"
+only_new_prov() {
+  local p
+  [ "$(kc -n "$PNS" get pods -o name | wc -l)" = 3 ] || return 1
+  for p in $(live_pods | awk '{ print $1 }'); do grep -qw "$p" <<<"$before" && return 1; done
+  all_ready
+}
+wait_until 90 "the old provisioner pods gone, 3 new Ready" only_new_prov
+ROLL_S="$(secs "$t0" "$(now)")"
+leader_is_new() { one_leader && ! grep -qw "$(pod_of "$(leaders_now)")" <<<"$before"; }
+wait_until 20 "a new pod leading" leader_is_new
+sleep 0.5
+handovers "rollout restart" "$t0" "$(now)"
+LEADER_IP="$(leaders_now)"
+LEADER="$(pod_of "$LEADER_IP")"
+summary "rollout restart: 3 new pods Ready" "$ROLL_S s"
+pass "rolled in $ROLL_S s ($c0 -> $(configured)/$FLEET_NODES configured meanwhile); $HANDOVERS hand-over(s); leader now $LEADER"
+
+step "Provisioner: kubectl delete pod of the leader hands leadership over"
+mid_provisioning "delete pod $LEADER"
+old="$LEADER"
+t0=$(now)
+kc -n "$PNS" delete pod "$old" --wait=true --timeout=60s >/dev/null || die "kubectl delete pod $old"
+DEL_S="$(secs "$t0" "$(now)")"
+other_leads() { one_leader && [ "$(pod_of "$(leaders_now)")" != "$old" ]; }
+wait_until 20 "another replica leading" other_leads
+sleep 0.5
+handovers "delete leader pod" "$t0" "$(now)"
+LEADER_IP="$(leaders_now)"
+LEADER="$(pod_of "$LEADER_IP")"
+holds() { [[ "$(lease_holder)" == "$LEADER"-* ]]; }
+wait_until 10 "Lease held by $LEADER" holds
+summary "delete leader pod: pod gone (kubectl delete --wait)" "$DEL_S s"
+pass "$old gone in $DEL_S s; leader now $LEADER (Lease $(lease_holder))"
+
+step "Provisioner: spec.paused pauses the leader (no restart), then resumes"
+mid_provisioning "pause"
+rc_before="$(restarts)"
+patch_paused() { # true|false, straight to the apiserver (no kubectl start-up in the figure)
+  curl -fsS --max-time 5 --cacert "$K/certs/apiserver.crt" -H "Authorization: Bearer $admin_token" \
+    -H 'Content-Type: application/merge-patch+json' -X PATCH -d "{\"spec\":{\"paused\":$1}}" \
+    "$server/apis/provisioning.choria.io/v1alpha1/namespaces/$PNS/provisioners/provisioner" >/dev/null
+}
+# wait_gauge IP METRIC VALUE SECONDS: polls every 20 ms; prints the seconds it took.
+wait_gauge() {
+  local t0 deadline
+  t0=$(now)
+  deadline=$((t0 + $4 * 1000000000))
+  until [ "$(gauge "$1" "$2")" = "$3" ]; do
+    [ "$(now)" -lt "$deadline" ] || return 1
+    sleep 0.02
+  done
+  secs "$t0" "$(now)"
+}
+[ "$(gauge "$LEADER_IP" choria_provisioner_paused)" = 0 ] || die "leader $LEADER is paused already"
+t0=$(now)
+patch_paused true || die "patching spec.paused: true"
+PATCH_S="$(secs "$t0" "$(now)")"
+wait_gauge "$LEADER_IP" choria_provisioner_paused 1 5 >/dev/null || die "the leader's choria_provisioner_paused did not become 1 within 5 s"
+PAUSE_S="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')"
+awk -v p="$PAUSE_S" 'BEGIN { exit !(p < 1) }' || die "the leader paused $PAUSE_S s after the patch (goal < 1 s)"
+[ "$(gauge "$LEADER_IP" choria_provisioner_leader)" = 1 ] || die "$LEADER is no longer the leader after the pause"
+sleep 1
+frozen="$(configured)"
+sleep 2
+[ "$(configured)" = "$frozen" ] || die "nodes were configured while paused ($frozen -> $(configured))"
+paused_col="$(kc -n "$PNS" get prov provisioner -o jsonpath='{.spec.paused}')"
+t0=$(now)
+patch_paused false || die "patching spec.paused: false"
+wait_gauge "$LEADER_IP" choria_provisioner_paused 0 5 >/dev/null || die "the leader did not resume within 5 s"
+RESUME_S="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')"
+rc_after="$(restarts)"
+same_restarts "$rc_before" "$rc_after" || die "restart counts changed over the pause: $rc_before -> $rc_after"
+summary "pause: leader's choria_provisioner_paused = 1 after PATCH" "$PAUSE_S s (the PATCH returned after $PATCH_S s)"
+summary "resume: choria_provisioner_paused = 0 after PATCH" "$RESUME_S s"
+pass "paused in $PAUSE_S s, $frozen/$FLEET_NODES configured and frozen for 2 s (spec.paused=$paused_col), resumed in $RESUME_S s; restarts unchanged ($rc_after)"
+
+step "fleet: every node provisioned exactly once (the host's journal)"
+STEP_LOGS=("$W/fleet.log")
+fleet_gone() { ! alive "$FLEET_PID"; }
+wait_until 300 "the fleet to finish ($(configured)/$FLEET_NODES configured, $(restarted_ok) restarted)" fleet_gone
+fleet_rc=0
+wait "$FLEET_PID" || fleet_rc=$?
+[ "$fleet_rc" = 0 ] || die "the fleet exited with $fleet_rc"
+FLEET_WALL_S="$(secs "$t_apply" "$(now)")"
+once="$(python3 - "$JOURNAL" "$FLEET_NODES" <<'PY'
+import collections, json, sys
+journal, nodes = sys.argv[1], int(sys.argv[2])
+finals, actions = {}, collections.Counter()
+first = last = None
+for line in open(journal):
+    e = json.loads(line)
+    if e["kind"] == "final":
+        finals[e["node"]] = e
+    elif e["kind"] == "action" and e.get("outcome") == "ok" and e["action"] in ("configure", "restart"):
+        actions[(e["node"], e["action"])] += 1
+        t = e["time_us"]
+        first = t if first is None or t < first else first
+        last = t if last is None or t > last else last
+bad = []
+if len(finals) != nodes:
+    bad.append(f"{len(finals)} final states, not {nodes}")
+for n, f in sorted(finals.items()):
+    c, r = actions[(n, "configure")], actions[(n, "restart")]
+    if f["state"] != "provisioned" or f["configured"] != 1 or f["restarts"] != 1 or c != 1 or r != 1:
+        bad.append(f"{n}: state {f['state']}, configured {f['configured']}, restarts {f['restarts']}, configure ok {c}, restart ok {r}")
+hist = collections.Counter(actions[(n, "configure")] for n in finals)
+print("bad" if bad else "ok", len(finals), "%.1f" % ((last - first) / 1e6 if first else 0), dict(sorted(hist.items())))
+for b in bad[:10]:
+    print(" ", b)
+PY
+)" || die "reading the journal"
+printf '%s\n' "$once" >"$W/provisioned-once.txt"
+read -r verdict finals span _ <<<"$once"
+[ "$verdict" = ok ] || die "not every node was provisioned exactly once: $once"
+summary "provisioning: first configure -> last restart (journal)" "$span s"
+summary "provisioning: Provisioner apply -> fleet exited (all done)" "$FLEET_WALL_S s"
+summary "nodes provisioned exactly once (configure ok 1, restart ok 1)" "$finals / $FLEET_NODES"
+prov_status="$(kc -n "$PNS" get prov provisioner -o jsonpath='{.status.leader} {.status.provisioned}')"
+pass "$finals/$FLEET_NODES nodes: state provisioned, configure ok once, restart ok once (configure counts: ${once#* * * }); span $span s; status: $prov_status"
+
+step "probes: nats-server stopped -> NotReady, not restarted; started -> Ready"
+STEP_LOGS=("$W/kubelet.log" "$W/nats-server.log" "$W/nats-server-2.log")
+wait_until 30 "3 provisioner pods Ready" all_ready
+rc_before="$(restarts)"
+t0=$(now)
+stop_pid "$NATS_PID" nats-server
+wait_until 60 "every provisioner pod NotReady without its broker" none_ready
+NOTREADY_S="$(secs "$t0" "$(now)")"
+ip="$(live_pods | awk 'NR == 1 { print $2 }')"
+readyz="$(curl -sS --max-time 2 -w ' (HTTP %{http_code})' "http://$ip:8080/readyz" 2>&1 | tr '\n' ' ')"
+healthz="$(curl -sS --max-time 2 -w ' (HTTP %{http_code})' "http://$ip:8080/healthz" 2>&1 | tr '\n' ' ')"
+[[ "$readyz" == *"(HTTP 503)"* ]] || die "/readyz without the broker: $readyz"
+[[ "$healthz" == *"(HTTP 200)"* ]] || die "/healthz without the broker: $healthz"
+# Down for 15 s at least: /healthz answers throughout, so the liveness probe
+# (every 10 s) never fails and the kubelet restarts nothing.
+while [ "$(( ($(now) - t0) / 1000000000 ))" -lt 15 ]; do sleep 0.5; done
+DOWN_S="$(secs "$t0" "$(now)")"
+same_restarts "$rc_before" "$(restarts)" || die "restarted while the broker was down: $rc_before -> $(restarts)"
+t1=$(now)
+spawn nats-server-2 "$CACHE_BIN/nats-server" -c "$W/nats.conf"
+NATS_PID="${PIDS[-1]%%:*}"
+wait_until 20 "nats-server on $GW:$nport again" nats_up
+wait_until 60 "every provisioner pod Ready again" all_ready
+READY_S="$(secs "$t1" "$(now)")"
+rc_after="$(restarts)"
+same_restarts "$rc_before" "$rc_after" || die "restart counts changed: $rc_before -> $rc_after"
+liveness="$(kc -n "$PNS" get events -o jsonpath='{range .items[?(@.reason=="Unhealthy")]}{.message}{"\n"}{end}' | grep -c '^Liveness' || true)"
+[ "$liveness" = 0 ] || die "$liveness liveness probe failures in the events"
+wait_until 10 "one leader after the broker came back" one_leader
+summary "probes: nats down -> all 3 NotReady" "$NOTREADY_S s"
+summary "probes: nats down for / restarts" "$DOWN_S s / unchanged ($rc_after)"
+summary "probes: nats up -> all 3 Ready" "$READY_S s"
+pass "NotReady $NOTREADY_S s after nats stopped (/readyz: $readyz; /healthz: $healthz), no restart in $DOWN_S s down, Ready $READY_S s after it started; leader $(pod_of "$(leaders_now)")"
 step_done
+
+spurious="$(analyse "$t_apply" "$(now)" | grep -c '^handover' || true)"
+summary "hand-overs over the whole run (rollout + delete expected)" "$spurious"
+log "node-tier: measured (3 provisioner replicas, $FLEET_NODES fleet nodes on the host, sampler every $SAMPLE_MS ms):"
+printf '  %s\n' "${SUMMARY[@]}" >&2
 
 log "node-tier: every check passed"
 PASSED=1
