@@ -852,8 +852,8 @@ if [ -n "$HELM" ]; then
   kc -n "$NS" rollout status deployment/choria-provisioner-operator --timeout=60s >"$W/rollout.log" 2>&1 ||
     op_failed "the operator Deployment did not roll out"
   OP_READY_S="$(secs "$t0" "$(now)")"
-  rel="$(hm status choria-provisioner-operator -n "$NS" -o json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["info"]["status"], "revision", r["version"], "chart", r["chart"]["metadata"]["name"] + "-" + r["chart"]["metadata"]["version"])')" ||
-    die "helm status"
+  rel="$(hm list -n "$NS" -o json | python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["name"] == "choria-provisioner-operator"][0]; print(r["status"], "revision", r["revision"], "chart", r["chart"], "app", r["app_version"])')" ||
+    die "helm list"
   [[ "$rel" == deployed* ]] || die "helm status: $rel"
   kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null ||
     die "the chart's CRD is not Established"
@@ -1035,8 +1035,11 @@ def scrape(ip):
                 v[n] += float(line.rsplit(None, 1)[1])
                 seen = seen or n == names[0]
     return ip, (v if seen else None)
-known = set()
-pool = cf.ThreadPoolExecutor(8)
+# A fixed cadence: a scrape not answered within the period (a pod going away
+# whose address no longer answers) is recorded as unknown ("ip:-") and not
+# waited for; that address is asked again once the request has ended.
+known, pending = set(), {}
+pool = cf.ThreadPoolExecutor(16)
 with open(out, "a", buffering=1) as f:
     while True:
         t = time.time()
@@ -1044,8 +1047,19 @@ with open(out, "a", buffering=1) as f:
             ips = sorted(x for x in os.listdir(ipam) if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", x))
         except FileNotFoundError:
             ips = []
+        for ip in [i for i in pending if i not in ips and pending[i].done()]:
+            del pending[ip]
+        for ip in ips:
+            if ip not in pending:
+                pending[ip] = pool.submit(scrape, ip)
+        cf.wait([pending[ip] for ip in ips], timeout=max(0.0, t + 0.8 * period - time.time()))
         cells = []
-        for ip, v in pool.map(scrape, ips):
+        for ip in ips:
+            fut = pending[ip]
+            v = fut.result() if fut.done() else (ip, None)
+            v = v[1]
+            if fut.done():
+                del pending[ip]
             if v is not None:
                 known.add(ip)
                 cells.append("%s:%d:%d:%d" % (ip, v[names[0]], v[names[1]], v[names[2]]))
@@ -1101,7 +1115,7 @@ all_ready() { [ "$(live_pods | awk '$4 == "True"' | wc -l)" = 3 ] && [ "$(live_p
 none_ready() { [ "$(live_pods | wc -l)" = 3 ] && [ "$(live_pods | awk '$4 == "True"' | wc -l)" = 0 ]; }
 # restarts: "pod=restartCount ..." of the live pods with a container;
 # same_restarts BEFORE AFTER: every pod of BEFORE has the same count in AFTER.
-restarts() { live_pods | awk '$3 != "" { print $1 "=" $3 }' | sort | tr '\n' ' '; }
+restarts() { live_pods | awk '$3 != "" { print $1 "=" $3 }' | sort | tr '\n' ' ' | sed 's/ $//'; }
 same_restarts() {
   local e
   for e in $1; do grep -qw -- "$e" <<<"$2" || return 1; done
@@ -1125,7 +1139,9 @@ lease_holder() { kc -n "$PNS" get lease provisioner -o jsonpath='{.spec.holderId
 # analyse FROM_NS TO_NS: the hand-overs in the timeline between the two times
 # (a change of the one replica reporting leader 1: the gap from the old
 # leader's last sample to the new one's first), samples with two leaders,
-# and the longest stretch without any. Prints "handover OLD NEW GAP_S" lines,
+# and the longest stretch without any. Prints "handover OLD NEW GAP_S THEN"
+# lines (THEN: what OLD reported in NEW's first sample: leader=0,
+# not-answering, no-address),
 # "double T IPS" lines and a final "stats SAMPLES LONGEST_NO_LEADER_S".
 analyse() {
   python3 - "$TIMELINE" "$W/podwatch.log" "$(($1 / 1000000))" "$(($2 / 1000000))" <<'PY'
@@ -1160,11 +1176,15 @@ for line in open(timeline):
             no_leader_since = None
     if len(leaders) == 1:
         if prev and leaders[0] != prev and t >= t0:
-            print("handover", name(prev), name(leaders[0]), "%.2f" % ((t - prev_t) / 1000))
+            # what the old leader said in the new one's first sample
+            cell = [c for c in w[1:] if c.split(":")[0] == prev]
+            then = "no-address" if not cell else ("not-answering" if cell[0].endswith(":-") else "leader=" + cell[0].split(":")[1])
+            print("handover", name(prev), name(leaders[0]), "%.2f" % ((t - prev_t) / 1000), then)
         prev, prev_t = leaders[0], t
 print("stats", samples, "%.2f" % (longest / 1000))
 PY
 }
+wait_until 60 "Deployment $PNS/provisioner (made by the operator)" kc -n "$PNS" get deployment provisioner
 kc -n "$PNS" rollout status deployment/provisioner --timeout=120s >"$W/rollout-provisioner.log" 2>&1 ||
   prov_failed "the Provisioner's Deployment did not roll out"
 wait_until 60 "3 provisioner pods Ready" all_ready
@@ -1199,18 +1219,20 @@ handovers() {
   if grep -q '^double' <<<"$out"; then
     die "$what: two replicas reported leader 1 in the same sample: $(grep '^double' <<<"$out" | head -n 3 | tr '\n' ';')"
   fi
-  local _ from to gap samples longest
-  while read -r _ from to gap; do
+  local _ from to gap oldthen samples longest
+  while read -r _ from to gap oldthen; do
     n=$((n + 1))
-    summary "$what: hand-over $n gap ($from -> $to)" "$gap s"
+    summary "$what: hand-over $n gap ($from -> $to)" "$gap s (old leader then: $oldthen)"
     awk -v g="$gap" -v m="$MAX_GAP" 'BEGIN { exit !(g < m) }' || die "$what: hand-over $from -> $to took $gap s (goal < $MAX_GAP s)"
-    log "node-tier:   hand-over $n: $from -> $to, no leader for $gap s"
+    log "node-tier:   hand-over $n: $from -> $to, no leader for $gap s; the old leader in the new one's first sample: $oldthen"
   done < <(grep '^handover' <<<"$out")
   [ "$n" -ge 1 ] || die "$what: no hand-over seen in the timeline ($TIMELINE)"
   read -r _ samples longest < <(grep '^stats' <<<"$out")
   summary "$what: samples / longest stretch without a leader" "$samples / $longest s"
   HANDOVERS="$n"
+  N_MEASURED=$((N_MEASURED + n))
 }
+N_MEASURED=0
 mid_provisioning() { # WHAT: the fleet must still be being provisioned
   local c
   c="$(configured)"
@@ -1285,7 +1307,7 @@ wait_gauge() {
 [ "$(gauge "$LEADER_IP" choria_provisioner_paused)" = 0 ] || die "leader $LEADER is paused already"
 t0=$(now)
 patch_paused true || die "patching spec.paused: true"
-PATCH_S="$(secs "$t0" "$(now)")"
+PATCH_S="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')"
 wait_gauge "$LEADER_IP" choria_provisioner_paused 1 5 >/dev/null || die "the leader's choria_provisioner_paused did not become 1 within 5 s"
 PAUSE_S="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')"
 awk -v p="$PAUSE_S" 'BEGIN { exit !(p < 1) }' || die "the leader paused $PAUSE_S s after the patch (goal < 1 s)"
@@ -1382,10 +1404,21 @@ summary "probes: nats down -> all 3 NotReady" "$NOTREADY_S s"
 summary "probes: nats down for / restarts" "$DOWN_S s / unchanged ($rc_after)"
 summary "probes: nats up -> all 3 Ready" "$READY_S s"
 pass "NotReady $NOTREADY_S s after nats stopped (/readyz: $readyz; /healthz: $healthz), no restart in $DOWN_S s down, Ready $READY_S s after it started; leader $(pod_of "$(leaders_now)")"
-step_done
 
-spurious="$(analyse "$t_apply" "$(now)" | grep -c '^handover' || true)"
-summary "hand-overs over the whole run (rollout + delete expected)" "$spurious"
+step "timeline: the whole run"
+whole="$(analyse "$t_apply" "$(now)")" || die "analysing $TIMELINE"
+printf '%s\n' "$whole" >"$W/handovers-all.txt"
+grep -q '^double' <<<"$whole" && die "two replicas reported leader 1 in one sample: $(grep '^double' <<<"$whole" | head -n 3 | tr '\n' ';')"
+n_all="$(grep -c '^handover' <<<"$whole" || true)"
+read -r _ samples_all _ < <(grep '^stats' <<<"$whole")
+summary "hand-overs in the whole timeline / measured above" "$n_all / $N_MEASURED"
+summary "samples in the whole timeline, never two leaders" "$samples_all"
+if [ "$n_all" != "$N_MEASURED" ]; then
+  log "node-tier: WARNING: $((n_all - N_MEASURED)) hand-over(s) outside the rollout and the delete (see $W/handovers-all.txt):"
+  grep '^handover' <<<"$whole" | sed 's/^/    /' >&2
+fi
+pass "$samples_all samples, never two leaders, $n_all hand-over(s)"
+step_done
 log "node-tier: measured (3 provisioner replicas, $FLEET_NODES fleet nodes on the host, sampler every $SAMPLE_MS ms):"
 printf '  %s\n' "${SUMMARY[@]}" >&2
 
