@@ -325,7 +325,7 @@ pod_pids() {
 our_shims() {
   local p
   for p in /proc/[0-9]*; do
-    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $SOCK " && echo "${p#/proc/}"
+    grep -q -- "-address $SOCK " <<<"$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null)" && echo "${p#/proc/}"
   done
   return 0
 }
@@ -468,7 +468,7 @@ if [ -d /sys/fs/cgroup/pids/kubepods ] || [ -d /sys/fs/cgroup/memory/kubepods ] 
 fi
 CGROUP_OWNED=1
 ip link show "$BRIDGE" >/dev/null 2>&1 && die "interface $BRIDGE exists already (another node tier running? set NODE_TIER_BRIDGE)"
-ip route get "$GW" 2>/dev/null | grep -q " dev lo \| local " && die "$GW is already a local address here (set NODE_TIER_NET)"
+grep -q " dev lo \| local " <<<"$(ip route get "$GW" 2>/dev/null)" && die "$GW is already a local address here (set NODE_TIER_NET)"
 ADDED_BRIDGE=1
 ip link add "$BRIDGE" type bridge
 ip addr add "$GW/24" dev "$BRIDGE"
@@ -695,7 +695,9 @@ ctrc images import "$ARCHIVE" >>"$W/ctr-import.log" 2>&1 || die "ctr images impo
 imported="$(ctrc images ls -q | grep -E "(^|/)$IMAGE_NAME:$VERSION\$" | head -n1)"
 [ -n "$imported" ] || die "no $IMAGE_NAME:$VERSION among the imported images: $(ctrc images ls -q | tr '\n' ' ')"
 [ "$imported" = "$IMAGE_REF" ] || ctrc images tag --force "$imported" "$IMAGE_REF" >>"$W/ctr-import.log" 2>&1 || die "ctr images tag"
-ctrc images ls -q | grep -qxF "$PAUSE_REF" || die "the pause image is not in containerd"
+# Not `ctr ... | grep -q`: with pipefail, grep quitting at the first match
+# can fail the pipeline through ctr's SIGPIPE (seen: "not in containerd").
+grep -qxF "$PAUSE_REF" <<<"$(ctrc images ls -q)" || die "the pause image is not in containerd"
 pass "containerd on $SOCK; images $PAUSE_REF and $IMAGE_REF (from $imported)"
 
 # ---- kubelet -----------------------------------------------------------------------------
@@ -978,7 +980,7 @@ sys.exit(1)
 PY
   chmod 0755 "$FLEET_BIN"
 fi
-"$FLEET_BIN" --version | grep -qw -- "$VERSION" || die "$FLEET_BIN is not version $VERSION"
+grep -qw -- "$VERSION" <<<"$("$FLEET_BIN" --version)" || die "$FLEET_BIN is not version $VERSION"
 openssl genrsa -out "$W/signer.key" 2048 2>/dev/null
 openssl rsa -in "$W/signer.key" -pubout -out "$W/jwt-verify.pem" 2>/dev/null
 TOKEN="s3cret-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"

@@ -119,13 +119,13 @@ fi
 # delete, pause and a broker outage. Behind CHORIA_NODE_TIER=1: it needs root,
 # adds a bridge and iptables rules while it runs, and its first build (kubelet,
 # controller-manager, scheduler, helm: ~12 min cold) does not fit CI's budget
-# next to the rest; warm it takes ~3 min (README "Install on Kubernetes").
+# next to the rest; warm it takes ~2 min (README "Install on Kubernetes").
 node_status=0
 if [ "${CHORIA_NODE_TIER:-0}" = 1 ]; then
   log "node tier: real pods on a real kubelet (scripts/node-tier.sh)"
   "$ROOT/scripts/node-tier.sh" || node_status=$?
 else
-  log "node tier not run (CHORIA_NODE_TIER=1 runs scripts/node-tier.sh, ~3 min warm)"
+  log "node tier not run (CHORIA_NODE_TIER=1 runs scripts/node-tier.sh, ~2 min warm)"
 fi
 [ "$status" -ne 0 ] || status=$node_status
 exit "$status"
