@@ -216,12 +216,7 @@ async fn cert_manager_signs_every_node_and_missing_issuers_and_denials_fail_them
         "cert-manager's reason is in the error: {line}"
     );
     let (_, journal) = fleet.finish().await;
-    assert!(
-        !journal
-            .iter()
-            .any(|e| e["kind"] == "action" && e["action"] == "configure"),
-        "a node was configured without a certificate"
-    );
+    assert_nothing_configured(&journal, "a node was configured without a certificate");
     certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
 
     // 3. Denied by an approval policy (cert-manager's approver off, the test
@@ -267,13 +262,18 @@ async fn cert_manager_signs_every_node_and_missing_issuers_and_denials_fail_them
         "{line}"
     );
     let (_, journal) = fleet.finish().await;
+    assert_nothing_configured(&journal, "a denied node was configured");
+    certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
+}
+
+/// No `configure` reached any node of this fleet.
+fn assert_nothing_configured(journal: &[Value], why: &str) {
     assert!(
         !journal
             .iter()
             .any(|e| e["kind"] == "action" && e["action"] == "configure"),
-        "a denied node was configured"
+        "{why}"
     );
-    certmanager::wait_no_requests(&cp, NS, Duration::from_secs(20));
 }
 
 /// The sum of the series of `name` whose line contains `labels`.

@@ -382,6 +382,28 @@ fn rpcutil_policy(caller: &str) -> String {
     format!("policy default deny\nallow\t{caller}\tinventory\t*\t*\n")
 }
 
+/// The settings that point go-choria's file security provider at what
+/// `configure` writes into the node's ssldir (the certificate, the key the
+/// node made for its CSR, the CA), without SRV lookups.
+fn file_provider_settings(ssl: &Path) -> [(&'static str, String); 5] {
+    [
+        ("plugin.choria.use_srv", "false".to_string()),
+        ("plugin.security.provider", "file".to_string()),
+        (
+            "plugin.security.file.certificate",
+            s(&ssl.join("certificate.pem")).to_string(),
+        ),
+        (
+            "plugin.security.file.key",
+            s(&ssl.join("private.pem")).to_string(),
+        ),
+        (
+            "plugin.security.file.ca",
+            s(&ssl.join("ca.pem")).to_string(),
+        ),
+    ]
+}
+
 /// Checks the action policies configure wrote next to the configuration.
 fn assert_policy_written(node_dir: &Path, policy: &str) {
     let file = node_dir.join("policies").join("rpcutil.policy");
@@ -506,22 +528,7 @@ async fn real_v1_server_is_provisioned_with_pki() {
     // The file provider pointed at what configure writes into the node's
     // ssldir: the certificate our helper signs, the key the node made for its
     // CSR, and the CA, which also signed the broker's certificate.
-    let settings = [
-        ("plugin.choria.use_srv", "false".to_string()),
-        ("plugin.security.provider", "file".to_string()),
-        (
-            "plugin.security.file.certificate",
-            s(&ssl.join("certificate.pem")).to_string(),
-        ),
-        (
-            "plugin.security.file.key",
-            s(&ssl.join("private.pem")).to_string(),
-        ),
-        (
-            "plugin.security.file.ca",
-            s(&ssl.join("ca.pem")).to_string(),
-        ),
-    ];
+    let settings = file_provider_settings(&ssl);
     let policy = rpcutil_policy("choria=admin.mcollective");
     let helper = bench.helper(&settings, &serde_json::json!({ "rpcutil.policy": policy }));
     let choria_cfg = format!(
@@ -974,22 +981,7 @@ async fn real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager()
 
     // Exactly the template's settings, rendered for this node.
     let (_, written) = read_written_config(&node_dir.join("server.conf"));
-    let settings = [
-        ("plugin.choria.use_srv", "false".to_string()),
-        ("plugin.security.provider", "file".to_string()),
-        (
-            "plugin.security.file.certificate",
-            s(&ssl.join("certificate.pem")).to_string(),
-        ),
-        (
-            "plugin.security.file.key",
-            s(&ssl.join("private.pem")).to_string(),
-        ),
-        (
-            "plugin.security.file.ca",
-            s(&ssl.join("ca.pem")).to_string(),
-        ),
-    ];
+    let settings = file_provider_settings(&ssl);
     assert_eq!(written, bench.expected_config(id, &settings));
     assert_policy_written(&node_dir, &policy);
 

@@ -243,7 +243,13 @@ fn cert_manager(
             (Some(v), _) if crate::k8s::is_dns_subdomain(&v) || key == "issuer_kind" => Ok(v),
             (Some(v), _) => Err(c.error(key, format!("{v:?} is not a Kubernetes name"))),
             (None, Some(d)) => Ok(d.to_string()),
-            (None, None) => Err(c.error(key, "required")),
+            (None, None) => Err(c.error(
+                key,
+                match key {
+                    "issuer" => "required: the name of the cert-manager Issuer (or, with issuer_kind: ClusterIssuer, ClusterIssuer) that signs the nodes' CSRs",
+                    _ => "required: the namespace the CertificateRequests are made in (an Issuer must be there too; the operator sets its own)",
+                },
+            )),
         }
     };
     let issuer = name("issuer", None)?;
