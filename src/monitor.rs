@@ -2,7 +2,7 @@
 //! liveness and `/readyz` for readiness (e.g. Kubernetes probes).
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::State;
@@ -97,11 +97,28 @@ impl std::fmt::Debug for Health {
     }
 }
 
-/// Binds the monitoring listener on all interfaces.
+/// Binds the monitoring listener on all interfaces, IPv6 and IPv4 alike
+/// (one dual-stack socket: a pod on an IPv6-only or dual-stack cluster is
+/// scraped at its IPv6 address); IPv4 only where the host has no IPv6.
 pub async fn bind(port: u16) -> Result<TcpListener, MonitorError> {
-    TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
-        .await
-        .map_err(|source| MonitorError::Bind { port, source })
+    match bind_dual_stack(port) {
+        Ok(listener) => Ok(listener),
+        Err(_) => TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+            .await
+            .map_err(|source| MonitorError::Bind { port, source }),
+    }
+}
+
+/// `[::]:port` with `IPV6_V6ONLY` off, whatever the host's default.
+fn bind_dual_stack(port: u16) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 #[derive(Clone)]
@@ -410,6 +427,33 @@ mod tests {
         assert_eq!(get(addr, "/healthz").await.status, 200);
         s.stop().await;
         assert!(TcpStream::connect(addr).await.is_err(), "still listening");
+    }
+
+    #[tokio::test]
+    async fn the_listener_answers_on_ipv4_and_ipv6() {
+        let listener = bind(0).await.expect("bind");
+        let port = listener.local_addr().unwrap().port();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(
+            listener,
+            Arc::new(TestMetrics::new()),
+            Health::new(),
+            stop.clone(),
+        ));
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        assert_eq!(get(v4, "/healthz").await.status, 200, "IPv4");
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+            assert_eq!(get(v6, "/healthz").await.status, 200, "IPv6");
+        } else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "this host has no IPv6 loopback: IPv6 cannot be checked"
+            );
+            eprintln!("NOT RUN (IPv6 part): this host has no IPv6 loopback");
+        }
+        stop.cancel();
+        task.await.unwrap().unwrap();
     }
 
     #[tokio::test]

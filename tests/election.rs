@@ -383,3 +383,88 @@ async fn choria_cli_views_our_leader_and_evict_moves_leadership() {
     );
     assert!(stepped_down < Duration::from_secs(3), "{stepped_down:?}");
 }
+
+/// The current revision of the election key, read from the CHORIA account.
+async fn key_revision(admin: &async_nats::Client) -> u64 {
+    let reply = admin
+        .request(
+            "$JS.API.STREAM.MSG.GET.KV_CHORIA_LEADER_ELECTION",
+            r#"{"last_by_subj":"$KV.CHORIA_LEADER_ELECTION.provisioner"}"#.into(),
+        )
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    v["message"]["seq"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no revision in {v}"))
+}
+
+/// Anyone on the provisioning account can publish a release announcement
+/// naming the leader's current revision. A standby that claims on it must
+/// not work beside the leader: the leader challenges (renews at once) and
+/// the standby holds off before working. Sampled every ~10 ms, never two
+/// working; and the forgeries do move leadership, so the check is not
+/// vacuous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_release_announcement_never_gives_two_working_leaders() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    create_bucket(&nats, TTL).await;
+    let admin = support::election::admin(&nats).await;
+    let forger = nats.connect("forger").await;
+    let mut replicas = Replicas {
+        dir: dir.path(),
+        nats: &nats,
+        running: Vec::new(),
+        started: 0,
+    };
+    replicas.start();
+    replicas.start();
+    let sampler = support::election::Sampler::start();
+    sampler.set(
+        replicas
+            .running
+            .iter()
+            .map(|(n, p)| (n.clone(), p.monitor_port))
+            .collect(),
+    );
+    let subject = choria_provisioner::election::streams::release_subject(
+        "CHORIA_LEADER_ELECTION",
+        "provisioner",
+    );
+    let mut takeovers = 0;
+    for round in 0..10 {
+        let before = replicas.leader(TTL * 3).await;
+        // Both replicas settled: the leader works, the standby waits.
+        replicas.failover(Instant::now(), TTL * 3).await;
+        let revision = key_revision(&admin).await;
+        let forged = serde_json::json!({
+            "bucket": "CHORIA_LEADER_ELECTION", "key": "provisioner",
+            "revision": revision, "identity": "forger", "instance": "forger",
+        });
+        forger
+            .publish(subject.clone(), serde_json::to_vec(&forged).unwrap().into())
+            .await
+            .unwrap();
+        forger.flush().await.unwrap();
+        // Whatever happens settles within the hold-off and a renewal.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = replicas.leader(TTL * 3).await;
+        println!("round {round}: forged revision {revision}; leader {before} -> {after}");
+        if after != before {
+            takeovers += 1;
+        }
+        if takeovers >= 3 {
+            break;
+        }
+    }
+    assert!(
+        takeovers > 0,
+        "no forged announcement moved leadership in 10 rounds: nothing was tested"
+    );
+    sampler.assert_never_two_working();
+    for (_, mut p) in replicas.running.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+}

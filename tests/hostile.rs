@@ -13,7 +13,7 @@ use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
 use choria_provisioner::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
 use choria_provisioner::fleet::ca::CertificateAuthority;
 use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::provision::{EVENT_CONFIRM_QUEUE, EVENT_PINGS};
+use choria_provisioner::provision::confirm::{EVENT_PINGS, EVENT_QUEUE as EVENT_CONFIRM_QUEUE};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -56,6 +56,9 @@ struct Setup {
     /// and see the rest of it, which is not the attack under test (CI saw a
     /// victim's configure this way).
     actors: Actors,
+    /// Start the healthy fleet this long after the provisioner (its nodes
+    /// then announce themselves with startup events) instead of before it.
+    fleet_after: Option<Duration>,
 }
 
 impl Default for Setup {
@@ -66,6 +69,7 @@ impl Default for Setup {
             helper: None,
             fleet: Box::new(|_| {}),
             actors: Box::new(|_| Vec::new()),
+            fleet_after: None,
         }
     }
 }
@@ -115,9 +119,15 @@ impl Scene {
             ..Default::default()
         };
         (setup.fleet)(&mut opts);
-        let fleet = RunningFleet::start(opts).await;
+        let identities: Vec<String> = (0..opts.nodes)
+            .map(|i| choria_provisioner::fleet::identity_for(&opts, i))
+            .collect();
+        let fleet = match setup.fleet_after {
+            None => Some(RunningFleet::start(opts.clone()).await),
+            Some(_) => None,
+        };
         let prelude = Prelude {
-            identities: &fleet.identities,
+            identities: &identities,
             stolen_jwt: stolen_jwt(&issuer, &nats.url()),
         };
         let mut actors = Vec::new();
@@ -144,6 +154,13 @@ impl Scene {
             nats.url()
         );
         let p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+        let fleet = match (fleet, setup.fleet_after) {
+            (Some(f), _) => f,
+            (None, after) => {
+                tokio::time::sleep(after.unwrap_or_default()).await;
+                RunningFleet::start(opts).await
+            }
+        };
         Scene {
             dir,
             nats,
@@ -482,6 +499,57 @@ async fn a_flood_of_startup_events_for_made_up_nodes_does_not_starve_real_ones()
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &nodes);
     assert_never_disconnected(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_discovery_names_cannot_stall_real_nodes_that_start_after_them() {
+    // One connection answers every broadcast discovery with 20,000 made-up
+    // (well-formed) names; 500 real nodes start 5 s later and announce
+    // themselves. Before the confirmation stage 0 of them were provisioned
+    // in 100 s: the made-up names held every worker for 3 x rpc_timeout.
+    const FORGED: usize = 20_000;
+    let forged: Vec<String> = (0..FORGED)
+        .map(|i| format!("forged-{i:05}.example.net"))
+        .collect();
+    let mut scene = Scene::start(Setup {
+        nodes: 500,
+        fleet_after: Some(Duration::from_secs(5)),
+        actors: Box::new(move |_| vec![(Version::V1, Mode::BadDiscoveryNames(forged))]),
+        ..Setup::default()
+    })
+    .await;
+    // Scene::start returns once every real node announced itself.
+    let started = Instant::now();
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    scene.wait_servers(&nodes, Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    let unconfirmed = scene.metric("choria_provisioner_unconfirmed_discoveries", "");
+    let queued = scene.metric("choria_provisioner_discovered", "")
+        + scene.metric("choria_provisioner_event_discovered", "");
+    println!(
+        "forged discovery: {FORGED} names per discovery; 500 real nodes provisioned {took:.1?} after they started; {unconfirmed} forged names unconfirmed so far"
+    );
+    assert!(
+        unconfirmed >= 1_000.0,
+        "the forged names were pinged and refused: {unconfirmed}"
+    );
+    assert!(
+        queued <= nodes.len() as f64,
+        "only real nodes reached the work queue: {queued}"
+    );
+    assert_eq!(
+        scene.metric("choria_provisioner_provision_errors", ""),
+        0.0,
+        "no forged name ever held a worker"
+    );
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+    let forged_lines = logs.lines().filter(|l| l.contains("forged-")).count();
+    assert!(
+        forged_lines < 50,
+        "{forged_lines} log lines name forged nodes: per-node warnings are rate-limited"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -252,3 +252,90 @@ async fn one_discovery_round_finds_a_ten_thousand_node_fleet() {
     p.stop().await;
     drop(fleet);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_rewin() {
+    const N: usize = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    // Every node takes 1.5 s per directed request (rpc_timeout is 3 s), so
+    // each sequence has its first RPC in flight when leadership blips.
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: N,
+        journal: Some(dir.path().join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 2,
+        slow_nodes: N,
+        slow_delay_ms: 1500,
+        ..Default::default()
+    })
+    .await;
+    let template = format!(
+        "workers: {N}\nconfiguration_template:\n  configuration:\n    identity: \"{{{{ identity }}}}\"\n    plugin.choria.server.provision: \"false\"\n"
+    );
+    // An elected replica: paused for the election until it wins.
+    let p = start(dir.path(), &nats, &template, |h| {
+        h.pause(PauseReason::Election, true)
+    });
+    p.handle.resume(PauseReason::Election);
+    p.wait_for(
+        "choria_provisioner_busy_workers",
+        N as f64,
+        Duration::from_secs(20),
+    )
+    .await;
+    // Lost and won again at once (a Lease blip, an expired Streams key we
+    // take back) while every node's inventory request is in flight.
+    let journal_path = dir.path().join("journal.jsonl");
+    assert_eq!(
+        actions(&support::read_journal_so_far(&journal_path), "inventory").count(),
+        0,
+        "the blip comes while the first requests are still in flight"
+    );
+    p.handle.pause(PauseReason::Election, true);
+    p.handle.resume(PauseReason::Election);
+    p.wait_for(
+        "choria_provisioner_provisioned",
+        N as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    // Give an old sequence that wrongly carried on time to send its
+    // configure (one more slow request).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let errors = p.metric("choria_provisioner_provision_errors");
+    p.stop().await;
+    let (_, journal) = fleet.finish().await;
+    for node in &fleet_identities(&journal) {
+        let of = |action: &str| {
+            actions(&journal, action)
+                .filter(|e| e["node"] == node.as_str())
+                .count()
+        };
+        assert_eq!(
+            of("inventory"),
+            2,
+            "{node}: one inventory from each term's sequence"
+        );
+        assert_eq!(
+            of("configure"),
+            1,
+            "{node}: configured by the new term's sequence only"
+        );
+        assert_eq!(of("restart"), 1, "{node}: restarted once");
+    }
+    assert_eq!(
+        errors, 0.0,
+        "the old term's sequences stopped as a pause, not an error"
+    );
+}
+
+/// Every node that appears in the journal's actions.
+fn fleet_identities(journal: &[Value]) -> std::collections::BTreeSet<String> {
+    journal
+        .iter()
+        .filter(|e| e["kind"] == "action")
+        .filter_map(|e| e["node"].as_str().map(str::to_string))
+        .collect()
+}

@@ -55,7 +55,7 @@ pub struct GlobalArgs {
 
 impl GlobalArgs {
     /// What every subcommand but `run` logs with: stderr, `info` unless told.
-    pub fn init_stderr_logging(&self) -> anyhow::Result<()> {
+    pub fn init_stderr_logging(&self) -> anyhow::Result<telemetry::LogGuard> {
         telemetry::init(
             self.log_format,
             &self.filter("info"),
@@ -146,15 +146,15 @@ pub fn main() -> ExitCode {
         match command {
             Command::Run(args) => run::run(args, &global).await,
             Command::Fleet(args) => {
-                global.init_stderr_logging()?;
+                let _log = global.init_stderr_logging()?;
                 fleet::run(args).await
             }
             Command::Discover(args) => {
-                global.init_stderr_logging()?;
+                let _log = global.init_stderr_logging()?;
                 discover::run(args).await
             }
             Command::Operator(args) => {
-                global.init_stderr_logging()?;
+                let _log = global.init_stderr_logging()?;
                 operator::run(args).await
             }
             Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),

@@ -54,7 +54,7 @@ impl RunArgs {
 pub async fn run(args: RunArgs, global: &GlobalArgs) -> Result<()> {
     let prepared = args.prepare()?;
     let cfg = &prepared.config;
-    telemetry::init(
+    let _log = telemetry::init(
         global.log_format,
         &global.filter(cfg.log_level().as_filter()),
         &cfg.log_target(),

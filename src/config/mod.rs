@@ -16,6 +16,7 @@
 pub mod choria;
 pub mod duration;
 pub mod election;
+pub mod interpolation;
 pub mod provisioner;
 pub mod schema;
 pub mod template;

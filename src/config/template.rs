@@ -102,6 +102,7 @@ impl ConfigurationTemplate {
                 .build()
                 .expect("the default delimiters are valid"),
         );
+        super::interpolation::install(&mut env);
         for (section, key, source) in self.templates() {
             let name = template_name(section, key);
             env.add_template_owned(name.clone(), source.to_string())

@@ -57,9 +57,14 @@ pub trait Backend: Send {
     fn renew(&mut self) -> impl Future<Output = Result<Outcome, ElectionError>> + Send;
     /// Gives leadership up so a standby can take over at once.
     fn release(&mut self) -> impl Future<Output = Result<(), ElectionError>> + Send;
-    /// Resolves when leadership may have become free (a release was
-    /// announced), so a follower campaigns at once instead of waiting.
-    fn vacancy(&mut self) -> impl Future<Output = ()> + Send {
+    /// Resolves when another instance announced a release of the record.
+    /// A follower (`leading` false) then campaigns at once: leadership may
+    /// be free. A leader did not release it, so the announcement is forged
+    /// (or stale): it renews at once, and if a standby claimed the record
+    /// on it, the leader learns of its loss within a round trip instead of
+    /// at its next renewal.
+    fn announcement(&mut self, leading: bool) -> impl Future<Output = ()> + Send {
+        let _ = leading;
         std::future::pending()
     }
     /// Asked right after a win: how long to hold back before working,
@@ -164,8 +169,12 @@ pub async fn drive<B: Backend, S: Steer>(
                 continue;
             }
             _ = tokio::time::sleep_until(next) => {}
-            _ = backend.vacancy(), if !machine.is_leader() => {
-                debug!("leadership was released; campaigning now");
+            _ = backend.announcement(machine.is_leader()) => {
+                if machine.is_leader() {
+                    warn!(election = %backend.describe(), "someone announced a release of our record; renewing at once to find out whether we still lead");
+                } else {
+                    debug!("leadership was released; campaigning now");
+                }
             }
             _ = watchdog.expired(), if machine.is_leader() => {
                 if let Some(t) = clock_step_down(&mut machine, timings) {

@@ -13,6 +13,15 @@
 //!   sequence on a plain subject and our standbys claim the key expecting it.
 //!   Go standbys cannot, and wait for the marker to expire (the bucket TTL).
 //!
+//! Anyone who may publish on `choria.provisioner.election.>` can forge an
+//! announcement naming the leader's *current* revision, and a standby's
+//! claim on it then succeeds while the leader still works. Two rules keep
+//! that from giving two working leaders: a leader that hears an
+//! announcement of its own key it did not send renews at once (if a
+//! standby took the key, that renewal fails and the leader stops within a
+//! round trip), and a standby that won on an announcement holds off
+//! [`ANNOUNCED_HOLD_OFF`] before working, longer than that reaction.
+//!
 //! The value is the candidate's identity, as Go candidates write it, so
 //! `choria election view` shows who leads.
 
@@ -34,6 +43,12 @@ const MIN_TTL: Duration = Duration::from_secs(4);
 const MAX_TTL: Duration = Duration::from_secs(3600);
 /// How far inside the TTL the leader steps down when it cannot renew.
 const SAFETY_MARGIN_SHARE: u32 = 4;
+/// How long a standby that claimed the key on a release announcement
+/// waits before working: a leader whose release was forged hears the same
+/// announcement, renews, fails and stops within this (a round trip to the
+/// broker and a pause; measured on a loaded 2-core machine at well under
+/// 100 ms, see the election tier's forged-announcement test).
+pub const ANNOUNCED_HOLD_OFF: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamsError {
@@ -118,10 +133,21 @@ pub struct StreamsBackend {
     last_seq: u64,
     /// A released key's marker sequence, when announced.
     vacated: Option<u64>,
-    /// The last win claimed the key on a delete marker nobody announced
-    /// (`choria election evict`): its holder may still be working.
-    claimed_marker: bool,
+    /// How the last win was had, when its previous holder may still be
+    /// working (see [`Backend::settle`]).
+    claimed: Claimed,
     releases: async_nats::Subscriber,
+}
+
+/// How a win took the key over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claimed {
+    /// From nobody (absent or expired): no one can still be working.
+    Free,
+    /// On a release announcement, which anyone could have forged.
+    Announced,
+    /// On a delete marker nobody announced (`choria election evict`).
+    Marker,
 }
 
 /// The plain subject releases are announced on.
@@ -169,7 +195,7 @@ impl StreamsBackend {
             ttl: Duration::ZERO,
             last_seq: 0,
             vacated: None,
-            claimed_marker: false,
+            claimed: Claimed::Free,
             releases,
         };
         backend.ttl = match backend.bucket_ttl().await {
@@ -353,9 +379,13 @@ impl Backend for StreamsBackend {
 
     async fn campaign(&mut self) -> Result<Outcome, ElectionError> {
         // A release we were told about lets us claim the key on its marker.
-        let expected = self.vacated.take().unwrap_or(0);
-        if let Some(seq) = self.put(expected, false).await? {
+        let announced = self.vacated.take();
+        if let Some(seq) = self.put(announced.unwrap_or(0), false).await? {
             self.last_seq = seq;
+            self.claimed = match announced {
+                Some(_) => Claimed::Announced,
+                None => Claimed::Free,
+            };
             return Ok(Outcome::Leading);
         }
         // The key exists. When it is a delete marker we can read, claim it
@@ -363,7 +393,7 @@ impl Backend for StreamsBackend {
         if let Some(marker) = self.deleted_marker().await {
             if let Some(seq) = self.put(marker, false).await? {
                 self.last_seq = seq;
-                self.claimed_marker = true;
+                self.claimed = Claimed::Marker;
                 return Ok(Outcome::Leading);
             }
         }
@@ -371,12 +401,14 @@ impl Backend for StreamsBackend {
     }
 
     /// After winning on an unannounced delete marker (an eviction), the
-    /// evicted leader stops at its next renewal at the latest: wait that long.
+    /// evicted leader stops at its next renewal at the latest: wait that
+    /// long. After winning on an announcement, which may be forged, the
+    /// leader it named challenges at once: wait [`ANNOUNCED_HOLD_OFF`].
     fn settle(&mut self) -> Duration {
-        if std::mem::take(&mut self.claimed_marker) {
-            self.timings().renew_period + Duration::from_millis(250)
-        } else {
-            Duration::ZERO
+        match std::mem::replace(&mut self.claimed, Claimed::Free) {
+            Claimed::Free => Duration::ZERO,
+            Claimed::Announced => ANNOUNCED_HOLD_OFF,
+            Claimed::Marker => self.timings().renew_period + Duration::from_millis(250),
         }
     }
 
@@ -418,7 +450,24 @@ impl Backend for StreamsBackend {
         Ok(())
     }
 
-    async fn vacancy(&mut self) {
+    async fn announcement(&mut self, leading: bool) {
+        let revision = self.next_foreign_release().await;
+        if leading {
+            debug!(
+                revision,
+                ours = self.last_seq,
+                "a release of our key was announced by someone else"
+            );
+        } else {
+            self.vacated = Some(revision);
+        }
+    }
+}
+
+impl StreamsBackend {
+    /// The revision of the next release of our key that another instance
+    /// announced; pending for ever once the subscription ends.
+    async fn next_foreign_release(&mut self) -> u64 {
         while let Some(msg) = self.releases.next().await {
             match serde_json::from_slice::<Released>(&msg.payload) {
                 Ok(r)
@@ -426,14 +475,13 @@ impl Backend for StreamsBackend {
                         && r.key == self.key
                         && r.instance != self.instance =>
                 {
-                    self.vacated = Some(r.revision);
-                    return;
+                    return r.revision;
                 }
                 Ok(_) => {}
                 Err(e) => debug!(error = %e, "ignoring a malformed release announcement"),
             }
         }
-        std::future::pending::<()>().await
+        std::future::pending::<u64>().await
     }
 }
 

@@ -4,9 +4,16 @@
 //! (not the leader), the operator (`spec.paused`), shutdown — and it opens only
 //! when none does. Every step that talks to nodes reads it: discovery, event
 //! handling, each RPC and every retry attempt, the helper.
+//!
+//! The gate also counts leadership terms: every change of the election
+//! reason (won or lost) starts a new term. A node's sequence remembers the
+//! term it started in and stops at its next checkpoint once that term is
+//! over, even when the gate is open again: after losing and at once
+//! regaining leadership, a sequence from the old term must not carry on
+//! beside the new term's sequence for the same node.
 
 use crate::provision::metrics::Metrics;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -41,6 +48,7 @@ impl PauseReason {
 #[derive(Clone)]
 pub struct PauseGate {
     reasons: Arc<AtomicU8>,
+    term: Arc<AtomicU64>,
     changes: Arc<watch::Sender<bool>>,
     metrics: Arc<Metrics>,
 }
@@ -52,6 +60,7 @@ impl PauseGate {
         let (tx, _) = watch::channel(false);
         PauseGate {
             reasons: Arc::new(AtomicU8::new(0)),
+            term: Arc::new(AtomicU64::new(1)),
             changes: Arc::new(tx),
             metrics,
         }
@@ -59,14 +68,52 @@ impl PauseGate {
 
     /// Closes the gate for `reason` (idempotent).
     pub fn pause(&self, reason: PauseReason) {
-        self.reasons.fetch_or(reason as u8, Ordering::SeqCst);
+        let before = self.reasons.fetch_or(reason as u8, Ordering::SeqCst);
+        self.next_term_if_changed(reason, before);
         self.publish();
     }
 
     /// Lifts `reason`; the gate opens when no other reason holds it.
     pub fn resume(&self, reason: PauseReason) {
-        self.reasons.fetch_and(!(reason as u8), Ordering::SeqCst);
+        let before = self.reasons.fetch_and(!(reason as u8), Ordering::SeqCst);
+        self.next_term_if_changed(reason, before);
         self.publish();
+    }
+
+    /// A won or lost election starts a new term.
+    fn next_term_if_changed(&self, reason: PauseReason, before: u8) {
+        let after = self.reasons.load(Ordering::SeqCst);
+        let bit = PauseReason::Election as u8;
+        if reason == PauseReason::Election && (before ^ after) & bit != 0 {
+            self.term.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The current leadership term (see the module docs).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    /// [`PauseGate::check`] for work that began in `term`: also `Err` once
+    /// that term is over.
+    pub fn check_term(&self, term: u64) -> Result<(), Paused> {
+        self.check_term_ignoring(term, None)
+    }
+
+    /// [`PauseGate::check_term`] as if `ignored` did not hold the gate.
+    pub fn check_term_ignoring(
+        &self,
+        term: u64,
+        ignored: Option<PauseReason>,
+    ) -> Result<(), Paused> {
+        match ignored {
+            Some(r) => self.check_ignoring(r)?,
+            None => self.check()?,
+        }
+        if self.term() != term {
+            return Err(Paused("the leadership term it started in is over".into()));
+        }
+        Ok(())
     }
 
     pub fn is_paused(&self) -> bool {
@@ -162,6 +209,32 @@ mod tests {
         assert!(g.check_ignoring(PauseReason::Shutdown).is_ok());
         g.pause(PauseReason::Election);
         assert!(g.check_ignoring(PauseReason::Shutdown).is_err());
+    }
+
+    #[test]
+    fn winning_or_losing_starts_a_new_term_and_ends_the_old_ones_work() {
+        let g = gate();
+        g.pause(PauseReason::Election);
+        g.resume(PauseReason::Election);
+        let term = g.term();
+        assert!(g.check_term(term).is_ok());
+        // Lost and at once won again: the gate is open, the term is over.
+        g.pause(PauseReason::Election);
+        g.resume(PauseReason::Election);
+        assert!(!g.is_paused());
+        let e = g.check_term(term).unwrap_err();
+        assert!(e.to_string().contains("term it started in is over"), "{e}");
+        assert!(g.check_term(g.term()).is_ok());
+        // Other reasons and repeated calls do not end a term.
+        let now = g.term();
+        g.resume(PauseReason::Election);
+        g.pause(PauseReason::Requested);
+        g.resume(PauseReason::Requested);
+        g.pause(PauseReason::Shutdown);
+        assert_eq!(g.term(), now);
+        assert!(g
+            .check_term_ignoring(now, Some(PauseReason::Shutdown))
+            .is_ok());
     }
 
     #[tokio::test]

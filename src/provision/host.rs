@@ -22,8 +22,7 @@ use crate::choria::security::ecdh::EcdhKeyPair;
 use crate::choria::security::ed25519::verify_nonce;
 use crate::choria::security::pem_crypt::encrypt_private_key;
 use crate::choria::security::tokens::{
-    parse_provisioning_token, ProvisioningClaims, ServerClaims, TokenError, TokenVerifyKey,
-    PROVISIONER_ISSUER,
+    parse_provisioning_token, ProvisioningClaims, ServerClaims, TokenError, PROVISIONER_ISSUER,
 };
 use crate::config::{ConfigError, ProvisionerConfig, Secret};
 use crate::provision::metrics::Metrics;
@@ -59,40 +58,8 @@ pub struct Context {
     /// Fired at shutdown once in-flight nodes had their grace period: waits
     /// for replies and backoff sleeps end at once.
     pub abandon: CancellationToken,
-    pub verify_key: VerifyKeyCache,
-}
-
-/// `jwt_verify_cert`, parsed once and parsed again only when its file
-/// changes (Go re-reads it for every node so that a replaced key takes
-/// effect; the file's modification time and size give us the same).
-#[derive(Default)]
-pub struct VerifyKeyCache {
-    slot: std::sync::Mutex<Option<(FileStamp, Arc<TokenVerifyKey>)>>,
-}
-
-/// Modification time and size of a key file; `None` for a key given inline.
-type FileStamp = Option<(std::time::SystemTime, u64)>;
-
-impl VerifyKeyCache {
-    pub fn get(&self, cfg: &ProvisionerConfig) -> Result<Arc<TokenVerifyKey>, ConfigError> {
-        let stamp = cfg
-            .jwt_verify_cert
-            .as_deref()
-            .and_then(|p| std::fs::metadata(p).ok())
-            .and_then(|m| Some((m.modified().ok()?, m.len())));
-        let mut slot = self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((cached, key)) = slot.as_ref() {
-            if *cached == stamp {
-                return Ok(key.clone());
-            }
-        }
-        let key = Arc::new(cfg.load_verify_key()?);
-        *slot = Some((stamp, key.clone()));
-        Ok(key)
-    }
+    /// The keys we verify and sign with, kept current by a watcher.
+    pub credentials: Arc<super::credentials::Credentials>,
 }
 
 /// How a node's sequence ended without error.
@@ -152,9 +119,13 @@ pub enum ProvisionError {
     #[error("the node's identity matches the deny list pattern {0:?}")]
     DeniedIdentity(String),
     #[error("{0}")]
+    Refused(#[source] super::grants::Refused),
+    #[error("{0}")]
     Conflict(#[source] Conflict),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Key(#[from] super::credentials::KeyUnavailable),
 }
 
 impl ProvisionError {
@@ -174,8 +145,9 @@ impl ProvisionError {
             ProvisionError::KeyEncryption(_) => "key_encryption",
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",
             ProvisionError::EmptyConfiguration => "choria_provision#configure",
-            ProvisionError::Config(_) => "config",
+            ProvisionError::Config(_) | ProvisionError::Key(_) => "config",
             ProvisionError::DeniedIdentity(_) => "deny_list",
+            ProvisionError::Refused(_) => "grant",
             ProvisionError::Conflict(_) => "reply_window",
         }
     }
@@ -226,11 +198,17 @@ pub struct HostSequence {
     finishing: bool,
     /// The reply subjects of trusted answers still watched.
     pending: Vec<Confirmation>,
+    /// The leadership term this sequence belongs to: once it is over, the
+    /// sequence stops at its next checkpoint (see [`PauseGate`]).
+    term: u64,
 }
 
 impl HostSequence {
-    pub fn new(ctx: Arc<Context>, identity: Arc<str>) -> Self {
+    /// A sequence of the leadership term `term` (the gate's term when the
+    /// worker took the node, read before it checked the node was current).
+    pub fn new(ctx: Arc<Context>, identity: Arc<str>, term: u64) -> Self {
         HostSequence {
+            term,
             token: ctx.cfg.token.clone(),
             ctx,
             identity,
@@ -318,6 +296,7 @@ impl HostSequence {
         let cfg = self.ctx.cfg.clone();
         debug_assert!(self.pending.is_empty(), "settle() before finish()");
         let mut response = self.decide().await?;
+        super::grants::check_configuration(&response.configuration).map_err(|e| self.refused(e))?;
         if response.defer {
             return Err(ProvisionError::Deferred(response.msg));
         }
@@ -453,14 +432,11 @@ impl HostSequence {
         Err(ProvisionError::Rpc { rpc, tries, last })
     }
 
+    /// Every checkpoint: the gate is open (after `configure`, a shutdown
+    /// still lets `restart` go out) and our term is the current one.
     fn gate_check(&self) -> Result<(), Paused> {
-        if self.finishing {
-            self.ctx
-                .gate
-                .check_ignoring(super::gate::PauseReason::Shutdown)
-        } else {
-            self.ctx.gate.check()
-        }
+        let ignored = self.finishing.then_some(super::gate::PauseReason::Shutdown);
+        self.ctx.gate.check_term_ignoring(self.term, ignored)
     }
 
     fn token_data(&self) -> TokenOnly<'_> {
@@ -502,7 +478,7 @@ impl HostSequence {
     /// Verifies the provisioning JWT with `jwt_verify_cert` (re-read each time
     /// so a rotated key takes effect) and settles the token to use.
     fn validate_jwt(&mut self) -> Result<(), ProvisionError> {
-        let key = self.ctx.verify_key.get(&self.ctx.cfg)?;
+        let key = self.ctx.credentials.verify_key()?;
         let claims =
             parse_provisioning_token(&self.got.raw_jwt, &key).map_err(ProvisionError::Jwt)?;
         if !claims.token.is_empty() {
@@ -633,8 +609,14 @@ impl HostSequence {
 
     /// The node's configuration: the template's, the helper's, or the
     /// helper's merged over the template's (`template::merge`).
+    /// A grant refused: counted, and the node fails.
+    fn refused(&self, e: super::grants::Refused) -> ProvisionError {
+        self.ctx.metrics.refused_value(e.place);
+        ProvisionError::Refused(e)
+    }
+
     async fn decide(&self) -> Result<HelperResponse, ProvisionError> {
-        self.ctx.gate.check()?;
+        self.gate_check()?;
         let input = HelperInput {
             identity: &self.identity,
             csr: self.got.csr.as_ref(),
@@ -645,6 +627,9 @@ impl HostSequence {
         let templated = match &self.ctx.template {
             Some(t) => Some(t.render(&input).map_err(|e| {
                 self.ctx.metrics.template_error();
+                if let Some(place) = e.refused {
+                    self.ctx.metrics.refused_value(place.label());
+                }
                 ProvisionError::Template(e)
             })?),
             None => None,
@@ -678,6 +663,7 @@ impl HostSequence {
         let (Some(signer), Some(csr)) = (&self.ctx.signer, &self.got.csr) else {
             return Ok(());
         };
+        self.gate_check()?;
         let started = Instant::now();
         match signer
             .sign(&self.identity, &csr.csr, &self.ctx.gate, &self.ctx.abandon)
@@ -742,7 +728,7 @@ impl HostSequence {
             collectives = vec!["choria".to_string()];
         }
         if let Some(c) = response.configuration.get("collectives") {
-            collectives = c.split(',').map(str::to_string).collect();
+            collectives = super::grants::split_list(c);
         }
         if let Some(claims) = &response.server_claims {
             if !claims.organization_unit.is_empty() {
@@ -762,6 +748,9 @@ impl HostSequence {
                 permissions = claims.permissions;
             }
         }
+        super::grants::check_collectives("collectives", &collectives)
+            .map_err(|e| self.refused(e))?;
+        super::grants::check_publish_subjects(&pub_subjects).map_err(|e| self.refused(e))?;
         if validity <= Duration::from_secs(3600) {
             warn!(node = &*self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
             validity = cfg.server_jwt_validity;
@@ -777,15 +766,15 @@ impl HostSequence {
             validity,
         )
         .map_err(err)?;
-        // Keys and token are read per node so rotated secrets take effect.
-        let key = cfg.load_signing_key()?;
-        if let Some((_, signer)) = cfg.load_signing_token()? {
+        // Rotated keys take effect: the watcher reads changed files again.
+        let key = self.ctx.credentials.signing_key()?;
+        if let Some((_, signer)) = self.ctx.credentials.signing_token()?.as_ref() {
             let Some(ed_key) = key.as_ed25519() else {
                 return Err(ProvisionError::ServerJwtSetup(
                     "jwt_signing_key must be an ed25519 seed to chain-sign",
                 ));
             };
-            claims.add_chain_issuer_data(&signer, ed_key).map_err(err)?;
+            claims.add_chain_issuer_data(signer, ed_key).map_err(err)?;
         }
         key.sign(&claims).map_err(err)
     }
@@ -980,36 +969,6 @@ mod tests {
             json,
             r#"{"action_policies":{},"ca":"","certificate":"","config":"{\"a\":\"b\"}","ecdh_public":"","key":"","opa_policies":{},"server_jwt":"","ssldir":"","token":"t"}"#
         );
-    }
-
-    #[test]
-    fn the_verify_key_is_read_again_only_when_its_file_changes() {
-        use crate::choria::security::ed25519::Ed25519KeyPair;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("verify.key");
-        let (a, b) = (Ed25519KeyPair::generate(), Ed25519KeyPair::generate());
-        std::fs::write(&path, a.public_hex()).unwrap();
-        let cfg = ProvisionerConfig::parse(
-            &format!(
-                "helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: {}\n",
-                path.display()
-            ),
-            "p.yaml",
-        )
-        .unwrap();
-        let cache = VerifyKeyCache::default();
-        let first = cache.get(&cfg).unwrap();
-        assert!(Arc::ptr_eq(&first, &cache.get(&cfg).unwrap()), "cached");
-        std::fs::write(&path, b.public_hex()).unwrap();
-        let later = std::time::SystemTime::now() + Duration::from_secs(5);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
-        let second = cache.get(&cfg).unwrap();
-        assert_ne!(*first, *second, "a replaced key takes effect");
     }
 
     #[test]

@@ -61,10 +61,26 @@ pub struct Metrics {
     unconfirmed_events: IntCounter,
     dropped_events: IntCounter,
     confirming_nodes: IntGauge,
+    unconfirmed_discoveries: IntCounter,
+    dropped_discoveries: IntCounter,
+    pending_nodes: IntGauge,
+    refused_values: IntCounterVec,
 }
 
 /// Labels of `choria_provisioner_rejected_identities{source}`.
 pub const IDENTITY_SOURCES: [&str; 2] = ["discovery", "event"];
+/// Labels of `choria_provisioner_refused_values{place}`: where a value from
+/// a node (through a template or the helper) would have landed.
+pub const REFUSED_PLACES: [&str; 8] = [
+    "setting",
+    "list_setting",
+    "action_policy",
+    "opa_policy",
+    "version",
+    "collectives",
+    "main_collective",
+    "pub_subjects",
+];
 /// Labels of `choria_provisioner_rejected_csrs{reason}`.
 pub const CSR_REASONS: [&str; 9] = [
     "unparsable",
@@ -249,6 +265,24 @@ impl Metrics {
                 "choria_provisioner_confirming_nodes",
                 "Nodes waiting for the reply window of their trusted answers to close",
             ),
+            unconfirmed_discoveries: counter(
+                "choria_provisioner_unconfirmed_discoveries",
+                "Names from discovery replies that did not answer a directed ping, so they were not queued",
+            ),
+            dropped_discoveries: counter(
+                "choria_provisioner_dropped_discoveries",
+                "Names from discovery replies dropped because the pending set was full",
+            ),
+            pending_nodes: gauge(
+                "choria_provisioner_pending_nodes",
+                "Nodes found by discovery or events waiting to answer their confirmation ping, or confirmed and waiting for room in the work queue",
+            ),
+            refused_values: labelled(
+                "choria_provisioner_refused_values",
+                "Nodes not provisioned because a value would have widened their grant: an interpolated template value refused for the place it lands, or an invalid collective or publish subject for the server JWT",
+                "place",
+                &REFUSED_PLACES,
+            ),
             site: site.to_string(),
             registry,
         }
@@ -276,6 +310,23 @@ impl Metrics {
 
     pub fn dropped_event(&self) {
         self.dropped_events.inc();
+    }
+
+    pub fn unconfirmed_discovery(&self) {
+        self.unconfirmed_discoveries.inc();
+    }
+
+    pub fn dropped_discovery(&self) {
+        self.dropped_discoveries.inc();
+    }
+
+    pub fn set_pending_nodes(&self, n: usize) {
+        self.pending_nodes.set(n as i64);
+    }
+
+    /// `place` is one of [`REFUSED_PLACES`].
+    pub fn refused_value(&self, place: &str) {
+        self.refused_values.with_label_values(&[place]).inc();
     }
 
     /// Counts a node waiting on its reply window until the guard drops.

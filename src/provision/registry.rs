@@ -1,6 +1,19 @@
-//! The host registry and the bounded work queue.
+//! The host registry, the bounded work queue, and the names waiting to be
+//! confirmed.
 //!
-//! Discovery and startup events add hosts; workers take them off the queue.
+//! Discovery and startup events *offer* hosts; an offered host waits,
+//! [`State::Pending`], until it answers a directed ping in its own name (the
+//! `confirm` stage), and only then enters the work queue that workers take
+//! hosts from. Anyone on the provisioning collective can answer a discovery
+//! or publish an event under any name, and a name nobody answers for would
+//! otherwise hold a worker for every RPC timeout of its sequence.
+//!
+//! Pending names cost little (an entry here, a name in the confirmation
+//! stage) and are bounded by [`PENDING_CAPACITY`], so a fleet larger than
+//! the work queue is found in one discovery and fed to the queue as it
+//! drains, and a flood of made-up names costs memory up to the bound and
+//! one ping each.
+//!
 //! The registry follows the Go provisioner's rules: a host seen again within
 //! one `interval` of being added is ignored; an older *queued* entry is
 //! replaced. A provisioned host stays registered for [`HOLD_AFTER_SUCCESS`]
@@ -20,6 +33,7 @@
 //! ticket still in the queue is rejected instead of provisioning twice.
 
 use crate::provision::metrics::Metrics;
+use crate::provision::suspects::{Allow, LogLimiter};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,16 +43,20 @@ use tracing::{debug, warn};
 
 /// Work queue capacity (Go: 50,000).
 pub const QUEUE_CAPACITY: usize = 50_000;
+/// Names waiting for confirmation (or, confirmed, for room in the work
+/// queue) at most: the largest fleet one discovery feeds in one pass.
+pub const PENDING_CAPACITY: usize = 500_000;
 /// How long a provisioned host stays registered (Go: 60 s).
 pub const HOLD_AFTER_SUCCESS: Duration = Duration::from_secs(60);
 
-/// One queued registration of a host.
+/// One registration of a host.
 #[derive(Debug)]
 pub struct Ticket {
     pub identity: String,
     pub generation: u64,
     /// When it was registered; a worker skips it when it waited too long.
     pub added: Instant,
+    pub source: Source,
 }
 
 /// Where a host came from (for logs and metrics).
@@ -48,7 +66,7 @@ pub enum Source {
     Event,
 }
 
-/// Result of [`Registry::add`].
+/// Result of [`Registry::add`] and [`Registry::confirmed`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Added {
     Queued,
@@ -58,6 +76,21 @@ pub enum Added {
     Busy,
     /// The work queue is full; the host was not registered.
     QueueFull,
+    /// The registration was replaced or dropped while it waited.
+    Stale,
+}
+
+/// Result of [`Registry::offer`].
+#[derive(Debug)]
+pub enum Offered {
+    /// Registered as pending: confirm it, then [`Registry::confirmed`].
+    Pending(Arc<Ticket>),
+    /// Registered less than one interval ago, pending, or held after success.
+    Recent,
+    /// A worker is provisioning it right now.
+    Busy,
+    /// [`PENDING_CAPACITY`] names are pending already; not registered.
+    Full,
 }
 
 /// One registration: its generation, when it was made, and where it is.
@@ -70,6 +103,8 @@ struct Entry {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// Offered, waiting to answer its confirmation ping.
+    Pending,
     /// In the work queue.
     Queued,
     /// A worker took it.
@@ -79,13 +114,85 @@ enum State {
 }
 
 pub struct Registry {
-    hosts: Mutex<HashMap<String, Entry>>,
+    hosts: Mutex<Hosts>,
     next_generation: AtomicU64,
     queue_tx: async_channel::Sender<Arc<Ticket>>,
     queue_rx: async_channel::Receiver<Arc<Ticket>>,
     finisher: mpsc::UnboundedSender<(Arc<Ticket>, Duration)>,
     interval: Duration,
     metrics: Arc<Metrics>,
+    /// Per-node warnings (queue or pending set full) at a bounded rate.
+    limiter: LogLimiter,
+    capacity: Capacity,
+}
+
+/// How much the registry holds at most.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    pub queue: usize,
+    pub pending: usize,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Capacity {
+            queue: QUEUE_CAPACITY,
+            pending: PENDING_CAPACITY,
+        }
+    }
+}
+
+/// The registrations and how many of them are pending.
+#[derive(Default)]
+struct Hosts {
+    entries: HashMap<String, Entry>,
+    pending: usize,
+}
+
+impl Hosts {
+    fn insert(&mut self, identity: &str, entry: Entry) {
+        if entry.state == State::Pending {
+            self.pending += 1;
+        }
+        if let Some(old) = self.entries.insert(identity.to_string(), entry) {
+            self.forgot(old);
+        }
+    }
+
+    fn remove(&mut self, identity: &str) -> Option<Entry> {
+        let old = self.entries.remove(identity)?;
+        self.forgot(old);
+        Some(old)
+    }
+
+    fn set_state(&mut self, identity: &str, generation: u64, state: State) -> bool {
+        match self.entries.get_mut(identity) {
+            Some(e) if e.generation == generation => {
+                if e.state == State::Pending {
+                    self.pending -= 1;
+                }
+                if state == State::Pending {
+                    self.pending += 1;
+                }
+                e.state = state;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn forgot(&mut self, old: Entry) {
+        if old.state == State::Pending {
+            self.pending -= 1;
+        }
+    }
+
+    fn clear(&mut self) -> usize {
+        let n = self.entries.len();
+        self.entries.clear();
+        self.pending = 0;
+        n
+    }
 }
 
 impl Registry {
@@ -95,43 +202,127 @@ impl Registry {
         interval: Duration,
         metrics: Arc<Metrics>,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<(Arc<Ticket>, Duration)>) {
-        let (queue_tx, queue_rx) = async_channel::bounded(QUEUE_CAPACITY);
+        Self::with_capacity(interval, metrics, Capacity::default())
+    }
+
+    /// [`Registry::new`] holding at most `capacity`.
+    pub fn with_capacity(
+        interval: Duration,
+        metrics: Arc<Metrics>,
+        capacity: Capacity,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<(Arc<Ticket>, Duration)>) {
+        let (queue_tx, queue_rx) = async_channel::bounded(capacity.queue);
         let (finisher, finisher_rx) = mpsc::unbounded_channel();
         let registry = Arc::new(Registry {
-            hosts: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(Hosts::default()),
             next_generation: AtomicU64::new(1),
             queue_tx,
             queue_rx,
             finisher,
             interval,
             metrics,
+            limiter: LogLimiter::default(),
+            capacity,
         });
-        registry.update_gauges(0);
+        registry.update_gauges(&Hosts::default());
         (registry, finisher_rx)
     }
 
-    /// Registers and queues a host unless it was registered recently.
-    pub fn add(&self, identity: &str) -> Added {
-        let mut hosts = self.hosts.lock().expect("registry lock");
-        if let Some(entry) = hosts.get(identity) {
-            match entry.state {
-                State::Working => return Added::Busy,
-                State::Held => return Added::Recent,
-                State::Queued if entry.added.elapsed() < self.interval => return Added::Recent,
-                // Go's rule: an old queued entry is replaced (the stale
-                // ticket still in the queue is then skipped).
-                State::Queued => {}
-            }
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hosts> {
+        self.hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Why an existing registration keeps `identity` from a new one, if it
+    /// does (Go's dedupe rule; see the module docs).
+    fn blocked(&self, entry: Option<&Entry>) -> Option<Added> {
+        match entry?.state {
+            State::Working => Some(Added::Busy),
+            State::Held | State::Pending => Some(Added::Recent),
+            State::Queued if entry?.added.elapsed() < self.interval => Some(Added::Recent),
+            // Go's rule: an old queued entry is replaced (the stale ticket
+            // still in the queue is then skipped).
+            State::Queued => None,
         }
-        let ticket = Arc::new(Ticket {
+    }
+
+    fn ticket(&self, identity: &str, source: Source) -> Arc<Ticket> {
+        Arc::new(Ticket {
             identity: identity.to_string(),
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
             added: Instant::now(),
-        });
+            source,
+        })
+    }
+
+    /// Registers `identity` as pending confirmation unless it is registered
+    /// already (see [`Registry::add`] for the rule) or the pending set is
+    /// full.
+    pub fn offer(&self, identity: &str, source: Source) -> Offered {
+        let mut hosts = self.lock();
+        match self.blocked(hosts.entries.get(identity)) {
+            Some(Added::Busy) => return Offered::Busy,
+            Some(_) => return Offered::Recent,
+            None => {}
+        }
+        if hosts.pending >= self.capacity.pending {
+            drop(hosts);
+            self.warn_full("pending", self.capacity.pending, identity);
+            return Offered::Full;
+        }
+        let ticket = self.ticket(identity, source);
+        hosts.insert(
+            identity,
+            Entry {
+                generation: ticket.generation,
+                added: ticket.added,
+                state: State::Pending,
+            },
+        );
+        self.update_gauges(&hosts);
+        Offered::Pending(ticket)
+    }
+
+    /// A pending host answered its confirmation: into the work queue,
+    /// waiting for room there (the pending set holds the rest of a large
+    /// fleet meanwhile).
+    pub async fn confirmed(&self, ticket: Arc<Ticket>) -> Added {
+        {
+            let mut hosts = self.lock();
+            if !hosts.set_state(&ticket.identity, ticket.generation, State::Queued) {
+                return Added::Stale;
+            }
+            self.update_gauges(&hosts);
+        }
+        let identity = ticket.identity.clone();
+        if self.queue_tx.send(ticket).await.is_err() {
+            // Closed: shutting down.
+            self.lock().remove(&identity);
+            return Added::Stale;
+        }
+        self.metrics.set_work_queue_entries(self.queue_rx.len());
+        Added::Queued
+    }
+
+    /// A pending host did not answer its confirmation: forgotten, so the
+    /// next discovery or event offers it again.
+    pub fn unconfirmed(&self, ticket: &Ticket) {
+        self.remove(ticket);
+    }
+
+    /// Registers and queues a host at once, without confirmation, unless it
+    /// was registered recently.
+    pub fn add(&self, identity: &str) -> Added {
+        let mut hosts = self.lock();
+        if let Some(blocked) = self.blocked(hosts.entries.get(identity)) {
+            return blocked;
+        }
+        let ticket = self.ticket(identity, Source::Discovery);
         let result = match self.queue_tx.try_send(ticket.clone()) {
             Ok(()) => {
                 hosts.insert(
-                    identity.to_string(),
+                    identity,
                     Entry {
                         generation: ticket.generation,
                         added: ticket.added,
@@ -141,104 +332,93 @@ impl Registry {
                 Added::Queued
             }
             Err(_) => {
-                warn!(
-                    node = identity,
-                    queued = self.queue_tx.len(),
-                    capacity = QUEUE_CAPACITY,
-                    "work queue is full, not adding the node; a later discovery retries it"
-                );
                 hosts.remove(identity);
-                Added::QueueFull
+                self.update_gauges(&hosts);
+                drop(hosts);
+                self.warn_full("work", self.capacity.queue, identity);
+                return Added::QueueFull;
             }
         };
-        self.update_gauges(hosts.len());
+        self.update_gauges(&hosts);
         result
     }
 
-    /// Whether [`Registry::add`] would queue `identity` now (it is unknown,
-    /// or only an old queued entry): cheap, for deciding whether to confirm
-    /// an event-announced node at all.
-    pub fn would_queue(&self, identity: &str) -> bool {
-        match self.hosts.lock().expect("registry lock").get(identity) {
-            None => true,
-            Some(e) => e.state == State::Queued && e.added.elapsed() >= self.interval,
+    /// One warning per kind and window (a flood must not flood the logs).
+    fn warn_full(&self, which: &'static str, capacity: usize, identity: &str) {
+        if let Allow::Yes { suppressed } = self.limiter.check(which, Instant::now()) {
+            warn!(
+                node = %crate::choria::identity::shown(identity),
+                capacity,
+                which,
+                suppressed_before = suppressed,
+                "a queue is full, not adding the node; a later discovery retries it"
+            );
         }
     }
 
     /// Whether `ticket` is still the registered generation of its host.
     pub fn is_current(&self, ticket: &Ticket) -> bool {
-        self.hosts
-            .lock()
-            .expect("registry lock")
+        self.lock()
+            .entries
             .get(&ticket.identity)
             .is_some_and(|e| e.generation == ticket.generation)
     }
 
     /// Forgets the host now, if `ticket` is still its registration.
     pub fn remove(&self, ticket: &Ticket) {
-        let mut hosts = self.hosts.lock().expect("registry lock");
+        let mut hosts = self.lock();
         if hosts
+            .entries
             .get(&ticket.identity)
             .is_some_and(|e| e.generation == ticket.generation)
         {
             hosts.remove(&ticket.identity);
         }
-        self.update_gauges(hosts.len());
+        self.update_gauges(&hosts);
     }
 
-    /// Forgets a node still waiting in the queue: it announced its shutdown
-    /// (e.g. restarted by a previous leader), so working it would only wait
-    /// for replies that never come. A node being worked (our own restart
-    /// makes it announce a shutdown) or held stays.
+    /// Forgets a node still waiting (pending or queued): it announced its
+    /// shutdown (e.g. restarted by a previous leader), so working it would
+    /// only wait for replies that never come. A node being worked (our own
+    /// restart makes it announce a shutdown) or held stays.
     pub fn forget_waiting(&self, identity: &str) -> bool {
-        let mut hosts = self.hosts.lock().expect("registry lock");
+        let mut hosts = self.lock();
         let forget = hosts
+            .entries
             .get(identity)
-            .is_some_and(|e| e.state == State::Queued);
+            .is_some_and(|e| matches!(e.state, State::Queued | State::Pending));
         if forget {
             hosts.remove(identity);
-            self.update_gauges(hosts.len());
+            self.update_gauges(&hosts);
         }
         forget
     }
 
-    /// Moves the ticket's registration to `state`, unless a newer
-    /// registration replaced it.
-    fn set_state(&self, ticket: &Ticket, state: State) {
-        if let Some(e) = self
-            .hosts
-            .lock()
-            .expect("registry lock")
-            .get_mut(&ticket.identity)
-            .filter(|e| e.generation == ticket.generation)
-        {
-            e.state = state;
-        }
-    }
-
     /// Forgets the host after `delay` (the finisher does it).
     pub fn remove_later(&self, ticket: Arc<Ticket>, delay: Duration) {
-        self.set_state(&ticket, State::Held);
+        self.lock()
+            .set_state(&ticket.identity, ticket.generation, State::Held);
         if self.finisher.send((ticket.clone(), delay)).is_err() {
             self.remove(&ticket);
         }
     }
 
     /// Empties the registry and drains the queue (leadership lost). Workers
-    /// holding a ticket find it no longer current.
+    /// holding a ticket, and confirmations under way, find theirs no longer
+    /// current.
     pub fn clear(&self) -> usize {
-        let mut hosts = self.hosts.lock().expect("registry lock");
-        let dropped = hosts.len();
-        hosts.clear();
+        let mut hosts = self.lock();
+        let dropped = hosts.clear();
         while self.queue_rx.try_recv().is_ok() {}
-        self.update_gauges(0);
+        self.update_gauges(&hosts);
         dropped
     }
 
     /// The next queued ticket; `None` once the queue is closed.
     pub async fn next(&self) -> Option<Arc<Ticket>> {
         let ticket = self.queue_rx.recv().await.ok()?;
-        self.set_state(&ticket, State::Working);
+        self.lock()
+            .set_state(&ticket.identity, ticket.generation, State::Working);
         self.metrics.set_work_queue_entries(self.queue_rx.len());
         Some(ticket)
     }
@@ -249,7 +429,7 @@ impl Registry {
     }
 
     pub fn len(&self) -> usize {
-        self.hosts.lock().expect("registry lock").len()
+        self.lock().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -260,8 +440,14 @@ impl Registry {
         self.queue_rx.len()
     }
 
-    fn update_gauges(&self, registered: usize) {
-        self.metrics.set_waiting_nodes(registered);
+    /// Hosts waiting for confirmation (or for room in the work queue).
+    pub fn pending(&self) -> usize {
+        self.lock().pending
+    }
+
+    fn update_gauges(&self, hosts: &Hosts) {
+        self.metrics.set_waiting_nodes(hosts.entries.len());
+        self.metrics.set_pending_nodes(hosts.pending);
         self.metrics.set_work_queue_entries(self.queue_rx.len());
     }
 
@@ -373,6 +559,92 @@ mod tests {
         assert!(!r.forget_waiting("done"), "a provisioned node stays held");
         assert!(!r.forget_waiting("unknown"));
         assert_eq!(r.len(), 2);
+    }
+
+    fn small(queue: usize, pending: usize) -> Arc<Registry> {
+        Registry::with_capacity(
+            Duration::from_secs(60),
+            Arc::new(Metrics::new("t")),
+            Capacity { queue, pending },
+        )
+        .0
+    }
+
+    fn pending(offered: Offered) -> Arc<Ticket> {
+        match offered {
+            Offered::Pending(t) => t,
+            other => panic!("not pending: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_offered_host_waits_for_its_confirmation_before_the_queue() {
+        let r = small(10, 10);
+        let t = pending(r.offer("n1", Source::Discovery));
+        assert!(matches!(r.offer("n1", Source::Event), Offered::Recent));
+        assert_eq!(r.add("n1"), Added::Recent, "pending counts as registered");
+        assert_eq!((r.pending(), r.queued()), (1, 0));
+        assert_eq!(r.confirmed(t).await, Added::Queued);
+        assert_eq!((r.pending(), r.queued()), (0, 1));
+        // A name nobody answers for is forgotten, and offered again later.
+        let t = pending(r.offer("ghost", Source::Discovery));
+        r.unconfirmed(&t);
+        assert_eq!(r.pending(), 0);
+        assert!(matches!(
+            r.offer("ghost", Source::Discovery),
+            Offered::Pending(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_pending_set_is_bounded_and_a_full_one_registers_nothing() {
+        let r = small(10, 3);
+        for i in 0..3 {
+            pending(r.offer(&format!("n{i}"), Source::Discovery));
+        }
+        assert!(matches!(r.offer("n3", Source::Discovery), Offered::Full));
+        assert_eq!(r.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_confirmed_host_waits_for_room_in_a_full_queue() {
+        let r = small(2, 10);
+        let tickets: Vec<_> = (0..3)
+            .map(|i| pending(r.offer(&format!("n{i}"), Source::Discovery)))
+            .collect();
+        let mut tickets = tickets.into_iter();
+        assert_eq!(r.confirmed(tickets.next().unwrap()).await, Added::Queued);
+        assert_eq!(r.confirmed(tickets.next().unwrap()).await, Added::Queued);
+        let third = tokio::spawn({
+            let r = r.clone();
+            let t = tickets.next().unwrap();
+            async move { r.confirmed(t).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!third.is_finished(), "waits while the queue is full");
+        assert_eq!(r.next().await.unwrap().identity, "n0");
+        assert_eq!(
+            third.await.unwrap(),
+            Added::Queued,
+            "not lost: queued once there is room"
+        );
+        assert_eq!(r.queued(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_after_clear_or_shutdown_is_stale() {
+        let r = small(10, 10);
+        let t = pending(r.offer("n1", Source::Event));
+        r.clear();
+        assert_eq!(r.confirmed(t).await, Added::Stale);
+        assert_eq!(r.queued(), 0);
+        let t = pending(r.offer("n2", Source::Event));
+        assert!(
+            r.forget_waiting("n2"),
+            "a pending node that shut down is forgotten"
+        );
+        assert_eq!(r.confirmed(t).await, Added::Stale);
+        assert_eq!(r.pending(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,6 +16,7 @@
 //! failure.
 
 use super::helper::{HelperInput, HelperResponse};
+use crate::config::interpolation::{self, Place};
 use crate::config::template::{
     template_name, ConfigurationTemplate, TemplateSyntaxError, ACTION_POLICIES, CONFIGURATION,
     OPA_POLICIES, UPGRADE,
@@ -35,6 +36,8 @@ const MAX_MESSAGE: usize = 300;
 pub struct TemplateError {
     pub name: String,
     pub message: String,
+    /// Set when an interpolated value was refused for where it lands.
+    pub refused: Option<Place>,
 }
 
 /// `configuration_template`, compiled once for every node.
@@ -69,12 +72,16 @@ impl NodeTemplate {
             let fail = |message: String| TemplateError {
                 name: name.clone(),
                 message,
+                refused: None,
             };
             let out = self
                 .env
                 .get_template(&name)
                 .and_then(|t| t.render(&ctx))
-                .map_err(|e| fail(clean(&e.to_string())))?;
+                .map_err(|e| TemplateError {
+                    refused: interpolation::refusal(&e).map(|r| r.place),
+                    ..fail(clean(&e.to_string()))
+                })?;
             if out.len() > MAX_RENDERED {
                 return Err(fail(format!(
                     "rendered to {} bytes, more than {MAX_RENDERED}",
@@ -112,6 +119,7 @@ impl NodeTemplate {
                 return Err(TemplateError {
                     name: UPGRADE.into(),
                     message: "rendered to a version with a control character".into(),
+                    refused: None,
                 });
             }
             response.upgrade = version.to_string();
@@ -127,8 +135,10 @@ impl NodeTemplate {
         let jwt = input.jwt.map(|claims| {
             let mut v = serde_json::to_value(claims).unwrap_or_default();
             if let Some(o) = v.as_object_mut() {
-                // The provisioning token is a secret shared by the fleet.
+                // The provisioning token and the provisioning broker's
+                // password are secrets shared by the fleet.
                 o.remove("cht");
+                o.remove("chpwd");
             }
             v
         });
@@ -282,6 +292,131 @@ mod tests {
     }
 
     #[test]
+    fn a_node_cannot_choose_its_own_collectives_through_a_fact() {
+        // The attack: a fact with a comma becomes two collectives.
+        let evil = r#"{"facts":{"dc":"lon,admin"}}"#;
+        let honest = r#"{"facts":{"dc":"lon"}}"#;
+        let n = NodeTemplate::new(
+            &template(&[("collectives", "mcollective,{{ inventory.facts.dc }}")]),
+            "",
+        )
+        .unwrap();
+        let e = n.render(&input("n1", evil)).unwrap_err();
+        assert_eq!(e.name, "configuration.collectives");
+        assert_eq!(e.refused, Some(Place::ListSetting));
+        assert!(e.message.contains("list-valued setting"), "{e}");
+        assert_eq!(
+            n.render(&input("n1", honest)).unwrap().configuration["collectives"],
+            "mcollective,lon",
+            "the template's own comma is the author's"
+        );
+        for evil in [
+            r#"{"facts":{"dc":"lon admin"}}"#,
+            r#"{"facts":{"dc":"lon	admin"}}"#,
+        ] {
+            assert!(n.render(&input("n1", evil)).is_err(), "{evil}");
+        }
+        // The same for the brokers a node is sent to.
+        let n = NodeTemplate::new(
+            &template(&[(
+                "plugin.choria.middleware_hosts",
+                "{{ inventory.facts.broker }}",
+            )]),
+            "",
+        )
+        .unwrap();
+        let two = r#"{"facts":{"broker":"nats://a:4222,nats://evil:4222"}}"#;
+        assert!(n.render(&input("n1", two)).is_err());
+    }
+
+    #[test]
+    fn a_fact_cannot_add_lines_or_fields_to_a_policy() {
+        let t = |policy: &str| ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            action_policies: [("rpcutil.policy".to_string(), policy.to_string())].into(),
+            ..Default::default()
+        };
+        let rule = "policy default deny\nallow {{ inventory.facts.role }} * * *\n";
+        let n = NodeTemplate::new(&t(rule), "").unwrap();
+        for evil in [
+            r#"{"facts":{"role":"x\nallow * * * *"}}"#,
+            r#"{"facts":{"role":"* * * *\nallow x"}}"#,
+            r#"{"facts":{"role":"cert=x *"}}"#,
+        ] {
+            let e = n.render(&input("n1", evil)).unwrap_err();
+            assert_eq!(e.refused, Some(Place::ActionPolicy), "{evil}: {e}");
+        }
+        let r = n
+            .render(&input("n1", r#"{"facts":{"role":"choria=web"}}"#))
+            .unwrap();
+        assert_eq!(
+            r.action_policies["rpcutil.policy"],
+            "policy default deny\nallow choria=web * * *\n"
+        );
+        // Rego: a value cannot close a string and add a rule.
+        let rego = ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            opa_policies: [(
+                "default.rego".to_string(),
+                "allow { input.agent == \"{{ inventory.facts.role }}\" }\n".to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let n = NodeTemplate::new(&rego, "").unwrap();
+        let e = n
+            .render(&input(
+                "n1",
+                r#"{"facts":{"role":"x\"} allow { true } #"}}"#,
+            ))
+            .unwrap_err();
+        assert_eq!(e.refused, Some(Place::OpaPolicy), "{e}");
+    }
+
+    #[test]
+    fn the_author_can_vouch_for_a_trusted_value_per_use() {
+        let mut t = template(&[
+            (
+                "plugin.choria.middleware_hosts",
+                "{{ values.brokers | allow_separators }}",
+            ),
+            ("collectives", "{{ values.collectives }}"),
+        ]);
+        t.values = [
+            ("brokers".to_string(), json!("nats://a:4222, nats://b:4222")),
+            ("collectives".to_string(), json!("a,b")),
+        ]
+        .into();
+        let e = NodeTemplate::new(&t, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .unwrap_err();
+        assert_eq!(
+            e.name, "configuration.collectives",
+            "only the vouched use passes"
+        );
+        t.configuration.insert(
+            "collectives".into(),
+            "{{ values.collectives | allow_separators }}".into(),
+        );
+        let r = NodeTemplate::new(&t, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .unwrap();
+        assert_eq!(
+            r.configuration["plugin.choria.middleware_hosts"],
+            "nats://a:4222, nats://b:4222"
+        );
+        assert_eq!(r.configuration["collectives"], "a,b");
+        // Vouching never lets a line break into a setting.
+        t.values.insert("brokers".into(), json!("a\nb"));
+        assert!(NodeTemplate::new(&t, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .is_err());
+    }
+
+    #[test]
     fn an_oversized_rendering_fails() {
         let n = NodeTemplate::new(&template(&[("x", "{{ 'a' * 70000 }}")]), "").unwrap();
         let e = n.render(&input("n1", INVENTORY)).unwrap_err();
@@ -292,6 +427,7 @@ mod tests {
     fn the_jwt_claims_are_there_without_the_token_and_the_csr_paths_too() {
         let claims = ProvisioningClaims {
             token: "s3cret-token".into(),
+            prov_nats_pass: "s3cret-password".into(),
             srv_domain: "example.net".into(),
             ..Default::default()
         };
@@ -312,7 +448,7 @@ mod tests {
         assert_eq!(r.configuration["cert"], "/etc/choria/ssl/cert.pem");
         assert!(
             !r.configuration["all"].contains("s3cret"),
-            "{}",
+            "neither the token nor the password: {}",
             r.configuration["all"]
         );
         let e = NodeTemplate::new(&template(&[("t", "{{ jwt.cht }}")]), "")

@@ -605,6 +605,14 @@ pub fn strip_regex_delimiters(pattern: &str) -> &str {
     }
 }
 
+/// Compiles a `csr_allowed_dns_names` entry so that it matches whole names
+/// only: `example\.net` admits `example.net`, not `example.net.evil.tld`
+/// nor `evil-example.net`. (A deny list keeps Go's unanchored meaning:
+/// there a match anywhere refuses, which errs on the safe side.)
+pub fn compile_whole_name(pattern: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!("^(?:{})$", strip_regex_delimiters(pattern)))
+}
+
 /// Compiles a `cert_deny_list`. Go compiles each pattern at match time and
 /// silently treats an invalid one as "no match"; we report it instead so a
 /// typo in the config cannot quietly disable a deny rule. Go substitutes

@@ -410,12 +410,13 @@ impl ProvisionerConfig {
         Ok(Some((token, claims)))
     }
 
-    /// The compiled `csr_allowed_dns_names` (validated when parsed).
+    /// The compiled `csr_allowed_dns_names` (validated when parsed), each
+    /// matching whole names only.
     pub fn csr_allowed_dns_regexes(&self) -> Result<Vec<Regex>, ConfigError> {
         self.csr_allowed_dns_names
             .iter()
             .map(|p| {
-                Regex::new(crate::choria::security::csr::strip_regex_delimiters(p))
+                crate::choria::security::csr::compile_whole_name(p)
                     .map_err(|e| self.err("csr_allowed_dns_names", format!("{p:?}: {e}")))
             })
             .collect()

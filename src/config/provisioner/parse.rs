@@ -2,7 +2,7 @@
 //! group of settings, each applying Go's default and check and ours.
 
 use super::*;
-use crate::choria::security::csr::strip_regex_delimiters;
+use crate::choria::security::csr::compile_whole_name;
 use crate::config::schema::{
     CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile,
 };
@@ -94,7 +94,7 @@ impl ProvisionerConfig {
             .string_list("csr_allowed_dns_names")?
             .unwrap_or_default();
         for (i, pattern) in csr_allowed_dns_names.iter().enumerate() {
-            if let Err(e) = Regex::new(strip_regex_delimiters(pattern)) {
+            if let Err(e) = compile_whole_name(pattern) {
                 return Err(sec.item_error(
                     "csr_allowed_dns_names",
                     i,

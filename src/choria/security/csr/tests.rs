@@ -432,6 +432,33 @@ fn extra_dns_names_pass_only_when_configured() {
 }
 
 #[test]
+fn an_allowed_name_pattern_matches_whole_names_only() {
+    // `example\.net` must not admit a name that merely contains it.
+    let allowed = [compile_whole_name(r"n1\.example\.net").unwrap()];
+    for (san, ok) in [
+        ("n1.example.net", true),
+        ("n1.example.net.evil.tld", false),
+        ("evil-n1.example.net", false),
+        ("xn1.example.net", false),
+    ] {
+        let Some(info) = openssl_csr(
+            "/CN=n1.internal",
+            &[&format!("subjectAltName=DNS:n1.internal,DNS:{san}")],
+        ) else {
+            return;
+        };
+        let result = check_csr(&info, "n1.internal", &default_deny_list(), &allowed);
+        assert_eq!(result.is_ok(), ok, "{san}: {result:?}");
+    }
+    // Go-style /re/ delimiters are still taken off first.
+    assert!(compile_whole_name("/a.b/").unwrap().is_match("a.b"));
+    assert!(!compile_whole_name("/a/").unwrap().is_match("ab"));
+    // Alternatives are anchored as a group, not only the first and last.
+    let alt = compile_whole_name("a|b").unwrap();
+    assert!(alt.is_match("a") && alt.is_match("b") && !alt.is_match("ab") && !alt.is_match("xb"));
+}
+
+#[test]
 fn the_deny_list_still_applies_to_allowed_names() {
     let Some(info) = openssl_csr(
         "/CN=n1.example.net",

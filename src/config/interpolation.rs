@@ -1,0 +1,391 @@
+//! What a value interpolated into `configuration_template` may hold, by the
+//! place it lands.
+//!
+//! Templates see what nodes report about themselves (facts, classes, the
+//! provisioning JWT's claims), and nodes are untrusted: anyone can join the
+//! provisioning collective and say anything. A node's own words must never
+//! widen what it is granted, so every `{{ ... }}` is checked where it lands,
+//! while the template's literal text is the author's and is left alone:
+//!
+//! | place | an interpolated value may not hold |
+//! |---|---|
+//! | a setting (`configuration.<key>`) | a line break or other control character (a setting is one `key = value` line) |
+//! | a list-valued setting (`collectives`, `plugin.choria.middleware_hosts`, ... [`LIST_SETTINGS`]), or one that becomes part of a subject (`main_collective`, ...) | that, a `,` (`:` in `libdir`) or whitespace (each would add items) |
+//! | an action policy (`action_policies.<file>`) | a control character (lines are rules) or whitespace (fields are whitespace-separated) |
+//! | an OPA policy (`opa_policies.<file>`) | that, or `"`, `` ` ``, `\`, `#` (which end strings or start comments in Rego) |
+//! | `upgrade` | a control character or whitespace |
+//!
+//! A template author who trusts a value opts in per use with a filter:
+//! `{{ values.brokers | allow_separators }}` lets `,` and whitespace
+//! through, `{{ values.rules | allow_line_breaks }}` lets line breaks into a
+//! policy file. Neither lets a line break into a setting: a Choria
+//! configuration file cannot hold one. A value built in an expression
+//! (`{{ a ~ "," ~ b }}`) is checked as a whole, so write literal separators
+//! in the template text instead (`{{ a }},{{ b }}`).
+
+use minijinja::value::{Object, Value};
+use minijinja::{Error, ErrorKind, Output, State};
+use std::fmt;
+use std::sync::Arc;
+
+/// Settings go-choria v0.30.2 reads as lists (`config/config.go` and
+/// `config/choria.go`: the `comma_split` and `path_split` keys), and the
+/// single settings that become part of a NATS subject: a `,`, `:` or
+/// whitespace in an interpolated value would add items of the node's
+/// choosing, or a subject token.
+pub const LIST_SETTINGS: &[&str] = &[
+    // comma_split
+    "registration",
+    "collectives",
+    "plugin.choria.federation.collectives",
+    "plugin.choria.federation_middleware_hosts",
+    "plugin.choria.middleware_hosts",
+    "plugin.choria.network.client_hosts",
+    "plugin.choria.network.client_signer_cert",
+    "plugin.choria.network.gateway_remotes",
+    "plugin.choria.network.leafnode_remotes",
+    "plugin.choria.network.mapping.names",
+    "plugin.choria.network.peers",
+    "plugin.choria.network.server_signer_cert",
+    "plugin.choria.adapters",
+    "plugin.login.aaasvc.login.url",
+    "plugin.security.cipher_suites",
+    "plugin.security.ecc_curves",
+    "plugin.security.issuer.names",
+    "plugin.choria.security.privileged_users",
+    "plugin.choria.security.certname_whitelist",
+    "plugin.security.choria.trusted_signers",
+    "plugin.security.certmanager.alt_names",
+    "plugin.scout.goss.denied_local_resources",
+    "plugin.scout.goss.denied_remote_resources",
+    // path_split (on `:`)
+    "libdir",
+    "plugin.choria.agent_provider.mcorpc.libdir",
+    // single values that end up in subjects
+    "main_collective",
+    "registration_collective",
+    "plugin.choria.federation.cluster",
+    "plugin.choria.registration.file_content.target",
+    "plugin.choria.registration.inventory_content.target",
+];
+
+/// List settings split on `:` rather than `,`.
+const PATH_LISTS: &[&str] = &["libdir", "plugin.choria.agent_provider.mcorpc.libdir"];
+
+/// The opt-in filter that lets `,` and whitespace through.
+pub const ALLOW_SEPARATORS: &str = "allow_separators";
+/// The opt-in filter that lets line breaks into a policy file.
+pub const ALLOW_LINE_BREAKS: &str = "allow_line_breaks";
+
+/// Where a rendered template lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Setting,
+    ListSetting,
+    /// A list split on `:` (`libdir`).
+    PathList,
+    ActionPolicy,
+    OpaPolicy,
+    Version,
+}
+
+impl Place {
+    /// The place of the template named `section.key` (see
+    /// [`super::template::template_name`]).
+    pub fn of(template_name: &str) -> Place {
+        let (section, key) = template_name.split_once('.').unwrap_or((template_name, ""));
+        match section {
+            super::template::ACTION_POLICIES => Place::ActionPolicy,
+            super::template::OPA_POLICIES => Place::OpaPolicy,
+            super::template::UPGRADE => Place::Version,
+            _ if PATH_LISTS.iter().any(|k| k.eq_ignore_ascii_case(key)) => Place::PathList,
+            _ if is_list_setting(key) => Place::ListSetting,
+            _ => Place::Setting,
+        }
+    }
+
+    /// Its metric label and the words for errors.
+    pub fn label(self) -> &'static str {
+        match self {
+            Place::Setting => "setting",
+            Place::ListSetting | Place::PathList => "list_setting",
+            Place::ActionPolicy => "action_policy",
+            Place::OpaPolicy => "opa_policy",
+            Place::Version => "version",
+        }
+    }
+
+    /// Why `c` may not appear in an interpolated value here, given what
+    /// the author vouched for; `None` when it may.
+    fn forbids(self, c: char, vouched: Vouch) -> Option<&'static str> {
+        let line_break = c == '\n' || c == '\r';
+        if c.is_control() {
+            let policy = matches!(self, Place::ActionPolicy | Place::OpaPolicy);
+            return match () {
+                _ if policy && line_break && vouched.line_breaks => None,
+                _ if policy && c == '\t' && vouched.separators => None,
+                _ if line_break && policy => Some("it would add lines to the policy"),
+                _ if line_break => Some("it would add settings to the node's configuration"),
+                _ => Some("control characters have no place in a configuration"),
+            };
+        }
+        let separator = c == ',' || c.is_whitespace();
+        match self {
+            Place::ListSetting if separator && !vouched.separators => {
+                Some("it would add items to a list setting")
+            }
+            Place::PathList if (separator || c == ':') && !vouched.separators => {
+                Some("it would add items to a list setting")
+            }
+            Place::ActionPolicy | Place::OpaPolicy if c.is_whitespace() && !vouched.separators => {
+                Some("it would add fields to a policy rule")
+            }
+            Place::OpaPolicy if matches!(c, '"' | '`' | '\\' | '#') => {
+                Some("it would end a Rego string or start a comment")
+            }
+            Place::Version if c.is_whitespace() => Some("a version is one word"),
+            _ => None,
+        }
+    }
+
+    /// Checks one interpolated value.
+    pub fn check(self, text: &str, vouched: Vouch) -> Result<(), Refused> {
+        let length = text.chars().count();
+        for (i, c) in text.chars().enumerate() {
+            if let Some(why) = self.forbids(c, vouched) {
+                return Err(Refused {
+                    place: self,
+                    character: c,
+                    position: i + 1,
+                    length,
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The refusal behind a render error, when an interpolated value was refused.
+pub fn refusal(error: &Error) -> Option<&Refused> {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(r) = e.downcast_ref::<Refused>() {
+            return Some(r);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// Whether `key` is a list-valued Choria setting (keys are case-insensitive).
+pub fn is_list_setting(key: &str) -> bool {
+    LIST_SETTINGS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
+/// What the template author vouched for with the opt-in filters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Vouch {
+    pub separators: bool,
+    pub line_breaks: bool,
+}
+
+/// An interpolated value refused for its place. The value itself is not
+/// shown: it may come from `values`, which can hold secrets.
+#[derive(Debug, thiserror::Error)]
+#[error("an interpolated value holds {} (character {position} of {length}), refused in {}: {why}{}", describe(*.character), place_words(*.place), hint(*.place, *.character))]
+pub struct Refused {
+    pub place: Place,
+    pub character: char,
+    pub position: usize,
+    pub length: usize,
+    pub why: &'static str,
+}
+
+fn describe(c: char) -> String {
+    match c {
+        '\n' => "a line break".into(),
+        '\r' => "a carriage return".into(),
+        '\t' => "a tab".into(),
+        c if c.is_control() => format!("the control character U+{:04X}", c as u32),
+        c if c.is_whitespace() => "whitespace".into(),
+        c => format!("{c:?}"),
+    }
+}
+
+fn place_words(place: Place) -> &'static str {
+    match place {
+        Place::Setting => "a setting",
+        Place::ListSetting | Place::PathList => "a list-valued setting",
+        Place::ActionPolicy => "an action policy",
+        Place::OpaPolicy => "an OPA policy",
+        Place::Version => "the upgrade version",
+    }
+}
+
+fn hint(place: Place, c: char) -> String {
+    let line_break = c == '\n' || c == '\r';
+    let policy = matches!(place, Place::ActionPolicy | Place::OpaPolicy);
+    if policy && line_break {
+        format!(" (does a value the node reported hold one? if this value is trusted, use `| {ALLOW_LINE_BREAKS}`)")
+    } else if (c == ',' || c.is_whitespace())
+        && matches!(
+            place,
+            Place::ListSetting | Place::PathList | Place::ActionPolicy | Place::OpaPolicy
+        )
+    {
+        format!(" (does a value the node reported hold one? if this value is trusted, use `| {ALLOW_SEPARATORS}`)")
+    } else {
+        " (does a value the node reported hold one?)".into()
+    }
+}
+
+/// A value the author passed through an opt-in filter.
+#[derive(Debug)]
+struct Vouched {
+    text: String,
+    vouch: Vouch,
+}
+
+impl Object for Vouched {
+    fn render(self: &Arc<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn vouch(value: Value, add: Vouch) -> Value {
+    let (text, had) = match value.downcast_object_ref::<Vouched>() {
+        Some(v) => (v.text.clone(), v.vouch),
+        None => (value.to_string(), Vouch::default()),
+    };
+    Value::from_object(Vouched {
+        text,
+        vouch: Vouch {
+            separators: had.separators || add.separators,
+            line_breaks: had.line_breaks || add.line_breaks,
+        },
+    })
+}
+
+/// Adds the opt-in filters and the checking formatter to `env`.
+pub fn install(env: &mut minijinja::Environment<'_>) {
+    env.add_filter(ALLOW_SEPARATORS, |v: Value| {
+        vouch(
+            v,
+            Vouch {
+                separators: true,
+                line_breaks: false,
+            },
+        )
+    });
+    env.add_filter(ALLOW_LINE_BREAKS, |v: Value| {
+        vouch(
+            v,
+            Vouch {
+                separators: false,
+                line_breaks: true,
+            },
+        )
+    });
+    env.set_formatter(format_checked);
+}
+
+/// The formatter: every `{{ ... }}` passes [`Place::check`] for the
+/// template being rendered before it is written.
+fn format_checked(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
+    let (text, vouched) = match value.downcast_object_ref::<Vouched>() {
+        Some(v) => (v.text.clone(), v.vouch),
+        None => (value.to_string(), Vouch::default()),
+    };
+    Place::of(state.name())
+        .check(&text, vouched)
+        .map_err(|r| Error::new(ErrorKind::InvalidOperation, r.to_string()).with_source(r))?;
+    out.write_str(&text).map_err(Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_follow_the_template_name() {
+        assert_eq!(Place::of("configuration.identity"), Place::Setting);
+        assert_eq!(Place::of("configuration.collectives"), Place::ListSetting);
+        assert_eq!(Place::of("configuration.Collectives"), Place::ListSetting);
+        assert_eq!(
+            Place::of("configuration.plugin.choria.middleware_hosts"),
+            Place::ListSetting
+        );
+        assert_eq!(
+            Place::of("action_policies.rpcutil.policy"),
+            Place::ActionPolicy
+        );
+        assert_eq!(Place::of("opa_policies.default.rego"), Place::OpaPolicy);
+        assert_eq!(Place::of("upgrade"), Place::Version);
+        assert_eq!(Place::of("configuration.libdir"), Place::PathList);
+        assert_eq!(
+            Place::of("configuration.main_collective"),
+            Place::ListSetting
+        );
+    }
+
+    #[test]
+    fn each_place_refuses_what_would_widen_it() {
+        let none = Vouch::default();
+        for (place, text, ok) in [
+            (Place::Setting, "lon", true),
+            (Place::Setting, "a b,c", true),
+            (Place::Setting, "a\nb", false),
+            (Place::Setting, "a\u{1b}b", false),
+            (Place::ListSetting, "lon", true),
+            (Place::ListSetting, "lon,admin", false),
+            (Place::ListSetting, "lon admin", false),
+            (Place::ListSetting, "lon\u{a0}admin", false),
+            (Place::ActionPolicy, "web", true),
+            (Place::ActionPolicy, "x * * *", false),
+            (Place::ActionPolicy, "x\nallow * * * *", false),
+            (Place::OpaPolicy, "web", true),
+            (Place::OpaPolicy, "x\" } allow { true } #", false),
+            (Place::PathList, "/opt/x", true),
+            (Place::PathList, "/opt/x:/evil", false),
+            (Place::Version, "0.30.2", true),
+            (Place::Version, "0.30.2 x", false),
+        ] {
+            assert_eq!(place.check(text, none).is_ok(), ok, "{place:?} {text:?}");
+        }
+    }
+
+    #[test]
+    fn the_opt_in_filters_lift_only_what_they_name() {
+        let sep = Vouch {
+            separators: true,
+            line_breaks: false,
+        };
+        let lines = Vouch {
+            separators: false,
+            line_breaks: true,
+        };
+        assert!(Place::ListSetting.check("a, b", sep).is_ok());
+        assert!(Place::ListSetting.check("a\nb", sep).is_err());
+        assert!(
+            Place::Setting.check("a\nb", lines).is_err(),
+            "a setting is one line, whatever the author says"
+        );
+        assert!(Place::ActionPolicy.check("a\nb", lines).is_ok());
+        assert!(Place::ActionPolicy.check("a b", lines).is_err());
+        assert!(Place::OpaPolicy.check("a\"", sep).is_err());
+    }
+
+    #[test]
+    fn a_refusal_says_where_and_what_but_not_the_value() {
+        let e = Place::ListSetting
+            .check("secret-ish,x", Vouch::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("','"), "{e}");
+        assert!(e.contains("character 11 of 12"), "{e}");
+        assert!(e.contains("list-valued setting"), "{e}");
+        assert!(e.contains(ALLOW_SEPARATORS), "{e}");
+        assert!(!e.contains("secret-ish"), "{e}");
+    }
+}
