@@ -6,6 +6,8 @@
 #   scripts/bench.sh                      # jwt and pki, 1,000 and 10,000 nodes, 3 runs each
 #   scripts/bench.sh --quick              # 1,000 nodes, 1 run, both scenarios
 #   scripts/bench.sh --scenario jwt --nodes 10000 --workers 16,32,64,128 --runs 1
+#   scripts/bench.sh --scale              # template, 1,000 / 10,000 / 100,000 nodes, per-node costs
+#   scripts/bench.sh --scale --nodes 250000   # one larger fleet
 #
 # Options:
 #   --nodes N[,N...]      fleet sizes (default 1000,10000)
@@ -14,6 +16,12 @@
 #                         CPU-bound from 16 on, more workers only add latency)
 #   --scenario S          jwt | pki | template | all (default all: jwt and pki)
 #   --quick               --nodes 1000 --runs 1
+#   --scale               the scale run: --scenario template --nodes 1000,10000,100000
+#                         --runs 1 --no-go, and a per-node table (CPU and RSS per node
+#                         of the provisioner, the simulator and nats-server) with the
+#                         targets checked (100,000 nodes at >= 90 % of the 10,000-node
+#                         rate, end to end <= 1.2 x N / that rate, provisioner RSS
+#                         per node <= 1 KiB); --nodes after --scale picks other sizes
 #   --helper CMD          helper command line for the jwt scenario instead of
 #                         examples/helper.sh (experiments)
 #   --set KEY=VALUE       extra provisioner.yaml line (repeatable), e.g.
@@ -73,6 +81,7 @@ TRY_GO=1
 PROFILE=0
 OUT=""
 EXTRA=()
+SCALE=0
 JWT_HELPER="$ROOT/examples/helper.sh"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
@@ -84,6 +93,7 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS_LIST="$2"; shift 2 ;;
     --scenario) SCENARIO="$2"; shift 2 ;;
     --quick) NODES_LIST=1000; RUNS=1; shift ;;
+    --scale) SCALE=1; SCENARIO=template; NODES_LIST=1000,10000,100000; RUNS=1; TRY_GO=0; shift ;;
     --set) EXTRA+=("$2"); shift 2 ;;
     --helper) JWT_HELPER="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
@@ -236,7 +246,8 @@ run_one() {
   # The provisioner starts only once every node has announced itself, so
   # discovery (not startup events) finds the fleet.
   local started=0
-  for _ in $(seq 1200); do
+  # 120 s, or 1 s per 1,000 nodes for larger fleets.
+  for _ in $(seq $(( nodes / 100 > 1200 ? nodes / 100 : 1200 ))); do
     started="$(grep -c '"event":"startup"' "$dir/journal.jsonl" 2>/dev/null || true)"
     [ "${started:-0}" -ge "$nodes" ] && break
     kill -0 "$fleet_pid" 2>/dev/null || break
@@ -377,7 +388,8 @@ for scenario in "${SCENARIOS[@]}"; do
   done
 done
 
-python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" >"$OUT/report.md"
+python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" \
+  --scale "$SCALE" >"$OUT/report.md"
 echo
 cat "$OUT/report.md"
 echo

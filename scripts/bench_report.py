@@ -551,6 +551,8 @@ def cmd_summary(args):
             vals = [med([(r.get("rpc_mean_ms") or {}).get(s) for r in ok]) for s in steps]
             w(f"| {key[0]} | {key[1]:,} | {key[2]} | {key[3]} | "
               + " | ".join(fmt(v, "{:.1f}") for v in vals) + " |")
+    if opt.get("--scale") == "1":
+        out.extend(scale_table(groups))
     bad = [r for r in rows if not r.get("valid")]
     if bad:
         w("")
@@ -570,6 +572,54 @@ def cmd_summary(args):
             w(f"- {r['scenario']} {r['nodes']:,} nodes, {r['workers']} workers, {r['impl']} run {r['run']}: "
               + "; ".join(why))
     print("\n".join(out))
+
+
+def scale_table(groups):
+    """Per-node costs of the rust runs by fleet size, and the scale targets."""
+    out = []
+    w = out.append
+    w("")
+    w("## Scale: cost per node (ours, medians of the valid runs)")
+    w("")
+    w("| nodes | nodes/min | e2e s | prov CPU ms/node | prov RSS MiB | prov RSS KiB/node "
+      "| fleet CPU ms/node | fleet RSS MiB | fleet RSS KiB/node "
+      "| nats CPU ms/node | nats RSS MiB | nats RSS KiB/node | 1st discovery | cycles |")
+    w("|" + "---|" * 14)
+    per = {}
+    for (sc, n, wk, impl), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        if impl != "rust":
+            continue
+        ok = [r for r in rs if r.get("valid")]
+        g = lambda f: med([r.get(f) for r in ok])  # noqa: E731
+        ms = lambda f: None if g(f) is None else 1000 * g(f) / n  # noqa: E731
+        kib = lambda f: None if g(f) is None else 1024 * g(f) / n  # noqa: E731
+        per[n] = {"rate": g("nodes_per_min"), "e2e": g("e2e_s"), "rss": g("prov_hwm_mib")}
+        w(f"| {n:,} | {fmt(g('nodes_per_min'))} | {fmt(g('e2e_s'), '{:.1f}')} "
+          f"| {fmt(ms('prov_cpu_s'), '{:.3f}')} | {fmt(g('prov_hwm_mib'), '{:.0f}')} | {fmt(kib('prov_hwm_mib'), '{:.2f}')} "
+          f"| {fmt(ms('fleet_cpu_s'), '{:.3f}')} | {fmt(g('fleet_hwm_mib'), '{:.0f}')} | {fmt(kib('fleet_hwm_mib'), '{:.2f}')} "
+          f"| {fmt(ms('nats_cpu_s'), '{:.3f}')} | {fmt(g('nats_hwm_mib'), '{:.0f}')} | {fmt(kib('nats_hwm_mib'), '{:.2f}')} "
+          f"| {fmt(g('first_cycle_discovered'))}/{n:,} | {fmt(g('discover_cycles'))} |")
+    sizes = sorted(per)
+    if 10000 in per and len(sizes) > 1 and sizes[-1] > 10000:
+        big, base = sizes[-1], per[10000]
+        b = per[big]
+        w("")
+        w("| target | measured | met |")
+        w("|---|---|---|")
+        if base["rate"] and b["rate"]:
+            share = b["rate"] / base["rate"]
+            w(f"| {big:,} nodes at >= 90 % of the 10,000-node rate | {share * 100:.0f} % "
+              f"({b['rate']:,.0f} vs {base['rate']:,.0f}/min) | {'yes' if share >= 0.9 else 'NO'} |")
+            bound = 1.2 * big / (base["rate"] / 60)
+            if b["e2e"]:
+                w(f"| end to end <= 1.2 x {big:,} / the 10,000-node rate = {bound:.1f} s | {b['e2e']:.1f} s "
+                  f"| {'yes' if b['e2e'] <= bound else 'NO'} |")
+        small = sizes[0]
+        if per[small]["rss"] and b["rss"] and big > small:
+            marginal = 1024 * (b["rss"] - per[small]["rss"]) / (big - small)
+            w(f"| provisioner RSS per node <= 1 KiB (marginal, {small:,} to {big:,}) | {marginal:.2f} KiB "
+              f"| {'yes' if marginal <= 1.0 else 'NO'} |")
+    return out
 
 
 def main():
