@@ -31,6 +31,9 @@
 #                         a Go run is capped at 300 s
 #   --bin PATH            use this choria-provisioner binary instead of building
 #   --no-go               do not try to build the Go provisioner
+#   --directed MODE       the simulator's `--directed` (per-node, the default, or
+#                         shared: one queue subscription per connection, ~1 KiB
+#                         per simulated node instead of ~10 KiB; --scale uses it)
 #   --profile             perf-record our provisioner in every run (perf.data +
 #                         perf-report.txt in the run directory)
 #   --out DIR             where results go (default ~/.cache/choria-provisioner-rs/bench-results/<date>)
@@ -82,6 +85,7 @@ PROFILE=0
 OUT=""
 EXTRA=()
 SCALE=0
+DIRECTED=per-node
 JWT_HELPER="$ROOT/examples/helper.sh"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
@@ -93,7 +97,8 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS_LIST="$2"; shift 2 ;;
     --scenario) SCENARIO="$2"; shift 2 ;;
     --quick) NODES_LIST=1000; RUNS=1; shift ;;
-    --scale) SCALE=1; SCENARIO=template; NODES_LIST=1000,10000,100000; RUNS=1; TRY_GO=0; shift ;;
+    --scale) SCALE=1; SCENARIO=template; NODES_LIST=1000,10000,100000; RUNS=1; TRY_GO=0; DIRECTED=shared; shift ;;
+    --directed) DIRECTED="$2"; shift 2 ;;
     --set) EXTRA+=("$2"); shift 2 ;;
     --helper) JWT_HELPER="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
@@ -191,6 +196,7 @@ python3 "$REPORT" machine >"$OUT/machine.json"
 {
   echo "command: scripts/bench.sh $ORIG_ARGS"
   echo "commit: $COMMIT"
+  echo "simulator: --directed $DIRECTED"
   echo "binary: $BIN"
   echo "go: $GO_STATUS"
 } >"$OUT/info.txt"
@@ -239,7 +245,7 @@ run_one() {
   local fleet_extra=()
   [ "$scenario" = pki ] && fleet_extra+=(--presign-csrs)
   "$BIN" fleet --nats "nats://127.0.0.1:$port" --nodes "$nodes" --token s3cret \
-    --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done \
+    --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done --directed "$DIRECTED" \
     "${fleet_extra[@]}" --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
   local fleet_pid=$!
   PIDS+=("$fleet_pid")

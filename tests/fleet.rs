@@ -11,7 +11,7 @@ use choria_provisioner::choria::protocol::{RequestSigner, RequestSpec, Version};
 use choria_provisioner::choria::replies::Ignored;
 use choria_provisioner::choria::security::{csr, ecdh::EcdhKeyPair, ed25519, pem_crypt, tokens};
 use choria_provisioner::choria::{ids, subjects};
-use choria_provisioner::fleet::{self, FleetOptions};
+use choria_provisioner::fleet::{self, Directed, FleetOptions};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -167,11 +167,12 @@ async fn every_node_announces_startup_in_cloudevents_format() {
 
 /// Drives one node through the whole sequence the Go provisioner runs and checks
 /// every reply the way the provisioner would.
-async fn provision_one(version: Version) {
+async fn provision_one(version: Version, directed: Directed) {
     let nats = NatsServer::start();
     let fleet = start_fleet(&nats, |o| {
         o.nodes = 3;
         o.protocol = version;
+        o.directed = directed;
     })
     .await;
     let c = client_for(&nats, version, "provisioner.example.net").await;
@@ -311,12 +312,42 @@ async fn provision_one(version: Version) {
 
 #[tokio::test]
 async fn v1_node_is_provisioned_through_the_whole_sequence() {
-    provision_one(Version::V1).await;
+    provision_one(Version::V1, Directed::PerNode).await;
+}
+
+/// `--directed shared` (one queue subscription per connection) answers as
+/// per-node subscriptions do, and a name no node has gets no answer.
+#[tokio::test]
+async fn a_shared_subscription_fleet_serves_every_node_as_its_own_would() {
+    provision_one(Version::V1, Directed::Shared).await;
+    let nats = NatsServer::start();
+    let fleet = start_fleet(&nats, |o| {
+        o.nodes = 3;
+        o.directed = Directed::Shared;
+    })
+    .await;
+    let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
+    provision_ok(
+        &c,
+        "node-002.fleet.example.net",
+        "jwt",
+        &json!({"token": TOKEN}),
+    )
+    .await;
+    assert_no_reply(
+        &c,
+        "node-999.fleet.example.net",
+        "rpcutil",
+        "inventory",
+        Duration::from_millis(500),
+    )
+    .await;
+    fleet.finish().await;
 }
 
 #[tokio::test]
 async fn v2_node_is_provisioned_through_the_whole_sequence() {
-    provision_one(Version::V2).await;
+    provision_one(Version::V2, Directed::PerNode).await;
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ use futures::StreamExt;
 use journal::{Entry, Journal, Outcome};
 use node::{Failure, FleetShared, Mode, Node, Response};
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,15 @@ pub struct FleetOptions {
     /// NATS connections the nodes are spread over.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// How directed requests reach the nodes: `per-node` subscribes each
+    /// node's own subject, as go-choria servers do (the broker sees one
+    /// subscription per node; ~10 KiB of simulator memory per node, most
+    /// of it the subscription's channel); `shared` subscribes
+    /// `provisioning.node.>` once per connection in one queue group and
+    /// hands each request to its node (~1 KiB per node: for fleets of
+    /// hundreds of thousands). What the provisioner sees is the same.
+    #[arg(long, value_enum, default_value_t = Directed::PerNode)]
+    pub directed: Directed,
     /// Configuration keys whose written values the journal's final states
     /// record (`config_values`); other values are left out, as they may
     /// hold secrets. Repeatable.
@@ -178,6 +188,17 @@ pub struct FleetSummary {
 }
 
 type NodeRef = Arc<Mutex<Node>>;
+
+/// See [`FleetOptions::directed`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Directed {
+    #[default]
+    PerNode,
+    Shared,
+}
+
+/// The queue group of `--directed shared`.
+const SHARED_QUEUE: &str = "choria-fleet";
 
 struct Counters {
     requests: AtomicU64,
@@ -456,26 +477,55 @@ pub async fn run(
             conns.push(nats);
         }
 
+        // `--directed shared`: every node by name, for the shared loops.
+        let by_name: Arc<HashMap<String, NodeRef>> = Arc::new(match opts.directed {
+            Directed::PerNode => HashMap::new(),
+            Directed::Shared => nodes
+                .iter()
+                .map(|n| (n.lock().expect("node lock").identity.clone(), n.clone()))
+                .collect(),
+        });
+        let turns = Arc::new(SlowTurns::new(opts.slow_nodes));
         for (c, nats) in conns.iter().enumerate() {
             // The hop URL recorded in replies: one server per connection, looked up once.
             let url: Arc<str> = client::connected_url(nats).into();
             let mine: Vec<NodeRef> = nodes.iter().skip(c).step_by(connections).cloned().collect();
-            for node in &mine {
-                let identity = node.lock().expect("node lock").identity.clone();
-                let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, &identity);
-                let sub = nats
-                    .subscribe(subject.clone())
-                    .await
-                    .map_err(|source| client::ClientError::Subscribe { subject, source })?;
-                tasks.push(tokio::spawn(directed_loop(
-                    node.clone(),
-                    sub,
-                    Link {
-                        nats: nats.clone(),
-                        url: url.clone(),
-                    },
-                    ctx.clone(),
-                )));
+            let link = Link {
+                nats: nats.clone(),
+                url: url.clone(),
+            };
+            match opts.directed {
+                Directed::PerNode => {
+                    for node in &mine {
+                        let identity = node.lock().expect("node lock").identity.clone();
+                        let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, &identity);
+                        let sub = nats
+                            .subscribe(subject.clone())
+                            .await
+                            .map_err(|source| client::ClientError::Subscribe { subject, source })?;
+                        tasks.push(tokio::spawn(directed_loop(
+                            node.clone(),
+                            sub,
+                            link.clone(),
+                            ctx.clone(),
+                        )));
+                    }
+                }
+                Directed::Shared => {
+                    // Identities hold dots: `>`, not `*`.
+                    let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, ">");
+                    let sub = nats
+                        .queue_subscribe(subject.clone(), SHARED_QUEUE.into())
+                        .await
+                        .map_err(|source| client::ClientError::Subscribe { subject, source })?;
+                    tasks.push(tokio::spawn(shared_directed_loop(
+                        by_name.clone(),
+                        turns.clone(),
+                        sub,
+                        link.clone(),
+                        ctx.clone(),
+                    )));
+                }
             }
             let mut subs = Vec::new();
             for agent in node::AGENTS {
@@ -607,26 +657,93 @@ async fn directed_loop(node: NodeRef, mut sub: async_nats::Subscriber, link: Lin
         if node.lock().expect("node lock").mode != Mode::Provisioning {
             break;
         }
-        let req = match protocol::decode_request(&msg.payload, ctx.protocol) {
-            Ok(r) => r,
-            Err(e) => {
-                // A real server logs and drops what it cannot decode.
-                let identity = node.lock().expect("node lock").identity.clone();
-                debug!(node = %identity, error = %e, "dropping undecodable request");
-                record_drop(&ctx, &identity, &e.to_string());
-                continue;
-            }
+        let Some(req) = decode_directed(&node, &msg, &ctx) else {
+            continue;
         };
-        let slow = {
-            let n = node.lock().expect("node lock");
-            n.index < ctx.slow_nodes
-        };
-        if slow && ctx.slow_delay > Duration::ZERO {
+        if is_slow(&node, &ctx) {
             // go-choria serialises a node's provisioning actions: a slow
             // node is slow for each request in turn.
             tokio::time::sleep(ctx.slow_delay).await;
         }
         serve(&node, &req, &link, &ctx).await;
+    }
+}
+
+/// `--directed shared`: one subscription per connection for every node's
+/// subject; each request goes to its node. A request for a name no node
+/// has, or for a node that left provisioning, is dropped, as the broker
+/// would not have delivered it to anyone.
+async fn shared_directed_loop(
+    by_name: Arc<HashMap<String, NodeRef>>,
+    turns: Arc<SlowTurns>,
+    mut sub: async_nats::Subscriber,
+    link: Link,
+    ctx: Ctx,
+) {
+    let prefix = subjects::node(subjects::PROVISIONING_COLLECTIVE, "");
+    while let Some(msg) = sub.next().await {
+        let Some(node) = msg
+            .subject
+            .strip_prefix(prefix.as_str())
+            .and_then(|name| by_name.get(name))
+        else {
+            continue;
+        };
+        if node.lock().expect("node lock").mode != Mode::Provisioning {
+            continue;
+        }
+        let Some(req) = decode_directed(node, &msg, &ctx) else {
+            continue;
+        };
+        if !is_slow(node, &ctx) {
+            serve(node, &req, &link, &ctx).await;
+            continue;
+        }
+        // A slow node answers its requests in turn, each after the delay;
+        // the others on this connection do not wait for it.
+        let (node, link, ctx, turns) = (node.clone(), link.clone(), ctx.clone(), turns.clone());
+        tokio::spawn(async move {
+            let index = node.lock().expect("node lock").index;
+            let _turn = turns.take(index).await;
+            tokio::time::sleep(ctx.slow_delay).await;
+            serve(&node, &req, &link, &ctx).await;
+        });
+    }
+}
+
+/// One lock per slow node, so its requests are answered in turn.
+struct SlowTurns(Vec<tokio::sync::Mutex<()>>);
+
+impl SlowTurns {
+    fn new(slow_nodes: usize) -> Self {
+        SlowTurns(
+            (0..slow_nodes)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        )
+    }
+
+    async fn take(&self, index: usize) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        Some(self.0.get(index)?.lock().await)
+    }
+}
+
+fn is_slow(node: &NodeRef, ctx: &Ctx) -> bool {
+    ctx.slow_delay > Duration::ZERO && node.lock().expect("node lock").index < ctx.slow_nodes
+}
+
+/// The request in `msg`, or `None` (journaled) when a real server would
+/// drop it as undecodable.
+fn decode_directed(node: &NodeRef, msg: &async_nats::Message, ctx: &Ctx) -> Option<Request> {
+    match protocol::decode_request(&msg.payload, ctx.protocol) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            // A real server logs and drops what it cannot decode.
+            let identity = node.lock().expect("node lock").identity.clone();
+            debug!(node = %identity, error = %e, "dropping undecodable request");
+            record_drop(ctx, &identity, &e.to_string());
+            None
+        }
     }
 }
 
