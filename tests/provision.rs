@@ -854,3 +854,85 @@ async fn sigterm_stops_within_the_grace_period_and_the_next_instance_finishes() 
         assert_eq!(state["restarts"], 1, "{node}: {state}");
     }
 }
+
+/// Log lines go through a writer thread with a bounded buffer: a stdout
+/// that nobody reads (a stuck log collector, a full pipe) must not stall
+/// the workers. At debug level a few hundred nodes write far more than a
+/// pipe's 64 KiB; with a blocking writer the first worker to log after the
+/// pipe filled would wait for ever, and with it the provisioning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stdout_does_not_stall_provisioning() {
+    const N: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: N,
+        journal: Some(dir.path().join("journal.jsonl")),
+        key_pool_size: 2,
+        ..Default::default()
+    })
+    .await;
+    let monitor = support::free_port();
+    let yaml = dir.path().join("provisioner.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "workers: 16\nchoria_insecure: true\nloglevel: debug\nmonitor_port: {monitor}\nsite: stalled\n\
+             configuration_template:\n  configuration:\n    identity: '{{{{ identity }}}}'\n    plugin.choria.server.provision: 'false'\n"
+        ),
+    )
+    .unwrap();
+    let ccfg = dir.path().join("choria.cfg");
+    std::fs::write(
+        &ccfg,
+        format!(
+            "identity = provisioner.stalled\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    // stdout and stderr are a pipe this test holds and never reads.
+    let mut child = std::process::Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&yaml)
+        .arg("--choria-config")
+        .arg(&ccfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let provisioned = || -> f64 {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", monitor)) else {
+            return 0.0;
+        };
+        // A provisioner stalled by its logs does not answer either.
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        use std::io::{Read, Write};
+        let _ = write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        support::provisioner::metric_sum(&text, "choria_provisioner_provisioned")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while provisioned() < N as f64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {N} provisioned in 120 s with a stdout nobody reads",
+            provisioned()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (_, journal) = fleet.finish().await;
+    let configured = journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] == "configure" && e["outcome"] == "ok")
+        .count();
+    assert_eq!(configured, N);
+}
