@@ -13,8 +13,8 @@
 //! `/metrics`.
 //!
 //! Needs `$CHORIA_ELECTION_CANDIDATE_BIN` and `$CHORIA_GO_PROVISIONER_BIN`
-//! (scripts/test.sh builds and exports them); without them the tests say
-//! loudly that they proved nothing.
+//! (scripts/test.sh builds and exports them); without them the tests fail
+//! under CI and otherwise say loudly that they proved nothing.
 
 mod support;
 
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::election::{admin, choria_like_broker, create_bucket};
-use support::gopeers::go_provisioner_bin;
+use support::gopeers::{candidate_bin, go_provisioner_bin};
 use support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
 use support::NatsServer;
 
@@ -71,33 +71,6 @@ async fn read_key(admin: &async_nats::Client) -> Option<(String, String)> {
 // ---------------------------------------------------------------------------
 // Candidates.
 // ---------------------------------------------------------------------------
-
-/// `$CHORIA_ELECTION_CANDIDATE_BIN` when it names a file; otherwise prints
-/// why this test proves nothing and returns `None`.
-fn candidate_bin(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CHORIA_ELECTION_CANDIDATE_BIN").map(PathBuf::from);
-    let problem = match &bin {
-        Some(p) if p.is_file() => return bin,
-        Some(p) => format!(
-            "CHORIA_ELECTION_CANDIDATE_BIN={} does not exist",
-            p.display()
-        ),
-        None => "CHORIA_ELECTION_CANDIDATE_BIN is not set".to_string(),
-    };
-    let why = std::env::var("CHORIA_GO_PEERS_UNAVAILABLE")
-        .unwrap_or_else(|_| "(CHORIA_GO_PEERS_UNAVAILABLE is not set: run scripts/test.sh)".into());
-    let bar = "!".repeat(78);
-    // Straight to the process's stderr: libtest captures `eprintln!` of
-    // passing tests, and this must be seen in a plain `cargo test` run.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! Election interop with go-choria's election proves NOTHING in this run.\n\
-         !!! Build the peer with `scripts/build-go-peers.sh election-candidate` and export\n\
-         !!! CHORIA_ELECTION_CANDIDATE_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-election-candidate\n\
-         !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PEERS_UNAVAILABLE:\n{why}\n{bar}\n"
-    );
-    None
-}
 
 fn now_us() -> i64 {
     SystemTime::now()
