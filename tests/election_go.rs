@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::election::{admin, choria_like_broker, create_bucket};
+use support::election::{admin, choria_like_broker, create_bucket, read_key_entry};
 use support::gopeers::{candidate_bin, go_provisioner_bin};
 use support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
 use support::NatsServer;
@@ -53,19 +53,7 @@ const SLACK: Duration = Duration::from_secs(2);
 /// The election key as the CHORIA account reads it: `Some((operation,
 /// value))` with operation "PUT" or "DEL", `None` when there is no entry.
 async fn read_key(admin: &async_nats::Client) -> Option<(String, String)> {
-    let reply = admin
-        .request(
-            "$JS.API.DIRECT.GET.KV_CHORIA_LEADER_ELECTION",
-            r#"{"last_by_subj":"$KV.CHORIA_LEADER_ELECTION.provisioner"}"#.into(),
-        )
-        .await
-        .unwrap();
-    let headers = reply.headers.as_ref()?;
-    headers.get("Nats-Sequence")?; // none on a 404 status: no message
-    let op = headers
-        .get("KV-Operation")
-        .map_or("PUT".to_string(), |v| v.as_str().to_string());
-    Some((op, String::from_utf8_lossy(&reply.payload).into_owned()))
+    read_key_entry(admin).await.map(|e| (e.op, e.value))
 }
 
 // ---------------------------------------------------------------------------
