@@ -29,13 +29,18 @@ fi
 # The real Go peers: go-choria's `choria` (server + CLI) for the interop tier,
 # the election candidate, and the Go provisioner itself (built from the copy
 # in ../shared/peers/go-provisioner, see tests/gopeers/RECIPE.md).
-# A peer that cannot be built is reported loudly; the tests then say so too.
+# A peer that cannot be built is reported loudly and fails this script at
+# the end (after the tests ran, so their results are still seen); under CI
+# (`CI` set, as .ci/run is run) each test that needs it fails too, and
+# without CI it says NOT RUN and is counted as skipped in the closing line.
+unavailable=()
 peer_log="$CACHE_DIR/build-go-peers.log"
 if "$ROOT/scripts/build-go-peers.sh" choria natstap election-candidate >"$peer_log.out" 2>"$peer_log"; then
   export CHORIA_BIN="$CACHE_BIN/choria" CHORIA_ELECTION_CANDIDATE_BIN="$CACHE_BIN/choria-election-candidate"
   log "go-choria peer: $CHORIA_BIN"
 else
   export CHORIA_GO_PEERS_UNAVAILABLE="$(tail -n 20 "$peer_log")"
+  unavailable+=("go-choria (choria, natstap, election candidate): $peer_log")
   printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n' >&2
   printf '!!! go-choria could not be built: the interop tier cannot prove anything\n%s\n' "$CHORIA_GO_PEERS_UNAVAILABLE" >&2
   printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
@@ -45,6 +50,7 @@ if "$ROOT/scripts/build-go-peers.sh" provisioner >/dev/null 2>"$peer_log.prov"; 
   log "Go provisioner peer: $CHORIA_GO_PROVISIONER_BIN"
 else
   export CHORIA_GO_PROVISIONER_UNAVAILABLE="$(tail -n 5 "$peer_log.prov")"
+  unavailable+=("the Go provisioner: $peer_log.prov")
   printf '\n!!! the Go provisioner could not be built: the side-by-side tiers cannot prove anything\n%s\n\n' \
     "$CHORIA_GO_PROVISIONER_UNAVAILABLE" >&2
 fi
@@ -57,6 +63,7 @@ if "$ROOT/scripts/build-kube-peers.sh" >"$kube_log.out" 2>"$kube_log"; then
   log "kube control plane: $KUBE_APISERVER_BIN"
 else
   export KUBE_PEERS_UNAVAILABLE="$({ grep -A 20 'FAILED' "$kube_log" || tail -n 20 "$kube_log"; } | head -n 40)"
+  unavailable+=("etcd/kube-apiserver/kubectl (and so cert-manager and the image smoke tier): $kube_log")
   printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n' >&2
   printf '!!! etcd/kube-apiserver/kubectl could not be built: the Kubernetes tier cannot prove anything\n%s\n' "$KUBE_PEERS_UNAVAILABLE" >&2
   printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
@@ -69,9 +76,13 @@ if [ -z "${KUBE_PEERS_UNAVAILABLE:-}" ]; then
     export CERT_MANAGER_CONTROLLER_BIN="$CACHE_BIN/cert-manager-controller" CERT_MANAGER_CRDS="$CACHE_DIR/cert-manager/crds"
     log "cert-manager peer: $CERT_MANAGER_CONTROLLER_BIN"
   else
+    export CERT_MANAGER_UNAVAILABLE="$(tail -n 20 "$kube_log.cm")"
+    unavailable+=("cert-manager: $kube_log.cm")
     printf '\n!!! cert-manager could not be built: tests/cert_manager.rs proves nothing in this run\n%s\n\n' \
-      "$(tail -n 20 "$kube_log.cm")" >&2
+      "$CERT_MANAGER_UNAVAILABLE" >&2
   fi
+else
+  export CERT_MANAGER_UNAVAILABLE="not built: it needs the kube control plane, which is unavailable"
 fi
 
 # Every install helper once more into an empty cache (~80 s): one that only
@@ -96,8 +107,17 @@ cargo test --no-fail-fast --lib --bins --tests 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary, so the outcome is read at a glance.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "%d passed, %d failed\n", p, f }' "$results"
+# libtest counts a test that returned early for want of a peer as passed;
+# each printed a `test-not-run: <test>: <why>` line (tests/support/peers.rs),
+# so those are taken out of "passed" and reported as skipped, by name.
+not_run="$(grep -o '^test-not-run: .*' "$results" | sort -u || true)"
+skipped=0
+[ -z "$not_run" ] || skipped="$(printf '%s\n' "$not_run" | wc -l)"
+if [ "$skipped" -gt 0 ]; then
+  printf '\n!!! %d tests NOT RUN (a peer is missing; they prove nothing):\n%s\n\n' "$skipped" "$not_run" >&2
+fi
+awk -v skipped="$skipped" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed, %d skipped\n", p - skipped, f, skipped }' "$results"
 
 # The release image, built here from Debian packages (scripts/build-image.sh),
 # run as a container: --version, `run` provisioning a fleet, `operator`
@@ -128,4 +148,9 @@ else
   log "node tier not run (CHORIA_NODE_TIER=1 runs scripts/node-tier.sh, ~2 min warm)"
 fi
 [ "$status" -ne 0 ] || status=$node_status
+if [ ${#unavailable[@]} -gt 0 ]; then
+  printf '\n!!! FAILED: peers this script builds are unavailable, so tests that need them proved nothing:\n' >&2
+  printf '!!!   %s\n' "${unavailable[@]}" >&2
+  [ "$status" -ne 0 ] || status=1
+fi
 exit "$status"

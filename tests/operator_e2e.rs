@@ -17,8 +17,8 @@
 //! sent a request: the leaders' own logs give their terms, and every request
 //! must fall into exactly one term.
 //!
-//! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not built
-//! the binaries. `CHORIA_ELECTION_LONG=1` runs 20 kills + 20 stops instead of
+//! Fails under CI, and is NOT RUN (with a loud banner) without it, when
+//! scripts/build-kube-peers.sh has not built the binaries. `CHORIA_ELECTION_LONG=1` runs 20 kills + 20 stops instead of
 //! 3 + 3; `OPERATOR_E2E_KEEP=1` keeps the logs and journals.
 
 mod support;

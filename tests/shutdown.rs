@@ -17,6 +17,12 @@ use support::provisioner::{binary, http_get, ProvisionerProcess};
 use support::NatsServer;
 
 /// README: "SIGTERM/SIGINT … exits within 2 s whatever the broker does".
+/// The process bounds its own shutdown at 1.5 s (`SHUTDOWN_LIMIT`) plus a
+/// 100 ms runtime shutdown, but does not come near that here: measured on
+/// this machine (3 runs, load average 8 on 2 cores) `run` with busy workers
+/// exited 0.61-0.65 s after SIGTERM, `run` never connected 3-23 ms, `fleet`
+/// 0.52-0.53 s, the Lease leader 0.32-0.33 s, so the limit leaves at least
+/// 1.35 s for a slower moment.
 const LIMIT: Duration = Duration::from_secs(2);
 
 fn choria_cfg(nats: &NatsServer) -> String {
@@ -65,7 +71,9 @@ fn term_and_time(p: &mut ProvisionerProcess) -> (Duration, std::process::ExitSta
     let t = Instant::now();
     p.signal("TERM");
     let status = p.wait_exit(Duration::from_secs(30));
-    (t.elapsed(), status)
+    let took = t.elapsed();
+    println!("exited {took:?} after SIGTERM");
+    (took, status)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,6 +173,7 @@ fn fleet_exits_within_the_limit_after_sigterm_with_the_broker_gone() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let took = t.elapsed();
+    println!("the fleet exited {took:?} after SIGTERM");
     let mut out = String::new();
     use std::io::Read;
     child

@@ -99,9 +99,11 @@ mod tests {
 
     #[tokio::test]
     async fn fires_once_the_deadline_passed_in_real_time() {
+        // Taken before the counting thread starts, so every tick it counts
+        // is a sleep that began after `t`.
+        let t = std::time::Instant::now();
         let w = Watchdog::start(Duration::from_millis(300));
         w.renewed(w.now());
-        let t = std::time::Instant::now();
         tokio::time::timeout(Duration::from_secs(3), w.expired())
             .await
             .expect("fires");
@@ -111,8 +113,13 @@ mod tests {
 
     #[tokio::test]
     async fn does_not_fire_while_renewed_or_not_leading() {
-        let w = Watchdog::start(Duration::from_millis(300));
-        for _ in 0..8 {
+        // Renewed every 100 ms for 1.5 s, longer than the 1 s deadline, so
+        // without the renewals it would fire. A renewal may come late by a
+        // sleep's overshoot: measured here with a load average of 10 on 2
+        // cores, 3 ms median, 89 ms p99, 222 ms at most over 150 sleeps of
+        // 100 ms; the deadline leaves 900 ms.
+        let w = Watchdog::start(Duration::from_secs(1));
+        for _ in 0..15 {
             w.renewed(w.now());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

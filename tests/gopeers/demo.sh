@@ -16,6 +16,8 @@
 # Usage: tests/gopeers/demo.sh            (needs root for unshare --uts)
 #   KEEP=1     keep the work directory (printed at the end)
 #   OUT=FILE   copy the raw capture (JSON lines, see natstap) to FILE
+#   CLIENT_SEED_OUT=FILE  copy the v2 client's ed25519 seed (it signed the
+#              captured v2 requests; a throwaway key) to FILE
 # Exit status 0 only if every step worked. All processes it starts are
 # killed on exit (by PID).
 set -euo pipefail
@@ -40,6 +42,7 @@ cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ -n "${OUT:-}" ] && [ -f "$W/tap.jsonl" ]; then cp "$W/tap.jsonl" "$OUT"; fi
+  if [ -n "${CLIENT_SEED_OUT:-}" ] && [ -f "$W/client.seed" ]; then cp "$W/client.seed" "$CLIENT_SEED_OUT"; fi
   if [ -n "${KEEP:-}" ] || [ $rc -ne 0 ]; then log "work directory kept: $W"; else rm -rf "$W"; fi
   exit $rc
 }

@@ -5,7 +5,6 @@
 use super::kube::ControlPlane;
 use choria_provisioner::fleet::ca::CertificateAuthority;
 use serde_json::Value;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,7 +16,8 @@ pub struct Bins {
 }
 
 /// From `CERT_MANAGER_CONTROLLER_BIN` / `CERT_MANAGER_CRDS` or the project
-/// cache; `None` with a loud banner when they were not built.
+/// cache; when they were not built, fails the test under CI or says loudly
+/// why it proves nothing and returns `None` (see [`super::peers`]).
 pub fn available() -> Option<Bins> {
     let cache = std::env::var_os("CHORIA_RS_CACHE")
         .map(PathBuf::from)
@@ -34,17 +34,20 @@ pub fn available() -> Option<Bins> {
     if controller.is_file() && crds.join("VERSION").is_file() {
         return Some(Bins { controller, crds });
     }
-    let thread = std::thread::current();
-    let bar = "!".repeat(78);
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {}: NOT RUN — {} or {} is missing.\n\
-         !!! Build them with scripts/build-kube-peers.sh cert-manager (~3 min cold).\n{bar}\n",
-        thread.name().unwrap_or("cert-manager test"),
-        controller.display(),
-        crds.display()
-    );
-    None
+    super::peers::Missing {
+        test: &super::peers::current_test(),
+        problem: format!(
+            "{} or {} is missing",
+            controller.display(),
+            crds.join("VERSION").display()
+        ),
+        unproven: "Signing through the real cert-manager",
+        advice:
+            "Build them with scripts/build-kube-peers.sh cert-manager (~3 min cold), or export\n\
+                 CERT_MANAGER_CONTROLLER_BIN and CERT_MANAGER_CRDS.",
+        build_log_var: Some("CERT_MANAGER_UNAVAILABLE"),
+    }
+    .skip()
 }
 
 /// cert-manager running with a CA `Issuer` named `issuer` in `namespace`;

@@ -6,7 +6,7 @@
 use super::NatsServer;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 /// nats-server with JetStream in a CHORIA account and a PROVISIONING account
 /// that imports exactly what a Choria broker imports for the election.
@@ -63,6 +63,172 @@ pub async fn create_bucket(nats: &NatsServer, ttl: Duration) {
         .unwrap();
     let v: Value = serde_json::from_slice(&reply.payload).unwrap();
     assert!(v.get("error").is_none(), "bucket creation failed: {v}");
+}
+
+/// The election key's last entry, as the CHORIA account reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyEntry {
+    /// "PUT", or "DEL"/"PURGE" for a marker.
+    pub op: String,
+    pub value: String,
+    pub seq: u64,
+    /// When the broker stored it (`Nats-Time-Stamp`): the entry expires for
+    /// everyone a bucket TTL later.
+    pub stored: SystemTime,
+}
+
+/// The election key's last entry (DIRECT.GET), `None` when there is none.
+pub async fn read_key_entry(admin: &async_nats::Client) -> Option<KeyEntry> {
+    let reply = admin
+        .request(
+            "$JS.API.DIRECT.GET.KV_CHORIA_LEADER_ELECTION",
+            r#"{"last_by_subj":"$KV.CHORIA_LEADER_ELECTION.provisioner"}"#.into(),
+        )
+        .await
+        .unwrap();
+    let headers = reply.headers.as_ref()?;
+    // None on a 404 status: no message.
+    let seq = headers.get("Nats-Sequence")?.as_str().parse().unwrap();
+    let stamp = headers
+        .get("Nats-Time-Stamp")
+        .expect("a DIRECT.GET reply without Nats-Time-Stamp")
+        .as_str();
+    let stored: SystemTime = chrono::DateTime::parse_from_rfc3339(stamp)
+        .unwrap_or_else(|e| panic!("Nats-Time-Stamp {stamp:?}: {e}"))
+        .into();
+    let op = headers
+        .get("KV-Operation")
+        .map_or("PUT".to_string(), |v| v.as_str().to_string());
+    Some(KeyEntry {
+        op,
+        value: String::from_utf8_lossy(&reply.payload).into_owned(),
+        seq,
+        stored,
+    })
+}
+
+/// Every distinct entry the election key held while this ran, read every
+/// 20 ms from the CHORIA account: an entry lives at least until it is
+/// renewed (a renew period) or expires (the TTL), so none is missed.
+pub struct KeyHistory {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<KeyEntry>>,
+}
+
+impl KeyHistory {
+    pub async fn start(nats: &NatsServer) -> KeyHistory {
+        let admin = admin(nats).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut seen: Vec<KeyEntry> = Vec::new();
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(e) = read_key_entry(&admin).await {
+                    if seen.last().is_none_or(|l| l.seq != e.seq) {
+                        seen.push(e);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen
+        });
+        KeyHistory { stop, task }
+    }
+
+    pub async fn finish(self) -> Vec<KeyEntry> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Whether the replica whose monitor listens on `port` works (its
+/// `choria_provisioner_paused` gauge is 0); `None` when it does not answer.
+pub fn probe_working(port: u16) -> Option<bool> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    use std::io::{Read, Write};
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    if !text.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    let paused = super::provisioner::metric_sum(&text, "choria_provisioner_paused");
+    Some(paused == 0.0)
+}
+
+/// When a condition over some replicas' working states first held, as seen
+/// by a thread polling them (every ~10 ms) from before the fault on: it
+/// became true after `after` (the start of the last pass in which it did
+/// not hold) and by `by` (the end of the first pass in which it held).
+#[derive(Clone, Copy, Debug)]
+pub struct Change {
+    pub after: Instant,
+    pub by: Instant,
+    /// `by` by the wall clock, to compare with the broker's timestamps.
+    pub by_wall: SystemTime,
+}
+
+/// A thread watching for a [`Change`]; several run at the same time.
+pub struct Watch {
+    what: String,
+    thread: std::thread::JoinHandle<Option<Change>>,
+}
+
+impl Watch {
+    /// Polls `ports` until `holds` of their working states (in `ports`
+    /// order) is true, for up to `timeout`. Returns once the first pass is
+    /// done, so the watch runs before the caller injects a fault; panics
+    /// when the condition already held then.
+    pub fn start(
+        what: &str,
+        ports: Vec<u16>,
+        holds: fn(&[Option<bool>]) -> bool,
+        timeout: Duration,
+    ) -> Watch {
+        let (first_tx, first_rx) = std::sync::mpsc::channel::<bool>();
+        let thread = std::thread::spawn(move || {
+            let deadline = Instant::now() + timeout;
+            let mut after = Instant::now();
+            let mut first = Some(first_tx);
+            while Instant::now() < deadline {
+                let start = Instant::now();
+                let states: Vec<Option<bool>> = ports.iter().map(|p| probe_working(*p)).collect();
+                let held = holds(&states);
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(held);
+                }
+                if held {
+                    return Some(Change {
+                        after,
+                        by: Instant::now(),
+                        by_wall: SystemTime::now(),
+                    });
+                }
+                after = start;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            None
+        });
+        let held_at_once = first_rx.recv().unwrap_or(false);
+        assert!(!held_at_once, "{what}: already so before the fault");
+        Watch {
+            what: what.to_string(),
+            thread,
+        }
+    }
+
+    /// When the change happened; panics when it did not within the timeout.
+    pub fn join(self) -> Change {
+        self.thread
+            .join()
+            .unwrap()
+            .unwrap_or_else(|| panic!("{}: did not happen in time", self.what))
+    }
 }
 
 /// Checks that no instance sent a request to a node while another
@@ -135,20 +301,7 @@ impl Sampler {
         let (st, reps) = (stop.clone(), replicas.clone());
         let thread = std::thread::spawn(move || {
             let mut violations = Vec::new();
-            let working = |port: u16| -> Option<bool> {
-                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-                s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-                use std::io::{Read, Write};
-                write!(
-                    s,
-                    "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                )
-                .ok()?;
-                let mut text = String::new();
-                s.read_to_string(&mut text).ok()?;
-                let paused = super::provisioner::metric_sum(&text, "choria_provisioner_paused");
-                Some(paused == 0.0)
-            };
+            let working = probe_working;
             while !st.load(std::sync::atomic::Ordering::Relaxed) {
                 let now: Vec<(String, u16)> = reps.lock().unwrap().clone();
                 let first: Vec<Option<bool>> = now.iter().map(|(_, p)| working(*p)).collect();

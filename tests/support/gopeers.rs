@@ -11,66 +11,72 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::peers::{self, Missing};
 use super::NatsServer;
 
 // ---------------------------------------------------------------------------
 // The real binary, or a loud explanation of why it is missing.
 // ---------------------------------------------------------------------------
 
-/// `$CHORIA_BIN` when it names a file; otherwise prints why this test proves
-/// nothing (with the build error) and returns `None`.
+/// `$CHORIA_BIN` when it names a file; otherwise fails the test under CI
+/// or says loudly why it proves nothing and returns `None` (see
+/// [`super::peers`]).
 pub fn choria_bin(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CHORIA_BIN").map(PathBuf::from);
-    let problem = match &bin {
-        Some(p) if p.is_file() => {
+    match peers::file_from_env("CHORIA_BIN") {
+        Ok(bin) => {
             assert!(
                 is_root(),
                 "{test}: CHORIA_BIN is set but this is not root: the real servers need `unshare --uts`"
             );
-            return bin;
+            Some(bin)
         }
-        Some(p) => format!("CHORIA_BIN={} does not exist", p.display()),
-        None => "CHORIA_BIN is not set".to_string(),
-    };
-    let why = std::env::var("CHORIA_GO_PEERS_UNAVAILABLE")
-        .unwrap_or_else(|_| "(CHORIA_GO_PEERS_UNAVAILABLE is not set: run scripts/test.sh)".into());
-    let bar = "!".repeat(78);
-    // Straight to the process's stderr: libtest captures `eprintln!` of passing
-    // tests, and this must be seen in a plain `cargo test` run.
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! The go-choria interop tier proves NOTHING in this run.\n\
-         !!! Build the peer with `scripts/build-go-peers.sh choria natstap` and export\n\
-         !!! CHORIA_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria (scripts/test.sh does both).\n\
-         !!! CHORIA_GO_PEERS_UNAVAILABLE:\n{why}\n{bar}\n"
-    );
-    None
+        Err(problem) => Missing {
+            test,
+            problem,
+            unproven: "Interop with go-choria (its servers and CLI)",
+            advice: "Build the peer with `scripts/build-go-peers.sh choria natstap` and export\n\
+                     CHORIA_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria (scripts/test.sh does both).",
+            build_log_var: Some("CHORIA_GO_PEERS_UNAVAILABLE"),
+        }
+        .skip(),
+    }
 }
 
 /// `$CHORIA_GO_PROVISIONER_BIN` (the real Go provisioner, built by
 /// `scripts/build-go-peers.sh provisioner` from ../shared/peers/go-provisioner)
-/// when it names a file; otherwise prints why this test proves nothing and
-/// returns `None`.
+/// when it names a file; otherwise as [`choria_bin`].
 pub fn go_provisioner_bin(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CHORIA_GO_PROVISIONER_BIN").map(PathBuf::from);
-    let problem = match &bin {
-        Some(p) if p.is_file() => return bin,
-        Some(p) => format!("CHORIA_GO_PROVISIONER_BIN={} does not exist", p.display()),
-        None => "CHORIA_GO_PROVISIONER_BIN is not set".to_string(),
-    };
-    let why = std::env::var("CHORIA_GO_PROVISIONER_UNAVAILABLE").unwrap_or_else(|_| {
-        "(CHORIA_GO_PROVISIONER_UNAVAILABLE is not set: run scripts/test.sh)".into()
-    });
-    let bar = "!".repeat(78);
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n{bar}\n!!! {test}: NOT RUN — {problem}.\n!!! Nothing is proven against the real Go provisioner in this run.\n\
-         !!! Build it with `scripts/build-go-peers.sh provisioner` (from ../shared/peers/go-provisioner)\n\
-         !!! and export CHORIA_GO_PROVISIONER_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-go-provisioner\n\
-         !!! (scripts/test.sh does both).\n!!! CHORIA_GO_PROVISIONER_UNAVAILABLE:\n{why}\n{bar}\n"
-    );
-    None
+    match peers::file_from_env("CHORIA_GO_PROVISIONER_BIN") {
+        Ok(bin) => Some(bin),
+        Err(problem) => Missing {
+            test,
+            problem,
+            unproven: "Behaviour beside the real Go provisioner",
+            advice: "Build it with `scripts/build-go-peers.sh provisioner` (from ../shared/peers/go-provisioner)\n\
+                     and export CHORIA_GO_PROVISIONER_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-go-provisioner\n\
+                     (scripts/test.sh does both).",
+            build_log_var: Some("CHORIA_GO_PROVISIONER_UNAVAILABLE"),
+        }
+        .skip(),
+    }
+}
+
+/// `$CHORIA_ELECTION_CANDIDATE_BIN` (go-choria's election as the Go
+/// provisioner runs it) when it names a file; otherwise as [`choria_bin`].
+pub fn candidate_bin(test: &str) -> Option<PathBuf> {
+    match peers::file_from_env("CHORIA_ELECTION_CANDIDATE_BIN") {
+        Ok(bin) => Some(bin),
+        Err(problem) => Missing {
+            test,
+            problem,
+            unproven: "Election interop with go-choria's election",
+            advice: "Build the peer with `scripts/build-go-peers.sh election-candidate` and export\n\
+                     CHORIA_ELECTION_CANDIDATE_BIN=$HOME/.cache/choria-provisioner-rs/bin/choria-election-candidate\n\
+                     (scripts/test.sh does both).",
+            build_log_var: Some("CHORIA_GO_PEERS_UNAVAILABLE"),
+        }
+        .skip(),
+    }
 }
 
 pub fn is_root() -> bool {

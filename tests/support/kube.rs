@@ -56,8 +56,9 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// The binaries from `$ETCD_BIN`, `$KUBE_APISERVER_BIN`, `$KUBECTL_BIN` or
-    /// the project cache; when one is missing, prints why this test proves
-    /// nothing and returns `None`.
+    /// the project cache; when one is missing, fails the test under CI or
+    /// says loudly why it proves nothing and returns `None` (see
+    /// [`super::peers`]).
     pub fn available() -> Option<Bins> {
         let cache = std::env::var_os("CHORIA_RS_CACHE")
             .map(PathBuf::from)
@@ -85,25 +86,16 @@ impl ControlPlane {
         if problems.is_empty() {
             return Some(bins);
         }
-        // libtest names each test's thread after the test.
-        let thread = std::thread::current();
-        let test = thread.name().unwrap_or("kube test");
-        let why = std::env::var("KUBE_PEERS_UNAVAILABLE")
-            .unwrap_or_else(|_| "(KUBE_PEERS_UNAVAILABLE is not set)".into());
-        let bar = "!".repeat(78);
-        // Straight to the process's stderr: libtest captures `eprintln!` of
-        // passing tests, and this must be seen in a plain `cargo test` run.
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n{bar}\n!!! {test}: NOT RUN — {}.\n\
-             !!! The Kubernetes control-plane tier proves NOTHING in this run.\n\
-             !!! Build etcd, kube-apiserver and kubectl with scripts/build-kube-peers.sh\n\
-             !!! (~8 min cold on 2 cores, into $HOME/.cache/choria-provisioner-rs/bin),\n\
-             !!! or export ETCD_BIN, KUBE_APISERVER_BIN and KUBECTL_BIN.\n\
-             !!! KUBE_PEERS_UNAVAILABLE:\n{why}\n{bar}\n",
-            problems.join("; ")
-        );
-        None
+        super::peers::Missing {
+            test: &super::peers::current_test(),
+            problem: problems.join("; "),
+            unproven: "The Kubernetes control-plane tier",
+            advice: "Build etcd, kube-apiserver and kubectl with scripts/build-kube-peers.sh\n\
+                     (~8 min cold on 2 cores, into $HOME/.cache/choria-provisioner-rs/bin),\n\
+                     or export ETCD_BIN, KUBE_APISERVER_BIN and KUBECTL_BIN.",
+            build_log_var: Some("KUBE_PEERS_UNAVAILABLE"),
+        }
+        .skip()
     }
 
     /// Starts etcd and kube-apiserver and waits until `/readyz` passes.

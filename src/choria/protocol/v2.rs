@@ -88,7 +88,15 @@ struct RequestIn {
     agent: Option<String>,
     ttl: Option<i64>,
     time: Option<i64>,
+    /// `Some(Null)` for `"filter": null`, which Go's schema refuses; `None`
+    /// only when the key is absent.
+    #[serde(default, deserialize_with = "present")]
     filter: Option<serde_json::Value>,
+}
+
+/// Any value that is there, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 super::layered!(Transport, SecureRequest, SecureReplyDoc, ReplyDoc);
@@ -214,9 +222,10 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
     if time < 1 {
         return Err(ProtocolError::schema(l, "time", "must be at least 1"));
     }
-    // The filter is optional in v2; when present it has the same required arrays.
+    // The filter is optional in v2 (Go omits a nil one); when present it is
+    // an object (so not null, as in Go's schema) with the required arrays.
     let filter = match inner.filter {
-        None | Some(serde_json::Value::Null) => Filter::default(),
+        None => Filter::default(),
         Some(value) => {
             let obj = value
                 .as_object()
@@ -324,119 +333,4 @@ pub fn transport_sender(data: &[u8]) -> Result<String, ProtocolError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use base64::engine::general_purpose::STANDARD;
-    use base64::Engine;
-
-    #[test]
-    fn reply_hash_matches_the_protocol_doc_vector() {
-        let reply = r#"{"protocol":"io.choria.protocol.v2.reply","message":"eyJhY3Rpb24iOiJqd3QiLCJzdGF0dXNjb2RlIjowLCJzdGF0dXNtc2ciOiJPSyIsImRhdGEiOnsiand0IjoiZXlKaGJHY2lPaS4uLiIsImVjZGhfcHVibGljIjoiYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMSJ9fQ==","request":"2HbxMw3qYVbQ5g3lF3w0m2E9k1A","sender":"node1.example.net","agent":"choria_provision","time":1718000000124456789}"#;
-        assert_eq!(
-            reply_hash(reply.as_bytes()),
-            "5Pc0knftN/56emknxuKJ8wxAp0WqTl5A6wLZSMJOCH4="
-        );
-        let body = STANDARD
-            .decode("eyJhY3Rpb24iOiJqd3QiLCJzdGF0dXNjb2RlIjowLCJzdGF0dXNtc2ciOiJPSyIsImRhdGEiOnsiand0IjoiZXlKaGJHY2lPaS4uLiIsImVjZGhfcHVibGljIjoiYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMWExYTFhMSJ9fQ==")
-            .unwrap();
-        let spec = ReplySpec {
-            request_id: "2HbxMw3qYVbQ5g3lF3w0m2E9k1A",
-            sender: "node1.example.net",
-            agent: "choria_provision",
-            time_nanos: 1718000000124456789,
-            body: &body,
-            connected_url: "nats://127.0.0.1:4222",
-        };
-        let bytes = encode_reply(&spec).unwrap();
-        let transport: Transport = serde_json::from_slice(&bytes).unwrap();
-        let secure: SecureReplyDoc = serde_json::from_slice(&transport.data).unwrap();
-        assert_eq!(std::str::from_utf8(&secure.reply).unwrap(), reply);
-        assert_eq!(secure.hash, "5Pc0knftN/56emknxuKJ8wxAp0WqTl5A6wLZSMJOCH4=");
-        let decoded = decode_reply(&bytes).unwrap();
-        assert_eq!(decoded.message, body);
-        assert_eq!(decoded.time_nanos, 1718000000124456789);
-    }
-
-    #[test]
-    fn signed_request_round_trips_and_the_signature_verifies() {
-        use ed25519_dalek::Verifier;
-        let seed = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]);
-        let signer = RequestSigner::V2 {
-            seed: Box::new(seed.clone()),
-            jwt: "caller.jwt.token".into(),
-        };
-        let filter = Filter::with_agent("choria_provision");
-        let payload = br#"{"agent":"choria_provision","action":"jwt","data":{"token":"s3cret"}}"#;
-        let spec = RequestSpec {
-            id: "2HbxMw3qYVbQ5g3lF3w0m2E9k1A",
-            sender: "provisioner.example.net",
-            caller: "provisioner_signer",
-            collective: "provisioning",
-            agent: "choria_provision",
-            ttl: 60,
-            time_nanos: 1718000000123456789,
-            filter: &filter,
-            payload,
-            reply_to: "provisioning.reply.x.y",
-            connected_url: "nats://127.0.0.1:4222",
-        };
-        let bytes = encode_request(&spec, &signer).unwrap();
-        let transport: Transport = serde_json::from_slice(&bytes).unwrap();
-        let secure: SecureRequest = serde_json::from_slice(&transport.data).unwrap();
-        let sig = ed25519_dalek::Signature::from_slice(&secure.signature).unwrap();
-        seed.verifying_key().verify(&secure.request, &sig).unwrap();
-        let inner = std::str::from_utf8(&secure.request).unwrap();
-        assert!(inner.starts_with(r#"{"protocol":"io.choria.protocol.v2.request","message":"eyJhZ2VudCI6ImNob3JpYV9wcm92aXNpb24iLCJhY3Rpb24iOiJqd3QiLCJkYXRhIjp7InRva2VuIjoiczNjcmV0In19","id":"2HbxMw3qYVbQ5g3lF3w0m2E9k1A","sender":"provisioner.example.net","caller":"provisioner_signer","collective":"provisioning","agent":"choria_provision","ttl":60,"time":1718000000123456789,"filter":{"#));
-
-        let req = decode_request(&bytes).unwrap();
-        assert_eq!(req.version, Version::V2);
-        assert_eq!(req.message, payload);
-        assert_eq!(req.payload(), payload);
-        assert_eq!(req.caller_jwt, "caller.jwt.token");
-        assert_eq!(req.reply_to, "provisioning.reply.x.y");
-    }
-
-    #[test]
-    fn secure_request_without_caller_jwt_fails_the_schema() {
-        let secure = serde_json::json!({
-            "protocol": SECURE_REQUEST_PROTOCOL,
-            "request": STANDARD.encode("{}"),
-            "signature": STANDARD.encode("insecure"),
-            "caller": ""
-        });
-        let transport = serde_json::json!({"protocol": TRANSPORT_PROTOCOL, "data": STANDARD.encode(secure.to_string())});
-        let err = decode_request(transport.to_string().as_bytes()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ProtocolError::Schema {
-                    field: "caller",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn v1_signer_cannot_build_v2() {
-        let filter = Filter::default();
-        let spec = RequestSpec {
-            id: "x",
-            sender: "s",
-            caller: "c",
-            collective: "provisioning",
-            agent: "rpcutil",
-            ttl: 60,
-            time_nanos: 1,
-            filter: &filter,
-            payload: b"{}",
-            reply_to: "r",
-            connected_url: "",
-        };
-        assert!(matches!(
-            encode_request(&spec, &RequestSigner::V1Insecure),
-            Err(ProtocolError::VersionMismatch { .. })
-        ));
-    }
-}
+mod tests;

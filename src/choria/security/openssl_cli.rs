@@ -1,14 +1,29 @@
 //! Test-only helpers for cross-checking our output with the `openssl` CLI.
-//! Checks that need it are skipped, not failed, where it is not installed.
+//! Checks that need it fail under CI (`CI` set, as `.ci/run` runs
+//! `scripts/test.sh`, which installs openssl) and are skipped loudly, with
+//! the marker `scripts/test.sh` counts, in a plain `cargo test` without it
+//! (the rule of `tests/support/peers.rs`).
 
 use std::process::{Command, Output};
 
 /// True (after saying so on stderr) when `openssl` cannot be run, so the
-/// caller should skip `what`.
+/// caller should skip `what`; under CI the test fails instead.
 pub(crate) fn skip_without_openssl(what: &str) -> bool {
     let missing = Command::new("openssl").arg("version").output().is_err();
     if missing {
-        eprintln!("openssl not installed, skipping {what}");
+        let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
+        assert!(
+            !ci,
+            "openssl cannot be run and CI is set: {what} FAILS instead of passing unchecked"
+        );
+        let thread = std::thread::current();
+        let test = thread.name().unwrap_or("a test");
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "!!! {test}: NOT RUN — openssl is not installed: {what} proves nothing\n\
+             test-not-run: {test}: openssl is not installed"
+        );
     }
     missing
 }
