@@ -637,9 +637,9 @@ async fn a_helper_that_forks_and_hangs_is_killed_with_its_children() {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in\n  *node-00[0-4].*) sleep 300 & echo $! > {}/$$; sleep 300 ;;\n  *) printf '%s' \"$input\" | exec {} fleet-helper ;;\nesac\n",
-            s(&pids),
-            binary()
+            "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in\n  *node-00[0-4].*) sleep 300 & echo $! > {p}/$$.tmp && mv {p}/$$.tmp {p}/$$; sleep 300 ;;\n  *) printf '%s' \"$input\" | exec {bin} fleet-helper ;;\nesac\n",
+            p = s(&pids),
+            bin = binary()
         ),
     )
     .unwrap();
@@ -669,27 +669,40 @@ async fn a_helper_that_forks_and_hangs_is_killed_with_its_children() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Every child the hanging helpers left behind is gone.
-    let recorded: Vec<PathBuf> = std::fs::read_dir(&pids)
+    // Every child the hanging helpers left behind is gone (the group kill
+    // follows the timeout at once, but is not instant: poll for it). A pid
+    // file is written under a temporary name and renamed, so one that is
+    // there is whole.
+    let recorded: Vec<u32> = std::fs::read_dir(&pids)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_none())
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            text.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {text:?} is not a pid: {e}", f.display()))
+        })
         .collect();
     assert!(recorded.len() >= 5, "{recorded:?}");
-    for f in recorded {
-        let pid = std::fs::read_to_string(&f).unwrap();
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-        let alive = stat.is_ok_and(|s| {
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
             !s.rsplit(')')
                 .next()
                 .unwrap_or("")
                 .trim_start()
                 .starts_with('Z')
-        });
-        assert!(
-            !alive,
-            "the hanging helper's child {} still runs",
-            pid.trim()
-        );
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pid in recorded {
+        while alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "the hanging helper's child {pid} still runs 10 s after the helpers timed out"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &healthy);
