@@ -26,6 +26,23 @@
 //!
 //! Without the block, `leader_election: true` means `backend: streams` with the
 //! defaults above, exactly what the Go provisioner does.
+//!
+//! `mode: shards` (ours) makes every replica work: each holds a membership
+//! of its own (its own Lease, or heartbeats over the broker) and works the
+//! nodes that rendezvous hashing of their identity gives it. Both backends
+//! then take their timings from `lease_duration` (how long a member counts
+//! without renewing), `renew_deadline` (a member that could not renew for
+//! this long stops working) and `retry_period` (how often it renews):
+//!
+//! ```yaml
+//! election:
+//!   mode: shards             # leader (the default) | shards
+//!   backend: streams         # heartbeats on choria.provisioner.shards.<name>
+//!   name: provisioner
+//!   lease_duration: 15s
+//!   renew_deadline: 10s
+//!   retry_period: 2s
+//! ```
 
 use super::duration::format_duration;
 use super::yaml::{Node, Section};
@@ -47,6 +64,25 @@ pub const DEFAULT_LEASE_NAME: &str = "choria-provisioner";
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// Whether one replica leads or every replica works its share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ElectionMode {
+    /// One leader works; the others stand by (the Go provisioner's way).
+    #[default]
+    Leader,
+    /// Every member works the nodes rendezvous hashing gives it.
+    Shards,
+}
+
+impl ElectionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElectionMode::Leader => "leader",
+            ElectionMode::Shards => "shards",
+        }
+    }
+}
 
 /// Which election mechanism decides the active provisioner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +109,7 @@ impl ElectionBackend {
 /// defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElectionConfig {
+    pub mode: ElectionMode,
     pub backend: ElectionBackend,
     /// Streams: KV bucket.
     pub bucket: String,
@@ -98,6 +135,7 @@ pub struct ElectionConfig {
 impl Default for ElectionConfig {
     fn default() -> Self {
         ElectionConfig {
+            mode: ElectionMode::Leader,
             backend: ElectionBackend::None,
             bucket: DEFAULT_STREAMS_BUCKET.into(),
             name: DEFAULT_STREAMS_NAME.into(),
@@ -137,16 +175,28 @@ impl ElectionConfig {
         self.backend != ElectionBackend::None
     }
 
+    /// True in `mode: shards`.
+    pub fn sharded(&self) -> bool {
+        self.mode == ElectionMode::Shards && self.enabled()
+    }
+
     /// The `election:` block that resolves to these settings: the backend
     /// and the keys it uses (the other backend's would only be warned about).
     pub fn to_file(&self) -> ElectionFile {
         let d = |d: Duration| Some(format_duration(d));
         let mut f = ElectionFile {
             backend: Some(self.backend.as_str().to_string()),
+            mode: (self.mode != ElectionMode::Leader).then(|| self.mode.as_str().to_string()),
             ..Default::default()
         };
         match self.backend {
             ElectionBackend::None => {}
+            ElectionBackend::Streams if self.mode == ElectionMode::Shards => {
+                f.name = Some(self.name.clone());
+                f.lease_duration = d(self.lease_duration);
+                f.renew_deadline = d(self.renew_deadline);
+                f.retry_period = d(self.retry_period);
+            }
             ElectionBackend::Streams => {
                 f.bucket = Some(self.bucket.clone());
                 f.name = Some(self.name.clone());
@@ -208,17 +258,51 @@ impl ElectionConfig {
                 format!("none contradicts {leader_election_key}: true; remove one of them"),
             ));
         }
-
-        let unused: &[&str] = match cfg.backend {
-            ElectionBackend::None => ElectionFile::KEYS,
-            ElectionBackend::Streams => LEASE_KEYS,
-            ElectionBackend::Lease => STREAMS_KEYS,
+        cfg.mode = match sec.string("mode")?.map(|m| m.to_ascii_lowercase()) {
+            None => ElectionMode::Leader,
+            Some(m) if m == "leader" => ElectionMode::Leader,
+            Some(m) if m == "shards" => ElectionMode::Shards,
+            Some(m) => {
+                return Err(sec.error(
+                    "mode",
+                    format!("{m:?} is not a known mode; use leader or shards"),
+                ))
+            }
         };
-        for key in unused.iter().filter(|k| **k != "backend") {
+        if cfg.mode == ElectionMode::Shards && cfg.backend == ElectionBackend::None {
+            return Err(sec.error(
+                "mode",
+                "shards needs a membership backend: streams or lease",
+            ));
+        }
+
+        let sharded_streams = [
+            "bucket",
+            "api_prefix",
+            "create_bucket",
+            "bucket_ttl",
+            "lease_name",
+            "lease_namespace",
+        ];
+        let unused: &[&str] = match (cfg.mode, cfg.backend) {
+            (_, ElectionBackend::None) => ElectionFile::KEYS,
+            (ElectionMode::Shards, ElectionBackend::Streams) => &sharded_streams,
+            (_, ElectionBackend::Streams) => LEASE_KEYS,
+            (_, ElectionBackend::Lease) => STREAMS_KEYS,
+        };
+        for key in unused.iter().filter(|k| !matches!(**k, "backend" | "mode")) {
             if sec.is_set(key) {
                 warnings.push(sec.warning(
                     key,
-                    format!("ignored with backend {}", cfg.backend.as_str()),
+                    format!(
+                        "ignored with backend {}{}",
+                        cfg.backend.as_str(),
+                        if cfg.mode == ElectionMode::Shards {
+                            " in mode shards"
+                        } else {
+                            ""
+                        }
+                    ),
                 ));
             }
         }
@@ -257,6 +341,9 @@ impl ElectionConfig {
             }
         }
 
+        if cfg.backend == ElectionBackend::Lease || cfg.sharded() {
+            cfg.timings(&sec)?;
+        }
         if cfg.backend == ElectionBackend::Lease {
             if let Some(name) = valid_string(
                 &sec,
@@ -272,41 +359,48 @@ impl ElectionConfig {
                 is_dns_label,
                 "namespace (lower case letters, digits and -, at most 63 characters)",
             )?;
-            for (key, slot) in [
-                ("lease_duration", &mut cfg.lease_duration),
-                ("renew_deadline", &mut cfg.renew_deadline),
-                ("retry_period", &mut cfg.retry_period),
-            ] {
-                if let Some((raw, d)) = sec.duration(key)? {
-                    if d.is_zero() {
-                        return Err(sec.error(key, format!("{raw:?} must be greater than zero")));
-                    }
-                    *slot = d;
-                }
-            }
-            // client-go's rule: LeaseDuration > RenewDeadline > 1.2 × RetryPeriod.
-            if cfg.lease_duration <= cfg.renew_deadline {
-                return Err(sec.error(
-                    "lease_duration",
-                    format!(
-                        "{} must be longer than renew_deadline ({})",
-                        format_duration(cfg.lease_duration),
-                        format_duration(cfg.renew_deadline)
-                    ),
-                ));
-            }
-            if cfg.renew_deadline.as_secs_f64() <= 1.2 * cfg.retry_period.as_secs_f64() {
-                return Err(sec.error(
-                    "renew_deadline",
-                    format!(
-                        "{} must be longer than 1.2 × retry_period ({})",
-                        format_duration(cfg.renew_deadline),
-                        format_duration(cfg.retry_period)
-                    ),
-                ));
-            }
         }
         Ok(cfg)
+    }
+}
+
+impl ElectionConfig {
+    /// `lease_duration`, `renew_deadline`, `retry_period` and their rules.
+    fn timings(&mut self, sec: &Section) -> Result<(), ConfigError> {
+        for (key, slot) in [
+            ("lease_duration", &mut self.lease_duration),
+            ("renew_deadline", &mut self.renew_deadline),
+            ("retry_period", &mut self.retry_period),
+        ] {
+            if let Some((raw, d)) = sec.duration(key)? {
+                if d.is_zero() {
+                    return Err(sec.error(key, format!("{raw:?} must be greater than zero")));
+                }
+                *slot = d;
+            }
+        }
+        // client-go's rule: LeaseDuration > RenewDeadline > 1.2 × RetryPeriod.
+        if self.lease_duration <= self.renew_deadline {
+            return Err(sec.error(
+                "lease_duration",
+                format!(
+                    "{} must be longer than renew_deadline ({})",
+                    format_duration(self.lease_duration),
+                    format_duration(self.renew_deadline)
+                ),
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= 1.2 * self.retry_period.as_secs_f64() {
+            return Err(sec.error(
+                "renew_deadline",
+                format!(
+                    "{} must be longer than 1.2 × retry_period ({})",
+                    format_duration(self.renew_deadline),
+                    format_duration(self.retry_period)
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -442,6 +536,45 @@ mod tests {
         assert!(e("backend: streams\nname: '.x'\n", false).contains("election.name:"));
         assert!(e("backend: streams\napi_prefix: 'a..b'\n", false).contains("election.api_prefix:"));
         assert!(e("[1]\n", false).contains("election: expected a mapping"));
+    }
+
+    #[test]
+    fn shards_mode_takes_the_membership_timings_for_both_backends() {
+        let (c, w) = resolve(
+            "mode: shards\nbackend: streams\nlease_duration: 6s\nrenew_deadline: 4s\nretry_period: 1s\nbucket: X\n",
+            false,
+        )
+        .unwrap();
+        assert!(c.sharded());
+        assert_eq!(c.mode, ElectionMode::Shards);
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (
+                Duration::from_secs(6),
+                Duration::from_secs(4),
+                Duration::from_secs(1)
+            )
+        );
+        let w: Vec<String> = w.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            w,
+            ["p.yaml: election.bucket: ignored with backend streams in mode shards"]
+        );
+        let (c, _) = resolve("mode: Shards\nbackend: lease\n", false).unwrap();
+        assert!(c.sharded());
+        let (c, _) = resolve("backend: lease\n", false).unwrap();
+        assert_eq!(c.mode, ElectionMode::Leader);
+        assert!(!c.sharded());
+        let e = |y: &str| resolve(y, false).unwrap_err().to_string();
+        assert!(e("mode: shards\nbackend: none\n")
+            .contains("election.mode: shards needs a membership backend"));
+        assert!(e("mode: herd\nbackend: lease\n")
+            .contains("election.mode: \"herd\" is not a known mode"));
+        assert!(e("mode: shards\nbackend: streams\nrenew_deadline: 20s\n")
+            .contains("must be longer than renew_deadline"));
+        // The block it writes reads back the same.
+        let file = c.to_file();
+        assert_eq!(file.mode, None, "leader is the default and is not written");
     }
 
     #[test]

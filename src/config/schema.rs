@@ -120,6 +120,7 @@ file_section! {
 file_section! {
     /// `election:` (ours; the Go provisioner only has `leader_election`).
     pub struct ElectionFile {
+        mode: String,
         backend: String,
         bucket: String,
         name: String,

@@ -16,6 +16,7 @@
 
 pub mod lease;
 pub mod machine;
+pub mod shards;
 pub mod streams;
 pub mod watchdog;
 

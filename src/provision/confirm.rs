@@ -89,7 +89,7 @@ async fn confirm(stage: Stage, ticket: Arc<Ticket>, client: &ChoriaClient, handl
     }
     match client.ping(&ticket.identity, stage.timeout).await {
         Ok(()) => {
-            if handle.gate.is_paused() {
+            if handle.gate.is_paused() || !handle.ownership.owns(&ticket.identity) {
                 handle.registry.unconfirmed(&ticket);
                 return;
             }

@@ -54,6 +54,29 @@ pub fn options(timeout: Duration, window: Duration) -> DiscoveryOptions {
     }
 }
 
+/// Offers one discovered name to the registry and the confirmation stage;
+/// true when it was new.
+fn offer(handle: &Handle, confirm: &mpsc::Sender<Arc<Ticket>>, node: &str) -> bool {
+    match handle
+        .registry
+        .offer(node, super::registry::Source::Discovery)
+    {
+        Offered::Pending(ticket) => match confirm.try_send(ticket) {
+            Ok(()) => true,
+            Err(e) => {
+                handle.registry.unconfirmed(&e.into_inner());
+                handle.metrics.dropped_discovery();
+                false
+            }
+        },
+        Offered::Full => {
+            handle.metrics.dropped_discovery();
+            false
+        }
+        Offered::Recent | Offered::Busy => false,
+    }
+}
+
 /// One discovery round, skipped while paused. Names are offered as their
 /// replies arrive, so confirmation and work start while the discovery
 /// window is still open.
@@ -72,24 +95,11 @@ async fn discover(
     let started = Instant::now();
     let mut offered = 0;
     let found = client
-        .discover_each(
-            &Filter::with_agent("choria_provision"),
-            opts,
-            |node| match handle
-                .registry
-                .offer(node, super::registry::Source::Discovery)
-            {
-                Offered::Pending(ticket) => match confirm.try_send(ticket) {
-                    Ok(()) => offered += 1,
-                    Err(e) => {
-                        handle.registry.unconfirmed(&e.into_inner());
-                        handle.metrics.dropped_discovery();
-                    }
-                },
-                Offered::Full => handle.metrics.dropped_discovery(),
-                Offered::Recent | Offered::Busy => {}
-            },
-        )
+        .discover_each(&Filter::with_agent("choria_provision"), opts, |node| {
+            if handle.ownership.owns(node) {
+                offered += usize::from(offer(handle, confirm, node));
+            }
+        })
         .await;
     match found {
         Ok(nodes) => {

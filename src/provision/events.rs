@@ -72,6 +72,9 @@ fn offer(
     confirm: &mpsc::Sender<Arc<Ticket>>,
     identity: &str,
 ) {
+    if !handle.ownership.owns(identity) {
+        return;
+    }
     let ticket = match handle.registry.offer(identity, Source::Event) {
         Offered::Pending(ticket) => ticket,
         Offered::Full => {

@@ -60,6 +60,8 @@ pub struct Context {
     pub abandon: CancellationToken,
     /// The keys we verify and sign with, kept current by a watcher.
     pub credentials: Arc<super::credentials::Credentials>,
+    /// Which nodes are ours (shards mode): checked at every checkpoint.
+    pub ownership: super::ownership::Ownership,
 }
 
 /// How a node's sequence ended without error.
@@ -120,6 +122,10 @@ pub enum ProvisionError {
     DeniedIdentity(String),
     #[error("{0}")]
     Refused(#[source] super::grants::Refused),
+    #[error(
+        "{rpc}: another provisioner holds the node's provisioning lock; leaving the node to it"
+    )]
+    Locked { rpc: &'static str },
     #[error("{0}")]
     Conflict(#[source] Conflict),
     #[error(transparent)]
@@ -148,6 +154,7 @@ impl ProvisionError {
             ProvisionError::Config(_) | ProvisionError::Key(_) => "config",
             ProvisionError::DeniedIdentity(_) => "deny_list",
             ProvisionError::Refused(_) => "grant",
+            ProvisionError::Locked { rpc } => rpc,
             ProvisionError::Conflict(_) => "reply_window",
         }
     }
@@ -156,6 +163,15 @@ impl ProvisionError {
     pub fn is_pause(&self) -> bool {
         matches!(self, ProvisionError::Paused(_) | ProvisionError::Abandoned)
     }
+}
+
+/// go-choria's answer when another `<senderid>.<callerid>` holds the node's
+/// provisioning lock (statuscode 1, Aborted).
+pub const LOCK_REFUSED: &str = "Could not obtain provisioning lock";
+
+fn is_lock_refusal(r: &RpcResult) -> bool {
+    r.body.statuscode == crate::choria::mcorpc::StatusCode::Aborted
+        && r.body.statusmsg == LOCK_REFUSED
 }
 
 /// Go's `backoff.FiveSec` policy: the sleep after try n is `FIVE_SEC[n]`
@@ -407,6 +423,15 @@ impl HostSequence {
                 _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             self.ctx.metrics.observe_rpc(rpc, started.elapsed());
+            if let Ok((r, _)) = &result {
+                if is_lock_refusal(r) {
+                    // Another provisioner holds this node (go-choria's
+                    // per-node lock): not a failure to retry in a storm;
+                    // the node is left to its holder until it shows up again.
+                    self.ctx.metrics.lock_refusal();
+                    return Err(ProvisionError::Locked { rpc });
+                }
+            }
             let outcome = match result {
                 Ok((r, confirmation)) => check(&r).map(|v| (v, confirmation)),
                 Err(ClientError::Timeout { timeout, .. }) => {
@@ -436,7 +461,11 @@ impl HostSequence {
     /// still lets `restart` go out) and our term is the current one.
     fn gate_check(&self) -> Result<(), Paused> {
         let ignored = self.finishing.then_some(super::gate::PauseReason::Shutdown);
-        self.ctx.gate.check_term_ignoring(self.term, ignored)
+        self.ctx.gate.check_term_ignoring(self.term, ignored)?;
+        if !self.ctx.ownership.owns(&self.identity) {
+            return Err(Paused("the node is another replica's share now".into()));
+        }
+        Ok(())
     }
 
     fn token_data(&self) -> TokenOnly<'_> {

@@ -56,6 +56,15 @@ pub(super) fn spawn(
     leader_tx: watch::Sender<Option<String>>,
 ) -> Option<JoinHandle<()>> {
     let cfg = cfg.clone();
+    if cfg.sharded() {
+        return Some(tokio::spawn(shards(
+            cfg,
+            nats.clone(),
+            identity,
+            handle,
+            stop,
+        )));
+    }
     match cfg.backend {
         ElectionBackend::None => None,
         ElectionBackend::Streams => {
@@ -83,6 +92,55 @@ pub(super) fn spawn(
             Some(tokio::spawn(election::run(setup, handle, stop, leader_tx)))
         }
     }
+}
+
+/// `mode: shards`: joins the membership (retrying while it cannot be set
+/// up) and drives it until `stop`.
+async fn shards(
+    cfg: ElectionConfig,
+    nats: async_nats::Client,
+    me: String,
+    handle: Handle,
+    stop: CancellationToken,
+) {
+    use crate::election::shards::{self, heartbeats::Heartbeats, lease::LeaseMembership};
+    let timings = shards::ShardTimings {
+        ttl: cfg.lease_duration,
+        renew_deadline: cfg.renew_deadline,
+        renew_period: cfg.retry_period,
+    };
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(30),
+    );
+    loop {
+        let set_up = match cfg.backend {
+            ElectionBackend::Lease => LeaseMembership::connect(&cfg, &me)
+                .await
+                .map(ShardBackend::Lease),
+            _ => Heartbeats::connect(nats.clone(), &cfg.name, &me)
+                .await
+                .map(ShardBackend::Heartbeats),
+        };
+        match set_up {
+            Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, handle, stop).await,
+            Ok(ShardBackend::Heartbeats(b)) => {
+                return shards::drive(b, timings, handle, stop).await
+            }
+            Err(e) => {
+                crate::election::shards::ShardSteer::failed(&handle, &e.to_string());
+                tracing::error!(error = %e, "cannot join the shards; staying paused and retrying");
+                if !backoff.wait(&stop).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+enum ShardBackend {
+    Lease(crate::election::shards::lease::LeaseMembership),
+    Heartbeats(crate::election::shards::heartbeats::Heartbeats),
 }
 
 #[cfg(test)]

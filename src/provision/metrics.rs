@@ -65,6 +65,8 @@ pub struct Metrics {
     dropped_discoveries: IntCounter,
     pending_nodes: IntGauge,
     refused_values: IntCounterVec,
+    lock_refusals: IntCounter,
+    shard_members: IntGauge,
 }
 
 /// Labels of `choria_provisioner_rejected_identities{source}`.
@@ -277,6 +279,14 @@ impl Metrics {
                 "choria_provisioner_pending_nodes",
                 "Nodes found by discovery or events waiting to answer their confirmation ping, or confirmed and waiting for room in the work queue",
             ),
+            lock_refusals: counter(
+                "choria_provisioner_lock_refusals",
+                "Requests a node refused because another provisioner holds its provisioning lock; the node was left to that provisioner",
+            ),
+            shard_members: gauge(
+                "choria_provisioner_shard_members",
+                "Live members of the shards this replica works in (election.mode shards; 0 otherwise)",
+            ),
             refused_values: labelled(
                 "choria_provisioner_refused_values",
                 "Nodes not provisioned because a value would have widened their grant: an interpolated template value refused for the place it lands, or an invalid collective or publish subject for the server JWT",
@@ -322,6 +332,14 @@ impl Metrics {
 
     pub fn set_pending_nodes(&self, n: usize) {
         self.pending_nodes.set(n as i64);
+    }
+
+    pub fn lock_refusal(&self) {
+        self.lock_refusals.inc();
+    }
+
+    pub fn set_shard_members(&self, n: usize) {
+        self.shard_members.set(n as i64);
     }
 
     /// `place` is one of [`REFUSED_PLACES`].

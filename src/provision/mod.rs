@@ -26,6 +26,7 @@ pub mod helper;
 pub mod host;
 mod leadership;
 pub mod metrics;
+pub mod ownership;
 pub mod registry;
 pub mod resource;
 mod suspects;
@@ -159,6 +160,8 @@ pub struct Handle {
     pub health: Health,
     /// Who leads (with an election); `None` when unknown or no election.
     pub leader: tokio::sync::watch::Receiver<Option<String>>,
+    /// Which nodes are ours (all of them, except in shards mode).
+    pub ownership: ownership::Ownership,
     trigger: mpsc::Sender<()>,
 }
 
@@ -193,6 +196,9 @@ type FinisherRx = mpsc::UnboundedReceiver<(Arc<registry::Ticket>, Duration)>;
 pub struct Provisioner {
     cfg: Arc<ProvisionerConfig>,
     setup: ClientSetup,
+    /// This process's own name in the election or the shards.
+    me: String,
+    pod_name: Option<String>,
     version: String,
     handle: Handle,
     trigger_rx: mpsc::Receiver<()>,
@@ -212,9 +218,18 @@ impl Provisioner {
         if cfg.election.enabled() {
             gate.pause(PauseReason::Election);
         }
+        let pod_name = std::env::var("POD_NAME").ok().filter(|p| !p.is_empty());
+        let me = candidate_identity(&setup.identity.identity, pod_name.as_deref());
+        let ownership = if cfg.election.sharded() {
+            ownership::Ownership::shard(&me)
+        } else {
+            ownership::Ownership::everything()
+        };
         Provisioner {
             cfg: Arc::new(cfg),
             setup,
+            me,
+            pod_name,
             version: version.to_string(),
             handle: Handle {
                 gate,
@@ -222,6 +237,7 @@ impl Provisioner {
                 metrics,
                 health: Health::new(),
                 leader,
+                ownership,
                 trigger,
             },
             trigger_rx,
@@ -253,6 +269,8 @@ impl Provisioner {
         let Provisioner {
             cfg,
             setup,
+            me,
+            pod_name,
             version,
             handle,
             mut trigger_rx,
@@ -273,7 +291,7 @@ impl Provisioner {
             return Ok(());
         };
         let suspects = suspects::Suspects::new(handle.metrics.clone());
-        let mut client = ChoriaClient::new(nats.clone(), setup.identity.clone())
+        let mut client = ChoriaClient::new(nats.clone(), sender(&setup, &cfg, &me))
             .with_observer(Arc::new(suspects.clone()));
         client.discovery_timeout = Duration::from_secs(2);
         announce(&client, &cfg, &setup, &version, &nats).await;
@@ -304,8 +322,6 @@ impl Provisioner {
         )
         .await?;
 
-        let pod_name = std::env::var("POD_NAME").ok();
-        let me = candidate_identity(&setup.identity.identity, pod_name.as_deref());
         if cfg.election.enabled() {
             info!(candidate = %me, "campaigning under this process's own name");
         }
@@ -321,9 +337,7 @@ impl Provisioner {
         if let Some(r) = resource {
             // status.leader names the pod (what `kubectl logs` takes), not
             // the suffixed candidate name.
-            let shown = pod_name
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| setup.identity.identity.clone());
+            let shown = pod_name.unwrap_or_else(|| setup.identity.identity.clone());
             let who = resource::Me {
                 candidate: me,
                 shown,
@@ -359,6 +373,21 @@ impl Provisioner {
         .await;
         Ok(())
     }
+}
+
+/// Who we say we are in requests. In shards mode each replica sends as its
+/// own member id: go-choria's provisioning lock is keyed on
+/// `<senderid>.<callerid>`, and replicas sharing one configuration would
+/// otherwise share one key, so the lock could not tell them apart. The
+/// sender is not checked in provisioning mode, whatever the security
+/// provider (x509 or JWT callers alike), so the caller id stays as
+/// configured.
+fn sender(setup: &ClientSetup, cfg: &ProvisionerConfig, me: &str) -> client::Identity {
+    let mut identity = setup.identity.clone();
+    if cfg.election.sharded() {
+        identity.identity = me.to_string();
+    }
+    identity
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` when `monitor_port` is set.
@@ -449,6 +478,7 @@ fn context(
         rpc_timeout: cfg.rpc_timeout,
         abandon: abandon.clone(),
         credentials: credentials.clone(),
+        ownership: handle.ownership.clone(),
     })
 }
 

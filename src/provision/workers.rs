@@ -29,7 +29,7 @@ pub(super) async fn worker(n: usize, ctx: Arc<Context>, handle: Handle, pool: Po
         let term = handle.gate.term();
         // The queue can hold registrations that were since replaced or
         // dropped (lost leadership): skip those.
-        if !handle.registry.is_current(&ticket) {
+        if !handle.registry.is_current(&ticket) || !handle.ownership.owns(&ticket.identity) {
             debug!(node = %ticket.identity, "skipping a stale queue entry");
             continue;
         }
@@ -106,6 +106,12 @@ fn record(
         }
         Err(e) if e.is_pause() => {
             info!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
+            handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::Locked { .. }) => {
+            // Not ours to work now; a later discovery finds it again if
+            // its holder does not finish it (the lock lasts two minutes).
+            info!(node = %ticket.identity, reason = %e, "left the node to the provisioner holding it");
             handle.registry.remove(&ticket);
         }
         Err(e) => {
