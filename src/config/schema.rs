@@ -160,6 +160,7 @@ mod tests {
         assert_eq!(yaml, "workers: 1\nfeatures:\n  pki: true\n");
         assert!(ProvisionerFile::KEYS.contains(&"broker_provisioning_password_file"));
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
-        assert_eq!(ElectionFile::KEYS.len(), 11);
+        assert_eq!(ElectionFile::KEYS.len(), 12);
+        assert_eq!(ElectionFile::KEYS[0], "mode");
     }
 }
