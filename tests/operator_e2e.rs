@@ -305,17 +305,13 @@ impl Cluster {
         // The operator lists Provisioners first and exits when it may not.
         wait_allowed(&cp, &kubeconfig, &["list", PROV, "--all-namespaces"]);
         let port = free_port();
+        let mut args = vec!["--log".to_string(), "info".into()];
+        args.extend(shipped_operator_args(port));
         let operator = Proc::spawn(
             "operator",
             dir.path(),
             port,
-            &[
-                "--log".into(),
-                "info".into(),
-                "operator".into(),
-                "--metrics-port".into(),
-                port.to_string(),
-            ],
+            &args,
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),
                 ("POD_NAME".into(), OPERATOR_POD.into()),
@@ -376,6 +372,54 @@ impl Cluster {
         self.operator
             .metric("choria_provisioner_operator_reconcile_failures_total")
     }
+}
+
+/// The operator's command line as deploy/operator.yaml (the chart's default
+/// render) gives it, on `port`: the shipped policy and ClusterRole names.
+fn shipped_operator_args(port: u16) -> Vec<String> {
+    let text = repo_file("deploy/operator.yaml");
+    let deployment = serde_norway::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "Deployment")
+        .expect("deploy/operator.yaml has the Deployment");
+    operator_args(&deployment, port)
+}
+
+/// The operator container's args of `deployment`, listening on `port`.
+fn operator_args(deployment: &Value, port: u16) -> Vec<String> {
+    let mut args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .filter(|a| !a.starts_with("--metrics-port"))
+        .collect();
+    args.push(format!("--metrics-port={port}"));
+    args
+}
+
+/// The Event with `reason` about Provisioner `name`, once it exists.
+fn event_for(cp: &ControlPlane, name: &str, reason: &str) -> Value {
+    wait_for(
+        &format!("a {reason} Event for {name}"),
+        Duration::from_secs(20),
+        || {
+            let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
+                "get",
+                "events.v1.events.k8s.io",
+                "-n",
+                NS,
+                "-o",
+                "json",
+            ]))
+            .unwrap();
+            events["items"]
+                .as_array()?
+                .iter()
+                .find(|e| e["reason"] == reason && e["regarding"]["name"] == name)
+                .cloned()
+        },
+    )
 }
 
 fn condition<'a>(p: &'a Value, type_: &str) -> &'a Value {
@@ -580,7 +624,6 @@ fn fleet_provisioner(
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "replicas": replicas,
-            "image": "choria-provisioner:e2e",
             "workers": workers,
             "site": "e2e",
             "logLevel": "info",
@@ -636,13 +679,25 @@ fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
     let own = format!("{PROV}/{name}");
     wait_allowed(&c.cp, &kubeconfig, &["update", &lease, "-n", NS]);
     wait_allowed(&c.cp, &kubeconfig, &["watch", &own, "-n", NS]);
+    wait_allowed(
+        &c.cp,
+        &kubeconfig,
+        &["patch", &own, "--subresource=status", "-n", NS],
+    );
     // ...and nothing beyond its own objects.
     for denied in [
-        vec!["get", "leases.coordination.k8s.io/other", "-n", NS],
         vec!["get", "provisioners.provisioning.choria.io/other", "-n", NS],
         vec!["patch", &own, "-n", NS],
+        vec!["update", &own, "--subresource=status", "-n", NS],
         vec!["get", "secrets", "-n", NS],
         vec!["create", "leases.coordination.k8s.io", "-n", "default"],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/kube-scheduler",
+            "-n",
+            "kube-system",
+        ],
+        vec!["delete", &lease, "-n", NS],
     ] {
         assert!(
             !can_i(&c.cp, &kubeconfig, &denied),
@@ -893,6 +948,8 @@ spec:
         ("serviceaccount", "prov"),
         ("role", "prov"),
         ("rolebinding", "prov"),
+        ("rolebinding", "prov-leases"),
+        ("rolebinding", "prov-certificaterequests"),
         ("configmap", "prov-config"),
         ("service", "prov-metrics"),
         ("deployment", "prov"),
@@ -1083,7 +1140,8 @@ spec:
         String::from_utf8_lossy(&refused.stderr)
     );
 
-    // The pods' Role: their own Provisioner and Lease, nothing else.
+    // The pods' Role: their own Provisioner, nothing else; Leases come from
+    // the chart's ClusterRole, bound in this namespace only.
     let role = get(cp, "role", NS, "prov");
     assert_eq!(
         role["rules"],
@@ -1091,21 +1149,34 @@ spec:
             {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners"],
              "resourceNames": ["prov"], "verbs": ["get", "watch", "list"]},
             {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners/status"],
-             "resourceNames": ["prov"], "verbs": ["get", "patch", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-             "resourceNames": ["prov"], "verbs": ["get", "update"]},
+             "resourceNames": ["prov"], "verbs": ["patch"]},
         ])
     );
-    let rb = get(cp, "rolebinding", NS, "prov");
-    assert_eq!(
-        rb["roleRef"],
-        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prov"})
-    );
-    assert_eq!(
-        rb["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "prov", "namespace": NS}])
-    );
+    let pods = json!([{"kind": "ServiceAccount", "name": "prov", "namespace": NS}]);
+    for (binding, kind, role, subjects) in [
+        ("prov", "Role", "prov", pods.clone()),
+        (
+            "prov-leases",
+            "ClusterRole",
+            "choria-provisioner-operator-leases",
+            pods,
+        ),
+        // No cert-manager here: bound to nobody.
+        (
+            "prov-certificaterequests",
+            "ClusterRole",
+            "choria-provisioner-operator-certificaterequests",
+            Value::Null,
+        ),
+    ] {
+        let rb = get(cp, "rolebinding", NS, binding);
+        assert_eq!(
+            rb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role}),
+            "{binding}"
+        );
+        assert_eq!(rb["subjects"], subjects, "{binding}");
+    }
     let svc = get(cp, "service", NS, "prov-metrics");
     assert_eq!(
         svc["spec"]["ports"],
@@ -1117,7 +1188,8 @@ spec:
     assert_eq!(pdb["spec"]["selector"]["matchLabels"], selector);
 
     // Least privilege: the operator can neither read Secrets nor delete or
-    // create what it only applies.
+    // create what it only applies, touches no Lease but its own and no
+    // CertificateRequest, and binds only the two shipped ClusterRoles.
     for denied in [
         vec!["get", "secrets", "-n", NS],
         vec!["list", "secrets", "--all-namespaces"],
@@ -1125,10 +1197,55 @@ spec:
         vec!["create", "pods", "-n", NS],
         vec!["update", "provisioners.provisioning.choria.io", "-n", NS],
         vec!["delete", "configmaps", "-n", NS],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/kube-scheduler",
+            "-n",
+            "kube-system",
+        ],
+        vec!["get", "leases.coordination.k8s.io", "-n", NS],
+        vec!["create", "leases.coordination.k8s.io", "-n", NS],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/other",
+            "-n",
+            OPERATOR_NS,
+        ],
+        vec!["create", "certificaterequests.cert-manager.io", "-n", NS],
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/cluster-admin",
+        ],
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/admin",
+            "-n",
+            NS,
+        ],
+        vec!["escalate", "roles.rbac.authorization.k8s.io", "-n", NS],
     ] {
         assert!(
             !can_i(cp, &c.operator_kubeconfig, &denied),
             "the operator may {denied:?}"
+        );
+    }
+    for allowed in [
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/choria-provisioner-operator-leases",
+            "-n",
+            NS,
+        ],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/choria-provisioner-operator",
+            "-n",
+            OPERATOR_NS,
+        ],
+    ] {
+        assert!(
+            can_i(cp, &c.operator_kubeconfig, &allowed),
+            "the operator may not {allowed:?}"
         );
     }
 
@@ -1195,22 +1312,7 @@ spec:
         "{message}"
     );
     assert_eq!(cond(&p, "Ready"), pair("False", "InvalidSpec"));
-    let event = wait_for("a Warning Event", Duration::from_secs(20), || {
-        let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
-            "get",
-            "events.v1.events.k8s.io",
-            "-n",
-            NS,
-            "-o",
-            "json",
-        ]))
-        .unwrap();
-        events["items"]
-            .as_array()?
-            .iter()
-            .find(|e| e["reason"] == "InvalidSpec" && e["regarding"]["name"] == "prov")
-            .cloned()
-    });
+    let event = event_for(cp, "prov", "InvalidSpec");
     assert_eq!(event["type"], "Warning", "{event}");
     assert_eq!(event["regarding"]["kind"], "Provisioner");
     assert_eq!(event["regarding"]["uid"], uid.as_str());
@@ -1251,6 +1353,8 @@ spec:
     let p = c.observed("prov");
     assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
 
+    policy_refusals(&c);
+
     // Deleted: without a garbage collector here the objects stay, each with a
     // controller reference to the deleted Provisioner, which is what makes
     // a cluster's GC delete them; the operator takes the deletion quietly.
@@ -1276,6 +1380,80 @@ spec:
         0.0
     );
     eprintln!("operator e2e done in {:.1?}", t0.elapsed());
+}
+
+/// What the shipped policy refuses (only the operator's own image, no
+/// ClusterIssuer, a server's key usages): Degraded NotAllowed with a message
+/// naming what was asked and what is allowed, a Warning Event, and nothing
+/// applied — the running Deployment unchanged, nothing made for a new one.
+fn policy_refusals(c: &Cluster) {
+    let cp = &c.cp;
+    let before = get(cp, "deployment", NS, "prov");
+    patch_spec(cp, "prov", json!({"image": "busybox:latest"}));
+    let p = c.observed("prov");
+    assert_eq!(cond(&p, "Degraded"), pair("True", "NotAllowed"));
+    assert_eq!(cond(&p, "Ready"), pair("False", "NotAllowed"));
+    let message = condition(&p, "Degraded")["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "spec.image \"busybox:latest\" is not an image this operator may run; allowed: only the operator's own image choria-provisioner:0.1.0 (the cluster admin's --allowed-image)"
+    );
+    let event = event_for(cp, "prov", "NotAllowed");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["note"], message);
+    let after = get(cp, "deployment", NS, "prov");
+    assert_eq!(after["spec"]["template"], before["spec"]["template"]);
+    assert_eq!(
+        after["metadata"]["generation"],
+        before["metadata"]["generation"]
+    );
+    patch_spec(cp, "prov", json!({"image": "choria-provisioner:0.1.0"}));
+    assert_eq!(
+        cond(&c.observed("prov"), "Degraded"),
+        pair("False", "AsExpected")
+    );
+
+    // A new Provisioner asking for a ClusterIssuer and a CA's key usage.
+    apply(
+        cp,
+        &json!({
+            "apiVersion": "provisioning.choria.io/v1alpha1",
+            "kind": "Provisioner",
+            "metadata": {"name": "greedy", "namespace": NS},
+            "spec": {
+                "choriaInsecure": true,
+                "broker": {"urls": ["nats://broker.example.net:4222"]},
+                "features": {"pki": true},
+                "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+                "pki": {"certManager": {
+                    "issuerRef": {"name": "corp-root", "kind": "ClusterIssuer"},
+                    "usages": ["client auth", "cert sign"],
+                }},
+            },
+        })
+        .to_string(),
+    );
+    let p = c.observed("greedy");
+    assert_eq!(cond(&p, "Degraded"), pair("True", "NotAllowed"));
+    let message = condition(&p, "Degraded")["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "spec.pki.certManager.issuerRef names ClusterIssuer \"corp-root\", which this operator does not let Provisioners use; allowed beyond an Issuer in the Provisioner's namespace: none (the cluster admin's --allowed-cluster-issuer); \
+         spec.pki.certManager.usages asks for \"cert sign\", which this operator does not allow; allowed: digital signature, key encipherment, server auth, client auth (the cluster admin's --allowed-usage)"
+    );
+    event_for(cp, "greedy", "NotAllowed");
+    for (kind, name) in [
+        ("deployment", "greedy"),
+        ("configmap", "greedy-config"),
+        ("serviceaccount", "greedy"),
+        ("rolebinding", "greedy-certificaterequests"),
+    ] {
+        assert!(
+            try_get(cp, kind, NS, name).is_none(),
+            "{kind} {name} was made"
+        );
+    }
+    cp.kubectl_ok(&["delete", PROV, "greedy", "-n", NS]);
 }
 
 /// Two `run` processes of a Provisioner's Deployment, logged in with only the
@@ -1731,16 +1909,9 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
         apply(&cp, &d.to_string());
     }
     let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
-    let mut args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .filter(|a| !a.starts_with("--metrics-port"))
-        .collect();
-    assert!(args.contains(&format!("--namespace={NS}")), "{args:?}");
     let port = free_port();
-    args.push(format!("--metrics-port={port}"));
+    let args = operator_args(deployment, port);
+    assert!(args.contains(&format!("--namespace={NS}")), "{args:?}");
     let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
     let kubeconfig = cp.kubeconfig(&token);
     wait_allowed(&cp, &kubeconfig, &["list", PROV, "-n", NS]);
@@ -1869,7 +2040,6 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
         "metadata": {"name": "nohelper", "namespace": NS},
         "spec": {
             "replicas": 1,
-            "image": "choria-provisioner:e2e",
             "workers": 8,
             "site": "e2e",
             "logLevel": "info",

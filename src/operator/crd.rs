@@ -69,9 +69,11 @@ pub struct ProvisionerSpec {
     #[schemars(range(min = 0))]
     pub replicas: i32,
 
-    /// The container image with the `choria-provisioner` binary.
-    #[serde(default = "default_image")]
-    pub image: String,
+    /// The container image with the `choria-provisioner` binary (default:
+    /// the operator's own image). The cluster admin decides which images a
+    /// Provisioner may name (the operator's `--allowed-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 
     /// When the kubelet pulls the image (Kubernetes' default when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,7 +214,8 @@ fn default_replicas() -> i32 {
     DEFAULT_REPLICAS
 }
 
-/// `spec.image` when unset: the image of this build.
+/// The image of this build, as `scripts/build-image.sh` tags it: the
+/// operator's own image when nothing says otherwise.
 pub fn default_image() -> String {
     format!("choria-provisioner:{}", env!("CARGO_PKG_VERSION"))
 }
@@ -673,7 +676,10 @@ mod tests {
         let props = &s["properties"]["spec"]["properties"];
         assert_eq!(props["replicas"]["default"], 2);
         assert_eq!(props["monitorPort"]["default"], 8080);
-        assert_eq!(props["image"]["default"], default_image());
+        assert!(
+            props["image"].get("default").is_none(),
+            "unset: the operator's own"
+        );
         assert_eq!(
             props["election"]["properties"]["backend"]["default"],
             "lease"
@@ -731,7 +737,7 @@ mod tests {
         assert_eq!(p.spec.monitor_port, 8080);
         assert_eq!(p.spec.election.backend, ElectionBackend::Lease);
         assert!(!p.spec.paused);
-        assert_eq!(p.spec.image, default_image());
+        assert_eq!(p.spec.image, None);
         assert!(p.status.is_none());
     }
 }

@@ -38,6 +38,11 @@ pub fn resource_json(spec: Value) -> Value {
     })
 }
 
+/// The operator's defaults, as with no policy flags.
+pub fn settings() -> super::build::Settings {
+    super::build::Settings::new(super::crd::default_image())
+}
+
 pub fn provisioner(spec: Value) -> Provisioner {
     serde_json::from_value(resource_json(spec)).expect("a valid Provisioner")
 }

@@ -21,6 +21,7 @@
 pub mod build;
 pub mod crd;
 pub mod metrics;
+pub mod policy;
 pub mod reconcile;
 pub mod validate;
 
@@ -72,6 +73,66 @@ pub struct OperatorArgs {
     /// only with a single operator replica.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_election: bool,
+    /// The operator's own image: what a Provisioner without `spec.image`
+    /// runs, and the only image allowed unless `--allowed-image` says
+    /// otherwise (default: this build's `choria-provisioner:<version>`).
+    #[arg(long, env = "CHORIA_PROVISIONER_OPERATOR_IMAGE")]
+    pub image: Option<String>,
+    /// An image a Provisioner may run; `*` stands for any run of
+    /// characters (`registry.example.net/choria-provisioner:*`). Repeat it,
+    /// or separate with commas. Default: only `--image`.
+    #[arg(long = "allowed-image", value_delimiter = ',')]
+    pub allowed_images: Vec<String>,
+    /// An issuer outside a Provisioner's namespace that may sign its nodes'
+    /// certificates: NAME for a cert-manager ClusterIssuer, KIND.GROUP/NAME
+    /// for another issuer (`*` allowed in NAME). Default: none.
+    #[arg(long = "allowed-cluster-issuer", value_delimiter = ',')]
+    pub allowed_cluster_issuers: Vec<policy::IssuerPattern>,
+    /// A key usage the nodes' certificates may carry (cert-manager's names).
+    #[arg(
+        long = "allowed-usage",
+        value_delimiter = ',',
+        default_values_t = crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES.map(String::from)
+    )]
+    pub allowed_usages: Vec<String>,
+    /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
+    /// its pods when they elect through a Lease.
+    #[arg(long, default_value = build::DEFAULT_LEASE_CLUSTER_ROLE)]
+    pub lease_cluster_role: String,
+    /// The ClusterRole granting CertificateRequests, bound to the pods of a
+    /// Provisioner with `spec.pki.certManager`.
+    #[arg(long, default_value = build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE)]
+    pub cert_manager_cluster_role: String,
+}
+
+impl OperatorArgs {
+    /// The policy and roles every reconciliation applies; refuses usages
+    /// cert-manager does not know.
+    pub fn settings(&self) -> Result<build::Settings, OperatorError> {
+        use crate::config::provisioner::CERT_MANAGER_USAGES;
+        if let Some(u) = self
+            .allowed_usages
+            .iter()
+            .find(|u| !CERT_MANAGER_USAGES.contains(&u.as_str()))
+        {
+            return Err(OperatorError::Usage(format!(
+                "--allowed-usage {u:?} is not a cert-manager key usage; use one of: {}",
+                CERT_MANAGER_USAGES.join(", ")
+            )));
+        }
+        let own = self.image.clone().unwrap_or_else(crd::default_image);
+        let mut settings = build::Settings::new(own);
+        settings.policy.images = self
+            .allowed_images
+            .iter()
+            .map(policy::Pattern::new)
+            .collect();
+        settings.policy.cluster_issuers = self.allowed_cluster_issuers.clone();
+        settings.policy.usages = self.allowed_usages.clone();
+        settings.lease_cluster_role = self.lease_cluster_role.clone();
+        settings.cert_manager_cluster_role = self.cert_manager_cluster_role.clone();
+        Ok(settings)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +143,8 @@ pub enum OperatorError {
         "cannot list Provisioners ({0}); is the CRD installed? Install it with `choria-provisioner crd | kubectl apply -f -`"
     )]
     NoCrd(String),
+    #[error("{0}")]
+    Usage(String),
     #[error(transparent)]
     Monitor(#[from] MonitorError),
     #[error("the leader election stopped unexpectedly")]
@@ -142,6 +205,7 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
     let identity = identity.to_string();
+    let settings = args.settings()?;
     let lease_namespace = args
         .namespace
         .clone()
@@ -221,6 +285,7 @@ pub async fn run_with(
             },
         ),
         metrics: metrics.clone(),
+        settings,
     });
     let shutting_down = CancellationToken::new();
     let signal = shutting_down.clone();
@@ -376,6 +441,50 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<String>>>;
 
+    /// `choria-provisioner operator ARGS...` as parsed.
+    fn args(line: &[&str]) -> OperatorArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OperatorArgs,
+        }
+        let argv = std::iter::once("operator").chain(line.iter().copied());
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn the_policy_comes_from_the_command_line() {
+        let s = args(&[]).settings().unwrap();
+        assert_eq!(s.policy.default_image, crd::default_image());
+        assert!(s.policy.images.is_empty() && s.policy.cluster_issuers.is_empty());
+        assert_eq!(
+            s.policy.usages,
+            crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES
+        );
+        assert_eq!(s.lease_cluster_role, build::DEFAULT_LEASE_CLUSTER_ROLE);
+        let s = args(&[
+            "--image=r.example.net/cp:1",
+            "--allowed-image=r.example.net/cp:*,r.example.net/cp@sha256:*",
+            "--allowed-cluster-issuer=corp-ca",
+            "--allowed-cluster-issuer=X.example.net/y",
+            "--allowed-usage=client auth",
+        ])
+        .settings()
+        .unwrap();
+        assert_eq!(s.policy.default_image, "r.example.net/cp:1");
+        assert_eq!(s.policy.images.len(), 2);
+        assert_eq!(s.policy.cluster_issuers.len(), 2);
+        assert_eq!(s.policy.usages, ["client auth"]);
+        let e = args(&["--allowed-usage=everything"])
+            .settings()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not a cert-manager key usage"),
+            "{e}"
+        );
+    }
+
     /// An empty cluster with a Lease store. Lists are empty, watches never
     /// answer. Returns the Lease as last written once the client is gone.
     fn fake_cluster() -> (Client, Log, tokio::task::JoinHandle<Option<Value>>) {
@@ -454,11 +563,7 @@ mod tests {
     async fn the_leader_runs_the_controller_and_releases_the_lease_on_shutdown() {
         let (client, log, server) = fake_cluster();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let args = OperatorArgs {
-            namespace: Some("ops".into()),
-            metrics_port: 0,
-            leader_election: true,
-        };
+        let args = args(&["--namespace", "ops", "--metrics-port", "0"]);
         let run = tokio::spawn(run_with(client, "operator-0", args, async {
             let _ = stop_rx.await;
         }));
@@ -515,6 +620,7 @@ mod tests {
             client: client.clone(),
             recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
             metrics: Arc::new(Metrics::new()),
+            settings: fixtures::settings(),
         });
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({

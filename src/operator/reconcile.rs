@@ -7,7 +7,7 @@
 //! nothing it owns: the last good Deployment keeps running while the status
 //! and a Warning event say what to fix.
 
-use super::build::{self, BuildError, Owned};
+use super::build::{self, BuildError, Owned, Settings};
 use super::crd::{ElectionBackend, Provisioner, ProvisionerStatus, API_VERSION, KIND};
 use super::metrics::Metrics;
 use super::validate::validate;
@@ -44,6 +44,8 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// The admin's policy and the ClusterRoles the pods are bound to.
+    pub settings: Settings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,8 +95,12 @@ pub async fn reconcile(p: Arc<Provisioner>, ctx: Arc<Context>) -> Result<Action,
     let name = p.name_any();
     let mut problems = validate(&p);
     let mut reason = INVALID_SPEC;
+    if problems.is_empty() {
+        problems = ctx.settings.policy.check(&p);
+        reason = NOT_ALLOWED;
+    }
     let owned = if problems.is_empty() {
-        let owned = build::owned(&p)?;
+        let owned = build::owned(&p, &ctx.settings)?;
         let uid = p.metadata.uid.clone().ok_or(BuildError::Missing("uid"))?;
         problems = foreign_objects(&ctx.client, &ns, &owned, &name, &uid).await?;
         reason = NOT_OWNED;
@@ -105,10 +111,10 @@ pub async fn reconcile(p: Arc<Provisioner>, ctx: Arc<Context>) -> Result<Action,
     let ready_replicas = match owned {
         Some(owned) if problems.is_empty() => apply_owned(&ctx.client, &ns, owned).await?,
         _ => {
-            if reason == INVALID_SPEC {
-                ctx.metrics.invalid_spec();
-            } else {
-                ctx.metrics.failed("not_owned");
+            match reason {
+                NOT_OWNED => ctx.metrics.failed("not_owned"),
+                // Invalid, or beyond the admin's policy: the spec's fault.
+                _ => ctx.metrics.invalid_spec(),
             }
             report_invalid(&p, &ctx.recorder, reason, &problems).await?;
             // Keep what was observed: leaving the field out of the apply would
@@ -152,8 +158,10 @@ where
         .map_err(|e| api_error::<K>("apply", &name, &e))
 }
 
-/// Degraded reasons: the spec is invalid, or a name it needs is taken.
+/// Degraded reasons: the spec is invalid, asks for more than the cluster
+/// admin allows, or needs a name that is taken.
 pub const INVALID_SPEC: &str = "InvalidSpec";
+pub const NOT_ALLOWED: &str = "NotAllowed";
 pub const NOT_OWNED: &str = "NotOwned";
 
 /// Who owns an existing object, for messages: its owner references, else
@@ -243,6 +251,8 @@ async fn foreign_objects(
         foreign::<ServiceAccount>(client, ns, &n(&owned.service_account.metadata), uid).await?,
         foreign::<Role>(client, ns, &n(&owned.role.metadata), uid).await?,
         foreign::<RoleBinding>(client, ns, &n(&owned.role_binding.metadata), uid).await?,
+        foreign::<RoleBinding>(client, ns, &n(&owned.lease_binding.metadata), uid).await?,
+        foreign::<RoleBinding>(client, ns, &n(&owned.cert_manager_binding.metadata), uid).await?,
         foreign::<ConfigMap>(client, ns, &n(&owned.config_map.metadata), uid).await?,
         foreign::<Service>(client, ns, &n(&owned.service.metadata), uid).await?,
         foreign::<Deployment>(client, ns, &n(&owned.deployment.metadata), uid).await?,
@@ -257,6 +267,8 @@ async fn apply_owned(client: &Client, ns: &str, owned: Owned) -> Result<Option<i
     apply(client, ns, &owned.service_account).await?;
     apply(client, ns, &owned.role).await?;
     apply(client, ns, &owned.role_binding).await?;
+    apply(client, ns, &owned.lease_binding).await?;
+    apply(client, ns, &owned.cert_manager_binding).await?;
     apply(client, ns, &owned.config_map).await?;
     apply(client, ns, &owned.service).await?;
     let deployment = apply(client, ns, &owned.deployment).await?;

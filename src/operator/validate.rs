@@ -48,8 +48,8 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
                 .into(),
         );
     }
-    if s.image.trim().is_empty() {
-        problem("spec.image is empty; name the choria-provisioner image".into());
+    if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+        problem("spec.image is empty; name the choria-provisioner image, or leave it out for the operator's own".into());
     }
 
     // Broker and its security.

@@ -55,6 +55,7 @@ async fn reconcile_with(resource: Value, scenario: Scenario) -> Run {
             },
         ),
         metrics: metrics.clone(),
+        settings: crate::operator::fixtures::settings(),
     });
     let p: Arc<Provisioner> = Arc::new(serde_json::from_value(resource).unwrap());
     let result = tokio::time::timeout(WAIT, reconcile(p.clone(), ctx.clone()))
@@ -93,10 +94,12 @@ fn condition<'a>(status: &'a ProvisionerStatus, type_: &str) -> &'a Condition {
         .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"))
 }
 
-const OWNED: [&str; 7] = [
+const OWNED: [&str; 9] = [
     "PATCH /api/v1/namespaces/choria/serviceaccounts/prov",
     "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/choria/roles/prov",
     "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/choria/rolebindings/prov",
+    "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/choria/rolebindings/prov-leases",
+    "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/choria/rolebindings/prov-certificaterequests",
     "PATCH /api/v1/namespaces/choria/configmaps/prov-config",
     "PATCH /api/v1/namespaces/choria/services/prov-metrics",
     "PATCH /apis/apps/v1/namespaces/choria/deployments/prov",
@@ -239,45 +242,66 @@ async fn below_two_replicas_the_pdb_is_deleted() {
         .any(|l| l.starts_with("PATCH") && l.contains("poddisruptionbudgets")));
 }
 
-#[tokio::test]
-async fn an_invalid_spec_is_reported_and_changes_nothing() {
-    let resource = resource_json(json!({"features": {"jwt": true}, "interval": "30s"}));
-    let r = run(resource, Some(1)).await;
+/// Refused for `reason`: only a Warning Event and the status were written,
+/// Degraded and Ready say why, the refusal was counted. Returns the note.
+fn assert_refused(r: &Run, reason: &str) -> String {
     assert!(r.result.is_ok(), "{:?}", r.result);
     assert_eq!(
         r.lines(),
         [
             "POST /apis/events.k8s.io/v1/namespaces/choria/events",
             STATUS
-        ]
+        ],
+        "nothing applied"
     );
     let event = &r.seen[0].body;
     assert_eq!(event["type"], "Warning");
-    assert_eq!(event["reason"], "InvalidSpec");
+    assert_eq!(event["reason"], reason);
     assert_eq!(event["regarding"]["name"], "prov");
     assert_eq!(event["regarding"]["uid"], UID);
-    let note = event["note"].as_str().unwrap();
-    assert!(
-        note.contains("spec.jwtVerifyKeySecret") && note.contains("spec.interval"),
-        "{note}"
-    );
-
+    let note = event["note"].as_str().unwrap().to_string();
     let status = r.status();
     let degraded = condition(&status, DEGRADED);
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
-        ("True", "InvalidSpec")
+        ("True", reason)
     );
     assert_eq!(degraded.message, note);
     let ready = condition(&status, READY);
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "InvalidSpec")
+        ("False", reason)
     );
     assert_eq!(
         r.metrics
             .value("choria_provisioner_operator_invalid_specs_total"),
         Some(1.0)
+    );
+    note
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_and_changes_nothing() {
+    let resource = resource_json(json!({"features": {"jwt": true}, "interval": "30s"}));
+    let note = assert_refused(&run(resource, Some(1)).await, INVALID_SPEC);
+    assert!(
+        note.contains("spec.jwtVerifyKeySecret") && note.contains("spec.interval"),
+        "{note}"
+    );
+}
+
+#[tokio::test]
+async fn a_provisioner_asking_for_more_than_the_admin_allows_is_refused() {
+    let resource = resource_json(json!({
+        "image": "busybox:latest",
+        "features": {"pki": true},
+        "pki": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}},
+    }));
+    let note = assert_refused(&run(resource, Some(1)).await, NOT_ALLOWED);
+    assert!(
+        note.contains("spec.image \"busybox:latest\" is not an image this operator may run")
+            && note.contains("ClusterIssuer \"corp-ca\""),
+        "{note}"
     );
 }
 
