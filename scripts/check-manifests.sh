@@ -470,8 +470,9 @@ VARIANTS = [
      lambda d: check(not find(d, "PodDisruptionBudget") and find(d, "Role"),
                      "single-elected: no PDB with one replica, Lease Role kept")),
     ("pdb-3", {"replicas": 3, "podDisruptionBudget": {"minAvailable": 2}},
-     lambda d: check([p["spec"]["minAvailable"] for p in find(d, "PodDisruptionBudget")] == [2],
-                     "pdb-3: PDB minAvailable 2")),
+     lambda d: check([(p["spec"]["minAvailable"], p["spec"].get("unhealthyPodEvictionPolicy"))
+                      for p in find(d, "PodDisruptionBudget")] == [(2, "AlwaysAllow")],
+                     "pdb-3: PDB minAvailable 2, unhealthy pods always evictable")),
     ("pdb-off", {"podDisruptionBudget": {"enabled": False}},
      lambda d: check(not find(d, "PodDisruptionBudget"), "pdb-off: no PDB")),
     ("watchNamespace", {"watchNamespace": "choria"},

@@ -1185,6 +1185,7 @@ spec:
     assert_eq!(svc["spec"]["selector"], selector);
     let pdb = get(cp, "poddisruptionbudget", NS, "prov");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     assert_eq!(pdb["spec"]["selector"]["matchLabels"], selector);
 
     // Least privilege: the operator can neither read Secrets nor delete or

@@ -535,6 +535,11 @@ fn pdb_only_with_two_replicas_or_more() {
     let spec = p.spec.unwrap();
     assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
     assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow"),
+        "NotReady pods (broker down) never block a drain"
+    );
+    assert_eq!(
         spec.selector.unwrap().match_labels,
         Some(selector_labels("prov"))
     );
