@@ -19,18 +19,17 @@
 //! with its back-off.
 
 pub mod build;
-pub mod crd;
 pub mod metrics;
 pub mod policy;
 pub mod reconcile;
 pub mod validate;
 
 use crate::config::{ElectionBackend as ConfigBackend, ElectionConfig};
+use crate::crd::{self, Provisioner};
 use crate::election::machine::LossReason;
 use crate::election::{self, lease::LeaseBackend, Steer};
 use crate::k8s::{describe_error as describe, hostname_from_proc, POD_NAMESPACE_FILE};
 use crate::monitor::{self, Health, MonitorError};
-use crd::Provisioner;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -186,7 +185,7 @@ pub async fn run(
     args: OperatorArgs,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
-    let client = Client::try_default()
+    let client = crate::k8s::client()
         .await
         .map_err(|e| OperatorError::Client(describe(&e)))?;
     let identity = std::env::var("POD_NAME")

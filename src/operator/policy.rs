@@ -17,8 +17,8 @@
 //! A `Provisioner` outside them is refused before anything is applied, with
 //! a message that says what was asked and what is allowed.
 
-use super::crd::{CertManagerSpec, Provisioner};
 use crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES;
+use crate::crd::{CertManagerSpec, Provisioner};
 
 /// cert-manager's API group: its `Issuer` is namespaced, its
 /// `ClusterIssuer` cluster-wide.

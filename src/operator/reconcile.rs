@@ -8,10 +8,10 @@
 //! and a Warning event say what to fix.
 
 use super::build::{self, BuildError, Owned, Settings};
-use super::crd::{ElectionBackend, Provisioner, ProvisionerStatus, API_VERSION, KIND};
 use super::metrics::Metrics;
 use super::validate::validate;
 use super::FIELD_MANAGER;
+use crate::crd::{ElectionBackend, Provisioner, ProvisionerStatus, API_VERSION, KIND};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::NamespaceResourceScope;

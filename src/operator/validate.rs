@@ -8,9 +8,9 @@
 //! too.
 
 use super::build;
-use super::crd::{ElectionBackend, Provisioner, SecretKeyRef};
 use crate::config::provisioner::MIN_INTERVAL;
 use crate::config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
+use crate::crd::{ElectionBackend, Provisioner, SecretKeyRef};
 use crate::k8s::is_dns_label;
 use kube::ResourceExt;
 use std::time::Duration;

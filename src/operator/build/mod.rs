@@ -7,11 +7,11 @@
 //! `/etc/choria-provisioner/secrets/<secret>/<key>`, and the configuration
 //! only holds those paths.
 
-use super::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
 use super::policy::Policy;
 use crate::config::schema::{
     CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, ProvisionerFile,
 };
+use crate::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,

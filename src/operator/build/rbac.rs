@@ -38,7 +38,7 @@ pub(super) fn rule(group: &str, resource: &str, names: Option<&str>, verbs: &[&s
 /// (server-side apply: `patch`).
 pub fn role(p: &Provisioner) -> Result<Role, BuildError> {
     let name = p.name_any();
-    let group = crate::operator::crd::GROUP;
+    let group = crate::crd::GROUP;
     Ok(Role {
         metadata: meta(p, name.clone())?,
         rules: Some(vec![

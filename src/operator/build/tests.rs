@@ -201,7 +201,7 @@ fn deployment_runs_the_provisioner_restricted() {
     let c = &pod.containers[0];
     assert_eq!(
         c.image.as_deref(),
-        Some(crate::operator::crd::default_image().as_str())
+        Some(crate::crd::default_image().as_str())
     );
     assert_eq!(
         c.args.as_ref().unwrap(),

@@ -1,4 +1,7 @@
-//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`).
+//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`):
+//! the one place its Rust types, names and CRD live. The operator builds
+//! from it and the provisioner pods follow it (`provision::resource`,
+//! `provision::certmanager`), both through these types.
 //!
 //! The spec mirrors `provisioner.yaml` in camelCase, plus what a Deployment
 //! needs (image, replicas, resources, pod placement) and references to the
@@ -526,6 +529,14 @@ mod tests {
     use super::*;
     use kube::CustomResourceExt;
     use serde_json::Value;
+
+    #[test]
+    fn one_api_version_for_every_use() {
+        use kube::Resource;
+        assert_eq!(Provisioner::api_version(&()), API_VERSION);
+        assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+        assert_eq!(Provisioner::kind(&()), KIND);
+    }
 
     #[test]
     fn committed_crd_matches_the_code() {
