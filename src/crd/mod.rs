@@ -12,7 +12,10 @@
 //! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
 //! `leader` and `provisioned`.
 
+pub mod validation;
+
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -69,7 +72,6 @@ pub struct ProvisionerSpec {
     /// others stand by to take over. A PodDisruptionBudget keeps one running
     /// when there are at least two.
     #[serde(default = "default_replicas")]
-    #[schemars(range(min = 0))]
     pub replicas: i32,
 
     /// The container image with the `choria-provisioner` binary (default:
@@ -97,7 +99,6 @@ pub struct ProvisionerSpec {
 
     /// Nodes provisioned at once (default: the pod's CPU count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub workers: Option<i32>,
 
     /// Discovery interval, at least `1m` (default `1m`).
@@ -163,7 +164,6 @@ pub struct ProvisionerSpec {
     /// Port of `/metrics`, `/healthz` and `/readyz` in the pods, and of the
     /// `<name>-metrics` Service.
     #[serde(default = "default_monitor_port")]
-    #[schemars(range(min = 1, max = 65535))]
     pub monitor_port: i32,
 
     /// The Choria broker and how to log in to it.
@@ -517,17 +517,26 @@ impl ProvisionerStatus {
     }
 }
 
+/// The CRD: the schema derived from the types, with the admission rules of
+/// [`validation`].
+pub fn crd() -> CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut crd = serde_json::to_value(Provisioner::crd()).expect("the CRD is plain data");
+    for version in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        validation::add_to(&mut version["schema"]["openAPIV3Schema"]);
+    }
+    serde_json::from_value(crd).expect("still a CRD")
+}
+
 /// The CRD as YAML, as `choria-provisioner crd` prints it.
 pub fn crd_yaml() -> String {
-    use kube::CustomResourceExt;
-    // Serializing a derived CRD cannot fail: it is plain data.
-    serde_norway::to_string(&Provisioner::crd()).expect("the CRD serializes")
+    // Serializing a CRD cannot fail: it is plain data.
+    serde_norway::to_string(&crd()).expect("the CRD serializes")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::CustomResourceExt;
     use serde_json::Value;
 
     #[test]
@@ -605,7 +614,7 @@ mod tests {
     }
 
     fn schema() -> Value {
-        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        let crd = serde_json::to_value(crd()).unwrap();
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
     }
 
@@ -645,7 +654,7 @@ mod tests {
 
     #[test]
     fn names_columns_defaults_and_descriptions() {
-        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        let crd = serde_json::to_value(crd()).unwrap();
         let spec = &crd["spec"];
         assert_eq!(
             crd["metadata"]["name"],
