@@ -5,6 +5,12 @@
 //!
 //! * validation at admission: `kubectl apply` accepts the shipped examples and
 //!   refuses each invalid variant with its message (the CRD's CEL rules);
+//! * idle cost: an idle Provisioner with three replicas, measured from the
+//!   API server's own `apiserver_request_total`;
+//! * busy cost: status writes carrying the provisioned count never set off
+//!   a reconciliation of the owned objects;
+//! * drift repair: an owned object deleted or edited by hand is restored
+//!   within 5 s;
 //!
 //! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not
 //! built the binaries.
@@ -12,9 +18,11 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 use support::kube::ControlPlane;
 use support::operator::*;
+use support::{NatsServer, RunningFleet};
 
 /// A minimal valid Provisioner `name` with `spec` merged over its spec.
 fn provisioner_with(name: &str, spec: Value) -> Value {
@@ -179,6 +187,230 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
     seen
 }
 
+/// The API server's write requests so far, by `verb resource[/subresource]`,
+/// from its own `apiserver_request_total`.
+fn apiserver_writes(c: &Cluster) -> BTreeMap<String, f64> {
+    let text = c.cp.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let mut writes = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !matches!(
+            verb.as_str(),
+            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+        ) {
+            continue;
+        }
+        let mut what = format!("{verb} {}", label("resource"));
+        let sub = label("subresource");
+        if !sub.is_empty() {
+            what = format!("{what}/{sub}");
+        }
+        *writes.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    writes
+}
+
+/// What changed between two [`apiserver_writes`] samples (non-zero only).
+fn writes_between(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}
+
+/// An idle Provisioner with three replicas (one leads through its Lease,
+/// all Ready, nothing to provision) costs the API server at most 12 writes
+/// a minute besides Lease renewals.
+fn idle_cost(c: &Cluster, nats: &NatsServer) -> Vec<Proc> {
+    const WINDOW: Duration = Duration::from_secs(30);
+    fleet_provisioner(c, "idle", nats, 3, 4, "0", "2s");
+    let deployment = get(&c.cp, "deployment", NS, "idle");
+    let kubeconfig = pod_kubeconfig(c, "idle");
+    let pods: Vec<Proc> = (0..3)
+        .map(|i| {
+            start_pod(
+                c,
+                &deployment,
+                &format!("idle-5f7c9d8b6-{i:05}"),
+                &kubeconfig,
+            )
+        })
+        .collect();
+    sole_leader(&pods, Duration::from_secs(20));
+    // Stand in for the deployment controller: three ready replicas.
+    set_deployment_status(c, "idle", 3, 3, 3);
+    wait_for(
+        "the idle Provisioner to be Ready",
+        Duration::from_secs(20),
+        || {
+            let p = c.provisioner("idle");
+            (cond(&p, "Ready").0 == "True" && p["status"]["leader"].is_string()).then_some(())
+        },
+    );
+    // Let what a start-up writes settle first.
+    std::thread::sleep(Duration::from_secs(5));
+    let before = apiserver_writes(c);
+    let t = Instant::now();
+    std::thread::sleep(WINDOW);
+    let after = apiserver_writes(c);
+    let per_minute = 60.0 / t.elapsed().as_secs_f64();
+    let all = writes_between(&before, &after);
+    let (leases, others): (BTreeMap<_, _>, BTreeMap<_, _>) =
+        all.into_iter().partition(|(k, _)| k.ends_with(" leases"));
+    let total: f64 = others.values().sum();
+    println!(
+        "idle, 3 replicas, {:.1?}: {:.1} writes/min besides Lease renewals {others:?}; Lease renewals {leases:?}",
+        t.elapsed(),
+        total * per_minute
+    );
+    assert!(
+        total * per_minute <= 12.0,
+        "an idle Provisioner costs {:.1} writes a minute besides Lease renewals: {others:?}",
+        total * per_minute
+    );
+    pods
+}
+
+/// While nodes are provisioned the leader's count changes, and the status
+/// writes that carry it never set off a reconciliation of the owned
+/// objects: no apply of any of them while a fleet is provisioned.
+async fn busy_cost(c: &Cluster, nats: &NatsServer, leader: &Proc) {
+    const NODES: usize = 200;
+    let before = apiserver_writes(c);
+    let t = Instant::now();
+    let journal = c.dir.path().join("busy.jsonl");
+    let fleet = RunningFleet::start(fleet_options(nats, NODES, &journal)).await;
+    wait_for(
+        "the fleet to be provisioned",
+        Duration::from_secs(120),
+        || {
+            (support::server_startups(&support::read_journal_so_far(&journal)) >= NODES)
+                .then_some(())
+        },
+    );
+    wait_for("the count in the status", Duration::from_secs(20), || {
+        (c.provisioner("idle")["status"]["provisioned"].as_u64() >= Some(NODES as u64))
+            .then_some(())
+    });
+    let after = apiserver_writes(c);
+    let took = t.elapsed();
+    let writes = writes_between(&before, &after);
+    println!(
+        "busy, {NODES} nodes provisioned in {took:.1?} by {}: writes {writes:?}",
+        leader.name
+    );
+    let owned: Vec<_> = writes
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("APPLY ")
+                && !k.ends_with("provisioners/status")
+                && !k.ends_with(" events")
+        })
+        .collect();
+    assert!(
+        owned.is_empty(),
+        "count updates set off reconciliations of the owned objects: {owned:?}"
+    );
+    drop(fleet);
+}
+
+/// Owned objects of Provisioner `name` deleted or edited by hand are put
+/// back within 5 s each. Returns how long each took.
+fn drift_repair(c: &Cluster, name: &str) -> Vec<(String, Duration)> {
+    const BOUND: Duration = Duration::from_secs(5);
+    let cp = &c.cp;
+    let cm = format!("{name}-config");
+    let leases = format!("{name}-leases");
+    let mut took = Vec::new();
+    let mut timed = |what: &str, done: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        wait_for(what, BOUND, || done().then_some(()));
+        took.push((what.to_string(), t.elapsed()));
+    };
+
+    let data = get(cp, "configmap", NS, &cm)["data"].clone();
+    cp.kubectl_ok(&["delete", "configmap", &cm, "-n", NS]);
+    timed("a deleted ConfigMap comes back", &|| {
+        try_get(cp, "configmap", NS, &cm).is_some_and(|o| o["data"] == data)
+    });
+
+    let image = get(cp, "deployment", NS, name)["spec"]["template"]["spec"]["containers"][0]
+        ["image"]
+        .clone();
+    let edit = json!([{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil:latest"}]);
+    cp.kubectl_ok(&[
+        "patch",
+        "deployment",
+        name,
+        "-n",
+        NS,
+        "--type=json",
+        "-p",
+        &edit.to_string(),
+    ]);
+    timed("an edited Deployment image is put back", &|| {
+        get(cp, "deployment", NS, name)["spec"]["template"]["spec"]["containers"][0]["image"]
+            == image
+    });
+
+    let rules = get(cp, "role", NS, name)["rules"].clone();
+    let wider = json!({"rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]});
+    cp.kubectl_ok(&[
+        "patch",
+        "role",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &wider.to_string(),
+    ]);
+    timed("a widened Role is narrowed again", &|| {
+        get(cp, "role", NS, name)["rules"] == rules
+    });
+
+    cp.kubectl_ok(&["delete", "rolebinding", &leases, "-n", NS]);
+    timed("a deleted RoleBinding comes back", &|| {
+        try_get(cp, "rolebinding", NS, &leases).is_some()
+    });
+
+    let labels = json!({"metadata": {"labels": {"app.kubernetes.io/managed-by": null}}});
+    cp.kubectl_ok(&[
+        "patch",
+        "service",
+        &format!("{name}-metrics"),
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &labels.to_string(),
+    ]);
+    timed("a Service that lost our label gets it back", &|| {
+        get(cp, "service", NS, &format!("{name}-metrics"))["metadata"]["labels"]
+            ["app.kubernetes.io/managed-by"]
+            == "choria-provisioner-operator"
+    });
+    println!("drift repaired: {took:?}");
+    took
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_lifecycle_on_a_real_apiserver() {
     let Some(bins) = ControlPlane::available() else {
@@ -187,6 +419,7 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     let t0 = Instant::now();
     let c = Cluster::start(&bins);
     c.create_namespace();
+    let nats = NatsServer::start();
     let stage = |name: &str, since: Instant| {
         println!("stage done: {name} in {:.1?}", since.elapsed());
     };
@@ -198,6 +431,19 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     for (spec, message) in &messages {
         println!("  {spec}\n    {message}");
     }
+
+    let t = Instant::now();
+    let idle_pods = idle_cost(&c, &nats);
+    stage("idle cost", t);
+    let t = Instant::now();
+    let leader = sole_leader(&idle_pods, Duration::from_secs(20));
+    busy_cost(&c, &nats, &idle_pods[leader]).await;
+    stage("busy cost", t);
+
+    let t = Instant::now();
+    drift_repair(&c, "idle");
+    stage("drift repair", t);
+    drop(idle_pods);
 
     println!("operator lifecycle: {:.1?} in all", t0.elapsed());
 }

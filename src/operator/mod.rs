@@ -37,10 +37,11 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{watcher, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{controller, predicates, watcher, Controller, WatchStreamExt};
 use kube::Client;
 use metrics::Metrics;
-use reconcile::Context;
+use reconcile::{Context, Stores};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +56,8 @@ pub const FIELD_MANAGER: &str = "choria-provisioner-operator";
 pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
 /// The Lease operator replicas campaign for.
 pub const LEASE_NAME: &str = "choria-provisioner-operator";
-/// How long in-flight reconciliations may finish after leadership is lost.
+/// How long in-flight reconciliations may finish on shutdown (not on a lost
+/// Lease: then they stop at once).
 pub const DRAIN: Duration = Duration::from_secs(10);
 
 /// `choria-provisioner operator`.
@@ -274,7 +276,7 @@ pub async fn run_with(
         "operator started"
     );
 
-    let ctx = Arc::new(Context {
+    let shared = Shared {
         client: client.clone(),
         recorder: Recorder::new(
             client.clone(),
@@ -285,7 +287,7 @@ pub async fn run_with(
         ),
         metrics: metrics.clone(),
         settings,
-    });
+    };
     let shutting_down = CancellationToken::new();
     let signal = shutting_down.clone();
     let lead_loop = async {
@@ -297,9 +299,8 @@ pub async fn run_with(
                 _ = shutting_down.cancelled() => break,
             }
             lead(
-                &client,
                 args.namespace.as_deref(),
-                ctx.clone(),
+                &shared,
                 leading.clone(),
                 shutting_down.clone(),
             )
@@ -350,50 +351,136 @@ where
     }
 }
 
-/// Runs the controller while we lead and until shutdown.
-async fn lead(
+/// What every term's controller gets.
+#[derive(Clone)]
+struct Shared {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    settings: build::Settings,
+}
+
+/// How long the controller waits for more triggers of one Provisioner
+/// before reconciling it: the watch events of one apply of several owned
+/// objects arrive together and make one reconciliation, not one each.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// What of a Provisioner sets off a reconciliation: its spec (generation)
+/// and the leader its pods report (the LeaderElected condition and its
+/// Event). Status writes of the count, and the operator's own status
+/// writes, do not.
+fn provisioner_changed(p: &Provisioner) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.metadata.generation.hash(&mut h);
+    p.status
+        .as_ref()
+        .and_then(|s| s.leader.as_ref())
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// A watch of the owned objects of kind `K` (by our label) feeding a store;
+/// each change, deletion included, sets off their owner's reconciliation.
+fn owned_watch<K>(
     client: &Client,
     namespace: Option<&str>,
-    ctx: Arc<Context>,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&reconcile::owned_selector());
+    let stream = watcher(scoped::<K>(client, namespace), config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
+        // A re-list brings every object again, unchanged: not a change.
+        .predicate_filter(predicates::resource_version, Default::default());
+    (reader, stream)
+}
+
+/// Runs the controller while we lead and until shutdown. On shutdown
+/// in-flight reconciliations get [`DRAIN`] to finish (the Lease is released
+/// after); on losing leadership they are dropped at once: a standby may
+/// take over as soon as our Lease expires, and nothing of this term may
+/// write after that.
+async fn lead(
+    namespace: Option<&str>,
+    shared: &Shared,
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    info!("leading: starting the controller");
-    let stop = CancellationToken::new();
-    // Owned objects are watched by the label we put on them, so the operator
-    // does not cache every ConfigMap and Deployment of the cluster.
-    let owned = || {
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            build::MANAGED_BY_LABEL,
-            build::MANAGED_BY
-        ))
-    };
-    let stopped = stop.clone();
-    let controller = Controller::new(
+    let client = &shared.client;
+    let (service_accounts, sa) = owned_watch::<ServiceAccount>(client, namespace);
+    let (roles, role) = owned_watch::<Role>(client, namespace);
+    let (role_bindings, rb) = owned_watch::<RoleBinding>(client, namespace);
+    let (config_maps, cm) = owned_watch::<ConfigMap>(client, namespace);
+    let (services, svc) = owned_watch::<Service>(client, namespace);
+    let (deployments, deploy) = owned_watch::<Deployment>(client, namespace);
+    let (pdbs, pdb) = owned_watch::<PodDisruptionBudget>(client, namespace);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: shared.recorder.clone(),
+        metrics: shared.metrics.clone(),
+        settings: shared.settings.clone(),
+        stores: Stores {
+            service_accounts,
+            roles,
+            role_bindings,
+            config_maps,
+            services,
+            deployments,
+            pdbs,
+        },
+        leaders: Default::default(),
+    });
+    let (provisioners, writer) = reflector::store();
+    let changes = watcher(
         scoped::<Provisioner>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
-    .owns(scoped::<ConfigMap>(client, namespace), owned())
-    .owns(scoped::<Deployment>(client, namespace), owned())
-    .owns(scoped::<Service>(client, namespace), owned())
-    .owns(scoped::<ServiceAccount>(client, namespace), owned())
-    .owns(scoped::<Role>(client, namespace), owned())
-    .owns(scoped::<RoleBinding>(client, namespace), owned())
-    .owns(scoped::<PodDisruptionBudget>(client, namespace), owned())
-    .graceful_shutdown_on(async move { stopped.cancelled().await })
-    .run(reconcile::reconcile, reconcile::error_policy, ctx)
-    .for_each(|result| async move {
-        use kube::runtime::controller::Error as E;
-        match result {
-            Ok((obj, _)) => tracing::debug!(provisioner = %obj, "reconciled"),
-            // error_policy logged it.
-            Err(E::ReconcilerFailed(..)) => {}
-            Err(E::QueueError(e)) => warn!(error = %describe_watch(&e), "watch failed; retrying"),
-            Err(e) => warn!(error = %e, "controller error"),
-        }
-    });
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(provisioner_changed, Default::default());
+
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let controller = Controller::for_stream(changes, provisioners)
+        .owns_stream(sa)
+        .owns_stream(role)
+        .owns_stream(rb)
+        .owns_stream(cm)
+        .owns_stream(svc)
+        .owns_stream(deploy)
+        .owns_stream(pdb)
+        .with_config(controller::Config::default().debounce(DEBOUNCE))
+        .graceful_shutdown_on(async move { stopped.cancelled().await })
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            use kube::runtime::controller::Error as E;
+            match result {
+                Ok((obj, _)) => tracing::debug!(provisioner = %obj, "reconciled"),
+                // error_policy logged it.
+                Err(E::ReconcilerFailed(..)) => {}
+                Err(E::QueueError(e)) => {
+                    warn!(error = %describe_watch(&e), "watch failed; retrying")
+                }
+                Err(e) => warn!(error = %e, "controller error"),
+            }
+        });
     tokio::pin!(controller);
+    info!("controller started");
     tokio::select! {
         _ = &mut controller => {
             warn!("the controller stopped by itself; restarting it");
@@ -402,7 +489,9 @@ async fn lead(
             return;
         }
         _ = async { leading.wait_for(|l| !*l).await.is_ok() } => {
-            info!("leadership lost: stopping the controller")
+            // Dropping the controller drops its reconciliations with it.
+            info!("controller stopped: leadership lost");
+            return;
         }
         _ = shutdown.cancelled() => {}
     }
@@ -410,6 +499,7 @@ async fn lead(
     if tokio::time::timeout(DRAIN, controller).await.is_err() {
         warn!(drain = ?DRAIN, "reconciliations did not finish in time; abandoned");
     }
+    info!("controller stopped: shutting down");
 }
 
 /// A watch error as text, without exec-plugin output (see [`describe`]).
@@ -615,16 +705,16 @@ mod tests {
     async fn losing_leadership_stops_the_controller() {
         let (client, log, _server) = fake_cluster();
         let (leading_tx, leading) = watch::channel(true);
-        let ctx = Arc::new(Context {
+        let shared = Shared {
             client: client.clone(),
             recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
             metrics: Arc::new(Metrics::new()),
             settings: fixtures::settings(),
-        });
+        };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
-            async move { lead(&client, Some("ops"), ctx, leading, shutdown).await }
+            async move { lead(Some("ops"), &shared, leading, shutdown).await }
         });
         wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;
         assert!(!task.is_finished());

@@ -691,3 +691,21 @@ pub fn set_deployment_status(c: &Cluster, name: &str, replicas: i32, updated: i3
         &status.to_string(),
     ]);
 }
+
+/// A simulated fleet of `nodes` on `nats` for the operator tiers, with the
+/// fleet's token and its journal at `journal`.
+pub fn fleet_options(
+    nats: &NatsServer,
+    nodes: usize,
+    journal: &Path,
+) -> choria_provisioner::fleet::FleetOptions {
+    choria_provisioner::fleet::FleetOptions {
+        broker: choria_provisioner::choria::client::BrokerArgs::at([nats.url()]),
+        nodes,
+        token: TOKEN.into(),
+        journal: Some(journal.to_path_buf()),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    }
+}
