@@ -25,12 +25,18 @@ use support::{NatsServer, RunningFleet};
 /// renewing, stops working after 4 s without, renews every second.
 const TTL: Duration = Duration::from_secs(6);
 
-fn yaml(workers: usize) -> String {
+/// The election block of the streams tests: heartbeats on a core subject.
+const STREAMS: &str = "election:\n  mode: shards\n  backend: streams\n  name: shards-test\n  \
+     lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
+
+/// The election block of the Lease test: a Lease per member.
+const LEASES: &str = "election:\n  mode: shards\n  backend: lease\n  lease_name: shards-test\n  \
+     lease_namespace: default\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
+
+fn yaml(workers: usize, election: &str) -> String {
     format!(
         "workers: {workers}\ninterval: 1m\nsite: shards\nchoria_insecure: true\nrpc_timeout: 3s\n\
-         discovery_timeout: 2s\ndiscovery_window: 500ms\n\
-         election:\n  mode: shards\n  backend: streams\n  name: shards-test\n  \
-         lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n\
+         discovery_timeout: 2s\ndiscovery_window: 500ms\n{election}\
          configuration_template:\n  configuration:\n    identity: '{{{{ identity }}}}'\n    \
          plugin.choria.server.provision: 'false'\n"
     )
@@ -42,6 +48,8 @@ pub struct Replicas<'a> {
     pub running: Vec<(String, ProvisionerProcess)>,
     started: usize,
     workers: usize,
+    election: &'static str,
+    env: Vec<(String, String)>,
 }
 
 impl<'a> Replicas<'a> {
@@ -52,6 +60,8 @@ impl<'a> Replicas<'a> {
             running: Vec::new(),
             started: 0,
             workers,
+            election: STREAMS,
+            env: Vec::new(),
         }
     }
 
@@ -60,15 +70,21 @@ impl<'a> Replicas<'a> {
     fn start(&mut self) {
         self.started += 1;
         let name = format!("r{}", self.started);
-        let p = ProvisionerProcess::start_named(
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let p = ProvisionerProcess::start_with_env(
             self.dir,
             &name,
-            &yaml(self.workers),
+            &yaml(self.workers, self.election),
             &format!(
                 "identity = provisioner.shards.example.net\nplugin.choria.middleware_hosts = {}\n",
                 self.nats.url()
             ),
             &[],
+            &env,
         );
         self.running.push((name, p));
     }
@@ -167,26 +183,88 @@ async fn three_replicas_share_the_fleet_and_survivors_take_over_a_killed_ones_sh
     let dir = tempfile::tempdir().unwrap();
     let nats = choria_like_broker();
     let mut r = Replicas::new(dir.path(), &nats, 8);
+    share_then_kill(dir.path(), &nats, &mut r, 3000, 1500).await;
+}
+
+/// The same on Kubernetes: a Lease per member on the real kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_share() {
+    let Some(bins) = support::kube::ControlPlane::available() else {
+        return;
+    };
+    let cp = support::kube::ControlPlane::start(&bins);
+    let kubeconfig = cp.kubeconfig(cp.admin_token());
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    let mut r = Replicas::new(dir.path(), &nats, 8);
+    r.election = LEASES;
+    r.env
+        .push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    share_then_kill(dir.path(), &nats, &mut r, 1500, 600).await;
+    // Every member holds a Lease of its own, labelled with the group; the
+    // killed one's stays until someone deletes it, the others leave theirs.
+    let leases = cp.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        "default",
+        "-l",
+        "provisioning.choria.io/shard-group=shards-test",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(leases.lines().count(), 3, "{leases}");
+    for (_, mut p) in r.running.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+    let leases = cp.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        "default",
+        "-l",
+        "provisioning.choria.io/shard-group=shards-test",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        leases.lines().count(),
+        1,
+        "only the killed member's: {leases}"
+    );
+}
+
+/// Three replicas share `first` nodes; one is killed; `late` new nodes are
+/// provisioned by the survivors within one membership TTL plus 10 s.
+async fn share_then_kill(
+    dir: &Path,
+    nats: &NatsServer,
+    r: &mut Replicas<'_>,
+    first: usize,
+    late: usize,
+) {
     for _ in 0..3 {
         r.start();
     }
     r.settled(3, Duration::from_secs(30)).await;
-    let first = fleet(&nats, dir.path(), "node-", 3000).await;
+    let nodes = first;
+    let first = fleet(nats, dir, "node-", nodes).await;
     let took = wait_provisioned(
-        &dir.path().join("node-journal.jsonl"),
-        3000,
+        &dir.join("node-journal.jsonl"),
+        nodes,
         Duration::from_secs(180),
     )
     .await;
     let (_, journal) = first.finish().await;
-    let shares = assert_configured_once(&journal, 3000);
-    println!("3,000 nodes by 3 replicas in {took:.1?}: {shares:?}");
+    let shares = assert_configured_once(&journal, nodes);
+    println!("{nodes} nodes by 3 replicas in {took:.1?}: {shares:?}");
     assert_eq!(shares.len(), 3, "every replica worked: {shares:?}");
     for (sender, n) in &shares {
-        let share = *n as f64 / 3000.0;
+        let share = *n as f64 / nodes as f64;
         assert!(
             (0.25..=0.42).contains(&share),
-            "{sender} configured {n} of 3000"
+            "{sender} configured {n} of {nodes}"
         );
     }
 
@@ -196,23 +274,23 @@ async fn three_replicas_share_the_fleet_and_survivors_take_over_a_killed_ones_sh
     dead.signal("KILL");
     dead.wait_exit(Duration::from_secs(10));
     let killed = Instant::now();
-    let late = fleet(&nats, dir.path(), "late-", 1500).await;
+    let late_fleet = fleet(nats, dir, "late-", late).await;
     let took = wait_provisioned(
-        &dir.path().join("late-journal.jsonl"),
-        1500,
+        &dir.join("late-journal.jsonl"),
+        late,
         TTL + Duration::from_secs(10),
     )
     .await;
     println!(
-        "{name} killed; 1,500 new nodes provisioned by the survivors {:.1?} after the kill",
+        "{name} killed; {late} new nodes provisioned by the survivors {:.1?} after the kill",
         killed.elapsed()
     );
-    let (_, journal) = late.finish().await;
-    let shares = assert_configured_once(&journal, 1500);
+    let (_, journal) = late_fleet.finish().await;
+    let shares = assert_configured_once(&journal, late);
     assert!(shares.len() <= 2, "only survivors worked: {shares:?}");
     println!(
         "late nodes: {shares:?} in {took:.1?}; lock refusals {}",
-        lock_refusals(&r)
+        lock_refusals(r)
     );
 }
 
