@@ -1441,13 +1441,7 @@ async fn the_simulator_keeps_the_provisioning_lock_as_a_real_server_does() {
             "jwt",
             &wrong,
         ),
-        (
-            "unlocked actions pass",
-            &b,
-            "rpcutil",
-            "inventory",
-            &none,
-        ),
+        ("unlocked actions pass", &b, "rpcutil", "inventory", &none),
         ("the holder keeps it", &a, "choria_provision", "jwt", &good),
     ];
     let mut outcomes = Vec::new();
