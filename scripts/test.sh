@@ -94,6 +94,11 @@ log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
 log "module layering: no import cycle, every use allowed (scripts/check-layers.py)"
 python3 "$ROOT/scripts/check-layers.py"
+# The book in docs/: builds without a warning, no internal link or anchor
+# broken (~2 s once mdBook is installed; its reference pages are compared
+# with the code by tests/book.rs in cargo test below).
+log "the book: mdBook build, internal links and anchors (scripts/docs.sh)"
+"$ROOT/scripts/docs.sh"
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
