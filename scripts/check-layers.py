@@ -26,12 +26,13 @@ ALLOWED = {
     "telemetry": {"config"},
     "choria": set(),
     "config": {"choria", "k8s"},
+    "crd": {"config"},
     "monitor": set(),
     "election": {"backoff", "config", "k8s"},
     "fleet": {"choria"},
-    "provision": {"backoff", "choria", "config", "election", "k8s", "monitor"},
-    "operator": {"choria", "config", "election", "k8s", "monitor", "provision"},
-    "cmd": {"choria", "config", "fleet", "monitor", "operator", "provision", "telemetry"},
+    "provision": {"backoff", "choria", "config", "crd", "election", "k8s", "monitor"},
+    "operator": {"choria", "config", "crd", "election", "k8s", "monitor", "provision"},
+    "cmd": {"choria", "config", "crd", "fleet", "monitor", "operator", "provision", "telemetry"},
 }
 USE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 

@@ -22,9 +22,12 @@
 #      ServiceMonitor and PrometheusRule have no schema there and are skipped with a
 #      note; Provisioner
 #      objects are validated against the CRD's openAPIV3Schema with jsonschema;
-#   4. RBAC: no wildcards; the ClusterRole holds exactly what the operator does
-#      plus what the Roles it builds for provisioner pods grant (Kubernetes refuses
-#      to let it create them otherwise), nothing more; its own Lease is covered;
+#   4. RBAC: no wildcards; the operator's ClusterRole holds exactly what the
+#      operator does plus what the Roles it builds for provisioner pods grant
+#      (Kubernetes refuses to let it create them otherwise), and `bind` on exactly
+#      the two ClusterRoles it binds to provisioner pods (Leases,
+#      CertificateRequests), which hold exactly the pods' verbs and which the
+#      Deployment's args name; nothing more; its own Lease is covered;
 #      the Deployment meets Pod Security "restricted";
 #   5. the chart's CRD copy and deploy/crd.yaml equal crds/provisioner.yaml, and
 #      deploy/ equals the chart's default render (namespace choria-provisioner);
@@ -240,14 +243,12 @@ def deployment_args(docs):
     return dep[0]["spec"]["template"]["spec"]["containers"][0].get("args", []) if dep else []
 
 
-# What Roles built by the operator for provisioner pods grant (src/operator): the
-# operator may only create them while holding the same permissions itself.
+# What the Roles built by the operator for provisioner pods grant
+# (src/operator/build/rbac.rs): the operator may only create them while holding the
+# same permissions itself.
 DELEGATED = [
     ("provisioning.choria.io", "provisioners", {"get", "list", "watch"}),
-    ("provisioning.choria.io", "provisioners/status", {"get", "patch", "update"}),
-    ("coordination.k8s.io", "leases", {"get", "create", "update"}),
-    # spec.pki.certManager (src/operator/build/rbac.rs)
-    ("cert-manager.io", "certificaterequests", {"create", "get", "delete"}),
+    ("provisioning.choria.io", "provisioners/status", {"patch"}),
 ]
 # What the operator itself does, cluster-wide (or in the watched namespace).
 NEEDED = DELEGATED + [
@@ -260,6 +261,13 @@ NEEDED = DELEGATED + [
     ("rbac.authorization.k8s.io", "rolebindings", {"get", "list", "watch", "create", "patch"}),
     ("events.k8s.io", "events", {"create", "patch"}),
 ]
+# The ClusterRoles the operator binds to provisioner pods (suffix of the release's
+# full name -> the one rule they hold), holding only `bind` on them by name.
+POD_CLUSTER_ROLES = {
+    "-leases": ("coordination.k8s.io", "leases", {"get", "create", "update"}),
+    "-certificaterequests": ("cert-manager.io", "certificaterequests", {"create", "get", "delete"}),
+}
+POD_ROLE_FLAGS = {"-leases": "--lease-cluster-role", "-certificaterequests": "--cert-manager-cluster-role"}
 
 
 def granted(rules, group, resource):
@@ -280,23 +288,43 @@ def rbac_problems(docs):
                 if any("*" in str(x) for x in r.get(key, [])):
                     problems.append(f"{kn(d)} has a wildcard in {key}: {r}")
     roles = find(docs, "ClusterRole")
-    if roles:
-        rules = roles[0]["rules"]
+    # The operator's ClusterRole is the one that binds the others.
+    own = [r for r in roles if any("bind" in x.get("verbs", []) for x in r["rules"])]
+    if roles and len(own) != 1:
+        return problems + [f"{len(own)} ClusterRoles with a bind rule, want the operator's one"]
+    if own:
+        rules = own[0]["rules"]
+        fullname = own[0]["metadata"]["name"]
         for g, res, v in NEEDED:
             if v - granted(rules, g, res):
                 problems.append(f"ClusterRole lacks {sorted(v - granted(rules, g, res))} on {g or 'core'}/{res}")
         # Least privilege both ways: nothing beyond what is needed.
         allowed = {(g, res): v for g, res, v in NEEDED}
+        pod_roles = sorted(fullname + suffix for suffix in POD_CLUSTER_ROLES)
         for r in rules:
+            if r.get("resources") == ["clusterroles"]:
+                if r.get("verbs") != ["bind"] or sorted(r.get("resourceNames", [])) != pod_roles:
+                    problems.append(f"the operator's clusterroles rule is not bind on exactly {pod_roles}: {r}")
+                continue
             for g in r.get("apiGroups", []):
                 for res in r.get("resources", []):
                     extra = set(r.get("verbs", [])) - allowed.get((g, res), set())
                     if extra:
                         problems.append(f"ClusterRole grants more than needed: {sorted(extra)} on {g or 'core'}/{res}")
+        args = deployment_args(docs)
+        for suffix, (g, res, verbs) in POD_CLUSTER_ROLES.items():
+            name = fullname + suffix
+            found = find(docs, "ClusterRole", name)
+            want = [{"apiGroups": [g], "resources": [res], "verbs": sorted(verbs)}]
+            have = [dict(r, verbs=sorted(r.get("verbs", []))) for r in found[0]["rules"]] if found else None
+            if have != want:
+                problems.append(f"ClusterRole {name} holds {have}, want exactly {want}")
+            if args and f"{POD_ROLE_FLAGS[suffix]}={name}" not in args:
+                problems.append(f"the operator is not told {POD_ROLE_FLAGS[suffix]}={name}: {args}")
     for role in find(docs, "Role"):
         r = role["rules"]
-        own = [x for x in r if LEASE in x.get("resourceNames", [])]
-        if not (any("create" in x["verbs"] for x in r) and own and {"get", "update"} <= set(own[0]["verbs"])):
+        own_lease = [x for x in r if LEASE in x.get("resourceNames", [])]
+        if not (any("create" in x["verbs"] for x in r) and own_lease and {"get", "update"} <= set(own_lease[0]["verbs"])):
             problems.append(f"{kn(role)} does not cover the operator's own Lease {LEASE}")
     return problems
 
@@ -430,6 +458,16 @@ VARIANTS = [
          "ChoriaProvisionerHelperErrors": ['helper_errors{namespace="choria"}[30m]', "> 3"],
          "ChoriaProvisionerProvisionErrors": ['provision_errors{namespace="choria"}[15m]']}),
          "prometheusRule-scoped: queries limited to watchNamespace, noLeader off, helper threshold 3 over 30m")),
+    ("policy", {"policy": {"allowedImages": ["registry.example.net/choria-provisioner:*"],
+                           "allowedClusterIssuers": ["corp-ca", "AWSPCAClusterIssuer.awspca.cert-manager.io/pca"],
+                           "allowedUsages": ["client auth", "server auth"]}},
+     lambda d: check([a for a in deployment_args(d) if a.startswith(("--image", "--allowed-"))] == [
+         "--image=choria-provisioner:0.1.0",
+         "--allowed-image=registry.example.net/choria-provisioner:*",
+         "--allowed-cluster-issuer=corp-ca",
+         "--allowed-cluster-issuer=AWSPCAClusterIssuer.awspca.cert-manager.io/pca",
+         "--allowed-usage=client auth", "--allowed-usage=server auth"],
+         "policy: --image, --allowed-image, --allowed-cluster-issuer and --allowed-usage from policy")),
     ("single", {"replicas": 1, "leaderElection": {"enabled": False}},
      lambda d: check(not find(d, "PodDisruptionBudget") and not find(d, "Role")
                      and "--leader-election=false" in deployment_args(d),
@@ -438,8 +476,9 @@ VARIANTS = [
      lambda d: check(not find(d, "PodDisruptionBudget") and find(d, "Role"),
                      "single-elected: no PDB with one replica, Lease Role kept")),
     ("pdb-3", {"replicas": 3, "podDisruptionBudget": {"minAvailable": 2}},
-     lambda d: check([p["spec"]["minAvailable"] for p in find(d, "PodDisruptionBudget")] == [2],
-                     "pdb-3: PDB minAvailable 2")),
+     lambda d: check([(p["spec"]["minAvailable"], p["spec"].get("unhealthyPodEvictionPolicy"))
+                      for p in find(d, "PodDisruptionBudget")] == [(2, "AlwaysAllow")],
+                     "pdb-3: PDB minAvailable 2, unhealthy pods always evictable")),
     ("pdb-off", {"podDisruptionBudget": {"enabled": False}},
      lambda d: check(not find(d, "PodDisruptionBudget"), "pdb-off: no PDB")),
     ("watchNamespace", {"watchNamespace": "choria"},
@@ -466,6 +505,9 @@ REFUSED = [
     ("replicas: 0", {"replicas": 0}),
     ("2 replicas without leader election", {"replicas": 2, "leaderElection": {"enabled": False}}),
     ("unknown key", {"replica": 2}),
+    ("unknown key usage", {"policy": {"allowedUsages": ["everything"]}}),
+    ("cluster issuer with a space", {"policy": {"allowedClusterIssuers": ["corp ca"]}}),
+    ("allowed image list in one string", {"policy": {"allowedImages": ["a:1,b:2"]}}),
     ("bad logFormat", {"logFormat": "xml"}),
     ("bad watchNamespace", {"watchNamespace": "Not_A_Namespace"}),
     ("grafanaDashboard.enabled: yes", {"grafanaDashboard": {"enabled": "yes"}}),

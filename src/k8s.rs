@@ -1,8 +1,26 @@
 //! Small Kubernetes helpers shared by the operator, the Lease election and a
-//! pod's link to its `Provisioner`: error text that never carries secrets,
-//! the pod's namespace, and Kubernetes' name rules.
+//! pod's link to its `Provisioner`: the process's one client, error text
+//! that never carries secrets, the pod's namespace, and Kubernetes' name
+//! rules.
 
 use std::path::Path;
+use tokio::sync::OnceCell;
+
+/// The process's one Kubernetes client: every part of a process (the Lease
+/// election, the link to its Provisioner, cert-manager, the operator)
+/// shares its connection pool and credentials.
+static CLIENT: OnceCell<kube::Client> = OnceCell::const_new();
+
+/// The process's client, found as kubectl finds its configuration
+/// (`KUBECONFIG`, `~/.kube/config`, else the pod's service account) and
+/// made on first use; a failure is not kept, so a later call tries again.
+/// The client belongs to the runtime that first asked: the binary has one.
+pub async fn client() -> Result<kube::Client, kube::Error> {
+    CLIENT
+        .get_or_try_init(kube::Client::try_default)
+        .await
+        .cloned()
+}
 
 /// Where Kubernetes mounts the pod's namespace.
 pub const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";

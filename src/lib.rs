@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod choria;
 pub mod cmd;
 pub mod config;
+pub mod crd;
 pub mod election;
 pub mod fleet;
 pub mod k8s;

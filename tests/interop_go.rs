@@ -1375,3 +1375,93 @@ fn normalize_keeps_key_order_and_hides_only_volatile_values() {
         "-----BEGIN X----- | body lines 64 columns but the last: true | -----END X----- | trailing newline: true"
     );
 }
+
+/// go-choria's provisioning lock as a real server keeps it, and our
+/// simulator the same way: keyed on `<senderid>.<callerid>`, taken by the
+/// five locked actions, checked before the token (a wrong token still
+/// holds it), not taken by unlocked ones, refused with statuscode 1 "Could
+/// not obtain provisioning lock".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_keeps_the_provisioning_lock_as_a_real_server_does() {
+    let Some(mut peers) =
+        RealPeers::start("the_simulator_keeps_the_provisioning_lock_as_a_real_server_does").await
+    else {
+        return;
+    };
+    let real = "real-lock.interop.example.net";
+    let go = peers.go_server(real, Version::V1);
+    let signer = peers.signers.signing_key(Version::V1).to_path_buf();
+    let fleet = start_fleet(&peers.nats, peers.work.path(), |o| {
+        o.nodes = 1;
+        o.connections = 1;
+        o.identity_prefix = "sim-lock-".into();
+        o.identity_suffix = ".interop.example.net".into();
+        o.jwt_signer = Some(signer);
+    })
+    .await;
+    let sim = fleet.identities[0].clone();
+    wait_for_startups(&mut peers.startups, &[real, &sim], &[&go]).await;
+    let caller = |identity: &str, caller: &str| {
+        ChoriaClient::new(
+            peers.conn.clone(),
+            Identity {
+                identity: identity.into(),
+                caller: caller.into(),
+                signer: RequestSigner::V1Insecure,
+            },
+        )
+    };
+    let a = caller("replica-a.example.net", "choria=provisioner");
+    let b = caller("replica-b.example.net", "choria=provisioner");
+    let a_other_caller = caller("replica-a.example.net", "choria=someone-else");
+    let good = json!({"token": TOKEN});
+    let wrong = json!({"token": "wrong"});
+    let none = json!({});
+    let steps: Vec<(&str, &ChoriaClient, &str, &str, &Value)> = vec![
+        ("a takes the lock", &a, "choria_provision", "jwt", &good),
+        ("b is refused", &b, "choria_provision", "jwt", &good),
+        (
+            "b is refused before its token is checked",
+            &b,
+            "choria_provision",
+            "jwt",
+            &wrong,
+        ),
+        (
+            "the key is sender and caller",
+            &a_other_caller,
+            "choria_provision",
+            "jwt",
+            &good,
+        ),
+        (
+            "the holder gets the token error",
+            &a,
+            "choria_provision",
+            "jwt",
+            &wrong,
+        ),
+        ("unlocked actions pass", &b, "rpcutil", "inventory", &none),
+        ("the holder keeps it", &a, "choria_provision", "jwt", &good),
+    ];
+    let mut outcomes = Vec::new();
+    for node in [real, sim.as_str()] {
+        let mut seen = Vec::new();
+        for (what, c, agent, action, data) in &steps {
+            let r = rpc(c, node, agent, action, data).await;
+            seen.push((*what, r.body.statuscode, r.body.statusmsg.clone()));
+        }
+        outcomes.push(seen);
+    }
+    for (what, code, msg) in &outcomes[0] {
+        println!("real: {what}: {code:?} {msg:?}");
+    }
+    assert_eq!(outcomes[0][1].2, "Could not obtain provisioning lock");
+    assert_eq!(outcomes[0][1].1, StatusCode::Aborted);
+    assert_eq!(outcomes[0][4].2, "Incorrect provision token supplied");
+    assert_eq!(
+        outcomes[0], outcomes[1],
+        "the simulator answers every step as the real server does"
+    );
+    drop(fleet);
+}

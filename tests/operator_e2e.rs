@@ -23,380 +23,26 @@
 
 mod support;
 
-use base64::Engine as _;
-use choria_provisioner::choria::client::BrokerArgs;
 use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG, CONFIG_DIR};
+use choria_provisioner::operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG};
 use choria_provisioner::operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::kube::{expect_ok, Bins, ControlPlane};
-use support::provisioner::{binary, http_get, metric_sum};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::kube::{expect_ok, ControlPlane};
+use support::operator::*;
 use support::{free_port, read_journal_so_far, NatsServer, RunningFleet};
 
 /// The tests of this file share two cores: one at a time, so the failover
 /// figures measure the election rather than a neighbouring control plane.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Where deploy/rbac.yaml puts the operator.
-const OPERATOR_NS: &str = "choria-provisioner";
-const OPERATOR_SA: &str = "choria-provisioner-operator";
-/// The operator's pod name (its Lease identity).
-const OPERATOR_POD: &str = "choria-provisioner-operator-5d8c7b9f4-qx7lm";
-const PROV: &str = "provisioners.provisioning.choria.io";
-/// The Provisioners' namespace.
-const NS: &str = "choria";
-/// The fleet's provisioning token, from a Secret.
-const TOKEN: &str = "s3cret";
 /// Lease timings of the pods (client-go's rule: 4 > 3 > 1.2 × 1).
 const LEASE_DURATION: Duration = Duration::from_secs(4);
 const RETRY_PERIOD: Duration = Duration::from_secs(1);
-
-fn repo_file(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
-
-/// Polls `f` every 100 ms until it returns `Some`; panics naming `what`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-// ---------------------------------------------------------------- kubectl
-
-fn apply(cp: &ControlPlane, manifest: &str) {
-    expect_ok(
-        &["apply", "-f", "-"],
-        cp.kubectl_stdin(&["apply", "-f", "-"], manifest),
-    );
-}
-
-/// The object as JSON, `None` when it does not exist.
-fn try_get(cp: &ControlPlane, kind: &str, ns: &str, name: &str) -> Option<Value> {
-    let out = cp.kubectl(&[
-        "get",
-        kind,
-        name,
-        "-n",
-        ns,
-        "-o",
-        "json",
-        "--show-managed-fields",
-    ]);
-    if out.status.success() {
-        return Some(serde_json::from_slice(&out.stdout).expect("kubectl JSON"));
-    }
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("NotFound"),
-        "kubectl get {kind} {ns}/{name}: {err}"
-    );
-    None
-}
-
-fn get(cp: &ControlPlane, kind: &str, ns: &str, name: &str) -> Value {
-    try_get(cp, kind, ns, name).unwrap_or_else(|| panic!("{kind} {ns}/{name} does not exist"))
-}
-
-fn patch_spec(cp: &ControlPlane, name: &str, spec: Value) {
-    let patch = json!({ "spec": spec }).to_string();
-    cp.kubectl_ok(&["patch", PROV, name, "-n", NS, "--type=merge", "-p", &patch]);
-}
-
-/// A token of ServiceAccount `ns/sa` from the TokenRequest API.
-fn create_token(cp: &ControlPlane, ns: &str, sa: &str) -> String {
-    cp.kubectl_ok(&["create", "token", sa, "-n", ns, "--duration=2h"])
-        .trim()
-        .to_string()
-}
-
-/// `kubectl auth can-i` as the identity of `kubeconfig`.
-fn can_i(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> bool {
-    let mut all = vec!["auth", "can-i"];
-    all.extend_from_slice(args);
-    let out = cp.kubectl_with(kubeconfig, &all, None);
-    String::from_utf8_lossy(&out.stdout).trim() == "yes"
-}
-
-/// The RBAC authorizer learns of bindings through a watch: not at once.
-fn wait_allowed(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) {
-    wait_for(
-        &format!("RBAC to allow {args:?}"),
-        Duration::from_secs(20),
-        || can_i(cp, kubeconfig, args).then_some(()),
-    );
-}
-
-// ------------------------------------------------------------ processes
-
-/// A child process (operator or pod) with its log in a file and its
-/// monitoring port, killed on drop and with the test's thread.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    port: u16,
-}
-
-impl Proc {
-    fn spawn(name: &str, dir: &Path, port: u16, args: &[String], env: &[(String, String)]) -> Self {
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
-            let mut c = Command::new("/usr/bin/setpriv");
-            c.args(["--pdeathsig", "KILL"]).arg(binary());
-            c
-        } else {
-            Command::new(binary())
-        };
-        // Nothing of the test's own environment may steer the process.
-        for var in [
-            "KUBECONFIG",
-            "POD_NAME",
-            "POD_NAMESPACE",
-            "CHORIA_PROVISIONER_RESOURCE",
-            "CHORIA_PROVISIONER_OPERATOR_NAMESPACE",
-            "CHORIA_PROVISIONER_LOG",
-            "CHORIA_PROVISIONER_LOG_FORMAT",
-        ] {
-            cmd.env_remove(var);
-        }
-        let child = cmd
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary()));
-        let mut p = Proc {
-            name: name.into(),
-            child,
-            log,
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = p.child.try_wait().unwrap() {
-                panic!(
-                    "{name} exited ({status}) before opening port {port}:\n{}",
-                    p.tail(40)
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: port {port} did not open:\n{}",
-                p.tail(40)
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        p
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let (status, body) = http_get(self.port, "/metrics");
-        assert_eq!(status, 200, "{}: /metrics answered {status}", self.name);
-        metric_sum(&body, name)
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn tail(&self, n: usize) -> String {
-        let logs = self.logs();
-        let lines: Vec<&str> = logs.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-
-    fn signal(&self, signal: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{signal} {} failed", self.name);
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit within {timeout:?}:\n{}",
-                self.name,
-                self.tail(30)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-// ---------------------------------------------------------------- cluster
-
-/// A control plane with the CRD, the chart's RBAC and a running operator.
-struct Cluster {
-    operator: Proc,
-    operator_kubeconfig: PathBuf,
-    // Dropped after the processes above, before the control plane.
-    dir: tempfile::TempDir,
-    cp: ControlPlane,
-}
-
-impl Cluster {
-    fn start(bins: &Bins) -> Self {
-        let cp = ControlPlane::start(bins);
-        // OPERATOR_E2E_KEEP=1 keeps the logs and the journal for a post-mortem.
-        let keep = std::env::var_os("OPERATOR_E2E_KEEP").is_some();
-        let dir = tempfile::Builder::new()
-            .prefix("operator-e2e-")
-            .disable_cleanup(keep)
-            .tempdir()
-            .unwrap();
-        if keep {
-            eprintln!("OPERATOR_E2E_KEEP: {}", dir.path().display());
-        }
-        // The committed CRD must be accepted and become Established.
-        apply(&cp, &repo_file("crds/provisioner.yaml"));
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{PROV}"),
-        ]);
-        apply(&cp, &repo_file("deploy/namespace.yaml"));
-        apply(&cp, &repo_file("deploy/rbac.yaml"));
-        let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
-        let kubeconfig = cp.kubeconfig(&token);
-        // The operator lists Provisioners first and exits when it may not.
-        wait_allowed(&cp, &kubeconfig, &["list", PROV, "--all-namespaces"]);
-        let port = free_port();
-        let operator = Proc::spawn(
-            "operator",
-            dir.path(),
-            port,
-            &[
-                "--log".into(),
-                "info".into(),
-                "operator".into(),
-                "--metrics-port".into(),
-                port.to_string(),
-            ],
-            &[
-                ("KUBECONFIG".into(), kubeconfig.display().to_string()),
-                ("POD_NAME".into(), OPERATOR_POD.into()),
-                ("POD_NAMESPACE".into(), OPERATOR_NS.into()),
-            ],
-        );
-        wait_for(
-            "the operator to lead (chart Role on its Lease)",
-            Duration::from_secs(30),
-            || (operator.metric("choria_provisioner_operator_leader") == 1.0).then_some(()),
-        );
-        Cluster {
-            operator,
-            operator_kubeconfig: kubeconfig,
-            dir,
-            cp,
-        }
-    }
-
-    fn provisioner(&self, name: &str) -> Value {
-        get(&self.cp, PROV, NS, name)
-    }
-
-    /// The Provisioner once the operator has acted on its current
-    /// generation (status and every condition say so).
-    fn observed(&self, name: &str) -> Value {
-        wait_for(
-            &format!("the operator to observe Provisioner {name}"),
-            Duration::from_secs(30),
-            || {
-                let p = self.provisioner(name);
-                let generation = &p["metadata"]["generation"];
-                let conditions = p["status"]["conditions"].as_array()?;
-                let current = p["status"]["observedGeneration"] == *generation
-                    && conditions.len() == 4
-                    && conditions
-                        .iter()
-                        .all(|c| c["observedGeneration"] == *generation);
-                current.then_some(p)
-            },
-        )
-    }
-
-    /// A namespace for Provisioners; pods there must meet Pod Security
-    /// "restricted", as in deploy/example-provisioner.yaml.
-    fn create_namespace(&self) {
-        apply(
-            &self.cp,
-            &format!(
-                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    \
-                 pod-security.kubernetes.io/enforce: restricted\n    \
-                 pod-security.kubernetes.io/enforce-version: latest\n"
-            ),
-        );
-    }
-
-    fn operator_failures(&self) -> f64 {
-        self.operator
-            .metric("choria_provisioner_operator_reconcile_failures_total")
-    }
-}
-
-fn condition<'a>(p: &'a Value, type_: &str) -> &'a Value {
-    p["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .unwrap_or_else(|| panic!("no {type_} condition: {}", p["status"]))
-}
-
-/// (status, reason) of a condition.
-fn cond(p: &Value, type_: &str) -> (String, String) {
-    let c = condition(p, type_);
-    (
-        c["status"].as_str().unwrap_or_default().into(),
-        c["reason"].as_str().unwrap_or_default().into(),
-    )
-}
-
-fn pair(status: &str, reason: &str) -> (String, String) {
-    (status.into(), reason.into())
-}
 
 fn checksum_of(deployment: &Value) -> String {
     deployment["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION]
@@ -422,234 +68,6 @@ fn config_checksum(cm: &Value) -> String {
         h.update([0]);
     }
     hex::encode(h.finalize())
-}
-
-fn managers(obj: &Value) -> Vec<(String, String, String)> {
-    obj["metadata"]["managedFields"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| {
-            let s = |k: &str| m[k].as_str().unwrap_or_default().to_string();
-            (s("manager"), s("operation"), s("subresource"))
-        })
-        .collect()
-}
-
-// ------------------------------------------------------------------- pods
-
-/// Starts a "pod" of the Deployment as a kubelet would, outside a cluster:
-/// each ConfigMap and Secret volume is written under the pod's directory
-/// (only the Secret keys the volume lists), `/etc/choria-provisioner/` in the
-/// args and mounted files is moved there, the env comes from its fieldRefs,
-/// and the ServiceAccount token arrives as a kubeconfig. One change a real
-/// pod does not need: its own monitoring port (pods have their own network).
-/// The replicas share the Choria identity of the generated choria.cfg, as a
-/// Deployment's pods do, and with it the nodes' provisioning lock.
-fn start_pod(c: &Cluster, deployment: &Value, pod: &str, kubeconfig: &Path) -> Proc {
-    let ns = deployment["metadata"]["namespace"].as_str().unwrap();
-    let spec = &deployment["spec"]["template"]["spec"];
-    let container = &spec["containers"][0];
-    let root = c.dir.path().join(pod);
-    let base = "/etc/choria-provisioner/";
-    let moved_base = format!("{}{base}", root.display());
-    let moved = |s: &str| s.replace(base, &moved_base);
-    let volumes = spec["volumes"].as_array().expect("volumes");
-    for m in container["volumeMounts"].as_array().expect("volumeMounts") {
-        let volume = volumes
-            .iter()
-            .find(|v| v["name"] == m["name"])
-            .unwrap_or_else(|| panic!("no volume for the mount {m}"));
-        let mount = m["mountPath"].as_str().unwrap();
-        if volume.get("emptyDir").is_some() {
-            assert_eq!(mount, "/tmp", "{m}");
-            continue;
-        }
-        assert!(mount.starts_with(base), "mounted outside {base}: {m}");
-        let target = root.join(mount.trim_start_matches('/'));
-        std::fs::create_dir_all(&target).unwrap();
-        if let Some(source) = volume.get("configMap") {
-            let cm = get(&c.cp, "configmap", ns, source["name"].as_str().unwrap());
-            for (key, value) in cm["data"].as_object().unwrap() {
-                std::fs::write(target.join(key), moved(value.as_str().unwrap())).unwrap();
-            }
-        } else if let Some(source) = volume.get("secret") {
-            let secret = get(&c.cp, "secret", ns, source["secretName"].as_str().unwrap());
-            for item in source["items"].as_array().expect("secret items") {
-                let key = item["key"].as_str().unwrap();
-                let data = base64::engine::general_purpose::STANDARD
-                    .decode(secret["data"][key].as_str().unwrap_or_else(|| {
-                        panic!("Secret {} has no key {key}", source["secretName"])
-                    }))
-                    .unwrap();
-                std::fs::write(target.join(item["path"].as_str().unwrap()), data).unwrap();
-            }
-        } else {
-            panic!("a volume the test kubelet does not know: {volume}");
-        }
-    }
-
-    let port = free_port();
-    let config = root.join(CONFIG_DIR.trim_start_matches('/'));
-    let path = config.join(PROVISIONER_YAML);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let prefix = "monitor_port:";
-    assert_eq!(
-        text.lines().filter(|l| l.starts_with(prefix)).count(),
-        1,
-        "{text}"
-    );
-    let text: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.starts_with(prefix) {
-                format!("{prefix} {port}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    std::fs::write(&path, text.join("\n") + "\n").unwrap();
-
-    let args: Vec<String> = container["args"]
-        .as_array()
-        .expect("args")
-        .iter()
-        .map(|a| moved(a.as_str().unwrap()))
-        .collect();
-    let mut env: Vec<(String, String)> = container["env"]
-        .as_array()
-        .expect("env")
-        .iter()
-        .map(|e| {
-            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("metadata.name") => pod.to_string(),
-                Some("metadata.namespace") => ns.to_string(),
-                _ => panic!("an env var the test kubelet does not know: {e}"),
-            };
-            (e["name"].as_str().unwrap().to_string(), value)
-        })
-        .collect();
-    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
-    Proc::spawn(pod, c.dir.path(), port, &args, &env)
-}
-
-/// Index of the one pod whose leader gauge is 1; panics on two.
-fn sole_leader(pods: &[Proc], timeout: Duration) -> usize {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let leaders: Vec<usize> = (0..pods.len())
-            .filter(|i| pods[*i].metric("choria_provisioner_leader") == 1.0)
-            .collect();
-        assert!(
-            leaders.len() <= 1,
-            "two leaders at once: {:?}",
-            leaders.iter().map(|i| &pods[*i].name).collect::<Vec<_>>()
-        );
-        if let [i] = leaders[..] {
-            return i;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader within {timeout:?}:\n{}",
-            pods.iter()
-                .map(|p| format!("--- {}\n{}", p.name, p.tail(15)))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A Provisioner for the simulated fleet on `nats`: lease election with short
-/// timings, the token from a Secret, the reference helper slowed down so
-/// provisioning lasts long enough to pause and fail over in the middle.
-fn fleet_provisioner(
-    c: &Cluster,
-    name: &str,
-    nats: &NatsServer,
-    replicas: i32,
-    workers: i32,
-    helper_sleep: &str,
-    rpc_timeout: &str,
-) -> Value {
-    token_secret(&c.cp, name);
-    let resource = json!({
-        "apiVersion": "provisioning.choria.io/v1alpha1",
-        "kind": "Provisioner",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "image": "choria-provisioner:e2e",
-            "workers": workers,
-            "site": "e2e",
-            "logLevel": "info",
-            "choriaInsecure": true,
-            "broker": {"urls": [nats.url()]},
-            "tokenSecret": {"name": format!("{name}-token"), "key": "token"},
-            "helper": {"command": format!("sh -c 'sleep {helper_sleep}; exec {} fleet-helper'", binary())},
-            "rpcTimeout": rpc_timeout,
-            "discoveryTimeout": "2s",
-            "discoveryWindow": "500ms",
-            "election": {
-                "backend": "lease",
-                "leaseDuration": "4s",
-                "renewDeadline": "3s",
-                "retryPeriod": "1s",
-            },
-        },
-    });
-    apply(&c.cp, &resource.to_string());
-    let p = c.observed(name);
-    assert_eq!(
-        cond(&p, "Degraded"),
-        pair("False", "AsExpected"),
-        "{}",
-        p["status"]
-    );
-    p
-}
-
-/// Secret `<name>-token` holding the fleet's provisioning token.
-fn token_secret(cp: &ControlPlane, name: &str) {
-    cp.kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        &format!("{name}-token"),
-        "-n",
-        NS,
-        &format!("--from-literal=token={TOKEN}"),
-    ]);
-}
-
-/// The pods' ServiceAccount token (the operator created the account and bound
-/// it to its Role), once RBAC allows what the pods do.
-fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
-    wait_for(
-        "the operator's RoleBinding",
-        Duration::from_secs(30),
-        || try_get(&c.cp, "rolebinding", NS, name),
-    );
-    let kubeconfig = c.cp.kubeconfig(&create_token(&c.cp, NS, name));
-    let lease = format!("leases.coordination.k8s.io/{name}");
-    let own = format!("{PROV}/{name}");
-    wait_allowed(&c.cp, &kubeconfig, &["update", &lease, "-n", NS]);
-    wait_allowed(&c.cp, &kubeconfig, &["watch", &own, "-n", NS]);
-    // ...and nothing beyond its own objects.
-    for denied in [
-        vec!["get", "leases.coordination.k8s.io/other", "-n", NS],
-        vec!["get", "provisioners.provisioning.choria.io/other", "-n", NS],
-        vec!["patch", &own, "-n", NS],
-        vec!["get", "secrets", "-n", NS],
-        vec!["create", "leases.coordination.k8s.io", "-n", "default"],
-    ] {
-        assert!(
-            !can_i(&c.cp, &kubeconfig, &denied),
-            "the pods may {denied:?}"
-        );
-    }
-    kubeconfig
 }
 
 fn server_startups(journal: &Path) -> usize {
@@ -866,7 +284,12 @@ spec:
     // Status: nothing runs pods here, so not Ready, and nothing else wrong.
     assert_eq!(p["status"]["observedGeneration"], generation);
     assert_eq!(p["status"]["readyReplicas"], 0);
-    assert_eq!(cond(&p, "Ready"), pair("False", "NoReadyReplicas"));
+    // No deployment controller here: it never saw the Deployment.
+    assert_eq!(cond(&p, "Ready"), pair("False", "RolloutPending"));
+    assert_eq!(
+        cond(&p, "Progressing"),
+        pair("Unknown", "NoDeploymentStatus")
+    );
     assert_eq!(cond(&p, "LeaderElected"), pair("False", "NoLeader"));
     assert_eq!(cond(&p, "Paused"), pair("False", "NotPaused"));
     assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
@@ -893,6 +316,8 @@ spec:
         ("serviceaccount", "prov"),
         ("role", "prov"),
         ("rolebinding", "prov"),
+        ("rolebinding", "prov-leases"),
+        ("rolebinding", "prov-certificaterequests"),
         ("configmap", "prov-config"),
         ("service", "prov-metrics"),
         ("deployment", "prov"),
@@ -1083,7 +508,8 @@ spec:
         String::from_utf8_lossy(&refused.stderr)
     );
 
-    // The pods' Role: their own Provisioner and Lease, nothing else.
+    // The pods' Role: their own Provisioner, nothing else; Leases come from
+    // the chart's ClusterRole, bound in this namespace only.
     let role = get(cp, "role", NS, "prov");
     assert_eq!(
         role["rules"],
@@ -1091,21 +517,34 @@ spec:
             {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners"],
              "resourceNames": ["prov"], "verbs": ["get", "watch", "list"]},
             {"apiGroups": ["provisioning.choria.io"], "resources": ["provisioners/status"],
-             "resourceNames": ["prov"], "verbs": ["get", "patch", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-             "resourceNames": ["prov"], "verbs": ["get", "update"]},
+             "resourceNames": ["prov"], "verbs": ["patch"]},
         ])
     );
-    let rb = get(cp, "rolebinding", NS, "prov");
-    assert_eq!(
-        rb["roleRef"],
-        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prov"})
-    );
-    assert_eq!(
-        rb["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "prov", "namespace": NS}])
-    );
+    let pods = json!([{"kind": "ServiceAccount", "name": "prov", "namespace": NS}]);
+    for (binding, kind, role, subjects) in [
+        ("prov", "Role", "prov", pods.clone()),
+        (
+            "prov-leases",
+            "ClusterRole",
+            "choria-provisioner-operator-leases",
+            pods,
+        ),
+        // No cert-manager here: bound to nobody.
+        (
+            "prov-certificaterequests",
+            "ClusterRole",
+            "choria-provisioner-operator-certificaterequests",
+            Value::Null,
+        ),
+    ] {
+        let rb = get(cp, "rolebinding", NS, binding);
+        assert_eq!(
+            rb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role}),
+            "{binding}"
+        );
+        assert_eq!(rb["subjects"], subjects, "{binding}");
+    }
     let svc = get(cp, "service", NS, "prov-metrics");
     assert_eq!(
         svc["spec"]["ports"],
@@ -1114,10 +553,12 @@ spec:
     assert_eq!(svc["spec"]["selector"], selector);
     let pdb = get(cp, "poddisruptionbudget", NS, "prov");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     assert_eq!(pdb["spec"]["selector"]["matchLabels"], selector);
 
     // Least privilege: the operator can neither read Secrets nor delete or
-    // create what it only applies.
+    // create what it only applies, touches no Lease but its own and no
+    // CertificateRequest, and binds only the two shipped ClusterRoles.
     for denied in [
         vec!["get", "secrets", "-n", NS],
         vec!["list", "secrets", "--all-namespaces"],
@@ -1125,10 +566,55 @@ spec:
         vec!["create", "pods", "-n", NS],
         vec!["update", "provisioners.provisioning.choria.io", "-n", NS],
         vec!["delete", "configmaps", "-n", NS],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/kube-scheduler",
+            "-n",
+            "kube-system",
+        ],
+        vec!["get", "leases.coordination.k8s.io", "-n", NS],
+        vec!["create", "leases.coordination.k8s.io", "-n", NS],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/other",
+            "-n",
+            OPERATOR_NS,
+        ],
+        vec!["create", "certificaterequests.cert-manager.io", "-n", NS],
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/cluster-admin",
+        ],
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/admin",
+            "-n",
+            NS,
+        ],
+        vec!["escalate", "roles.rbac.authorization.k8s.io", "-n", NS],
     ] {
         assert!(
             !can_i(cp, &c.operator_kubeconfig, &denied),
             "the operator may {denied:?}"
+        );
+    }
+    for allowed in [
+        vec![
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/choria-provisioner-operator-leases",
+            "-n",
+            NS,
+        ],
+        vec![
+            "update",
+            "leases.coordination.k8s.io/choria-provisioner-operator",
+            "-n",
+            OPERATOR_NS,
+        ],
+    ] {
+        assert!(
+            can_i(cp, &c.operator_kubeconfig, &allowed),
+            "the operator may not {allowed:?}"
         );
     }
 
@@ -1168,6 +654,7 @@ spec:
     patch_spec(cp, "prov", json!({"paused": true}));
     let p = c.observed("prov");
     assert_eq!(cond(&p, "Paused"), pair("True", "PausedBySpec"));
+    assert_eq!(event_for(cp, "prov", "Paused")["type"], "Normal");
     let d4 = get(cp, "deployment", NS, "prov");
     assert_eq!(
         checksum_of(&d4),
@@ -1177,63 +664,52 @@ spec:
     assert_eq!(d4["spec"]["template"], d3["spec"]["template"]);
     assert_eq!(get(cp, "configmap", NS, "prov-config")["data"], cm2["data"]);
 
-    // An invalid spec: Degraded with a message saying what to fix (without
-    // the password in the URL), a Warning Event, nothing owned touched.
+    // A password in a broker URL: refused by the API server at once (the
+    // CRD's rule), without repeating it; nothing reaches the operator.
     let password = "hunter2-e2e";
-    patch_spec(
-        cp,
+    let patch = json!({"spec": {"broker": {"urls": [format!("nats://provisioner:{password}@broker.example.net:4222")]}}});
+    let refused = cp.kubectl(&[
+        "patch",
+        PROV,
         "prov",
-        json!({"broker": {"urls": [format!("nats://provisioner:{password}@broker.example.net:4222")]}}),
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &patch.to_string(),
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("spec.broker.urls carry credentials"),
+        "{stderr}"
     );
+    assert!(
+        !stderr.contains(password),
+        "the API server repeats the password: {stderr}"
+    );
+
+    // What only the operator can see (the provisioner's own parsers over the
+    // generated files): Degraded with a message saying what to fix, a
+    // Warning Event, nothing owned touched.
+    patch_spec(cp, "prov", json!({"certDenyList": ["("]}));
     let p = c.observed("prov");
     let degraded = condition(&p, "Degraded");
     assert_eq!(degraded["status"], "True", "{degraded}");
     assert_eq!(degraded["reason"], "InvalidSpec");
     let message = degraded["message"].as_str().unwrap();
     assert!(
-        message.contains("spec.broker.urls[0] carries credentials"),
+        message.contains("the provisioner would refuse its configuration")
+            && message.contains("cert_deny_list"),
         "{message}"
     );
     assert_eq!(cond(&p, "Ready"), pair("False", "InvalidSpec"));
-    let event = wait_for("a Warning Event", Duration::from_secs(20), || {
-        let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
-            "get",
-            "events.v1.events.k8s.io",
-            "-n",
-            NS,
-            "-o",
-            "json",
-        ]))
-        .unwrap();
-        events["items"]
-            .as_array()?
-            .iter()
-            .find(|e| e["reason"] == "InvalidSpec" && e["regarding"]["name"] == "prov")
-            .cloned()
-    });
+    let event = event_for(cp, "prov", "InvalidSpec");
     assert_eq!(event["type"], "Warning", "{event}");
     assert_eq!(event["regarding"]["kind"], "Provisioner");
     assert_eq!(event["regarding"]["uid"], uid.as_str());
     assert_eq!(event["reportingController"], "choria-provisioner-operator");
     assert_eq!(event["reportingInstance"], OPERATOR_POD);
-    assert!(
-        event["note"]
-            .as_str()
-            .unwrap()
-            .contains("carries credentials"),
-        "{event}"
-    );
-    for (what, text) in [
-        ("the status", p["status"].to_string()),
-        ("the event", event.to_string()),
-        ("the operator log", c.operator.logs()),
-        (
-            "the ConfigMap",
-            get(cp, "configmap", NS, "prov-config").to_string(),
-        ),
-    ] {
-        assert!(!text.contains(password), "{what} repeats the password");
-    }
+    assert_eq!(event["note"], message);
     let d5 = get(cp, "deployment", NS, "prov");
     assert_eq!(d5["spec"]["template"], d4["spec"]["template"]);
     assert!(
@@ -1242,14 +718,13 @@ spec:
             >= 1.0
     );
 
-    // Fixed again: no longer Degraded.
-    patch_spec(
-        cp,
-        "prov",
-        json!({"broker": {"urls": ["nats://broker.example.net:4222"]}}),
-    );
+    // Fixed again: no longer Degraded, and an Event says so.
+    patch_spec(cp, "prov", json!({"certDenyList": null}));
     let p = c.observed("prov");
     assert_eq!(cond(&p, "Degraded"), pair("False", "AsExpected"));
+    event_for(cp, "prov", "Recovered");
+
+    policy_refusals(&c);
 
     // Deleted: without a garbage collector here the objects stay, each with a
     // controller reference to the deleted Provisioner, which is what makes
@@ -1278,6 +753,80 @@ spec:
     eprintln!("operator e2e done in {:.1?}", t0.elapsed());
 }
 
+/// What the shipped policy refuses (only the operator's own image, no
+/// ClusterIssuer, a server's key usages): Degraded NotAllowed with a message
+/// naming what was asked and what is allowed, a Warning Event, and nothing
+/// applied — the running Deployment unchanged, nothing made for a new one.
+fn policy_refusals(c: &Cluster) {
+    let cp = &c.cp;
+    let before = get(cp, "deployment", NS, "prov");
+    patch_spec(cp, "prov", json!({"image": "busybox:latest"}));
+    let p = c.observed("prov");
+    assert_eq!(cond(&p, "Degraded"), pair("True", "NotAllowed"));
+    assert_eq!(cond(&p, "Ready"), pair("False", "NotAllowed"));
+    let message = condition(&p, "Degraded")["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "spec.image \"busybox:latest\" is not an image this operator may run; allowed: only the operator's own image choria-provisioner:0.1.0 (the cluster admin's --allowed-image)"
+    );
+    let event = event_for(cp, "prov", "NotAllowed");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["note"], message);
+    let after = get(cp, "deployment", NS, "prov");
+    assert_eq!(after["spec"]["template"], before["spec"]["template"]);
+    assert_eq!(
+        after["metadata"]["generation"],
+        before["metadata"]["generation"]
+    );
+    patch_spec(cp, "prov", json!({"image": "choria-provisioner:0.1.0"}));
+    assert_eq!(
+        cond(&c.observed("prov"), "Degraded"),
+        pair("False", "AsExpected")
+    );
+
+    // A new Provisioner asking for a ClusterIssuer and a CA's key usage.
+    apply(
+        cp,
+        &json!({
+            "apiVersion": "provisioning.choria.io/v1alpha1",
+            "kind": "Provisioner",
+            "metadata": {"name": "greedy", "namespace": NS},
+            "spec": {
+                "choriaInsecure": true,
+                "broker": {"urls": ["nats://broker.example.net:4222"]},
+                "features": {"pki": true},
+                "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+                "pki": {"certManager": {
+                    "issuerRef": {"name": "corp-root", "kind": "ClusterIssuer"},
+                    "usages": ["client auth", "cert sign"],
+                }},
+            },
+        })
+        .to_string(),
+    );
+    let p = c.observed("greedy");
+    assert_eq!(cond(&p, "Degraded"), pair("True", "NotAllowed"));
+    let message = condition(&p, "Degraded")["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "spec.pki.certManager.issuerRef names ClusterIssuer \"corp-root\", which this operator does not let Provisioners use; allowed beyond an Issuer in the Provisioner's namespace: none (the cluster admin's --allowed-cluster-issuer); \
+         spec.pki.certManager.usages asks for \"cert sign\", which this operator does not allow; allowed: digital signature, key encipherment, server auth, client auth (the cluster admin's --allowed-usage)"
+    );
+    event_for(cp, "greedy", "NotAllowed");
+    for (kind, name) in [
+        ("deployment", "greedy"),
+        ("configmap", "greedy-config"),
+        ("serviceaccount", "greedy"),
+        ("rolebinding", "greedy-certificaterequests"),
+    ] {
+        assert!(
+            try_get(cp, kind, NS, name).is_none(),
+            "{kind} {name} was made"
+        );
+    }
+    cp.kubectl_ok(&["delete", PROV, "greedy", "-n", NS]);
+}
+
 /// Two `run` processes of a Provisioner's Deployment, logged in with only the
 /// operator-generated Role: one leads through the Lease, `kubectl get prov`
 /// shows it and the provisioned count, `spec.paused` pauses and resumes the
@@ -1300,16 +849,7 @@ async fn provisioner_pods_follow_pause_and_report_the_leader() {
     let kubeconfig = pod_kubeconfig(&c, "fleet");
 
     let journal = c.dir.path().join("journal.jsonl");
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
-        nodes: NODES,
-        token: TOKEN.into(),
-        journal: Some(journal.clone()),
-        key_pool_size: 2,
-        connections: 4,
-        ..Default::default()
-    })
-    .await;
+    let fleet = RunningFleet::start(fleet_options(&nats, NODES, &journal)).await;
 
     let mut pods = vec![
         start_pod(&c, &deployment, "fleet-6c8f9d7b5-kq4zt", &kubeconfig),
@@ -1385,17 +925,7 @@ async fn provisioner_pods_follow_pause_and_report_the_leader() {
 
     // Stand in for the deployment controller: two ready replicas make the
     // Provisioner Ready with an elected leader.
-    cp.kubectl_ok(&[
-        "patch",
-        "deployment",
-        "fleet",
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"replicas":2,"updatedReplicas":2,"readyReplicas":2,"availableReplicas":2}}"#,
-    ]);
+    set_deployment_status(&c, "fleet", 2, 2, 2);
     let p = wait_for("Ready", Duration::from_secs(20), || {
         let p = c.provisioner("fleet");
         (cond(&p, "Ready").0 == "True").then_some(p)
@@ -1494,16 +1024,7 @@ async fn lease_failover_kill_and_stop() {
     let deployment = get(cp, "deployment", NS, "ha");
     let kubeconfig = pod_kubeconfig(&c, "ha");
     let journal = c.dir.path().join("journal.jsonl");
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
-        nodes,
-        token: TOKEN.into(),
-        journal: Some(journal.clone()),
-        key_pool_size: 2,
-        connections: 4,
-        ..Default::default()
-    })
-    .await;
+    let fleet = RunningFleet::start(fleet_options(&nats, nodes, &journal)).await;
 
     println!("fleet of {nodes} started at {:.1?}", t0.elapsed());
     let mut started = 0;
@@ -1731,16 +1252,9 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
         apply(&cp, &d.to_string());
     }
     let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
-    let mut args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .filter(|a| !a.starts_with("--metrics-port"))
-        .collect();
-    assert!(args.contains(&format!("--namespace={NS}")), "{args:?}");
     let port = free_port();
-    args.push(format!("--metrics-port={port}"));
+    let args = operator_args(deployment, port);
+    assert!(args.contains(&format!("--namespace={NS}")), "{args:?}");
     let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
     let kubeconfig = cp.kubeconfig(&token);
     wait_allowed(&cp, &kubeconfig, &["list", PROV, "-n", NS]);
@@ -1869,7 +1383,6 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
         "metadata": {"name": "nohelper", "namespace": NS},
         "spec": {
             "replicas": 1,
-            "image": "choria-provisioner:e2e",
             "workers": 8,
             "site": "e2e",
             "logLevel": "info",
@@ -1938,13 +1451,9 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
 
     let journal = c.dir.path().join("nohelper.jsonl");
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
-        nodes: NODES,
-        token: TOKEN.into(),
-        journal: Some(journal.clone()),
         key_pool_size: 4,
         journal_config_keys: vec!["identity".into(), "plugin.choria.middleware_hosts".into()],
-        ..Default::default()
+        ..fleet_options(&nats, NODES, &journal)
     })
     .await;
     let pod = start_pod(&c, &deployment, "nohelper-7d9f8c6b5-z2x4q", &kubeconfig);

@@ -11,7 +11,6 @@ use crate::choria::subjects;
 use crate::choria::tls::{TlsError, TlsSettings};
 use futures::StreamExt;
 use serde::Serialize;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -223,6 +222,26 @@ pub struct Identity {
     /// The caller id (`choria=<certname>` for x509, the JWT's callerid for v2).
     pub caller: String,
     pub signer: RequestSigner,
+}
+
+/// What one discovery round found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Discovered {
+    /// Distinct valid names (at most `max_nodes`).
+    pub nodes: usize,
+    /// Replies were still arriving when the round's `timeout` ended it:
+    /// there may be more nodes than it found.
+    pub cut_short: bool,
+}
+
+fn name_hash(name: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Fixed keys: stable within the process, no per-map randomness needed.
+    let mut h =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .build_hasher();
+    h.write(name.as_bytes());
+    h.finish()
 }
 
 /// A decoded RPC reply.
@@ -568,17 +587,24 @@ impl ChoriaClient {
         filter: &Filter,
         opts: DiscoveryOptions,
     ) -> Result<Vec<String>, ClientError> {
-        self.discover_each(filter, opts, |_| {}).await
+        let mut found = Vec::new();
+        self.discover_each(filter, opts, |n| found.push(n.to_string()))
+            .await?;
+        found.sort();
+        Ok(found)
     }
 
-    /// [`ChoriaClient::discover`], calling `on_found` for each node as its
-    /// reply arrives, so work can start before the discovery window closes.
+    /// [`ChoriaClient::discover`], calling `on_found` once for each node as
+    /// its reply arrives, so work can start before the discovery window
+    /// closes. Names are told apart by a 64-bit hash (8 bytes per node
+    /// instead of a copy of each name: a fleet of a million costs 8 MB); a
+    /// collision would hide one node until the next round.
     pub async fn discover_each(
         &self,
         filter: &Filter,
         opts: DiscoveryOptions,
         mut on_found: impl FnMut(&str),
-    ) -> Result<Vec<String>, ClientError> {
+    ) -> Result<Discovered, ClientError> {
         let id = self.new_request_id();
         let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let msg = self.encode(
@@ -595,7 +621,8 @@ impl ChoriaClient {
         let started = Instant::now();
         let hard_deadline = tokio::time::Instant::now() + opts.timeout;
         let mut window_deadline = hard_deadline;
-        let mut found = BTreeSet::new();
+        let mut found = std::collections::HashSet::new();
+        let mut cut_short = false;
         loop {
             let deadline = window_deadline.min(hard_deadline);
             match tokio::time::timeout_at(deadline, sub.next()).await {
@@ -603,12 +630,12 @@ impl ChoriaClient {
                     Ok(sender) => {
                         if let Err(e) = identity::validate(&sender) {
                             self.rejected_identity("discovery", &e, &sender);
-                        } else if !found.contains(&sender) {
+                        } else if !found.contains(&name_hash(&sender)) {
                             if found.len() >= opts.max_nodes {
                                 self.ignored(&sender, "discovery", Ignored::Overflow, None);
                             } else {
                                 on_found(&sender);
-                                found.insert(sender);
+                                found.insert(name_hash(&sender));
                             }
                         }
                         if let Some(w) = opts.sliding_window {
@@ -617,12 +644,21 @@ impl ChoriaClient {
                     }
                     Err(_) => self.ignored("", "discovery", Ignored::Undecodable, None),
                 },
-                Ok(None) | Err(_) => break,
+                Ok(None) => break,
+                Err(_) => {
+                    // The hard deadline came while replies still arrived
+                    // (the sliding window had not closed).
+                    cut_short = opts.sliding_window.is_some() && window_deadline > hard_deadline;
+                    break;
+                }
             }
         }
         let _ = sub.unsubscribe().await;
-        debug!(found = found.len(), elapsed = ?started.elapsed(), "discovery finished");
-        Ok(found.into_iter().collect())
+        debug!(found = found.len(), elapsed = ?started.elapsed(), cut_short, "discovery finished");
+        Ok(Discovered {
+            nodes: found.len(),
+            cut_short,
+        })
     }
 
     /// Publishes a lifecycle event in the Choria format (as the Go provisioner does

@@ -3,6 +3,6 @@
 use std::process::ExitCode;
 
 pub fn run() -> ExitCode {
-    print!("{}", crate::operator::crd::crd_yaml());
+    print!("{}", crate::crd::crd_yaml());
     ExitCode::SUCCESS
 }

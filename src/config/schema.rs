@@ -286,6 +286,7 @@ mod tests {
         assert!(ProvisionerFile::KEYS.contains(&"broker_provisioning_password_file"));
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
         assert_eq!(ElectionFile::KEYS.len(), 12);
+        assert_eq!(ElectionFile::KEYS[0], "mode");
         assert_eq!(ElectionFile::FIELDS[0].key, "mode");
         assert_eq!(FeaturesFile::FIELDS[0].ty, "bool");
         assert!(FeaturesFile::FIELDS[0].doc.contains("CSR"));

@@ -137,9 +137,7 @@ impl LeaseBackend {
     /// Builds the client from the service account (or KUBECONFIG) and picks
     /// the namespace: configured, else the pod's, else the client's default.
     pub async fn connect(cfg: &ElectionConfig, identity: &str) -> Result<Self, LeaseError> {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(LeaseError::Client)?;
+        let client = crate::k8s::client().await.map_err(LeaseError::Client)?;
         let namespace = resolve_namespace(
             cfg.lease_namespace.as_deref(),
             Path::new(POD_NAMESPACE_FILE),

@@ -1,7 +1,7 @@
 //! Test helpers: Provisioner fixtures and a mocked API server (the
 //! controller-rs `ApiServerVerifier` pattern on tower-test).
 
-use super::crd::{Provisioner, API_VERSION, KIND};
+use crate::crd::{Provisioner, API_VERSION, KIND};
 use http::{Request, Response};
 use kube::client::Body;
 use serde_json::{json, Value};
@@ -36,6 +36,11 @@ pub fn resource_json(spec: Value) -> Value {
         "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 3, "resourceVersion": "100"},
         "spec": s,
     })
+}
+
+/// The operator's defaults, as with no policy flags.
+pub fn settings() -> super::build::Settings {
+    super::build::Settings::new(crate::crd::default_image())
 }
 
 pub fn provisioner(spec: Value) -> Provisioner {

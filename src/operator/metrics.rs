@@ -39,7 +39,7 @@ impl Metrics {
         .expect("valid metric");
         let invalid = IntCounter::with_opts(Opts::new(
             "choria_provisioner_operator_invalid_specs_total",
-            "Reconciliations that found an invalid spec",
+            "Reconciliations that found a spec they could not apply: invalid, or beyond what the cluster admin allows",
         ))
         .expect("valid metric");
         let leader = IntGauge::with_opts(Opts::new(

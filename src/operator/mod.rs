@@ -19,17 +19,17 @@
 //! with its back-off.
 
 pub mod build;
-pub mod crd;
 pub mod metrics;
+pub mod policy;
 pub mod reconcile;
 pub mod validate;
 
 use crate::config::{ElectionBackend as ConfigBackend, ElectionConfig};
+use crate::crd::{self, Provisioner};
 use crate::election::machine::LossReason;
 use crate::election::{self, lease::LeaseBackend, Steer};
 use crate::k8s::{describe_error as describe, hostname_from_proc, POD_NAMESPACE_FILE};
 use crate::monitor::{self, Health, MonitorError};
-use crd::Provisioner;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -37,10 +37,11 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{watcher, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{controller, predicates, watcher, Controller, WatchStreamExt};
 use kube::Client;
 use metrics::Metrics;
-use reconcile::Context;
+use reconcile::{Context, Stores};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +56,8 @@ pub const FIELD_MANAGER: &str = "choria-provisioner-operator";
 pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
 /// The Lease operator replicas campaign for.
 pub const LEASE_NAME: &str = "choria-provisioner-operator";
-/// How long in-flight reconciliations may finish after leadership is lost.
+/// How long in-flight reconciliations may finish on shutdown (not on a lost
+/// Lease: then they stop at once).
 pub const DRAIN: Duration = Duration::from_secs(10);
 
 /// `choria-provisioner operator`.
@@ -72,6 +74,66 @@ pub struct OperatorArgs {
     /// only with a single operator replica.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_election: bool,
+    /// The operator's own image: what a Provisioner without `spec.image`
+    /// runs, and the only image allowed unless `--allowed-image` says
+    /// otherwise (default: this build's `choria-provisioner:<version>`).
+    #[arg(long, env = "CHORIA_PROVISIONER_OPERATOR_IMAGE")]
+    pub image: Option<String>,
+    /// An image a Provisioner may run; `*` stands for any run of
+    /// characters (`registry.example.net/choria-provisioner:*`). Repeat it,
+    /// or separate with commas. Default: only `--image`.
+    #[arg(long = "allowed-image", value_delimiter = ',')]
+    pub allowed_images: Vec<String>,
+    /// An issuer outside a Provisioner's namespace that may sign its nodes'
+    /// certificates: NAME for a cert-manager ClusterIssuer, KIND.GROUP/NAME
+    /// for another issuer (`*` allowed in NAME). Default: none.
+    #[arg(long = "allowed-cluster-issuer", value_delimiter = ',')]
+    pub allowed_cluster_issuers: Vec<policy::IssuerPattern>,
+    /// A key usage the nodes' certificates may carry (cert-manager's names).
+    #[arg(
+        long = "allowed-usage",
+        value_delimiter = ',',
+        default_values_t = crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES.map(String::from)
+    )]
+    pub allowed_usages: Vec<String>,
+    /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
+    /// its pods when they elect through a Lease.
+    #[arg(long, default_value = build::DEFAULT_LEASE_CLUSTER_ROLE)]
+    pub lease_cluster_role: String,
+    /// The ClusterRole granting CertificateRequests, bound to the pods of a
+    /// Provisioner with `spec.pki.certManager`.
+    #[arg(long, default_value = build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE)]
+    pub cert_manager_cluster_role: String,
+}
+
+impl OperatorArgs {
+    /// The policy and roles every reconciliation applies; refuses usages
+    /// cert-manager does not know.
+    pub fn settings(&self) -> Result<build::Settings, OperatorError> {
+        use crate::config::provisioner::CERT_MANAGER_USAGES;
+        if let Some(u) = self
+            .allowed_usages
+            .iter()
+            .find(|u| !CERT_MANAGER_USAGES.contains(&u.as_str()))
+        {
+            return Err(OperatorError::Usage(format!(
+                "--allowed-usage {u:?} is not a cert-manager key usage; use one of: {}",
+                CERT_MANAGER_USAGES.join(", ")
+            )));
+        }
+        let own = self.image.clone().unwrap_or_else(crd::default_image);
+        let mut settings = build::Settings::new(own);
+        settings.policy.images = self
+            .allowed_images
+            .iter()
+            .map(policy::Pattern::new)
+            .collect();
+        settings.policy.cluster_issuers = self.allowed_cluster_issuers.clone();
+        settings.policy.usages = self.allowed_usages.clone();
+        settings.lease_cluster_role = self.lease_cluster_role.clone();
+        settings.cert_manager_cluster_role = self.cert_manager_cluster_role.clone();
+        Ok(settings)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +144,8 @@ pub enum OperatorError {
         "cannot list Provisioners ({0}); is the CRD installed? Install it with `choria-provisioner crd | kubectl apply -f -`"
     )]
     NoCrd(String),
+    #[error("{0}")]
+    Usage(String),
     #[error(transparent)]
     Monitor(#[from] MonitorError),
     #[error("the leader election stopped unexpectedly")]
@@ -123,7 +187,7 @@ pub async fn run(
     args: OperatorArgs,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
-    let client = Client::try_default()
+    let client = crate::k8s::client()
         .await
         .map_err(|e| OperatorError::Client(describe(&e)))?;
     let identity = std::env::var("POD_NAME")
@@ -142,6 +206,7 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
     let identity = identity.to_string();
+    let settings = args.settings()?;
     let lease_namespace = args
         .namespace
         .clone()
@@ -211,7 +276,7 @@ pub async fn run_with(
         "operator started"
     );
 
-    let ctx = Arc::new(Context {
+    let shared = Shared {
         client: client.clone(),
         recorder: Recorder::new(
             client.clone(),
@@ -221,7 +286,8 @@ pub async fn run_with(
             },
         ),
         metrics: metrics.clone(),
-    });
+        settings,
+    };
     let shutting_down = CancellationToken::new();
     let signal = shutting_down.clone();
     let lead_loop = async {
@@ -233,9 +299,8 @@ pub async fn run_with(
                 _ = shutting_down.cancelled() => break,
             }
             lead(
-                &client,
                 args.namespace.as_deref(),
-                ctx.clone(),
+                &shared,
                 leading.clone(),
                 shutting_down.clone(),
             )
@@ -286,50 +351,136 @@ where
     }
 }
 
-/// Runs the controller while we lead and until shutdown.
-async fn lead(
+/// What every term's controller gets.
+#[derive(Clone)]
+struct Shared {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    settings: build::Settings,
+}
+
+/// How long the controller waits for more triggers of one Provisioner
+/// before reconciling it: the watch events of one apply of several owned
+/// objects arrive together and make one reconciliation, not one each.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// What of a Provisioner sets off a reconciliation: its spec (generation)
+/// and the leader its pods report (the LeaderElected condition and its
+/// Event). Status writes of the count, and the operator's own status
+/// writes, do not.
+fn provisioner_changed(p: &Provisioner) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.metadata.generation.hash(&mut h);
+    p.status
+        .as_ref()
+        .and_then(|s| s.leader.as_ref())
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// A watch of the owned objects of kind `K` (by our label) feeding a store;
+/// each change, deletion included, sets off their owner's reconciliation.
+fn owned_watch<K>(
     client: &Client,
     namespace: Option<&str>,
-    ctx: Arc<Context>,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&reconcile::owned_selector());
+    let stream = watcher(scoped::<K>(client, namespace), config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
+        // A re-list brings every object again, unchanged: not a change.
+        .predicate_filter(predicates::resource_version, Default::default());
+    (reader, stream)
+}
+
+/// Runs the controller while we lead and until shutdown. On shutdown
+/// in-flight reconciliations get [`DRAIN`] to finish (the Lease is released
+/// after); on losing leadership they are dropped at once: a standby may
+/// take over as soon as our Lease expires, and nothing of this term may
+/// write after that.
+async fn lead(
+    namespace: Option<&str>,
+    shared: &Shared,
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    info!("leading: starting the controller");
-    let stop = CancellationToken::new();
-    // Owned objects are watched by the label we put on them, so the operator
-    // does not cache every ConfigMap and Deployment of the cluster.
-    let owned = || {
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            build::MANAGED_BY_LABEL,
-            build::MANAGED_BY
-        ))
-    };
-    let stopped = stop.clone();
-    let controller = Controller::new(
+    let client = &shared.client;
+    let (service_accounts, sa) = owned_watch::<ServiceAccount>(client, namespace);
+    let (roles, role) = owned_watch::<Role>(client, namespace);
+    let (role_bindings, rb) = owned_watch::<RoleBinding>(client, namespace);
+    let (config_maps, cm) = owned_watch::<ConfigMap>(client, namespace);
+    let (services, svc) = owned_watch::<Service>(client, namespace);
+    let (deployments, deploy) = owned_watch::<Deployment>(client, namespace);
+    let (pdbs, pdb) = owned_watch::<PodDisruptionBudget>(client, namespace);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: shared.recorder.clone(),
+        metrics: shared.metrics.clone(),
+        settings: shared.settings.clone(),
+        stores: Stores {
+            service_accounts,
+            roles,
+            role_bindings,
+            config_maps,
+            services,
+            deployments,
+            pdbs,
+        },
+        leaders: Default::default(),
+    });
+    let (provisioners, writer) = reflector::store();
+    let changes = watcher(
         scoped::<Provisioner>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
-    .owns(scoped::<ConfigMap>(client, namespace), owned())
-    .owns(scoped::<Deployment>(client, namespace), owned())
-    .owns(scoped::<Service>(client, namespace), owned())
-    .owns(scoped::<ServiceAccount>(client, namespace), owned())
-    .owns(scoped::<Role>(client, namespace), owned())
-    .owns(scoped::<RoleBinding>(client, namespace), owned())
-    .owns(scoped::<PodDisruptionBudget>(client, namespace), owned())
-    .graceful_shutdown_on(async move { stopped.cancelled().await })
-    .run(reconcile::reconcile, reconcile::error_policy, ctx)
-    .for_each(|result| async move {
-        use kube::runtime::controller::Error as E;
-        match result {
-            Ok((obj, _)) => tracing::debug!(provisioner = %obj, "reconciled"),
-            // error_policy logged it.
-            Err(E::ReconcilerFailed(..)) => {}
-            Err(E::QueueError(e)) => warn!(error = %describe_watch(&e), "watch failed; retrying"),
-            Err(e) => warn!(error = %e, "controller error"),
-        }
-    });
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(provisioner_changed, Default::default());
+
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let controller = Controller::for_stream(changes, provisioners)
+        .owns_stream(sa)
+        .owns_stream(role)
+        .owns_stream(rb)
+        .owns_stream(cm)
+        .owns_stream(svc)
+        .owns_stream(deploy)
+        .owns_stream(pdb)
+        .with_config(controller::Config::default().debounce(DEBOUNCE))
+        .graceful_shutdown_on(async move { stopped.cancelled().await })
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            use kube::runtime::controller::Error as E;
+            match result {
+                Ok((obj, _)) => tracing::debug!(provisioner = %obj, "reconciled"),
+                // error_policy logged it.
+                Err(E::ReconcilerFailed(..)) => {}
+                Err(E::QueueError(e)) => {
+                    warn!(error = %describe_watch(&e), "watch failed; retrying")
+                }
+                Err(e) => warn!(error = %e, "controller error"),
+            }
+        });
     tokio::pin!(controller);
+    info!("controller started");
     tokio::select! {
         _ = &mut controller => {
             warn!("the controller stopped by itself; restarting it");
@@ -338,7 +489,9 @@ async fn lead(
             return;
         }
         _ = async { leading.wait_for(|l| !*l).await.is_ok() } => {
-            info!("leadership lost: stopping the controller")
+            // Dropping the controller drops its reconciliations with it.
+            info!("controller stopped: leadership lost");
+            return;
         }
         _ = shutdown.cancelled() => {}
     }
@@ -346,6 +499,7 @@ async fn lead(
     if tokio::time::timeout(DRAIN, controller).await.is_err() {
         warn!(drain = ?DRAIN, "reconciliations did not finish in time; abandoned");
     }
+    info!("controller stopped: shutting down");
 }
 
 /// A watch error as text, without exec-plugin output (see [`describe`]).
@@ -375,6 +529,50 @@ mod tests {
     const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
 
     type Log = Arc<Mutex<Vec<String>>>;
+
+    /// `choria-provisioner operator ARGS...` as parsed.
+    fn args(line: &[&str]) -> OperatorArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OperatorArgs,
+        }
+        let argv = std::iter::once("operator").chain(line.iter().copied());
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn the_policy_comes_from_the_command_line() {
+        let s = args(&[]).settings().unwrap();
+        assert_eq!(s.policy.default_image, crd::default_image());
+        assert!(s.policy.images.is_empty() && s.policy.cluster_issuers.is_empty());
+        assert_eq!(
+            s.policy.usages,
+            crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES
+        );
+        assert_eq!(s.lease_cluster_role, build::DEFAULT_LEASE_CLUSTER_ROLE);
+        let s = args(&[
+            "--image=r.example.net/cp:1",
+            "--allowed-image=r.example.net/cp:*,r.example.net/cp@sha256:*",
+            "--allowed-cluster-issuer=corp-ca",
+            "--allowed-cluster-issuer=X.example.net/y",
+            "--allowed-usage=client auth",
+        ])
+        .settings()
+        .unwrap();
+        assert_eq!(s.policy.default_image, "r.example.net/cp:1");
+        assert_eq!(s.policy.images.len(), 2);
+        assert_eq!(s.policy.cluster_issuers.len(), 2);
+        assert_eq!(s.policy.usages, ["client auth"]);
+        let e = args(&["--allowed-usage=everything"])
+            .settings()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not a cert-manager key usage"),
+            "{e}"
+        );
+    }
 
     /// An empty cluster with a Lease store. Lists are empty, watches never
     /// answer. Returns the Lease as last written once the client is gone.
@@ -454,11 +652,7 @@ mod tests {
     async fn the_leader_runs_the_controller_and_releases_the_lease_on_shutdown() {
         let (client, log, server) = fake_cluster();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let args = OperatorArgs {
-            namespace: Some("ops".into()),
-            metrics_port: 0,
-            leader_election: true,
-        };
+        let args = args(&["--namespace", "ops", "--metrics-port", "0"]);
         let run = tokio::spawn(run_with(client, "operator-0", args, async {
             let _ = stop_rx.await;
         }));
@@ -511,15 +705,16 @@ mod tests {
     async fn losing_leadership_stops_the_controller() {
         let (client, log, _server) = fake_cluster();
         let (leading_tx, leading) = watch::channel(true);
-        let ctx = Arc::new(Context {
+        let shared = Shared {
             client: client.clone(),
             recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
             metrics: Arc::new(Metrics::new()),
-        });
+            settings: fixtures::settings(),
+        };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
-            async move { lead(&client, Some("ops"), ctx, leading, shutdown).await }
+            async move { lead(Some("ops"), &shared, leading, shutdown).await }
         });
         wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;
         assert!(!task.is_finished());

@@ -8,9 +8,9 @@
 //! too.
 
 use super::build;
-use super::crd::{ElectionBackend, Provisioner, SecretKeyRef};
 use crate::config::provisioner::MIN_INTERVAL;
 use crate::config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
+use crate::crd::{ElectionBackend, Provisioner, SecretKeyRef};
 use crate::k8s::is_dns_label;
 use kube::ResourceExt;
 use std::time::Duration;
@@ -48,8 +48,8 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
                 .into(),
         );
     }
-    if s.image.trim().is_empty() {
-        problem("spec.image is empty; name the choria-provisioner image".into());
+    if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+        problem("spec.image is empty; name the choria-provisioner image, or leave it out for the operator's own".into());
     }
 
     // Broker and its security.

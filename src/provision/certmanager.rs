@@ -19,6 +19,7 @@
 use super::gate::{PauseGate, Paused};
 use super::resource::ResourceRef;
 use crate::config::provisioner::CertManagerConfig;
+use crate::crd::Provisioner;
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
@@ -190,6 +191,18 @@ pub struct Issued {
     pub ca: String,
 }
 
+/// The Provisioner as the owner of what its pods make: not its
+/// controller (the operator's objects have that), and not blocking its
+/// deletion (which would need `provisioners/finalizers` under the
+/// OwnerReferencesPermissionEnforcement admission plugin).
+pub fn owner_reference(p: &Provisioner) -> Option<OwnerReference> {
+    use kube::Resource;
+    let mut o = p.controller_owner_ref(&())?;
+    o.controller = Some(false);
+    o.block_owner_deletion = Some(false);
+    Some(o)
+}
+
 pub struct Signer {
     cfg: CertManagerConfig,
     provisioner: Option<ResourceRef>,
@@ -253,7 +266,7 @@ impl Signer {
     async fn client(&self) -> Result<&kube::Client, SignError> {
         self.client
             .get_or_try_init(|| async {
-                kube::Client::try_default()
+                crate::k8s::client()
                     .await
                     .map_err(|e| SignError::Client(crate::k8s::describe_error(&e)))
             })
@@ -271,25 +284,13 @@ impl Signer {
         };
         self.owner
             .get_or_try_init(|| async {
-                let api: Api<DynamicObject> = Api::namespaced_with(
-                    client.clone(),
-                    &p.namespace,
-                    &super::resource::api_resource(),
-                );
-                let obj = api.get(&p.name).await.map_err(|e| {
+                let obj = p.api(client.clone()).get(&p.name).await.map_err(|e| {
                     SignError::Client(format!(
                         "looking up Provisioner {p} to own the CertificateRequests: {}",
                         crate::k8s::describe_error(&e)
                     ))
                 })?;
-                Ok(obj.metadata.uid.map(|uid| OwnerReference {
-                    api_version: "provisioning.choria.io/v1alpha1".into(),
-                    kind: "Provisioner".into(),
-                    name: p.name.clone(),
-                    uid,
-                    controller: Some(false),
-                    block_owner_deletion: Some(false),
-                }))
+                Ok(owner_reference(&obj))
             })
             .await
             .cloned()

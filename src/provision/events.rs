@@ -33,10 +33,6 @@ pub async fn listen(
             },
             _ = stop.cancelled() => return,
         };
-        if handle.gate.is_paused() {
-            debug!("skipping a lifecycle event while paused");
-            continue;
-        }
         match lifecycle::parse(&msg.payload) {
             Ok((kind @ (EventType::Startup | EventType::Shutdown), event)) => {
                 if let Err(e) = identity::validate(&event.identity) {
@@ -44,9 +40,13 @@ pub async fn listen(
                     continue;
                 }
                 if kind == EventType::Shutdown {
-                    if handle.registry.forget_waiting(&event.identity) {
+                    // Even while paused: a replica about to work must know
+                    // which nodes are restarting (provisioned by another).
+                    if handle.registry.shut_down(&event.identity) {
                         debug!(node = %event.identity, "dropped a waiting node that shut down");
                     }
+                } else if handle.gate.is_paused() {
+                    debug!("skipping a startup event while paused");
                 } else {
                     offer(&handle, &suspects, &confirm, &event.identity);
                 }

@@ -462,7 +462,11 @@ impl HostSequence {
     fn gate_check(&self) -> Result<(), Paused> {
         let ignored = self.finishing.then_some(super::gate::PauseReason::Shutdown);
         self.ctx.gate.check_term_ignoring(self.term, ignored)?;
-        if !self.ctx.ownership.owns(&self.identity) {
+        // Once configured, the node is finished here even if it became
+        // another replica's share: stopping before `restart` would leave
+        // it configured, holding our lock, for its new owner to configure
+        // again two minutes later.
+        if !self.finishing && !self.ctx.ownership.owns(&self.identity) {
             return Err(Paused("the node is another replica's share now".into()));
         }
         Ok(())

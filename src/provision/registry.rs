@@ -48,6 +48,11 @@ pub const QUEUE_CAPACITY: usize = 50_000;
 pub const PENDING_CAPACITY: usize = 500_000;
 /// How long a provisioned host stays registered (Go: 60 s).
 pub const HOLD_AFTER_SUCCESS: Duration = Duration::from_secs(60);
+/// How long a host that announced its shutdown is not offered again: it
+/// is restarting (out of provisioning, as a rule) and may still answer a
+/// discovery in the splay before it goes (2 s after `restart`, up to 12 s
+/// after `reprovision`).
+pub const HOLD_AFTER_SHUTDOWN: Duration = Duration::from_secs(15);
 
 /// One registration of a host.
 #[derive(Debug)]
@@ -111,6 +116,9 @@ enum State {
     Working,
     /// Done; held so repeated events do not queue it again.
     Held,
+    /// Announced its shutdown and is restarting: discovery does not offer
+    /// it again, its next `startup` event does.
+    Restarting,
 }
 
 pub struct Registry {
@@ -236,8 +244,10 @@ impl Registry {
 
     /// Why an existing registration keeps `identity` from a new one, if it
     /// does (Go's dedupe rule; see the module docs).
-    fn blocked(&self, entry: Option<&Entry>) -> Option<Added> {
+    fn blocked(&self, entry: Option<&Entry>, source: Source) -> Option<Added> {
         match entry?.state {
+            State::Restarting if source == Source::Event => None,
+            State::Restarting => Some(Added::Recent),
             State::Working => Some(Added::Busy),
             State::Held | State::Pending => Some(Added::Recent),
             State::Queued if entry?.added.elapsed() < self.interval => Some(Added::Recent),
@@ -261,7 +271,7 @@ impl Registry {
     /// full.
     pub fn offer(&self, identity: &str, source: Source) -> Offered {
         let mut hosts = self.lock();
-        match self.blocked(hosts.entries.get(identity)) {
+        match self.blocked(hosts.entries.get(identity), source) {
             Some(Added::Busy) => return Offered::Busy,
             Some(_) => return Offered::Recent,
             None => {}
@@ -315,7 +325,7 @@ impl Registry {
     /// was registered recently.
     pub fn add(&self, identity: &str) -> Added {
         let mut hosts = self.lock();
-        if let Some(blocked) = self.blocked(hosts.entries.get(identity)) {
+        if let Some(blocked) = self.blocked(hosts.entries.get(identity), Source::Discovery) {
             return blocked;
         }
         let ticket = self.ticket(identity, Source::Discovery);
@@ -375,6 +385,43 @@ impl Registry {
             hosts.remove(&ticket.identity);
         }
         self.update_gauges(&hosts);
+    }
+
+    /// A node announced its shutdown: forgets it when it is still waiting
+    /// (see [`Registry::forget_waiting`]) and, when it is not being worked
+    /// or held already, holds it for [`HOLD_AFTER_SHUTDOWN`] so a discovery
+    /// during its restart splay does not offer it again (another replica,
+    /// or a previous leader, just provisioned it). Holds are bounded like
+    /// the pending set, so a flood of made-up shutdowns costs a bounded
+    /// amount of memory and delays real nodes by one hold at most.
+    pub fn shut_down(&self, identity: &str) -> bool {
+        let forgot = self.forget_waiting(identity);
+        let ticket = {
+            let mut hosts = self.lock();
+            if hosts.entries.contains_key(identity) || hosts.entries.len() >= self.capacity.pending
+            {
+                return forgot;
+            }
+            let ticket = self.ticket(identity, Source::Event);
+            hosts.insert(
+                identity,
+                Entry {
+                    generation: ticket.generation,
+                    added: ticket.added,
+                    state: State::Restarting,
+                },
+            );
+            self.update_gauges(&hosts);
+            ticket
+        };
+        if self
+            .finisher
+            .send((ticket.clone(), HOLD_AFTER_SHUTDOWN))
+            .is_err()
+        {
+            self.remove(&ticket);
+        }
+        forgot
     }
 
     /// Forgets a node still waiting (pending or queued): it announced its
@@ -645,6 +692,50 @@ mod tests {
         );
         assert_eq!(r.confirmed(t).await, Added::Stale);
         assert_eq!(r.pending(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_shut_down_is_not_offered_again_during_its_restart() {
+        let (r, rx) = Registry::with_capacity(
+            Duration::from_secs(60),
+            Arc::new(Metrics::new("t")),
+            Capacity {
+                queue: 10,
+                pending: 3,
+            },
+        );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(r.clone().run_finisher(rx, stop.clone()));
+        // Provisioned by another replica: we never registered it.
+        assert!(!r.shut_down("restarting"));
+        assert!(matches!(
+            r.offer("restarting", Source::Discovery),
+            Offered::Recent
+        ));
+        // A waiting one is forgotten and held too.
+        pending(r.offer("queued", Source::Discovery));
+        assert!(r.shut_down("queued"));
+        assert!(matches!(
+            r.offer("queued", Source::Discovery),
+            Offered::Recent
+        ));
+        // Its startup event (it came back into provisioning: an upgrade, a
+        // restart without provision=false) offers it at once.
+        assert!(matches!(
+            r.offer("queued", Source::Event),
+            Offered::Pending(_)
+        ));
+        // Holds are bounded.
+        pending(r.offer("x", Source::Discovery));
+        assert!(!r.shut_down("flood-1"));
+        assert_eq!(r.len(), 3, "no hold beyond the bound");
+        tokio::time::sleep(HOLD_AFTER_SHUTDOWN + Duration::from_secs(1)).await;
+        assert!(matches!(
+            r.offer("restarting", Source::Discovery),
+            Offered::Pending(_)
+        ));
+        stop.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

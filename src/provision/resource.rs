@@ -15,9 +15,10 @@
 use super::gate::PauseReason;
 use super::Handle;
 use crate::backoff::Backoff;
+use crate::crd::{Provisioner, API_VERSION, KIND};
 use crate::monitor::Exposition;
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -57,27 +58,18 @@ impl std::fmt::Display for ResourceRef {
     }
 }
 
-pub(crate) fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("provisioning.choria.io", "v1alpha1", "Provisioner"),
-        "provisioners",
-    )
-}
-
-/// Whether `spec.paused` is set on the object.
-pub fn spec_paused(obj: &DynamicObject) -> bool {
-    obj.data
-        .get("spec")
-        .and_then(|s| s.get("paused"))
-        .and_then(|p| p.as_bool())
-        .unwrap_or(false)
+impl ResourceRef {
+    /// The Provisioners of its namespace.
+    pub fn api(&self, client: kube::Client) -> Api<Provisioner> {
+        Api::namespaced(client, &self.namespace)
+    }
 }
 
 /// The status patch the leader applies.
 pub fn status_patch(leader: Option<&str>, provisioned: u64) -> serde_json::Value {
     serde_json::json!({
-        "apiVersion": "provisioning.choria.io/v1alpha1",
-        "kind": "Provisioner",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "status": { "leader": leader, "provisioned": provisioned },
     })
 }
@@ -95,7 +87,7 @@ pub struct Me {
 pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let client = loop {
-        match kube::Client::try_default().await {
+        match crate::k8s::client().await {
             Ok(c) => break c,
             Err(e) => {
                 warn!(error = %crate::k8s::describe_error(&e), "cannot reach Kubernetes to follow {resource}; retrying");
@@ -105,8 +97,7 @@ pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: Cancellati
             }
         }
     };
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client, &resource.namespace, &api_resource());
+    let api = resource.api(client);
     tokio::join!(
         follow_pause(api.clone(), resource.clone(), handle.clone(), stop.clone()),
         report_leadership(api, resource, me, handle, stop),
@@ -115,7 +106,7 @@ pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: Cancellati
 
 /// Mirrors `spec.paused` into the pause gate.
 pub async fn follow_pause(
-    api: Api<DynamicObject>,
+    api: Api<Provisioner>,
     resource: ResourceRef,
     handle: Handle,
     stop: CancellationToken,
@@ -143,7 +134,7 @@ pub async fn follow_pause(
             }
             None => return,
         };
-        let want = spec_paused(&obj);
+        let want = obj.spec.paused;
         if paused == Some(want) {
             continue;
         }
@@ -160,7 +151,7 @@ pub async fn follow_pause(
 
 /// While we lead, keeps `status.leader` (us) and `status.provisioned` current.
 async fn report_leadership(
-    api: Api<DynamicObject>,
+    api: Api<Provisioner>,
     resource: ResourceRef,
     me: Me,
     handle: Handle,
@@ -212,16 +203,6 @@ mod tests {
     }
 
     #[test]
-    fn paused_is_read_from_the_spec() {
-        let mut obj = DynamicObject::new("p", &api_resource());
-        assert!(!spec_paused(&obj));
-        obj.data = serde_json::json!({"spec": {"paused": true}});
-        assert!(spec_paused(&obj));
-        obj.data = serde_json::json!({"spec": {"paused": false}});
-        assert!(!spec_paused(&obj));
-    }
-
-    #[test]
     fn the_status_patch_carries_only_the_pods_fields() {
         let p = status_patch(Some("pod-a"), 42);
         assert_eq!(
@@ -229,6 +210,7 @@ mod tests {
             serde_json::json!({"leader": "pod-a", "provisioned": 42})
         );
         assert_eq!(p["kind"], "Provisioner");
+        assert_eq!(p["apiVersion"], "provisioning.choria.io/v1alpha1");
         assert_eq!(
             status_patch(None, 0)["status"]["leader"],
             serde_json::Value::Null

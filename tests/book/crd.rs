@@ -97,6 +97,14 @@ pub fn page(crd_yaml: &str) -> String {
             if let Some(d) = node["description"].as_str() {
                 writeln!(p, "{}\n", one_line(d)).unwrap();
             }
+            let refusals = refusals(node);
+            if !refusals.is_empty() {
+                p.push_str("The API server refuses a `Provisioner` that breaks these rules:\n\n");
+                for r in refusals {
+                    writeln!(p, "- {r}").unwrap();
+                }
+                p.push('\n');
+            }
             p.push_str("| Field | Type | Default | Description |\n|---|---|---|---|\n");
             fields(&mut p, &lower, top, node);
         }
@@ -127,6 +135,10 @@ fn fields(p: &mut String, kind: &str, path: &str, node: &Value) {
         let constraints = constraints(child);
         if !constraints.is_empty() {
             write!(description, " ({})", constraints.join("; ")).unwrap();
+        }
+        let refusals = refusals(child);
+        if !refusals.is_empty() {
+            write!(description, " Refused otherwise: {}.", refusals.join("; ")).unwrap();
         }
         if collapsed {
             let explain = field.replace("[]", "").replace("{}", "");
@@ -164,6 +176,23 @@ fn fields(p: &mut String, kind: &str, path: &str, node: &Value) {
             );
         }
     }
+}
+
+/// The messages of a node's CEL rules (`x-kubernetes-validations`): what
+/// the API server answers when a rule does not hold.
+fn refusals(node: &Value) -> Vec<String> {
+    node["x-kubernetes-validations"]
+        .as_array()
+        .map(|rules| {
+            rules
+                .iter()
+                .map(|r| match r["message"].as_str() {
+                    Some(m) => format!("“{}”", one_line(m)),
+                    None => code(r["rule"].as_str().unwrap_or_default()),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn count_fields(node: &Value) -> usize {

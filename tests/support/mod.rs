@@ -22,6 +22,7 @@ pub mod faults;
 pub mod gopeers;
 pub mod hostile;
 pub mod kube;
+pub mod operator;
 pub mod peers;
 pub mod provisioner;
 

@@ -65,6 +65,18 @@ operator's own (the release namespace).
 choria-provisioner-operator
 {{- end }}
 
+{{/*
+The ClusterRoles the operator binds to provisioner pods (it holds only `bind` on
+them): Leases for the Lease election, CertificateRequests for cert-manager.
+*/}}
+{{- define "cpo.leaseClusterRole" -}}
+{{- printf "%s-leases" (include "cpo.fullname" .) }}
+{{- end }}
+
+{{- define "cpo.certManagerClusterRole" -}}
+{{- printf "%s-certificaterequests" (include "cpo.fullname" .) }}
+{{- end }}
+
 {{- define "cpo.leaseNamespace" -}}
 {{- default .Release.Namespace .Values.watchNamespace }}
 {{- end }}

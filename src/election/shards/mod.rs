@@ -170,16 +170,24 @@ impl Roster {
         members
     }
 
-    /// Whether we may work: alive, and every other live member's view holds
-    /// us — or `ttl` passed since we joined (a member that never updates
-    /// its view must not keep us idle for ever).
+    /// Whether we may work: alive, listening for two renewal periods since
+    /// we joined (every member renews once a period: before that we may
+    /// not know them all, and would take their nodes for ours), and every
+    /// other live member's view holds us — or `ttl` passed since we joined
+    /// (a member that never updates its view must not keep us idle for
+    /// ever).
     pub fn may_work(&self, now: Instant) -> bool {
         if !self.alive(now) {
             return false;
         }
-        let waited = self
+        let since_join = self
             .joined
-            .is_some_and(|j| now.saturating_duration_since(j) >= self.timings.ttl);
+            .map(|j| now.saturating_duration_since(j))
+            .unwrap_or_default();
+        if since_join < 2 * self.timings.renew_period {
+            return false;
+        }
+        let waited = since_join >= self.timings.ttl;
         waited
             || self
                 .seen

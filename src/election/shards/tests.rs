@@ -100,6 +100,19 @@ fn a_member_is_live_while_its_record_changes_as_we_saw_it() {
 }
 
 #[test]
+fn alone_we_still_listen_two_renewal_periods_before_working() {
+    // A member whose first heartbeat has not reached us yet must not have
+    // its nodes taken for ours.
+    let t0 = Instant::now();
+    let mut r = Roster::new("me", T);
+    r.renewed(t0);
+    assert!(!r.may_work(t0));
+    assert!(!r.may_work(t0 + Duration::from_millis(1999)));
+    r.renewed(t0 + Duration::from_secs(2));
+    assert!(r.may_work(t0 + Duration::from_secs(2)));
+}
+
+#[test]
 fn we_stop_before_the_others_count_us_gone() {
     let t0 = Instant::now();
     let mut r = Roster::new("me", T);
@@ -127,7 +140,17 @@ fn a_newcomer_works_once_every_member_has_seen_it_or_the_ttl_passed() {
         t0 + Duration::from_secs(1),
     );
     r.renewed(t0 + Duration::from_secs(1));
-    assert!(r.may_work(t0 + Duration::from_secs(1)));
+    assert!(
+        !r.may_work(t0 + Duration::from_secs(1)),
+        "not before listening for two renewal periods"
+    );
+    r.observe(
+        sighting("b", 3, &["b", "c", "me"]),
+        t0 + Duration::from_secs(2),
+    );
+    r.observe(sighting("c", 2, &["c", "me"]), t0 + Duration::from_secs(2));
+    r.renewed(t0 + Duration::from_secs(2));
+    assert!(r.may_work(t0 + Duration::from_secs(2)));
     // A member that never updates its view keeps us idle for one TTL at most.
     let mut r = Roster::new("me", T);
     r.renewed(t0);

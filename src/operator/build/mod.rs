@@ -7,10 +7,11 @@
 //! `/etc/choria-provisioner/secrets/<secret>/<key>`, and the configuration
 //! only holds those paths.
 
-use super::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
+use super::policy::Policy;
 use crate::config::schema::{
     CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, ProvisionerFile,
 };
+use crate::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -64,12 +65,44 @@ pub enum BuildError {
     Serialize { what: &'static str, message: String },
 }
 
+/// The ClusterRole the chart ships for the pods' Leases.
+pub const DEFAULT_LEASE_CLUSTER_ROLE: &str = "choria-provisioner-operator-leases";
+/// The ClusterRole the chart ships for the pods' CertificateRequests.
+pub const DEFAULT_CERT_MANAGER_CLUSTER_ROLE: &str =
+    "choria-provisioner-operator-certificaterequests";
+
+/// What the operator's command line adds to every spec: the admin's policy
+/// (and so the image that runs) and the ClusterRoles the pods are bound to.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub policy: Policy,
+    pub lease_cluster_role: String,
+    pub cert_manager_cluster_role: String,
+}
+
+impl Settings {
+    /// The defaults, with `own_image` as the operator's image.
+    pub fn new(own_image: impl Into<String>) -> Self {
+        Settings {
+            policy: Policy::new(own_image),
+            lease_cluster_role: DEFAULT_LEASE_CLUSTER_ROLE.into(),
+            cert_manager_cluster_role: DEFAULT_CERT_MANAGER_CLUSTER_ROLE.into(),
+        }
+    }
+}
+
 /// Everything one `Provisioner` owns.
 #[derive(Clone, Debug)]
 pub struct Owned {
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
+    /// To the Lease ClusterRole; without subjects unless the election is
+    /// `lease`.
+    pub lease_binding: RoleBinding,
+    /// To the CertificateRequest ClusterRole; without subjects unless
+    /// `spec.pki.certManager` is set.
+    pub cert_manager_binding: RoleBinding,
     pub config_map: ConfigMap,
     pub service: Service,
     pub deployment: Deployment,
@@ -78,13 +111,15 @@ pub struct Owned {
 }
 
 /// Builds every owned object.
-pub fn owned(p: &Provisioner) -> Result<Owned, BuildError> {
+pub fn owned(p: &Provisioner, settings: &Settings) -> Result<Owned, BuildError> {
     let config_map = config_map(p)?;
     Ok(Owned {
         service_account: service_account(p)?,
         role: role(p)?,
         role_binding: role_binding(p)?,
-        deployment: deployment(p, &checksum(&config_map))?,
+        lease_binding: lease_binding(p, &settings.lease_cluster_role)?,
+        cert_manager_binding: cert_manager_binding(p, &settings.cert_manager_cluster_role)?,
+        deployment: deployment(p, settings.policy.image(p), &checksum(&config_map))?,
         config_map,
         service: service(p)?,
         pdb: pdb(p)?,

@@ -1,7 +1,21 @@
-//! What the pods may do: their ServiceAccount, and a Role granting exactly what they use.
+//! What the pods may do: their ServiceAccount, a Role for their own
+//! Provisioner, and RoleBindings to the two ClusterRoles the chart ships
+//! for Leases and CertificateRequests.
+//!
+//! Kubernetes lets the operator write a Role only when it holds every
+//! permission in it. The Provisioner rules are ones it holds anyway (it
+//! watches Provisioners and writes their status), so the Role names them.
+//! Leases and CertificateRequests it never needs itself: rather than hold
+//! their verbs in every namespace (kube-system's Leases included) only to
+//! grant them, it binds ClusterRoles that hold exactly those verbs, which
+//! needs only `bind` on those two ClusterRoles by name. A binding that is
+//! not needed (another election backend, no cert-manager) is applied with
+//! no subjects, so it grants nothing and the operator needs no `delete` to
+//! follow a change.
 
 use super::*;
 
+/// The pods' ServiceAccount, named like the Provisioner.
 pub fn service_account(p: &Provisioner) -> Result<ServiceAccount, BuildError> {
     Ok(ServiceAccount {
         metadata: meta(p, p.name_any())?,
@@ -19,70 +33,94 @@ pub(super) fn rule(group: &str, resource: &str, names: Option<&str>, verbs: &[&s
     }
 }
 
-/// What the pods may do: follow their own Provisioner (a watch restricted by
-/// name needs a `metadata.name` field selector), write its status, and —
-/// with the lease backend — hold the Lease named like it; with
-/// `spec.pki.certManager`, make CertificateRequests. `create` cannot be
-/// restricted to a name, so it is a rule of its own.
+/// The pods follow their own Provisioner (a watch restricted by name needs
+/// a `metadata.name` field selector) and write their part of its status
+/// (server-side apply: `patch`).
 pub fn role(p: &Provisioner) -> Result<Role, BuildError> {
     let name = p.name_any();
-    let group = crate::operator::crd::GROUP;
-    let mut rules = vec![
-        rule(
-            group,
-            "provisioners",
-            Some(&name),
-            &["get", "watch", "list"],
-        ),
-        rule(
-            group,
-            "provisioners/status",
-            Some(&name),
-            &["get", "patch", "update"],
-        ),
-    ];
-    if p.spec.election.backend == ElectionBackend::Lease {
-        rules.push(rule("coordination.k8s.io", "leases", None, &["create"]));
-        rules.push(rule(
-            "coordination.k8s.io",
-            "leases",
-            Some(&name),
-            &["get", "update"],
-        ));
-    }
-    if p.spec
-        .pki
-        .as_ref()
-        .is_some_and(|k| k.cert_manager.is_some())
-    {
-        // One CertificateRequest per node, made, read until issued, deleted.
-        rules.push(rule(
-            "cert-manager.io",
-            "certificaterequests",
-            None,
-            &["create", "get", "delete"],
-        ));
-    }
+    let group = crate::crd::GROUP;
     Ok(Role {
+        metadata: meta(p, name.clone())?,
+        rules: Some(vec![
+            rule(
+                group,
+                "provisioners",
+                Some(&name),
+                &["get", "watch", "list"],
+            ),
+            rule(group, "provisioners/status", Some(&name), &["patch"]),
+        ]),
+    })
+}
+
+fn subjects(p: &Provisioner) -> Result<Vec<Subject>, BuildError> {
+    Ok(vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: p.name_any(),
+        namespace: Some(namespace(p)?),
+        api_group: None,
+    }])
+}
+
+fn binding(
+    p: &Provisioner,
+    name: String,
+    kind: &str,
+    role: &str,
+    granted: bool,
+) -> Result<RoleBinding, BuildError> {
+    Ok(RoleBinding {
         metadata: meta(p, name)?,
-        rules: Some(rules),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: kind.into(),
+            name: role.into(),
+        },
+        subjects: Some(if granted { subjects(p)? } else { Vec::new() }),
     })
 }
 
 pub fn role_binding(p: &Provisioner) -> Result<RoleBinding, BuildError> {
-    let name = p.name_any();
-    Ok(RoleBinding {
-        metadata: meta(p, name.clone())?,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name,
-            namespace: Some(namespace(p)?),
-            api_group: None,
-        }]),
-    })
+    binding(p, p.name_any(), "Role", &p.name_any(), true)
+}
+
+/// `<name>-leases`
+pub fn lease_binding_name(name: &str) -> String {
+    format!("{name}-leases")
+}
+
+/// `<name>-certificaterequests`
+pub fn cert_manager_binding_name(name: &str) -> String {
+    format!("{name}-certificaterequests")
+}
+
+/// Leases in the namespace, for the Lease election backend.
+pub fn lease_binding(p: &Provisioner, cluster_role: &str) -> Result<RoleBinding, BuildError> {
+    let used = p.spec.election.backend == ElectionBackend::Lease;
+    binding(
+        p,
+        lease_binding_name(&p.name_any()),
+        "ClusterRole",
+        cluster_role,
+        used,
+    )
+}
+
+/// CertificateRequests in the namespace, with `spec.pki.certManager`.
+pub fn cert_manager_binding(
+    p: &Provisioner,
+    cluster_role: &str,
+) -> Result<RoleBinding, BuildError> {
+    let used = p
+        .spec
+        .pki
+        .as_ref()
+        .is_some_and(|k| k.cert_manager.is_some());
+    binding(
+        p,
+        cert_manager_binding_name(&p.name_any()),
+        "ClusterRole",
+        cluster_role,
+        used,
+    )
 }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::config::{ChoriaClientConfig, Environment, ProvisionerConfig, SecurityProvider};
-use crate::operator::fixtures::{provisioner, NS, UID};
+use crate::operator::fixtures::{provisioner, settings, NS, UID};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -164,7 +164,7 @@ fn insecure_needs_no_credentials() {
 }
 
 fn deployment_of(p: &Provisioner) -> Deployment {
-    owned(p).unwrap().deployment
+    owned(p, &settings()).unwrap().deployment
 }
 
 fn pod(d: &Deployment) -> &PodSpec {
@@ -188,7 +188,7 @@ fn annotation(d: &Deployment) -> String {
 #[test]
 fn deployment_runs_the_provisioner_restricted() {
     let p = jwt_spec();
-    let o = owned(&p).unwrap();
+    let o = owned(&p, &settings()).unwrap();
     let d = &o.deployment;
     let spec = d.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(2));
@@ -201,7 +201,7 @@ fn deployment_runs_the_provisioner_restricted() {
     let c = &pod.containers[0];
     assert_eq!(
         c.image.as_deref(),
-        Some(crate::operator::crd::default_image().as_str())
+        Some(crate::crd::default_image().as_str())
     );
     assert_eq!(
         c.args.as_ref().unwrap(),
@@ -358,7 +358,7 @@ fn pod_overrides_and_image_settings() {
             "labels": {"team": "ops", "app.kubernetes.io/instance": "other"},
         },
     }));
-    let o = owned(&p).unwrap();
+    let o = owned(&p, &settings()).unwrap();
     let d = &o.deployment;
     let template = &d.spec.as_ref().unwrap().template;
     let meta = template.metadata.as_ref().unwrap();
@@ -452,35 +452,12 @@ fn role_grants_exactly_what_the_pods_need() {
             name.clone(),
             s(&["get", "watch", "list"]),
         ),
-        (
-            group,
-            "provisioners/status".into(),
-            name.clone(),
-            s(&["get", "patch", "update"]),
-        ),
+        (group, "provisioners/status".into(), name, s(&["patch"])),
     ];
-    let mut with_lease = own.clone();
-    with_lease.push((
-        "coordination.k8s.io".into(),
-        "leases".into(),
-        None,
-        s(&["create"]),
-    ));
-    with_lease.push((
-        "coordination.k8s.io".into(),
-        "leases".into(),
-        name,
-        s(&["get", "update"]),
-    ));
-    assert_eq!(rules(&provisioner(json!({}))), with_lease);
-    assert_eq!(
-        rules(&provisioner(json!({"election": {"backend": "streams"}}))),
-        own
-    );
-    assert_eq!(
-        rules(&provisioner(json!({"election": {"backend": "none"}}))),
-        own
-    );
+    for backend in ["lease", "streams", "none"] {
+        let p = provisioner(json!({"election": {"backend": backend}}));
+        assert_eq!(rules(&p), own, "{backend}");
+    }
 
     let rb = role_binding(&provisioner(json!({}))).unwrap();
     assert_eq!(rb.role_ref.kind, "Role");
@@ -493,6 +470,61 @@ fn role_grants_exactly_what_the_pods_need() {
     assert_eq!(subject.namespace.as_deref(), Some(NS));
 }
 
+/// (binding name, ClusterRole, whether it names the pods' account)
+fn bindings(p: &Provisioner) -> Vec<(String, String, bool)> {
+    let o = owned(p, &settings()).unwrap();
+    [o.lease_binding, o.cert_manager_binding]
+        .into_iter()
+        .map(|b| {
+            assert_eq!(b.role_ref.kind, "ClusterRole");
+            let subjects = b.subjects.unwrap();
+            if let Some(s) = subjects.first() {
+                assert_eq!(
+                    (s.kind.as_str(), s.name.as_str()),
+                    ("ServiceAccount", "prov")
+                );
+                assert_eq!(s.namespace.as_deref(), Some(NS));
+            }
+            (
+                b.metadata.name.unwrap(),
+                b.role_ref.name,
+                !subjects.is_empty(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn leases_and_certificate_requests_come_from_the_shipped_cluster_roles() {
+    let b = |lease: bool, cm: bool| {
+        vec![
+            (
+                "prov-leases".to_string(),
+                DEFAULT_LEASE_CLUSTER_ROLE.to_string(),
+                lease,
+            ),
+            (
+                "prov-certificaterequests".to_string(),
+                DEFAULT_CERT_MANAGER_CLUSTER_ROLE.to_string(),
+                cm,
+            ),
+        ]
+    };
+    assert_eq!(bindings(&provisioner(json!({}))), b(true, false));
+    let streams = provisioner(json!({"election": {"backend": "streams"}}));
+    assert_eq!(bindings(&streams), b(false, false), "bound to nobody");
+    let cm = provisioner(json!({
+        "election": {"backend": "none"},
+        "features": {"pki": true},
+        "pki": {"certManager": {"issuerRef": {"name": "ca"}}},
+    }));
+    assert_eq!(bindings(&cm), b(false, true));
+    let mut custom = settings();
+    custom.lease_cluster_role = "my-leases".into();
+    let o = owned(&provisioner(json!({})), &custom).unwrap();
+    assert_eq!(o.lease_binding.role_ref.name, "my-leases");
+}
+
 #[test]
 fn pdb_only_with_two_replicas_or_more() {
     assert!(pdb(&provisioner(json!({"replicas": 1}))).unwrap().is_none());
@@ -503,6 +535,11 @@ fn pdb_only_with_two_replicas_or_more() {
     let spec = p.spec.unwrap();
     assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
     assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow"),
+        "NotReady pods (broker down) never block a drain"
+    );
+    assert_eq!(
         spec.selector.unwrap().match_labels,
         Some(selector_labels("prov"))
     );
@@ -510,11 +547,13 @@ fn pdb_only_with_two_replicas_or_more() {
 
 #[test]
 fn every_object_is_owned_by_its_provisioner() {
-    let o = owned(&provisioner(json!({}))).unwrap();
+    let o = owned(&provisioner(json!({})), &settings()).unwrap();
     let metas = [
         &o.service_account.metadata,
         &o.role.metadata,
         &o.role_binding.metadata,
+        &o.lease_binding.metadata,
+        &o.cert_manager_binding.metadata,
         &o.config_map.metadata,
         &o.service.metadata,
         &o.deployment.metadata,
@@ -539,7 +578,10 @@ fn every_object_is_owned_by_its_provisioner() {
 fn without_uid_nothing_is_built() {
     let mut p = provisioner(json!({}));
     p.metadata.uid = None;
-    assert!(matches!(owned(&p), Err(BuildError::Missing("uid"))));
+    assert!(matches!(
+        owned(&p, &settings()),
+        Err(BuildError::Missing("uid"))
+    ));
 }
 
 #[test]
@@ -580,26 +622,8 @@ fn node_configuration_and_cert_manager_reach_the_provisioner_and_the_role() {
         cm.duration,
         Some(std::time::Duration::from_secs(2160 * 3600))
     );
-    let cert_manager_rule = |p: &Provisioner| {
-        role(p)
-            .unwrap()
-            .rules
-            .unwrap()
-            .into_iter()
-            .find(|r| r.api_groups.as_deref() == Some(&["cert-manager.io".to_string()][..]))
-    };
-    let rule = cert_manager_rule(&p).expect("a rule for CertificateRequests");
-    assert_eq!(
-        rule.resources.as_deref(),
-        Some(&["certificaterequests".to_string()][..])
-    );
-    assert_eq!(rule.verbs, ["create", "get", "delete"]);
-    assert!(
-        cert_manager_rule(&jwt_spec()).is_none(),
-        "only when enabled"
-    );
     // No helper: no helper volume either.
-    let d = deployment(&p, "sum").unwrap();
+    let d = deployment(&p, "img", "sum").unwrap();
     let volumes = d
         .spec
         .unwrap()

@@ -2,12 +2,12 @@
 
 use super::*;
 
-/// The Deployment `<name>`; `checksum` is the ConfigMap's.
-pub fn deployment(p: &Provisioner, checksum: &str) -> Result<Deployment, BuildError> {
+/// The Deployment `<name>` running `image`; `checksum` is the ConfigMap's.
+pub fn deployment(p: &Provisioner, image: &str, checksum: &str) -> Result<Deployment, BuildError> {
     let name = p.name_any();
     let s = &p.spec;
     let (volumes, mounts) = volumes(p);
-    let container = container(p, mounts)?;
+    let container = container(p, image, mounts)?;
 
     // The user's labels and annotations first: ours win.
     let mut pod_labels = s.pod.labels.clone();
@@ -136,7 +136,11 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
 /// The `provisioner` container: `run` with the mounted files, the pod's
 /// name and namespace in its environment, probes on the monitor port, and
 /// the restricted security context.
-fn container(p: &Provisioner, mounts: Vec<VolumeMount>) -> Result<Container, BuildError> {
+fn container(
+    p: &Provisioner,
+    image: &str,
+    mounts: Vec<VolumeMount>,
+) -> Result<Container, BuildError> {
     let name = p.name_any();
     let ns = namespace(p)?;
     let s = &p.spec;
@@ -163,7 +167,7 @@ fn container(p: &Provisioner, mounts: Vec<VolumeMount>) -> Result<Container, Bui
     };
     Ok(Container {
         name: CONTAINER.into(),
-        image: Some(s.image.clone()),
+        image: Some(image.to_string()),
         image_pull_policy: s.image_pull_policy.map(|p| p.as_str().to_string()),
         args: Some(vec![
             "run".into(),

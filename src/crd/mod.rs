@@ -1,4 +1,7 @@
-//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`).
+//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`):
+//! the one place its Rust types, names and CRD live. The operator builds
+//! from it and the provisioner pods follow it (`provision::resource`,
+//! `provision::certmanager`), both through these types.
 //!
 //! The spec mirrors `provisioner.yaml` in camelCase, plus what a Deployment
 //! needs (image, replicas, resources, pod placement) and references to the
@@ -9,7 +12,10 @@
 //! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
 //! `leader` and `provisioned`.
 
+pub mod validation;
+
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -66,12 +72,13 @@ pub struct ProvisionerSpec {
     /// others stand by to take over. A PodDisruptionBudget keeps one running
     /// when there are at least two.
     #[serde(default = "default_replicas")]
-    #[schemars(range(min = 0))]
     pub replicas: i32,
 
-    /// The container image with the `choria-provisioner` binary.
-    #[serde(default = "default_image")]
-    pub image: String,
+    /// The container image with the `choria-provisioner` binary (default:
+    /// the operator's own image). The cluster admin decides which images a
+    /// Provisioner may name (the operator's `--allowed-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 
     /// When the kubelet pulls the image (Kubernetes' default when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,7 +99,6 @@ pub struct ProvisionerSpec {
 
     /// Nodes provisioned at once (default: the pod's CPU count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub workers: Option<i32>,
 
     /// Discovery interval, at least `1m` (default `1m`).
@@ -158,7 +164,6 @@ pub struct ProvisionerSpec {
     /// Port of `/metrics`, `/healthz` and `/readyz` in the pods, and of the
     /// `<name>-metrics` Service.
     #[serde(default = "default_monitor_port")]
-    #[schemars(range(min = 1, max = 65535))]
     pub monitor_port: i32,
 
     /// The Choria broker and how to log in to it.
@@ -212,7 +217,8 @@ fn default_replicas() -> i32 {
     DEFAULT_REPLICAS
 }
 
-/// `spec.image` when unset: the image of this build.
+/// The image of this build, as `scripts/build-image.sh` tags it: the
+/// operator's own image when nothing says otherwise.
 pub fn default_image() -> String {
     format!("choria-provisioner:{}", env!("CARGO_PKG_VERSION"))
 }
@@ -511,18 +517,35 @@ impl ProvisionerStatus {
     }
 }
 
+/// The CRD: the schema derived from the types, with the admission rules of
+/// [`validation`].
+pub fn crd() -> CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut crd = serde_json::to_value(Provisioner::crd()).expect("the CRD is plain data");
+    for version in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        validation::add_to(&mut version["schema"]["openAPIV3Schema"]);
+    }
+    serde_json::from_value(crd).expect("still a CRD")
+}
+
 /// The CRD as YAML, as `choria-provisioner crd` prints it.
 pub fn crd_yaml() -> String {
-    use kube::CustomResourceExt;
-    // Serializing a derived CRD cannot fail: it is plain data.
-    serde_norway::to_string(&Provisioner::crd()).expect("the CRD serializes")
+    // Serializing a CRD cannot fail: it is plain data.
+    serde_norway::to_string(&crd()).expect("the CRD serializes")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::CustomResourceExt;
     use serde_json::Value;
+
+    #[test]
+    fn one_api_version_for_every_use() {
+        use kube::Resource;
+        assert_eq!(Provisioner::api_version(&()), API_VERSION);
+        assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+        assert_eq!(Provisioner::kind(&()), KIND);
+    }
 
     #[test]
     fn committed_crd_matches_the_code() {
@@ -591,7 +614,7 @@ mod tests {
     }
 
     fn schema() -> Value {
-        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        let crd = serde_json::to_value(crd()).unwrap();
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
     }
 
@@ -631,7 +654,7 @@ mod tests {
 
     #[test]
     fn names_columns_defaults_and_descriptions() {
-        let crd = serde_json::to_value(Provisioner::crd()).unwrap();
+        let crd = serde_json::to_value(crd()).unwrap();
         let spec = &crd["spec"];
         assert_eq!(
             crd["metadata"]["name"],
@@ -673,7 +696,10 @@ mod tests {
         let props = &s["properties"]["spec"]["properties"];
         assert_eq!(props["replicas"]["default"], 2);
         assert_eq!(props["monitorPort"]["default"], 8080);
-        assert_eq!(props["image"]["default"], default_image());
+        assert!(
+            props["image"].get("default").is_none(),
+            "unset: the operator's own"
+        );
         assert_eq!(
             props["election"]["properties"]["backend"]["default"],
             "lease"
@@ -731,7 +757,7 @@ mod tests {
         assert_eq!(p.spec.monitor_port, 8080);
         assert_eq!(p.spec.election.backend, ElectionBackend::Lease);
         assert!(!p.spec.paused);
-        assert_eq!(p.spec.image, default_image());
+        assert_eq!(p.spec.image, None);
         assert!(p.status.is_none());
     }
 }

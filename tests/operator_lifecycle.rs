@@ -1,0 +1,449 @@
+//! The operator's day two on one real control plane (tests/support/kube.rs:
+//! etcd + kube-apiserver, no kubelet or controller-manager), stage after
+//! stage so that they share one start-up; each stage names the behaviour it
+//! proves (README, "Operator capability levels"):
+//!
+//! * validation at admission: `kubectl apply` accepts the shipped examples and
+//!   refuses each invalid variant with its message (the CRD's CEL rules);
+//! * idle cost: an idle Provisioner with three replicas, measured from the
+//!   API server's own `apiserver_request_total`;
+//! * busy cost: status writes carrying the provisioned count never set off
+//!   a reconciliation of the owned objects;
+//! * drift repair: an owned object deleted or edited by hand is restored
+//!   within 5 s;
+//!
+//! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not
+//! built the binaries.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use support::kube::ControlPlane;
+use support::operator::*;
+use support::{NatsServer, RunningFleet};
+
+/// A minimal valid Provisioner `name` with `spec` merged over its spec.
+fn provisioner_with(name: &str, spec: Value) -> Value {
+    let mut p = json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "choriaInsecure": true,
+            "broker": {"urls": ["nats://broker.example.net:4222"]},
+            "helper": {"command": "/bin/true"},
+        },
+    });
+    merge(&mut p["spec"], spec);
+    p
+}
+
+/// Merges `extra` into `base`, objects key by key; `null` removes a key.
+fn merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                if v.is_null() {
+                    b.remove(&k);
+                } else {
+                    merge(b.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (b, e) => *b = e,
+    }
+}
+
+/// `kubectl apply --dry-run=server` of `object`: the API server's answer.
+fn dry_run(c: &Cluster, object: &str) -> Result<String, String> {
+    let args = ["apply", "--dry-run=server", "-f", "-"];
+    let out = c.cp.kubectl_stdin(&args, object);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    if out.status.success() {
+        Ok(text(&out.stdout))
+    } else {
+        Err(text(&out.stderr))
+    }
+}
+
+/// The CRD's rules at admission: the shipped examples and valid variants
+/// pass `kubectl apply`; each invalid variant is refused with the message
+/// of its rule, which names the field and says what to fix (and never
+/// repeats the value: a URL with a password is not echoed).
+fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
+    for file in [
+        "deploy/example-provisioner.yaml",
+        "deploy/example-provisioner-cert-manager.yaml",
+    ] {
+        let text = repo_file(file);
+        for doc in text.split("\n---") {
+            if doc.contains("kind: Provisioner") {
+                let doc = doc.replace("namespace: choria\n", &format!("namespace: {NS}\n"));
+                dry_run(c, &doc).unwrap_or_else(|e| panic!("{file} refused: {e}"));
+            }
+        }
+    }
+    let valid = [
+        json!({}),
+        json!({"interval": "1h", "serverJwtValidity": "1y", "rpcTimeout": "1500ms", "discoveryTimeout": "1m30s"}),
+        json!({"interval": "1.5d", "helperTimeout": "0.5s"}),
+        json!({"election": {"leaseDuration": "4s", "renewDeadline": "3s", "retryPeriod": "1s"}}),
+        json!({"election": {"backend": "streams", "retryPeriod": "9s"}}),
+        json!({"helper": null, "features": {"pki": true}, "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+               "pki": {"certManager": {"issuerRef": {"name": "ca"}, "duration": "2160h", "keep": "0s", "usages": ["client auth"]}}}),
+        json!({"choriaInsecure": false, "broker": {"clientJwtSecret": "jwt", "insecureSkipVerify": true}}),
+        json!({"features": {"ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "verify.pem"},
+               "jwtSigningKeySecret": {"name": "k", "key": "seed"}}),
+        json!({"replicas": 0, "workers": 0, "monitorPort": 65535}),
+    ];
+    for (i, spec) in valid.into_iter().enumerate() {
+        let p = provisioner_with(&format!("valid-{i}"), spec.clone());
+        dry_run(c, &p.to_string()).unwrap_or_else(|e| panic!("valid variant {spec} refused: {e}"));
+    }
+    let invalid: Vec<(Value, &str)> = vec![
+        (json!({"features": {"pki": true, "ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "v"}, "jwtSigningKeySecret": {"name": "k", "key": "s"}}),
+         "spec.features: Invalid value: \"object\": spec.features: pki and ed25519 cannot both be enabled; enable only one"),
+        (json!({"helper": null}),
+         "spec: Invalid value: \"object\": neither spec.helper nor spec.nodeConfiguration is set; one of them has to configure the nodes"),
+        (json!({"pki": {"certManager": {"issuerRef": {"name": "ca"}}}}),
+         "spec.pki: Invalid value: \"object\": spec.pki.certManager signs the nodes' CSRs, which are fetched only with spec.features.pki: true; enable it or remove spec.pki"),
+        (json!({"helper": null, "nodeConfiguration": {"configuration": {"a": "b"}}, "features": {"pki": true}}),
+         "spec.features: Invalid value: \"object\": spec.features.pki needs a signer for the nodes' CSRs: spec.helper or spec.pki.certManager"),
+        (json!({"features": {"ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "v"}}),
+         "spec.jwtSigningKeySecret: Invalid value: \"object\": spec.features.ed25519 needs spec.jwtSigningKeySecret: the Secret key holding the ed25519 seed that signs server JWTs"),
+        (json!({"features": {"jwt": true}}),
+         "spec.jwtVerifyKeySecret: Invalid value: \"object\": spec.features.jwt and spec.features.ed25519 need spec.jwtVerifyKeySecret: the Secret key holding the public key or certificate that verifies the nodes' provisioning.jwt"),
+        (json!({"choriaInsecure": false}),
+         "spec.broker: Invalid value: \"object\": no broker credentials: set spec.broker.tlsSecret (x509, the file security provider), spec.broker.clientJwtSecret (the choria security provider), or spec.choriaInsecure: true for test networks"),
+        (json!({"broker": {"clientJwtSecret": "jwt"}}),
+         "spec.choriaInsecure: Invalid value: \"object\": spec.choriaInsecure: true contradicts spec.broker.clientJwtSecret (protocol v2 is always signed); remove one of them"),
+        (json!({"choriaInsecure": false, "broker": {"clientJwtSecret": "jwt"}}),
+         "spec.broker: Invalid value: \"object\": spec.broker.clientJwtSecret without spec.broker.tlsSecret leaves the broker's TLS certificate unverified; add spec.broker.tlsSecret (its ca.crt verifies the broker), or set spec.broker.insecureSkipVerify: true to accept that"),
+        (json!({"replicas": -1}), "spec.replicas: Invalid value: \"integer\": spec.replicas must be 0 or more"),
+        (json!({"workers": -2}), "spec.workers: Invalid value: \"integer\": spec.workers must be 0 or more (leave it out for one per CPU)"),
+        (json!({"monitorPort": 0}), "spec.monitorPort: Invalid value: \"integer\": spec.monitorPort must be a port, 1-65535 (default 8080)"),
+        (json!({"image": "has space"}), "spec.image: Invalid value: \"string\": spec.image must be an image reference without spaces; leave it out for the operator's own image"),
+        (json!({"lifecycleComponent": "a.b"}), "spec.lifecycleComponent: Invalid value: \"string\": spec.lifecycleComponent goes into NATS subjects: it must not be empty or contain '.', '*', '>' or spaces"),
+        (json!({"broker": {"urls": []}}), "spec.broker: Invalid value: \"object\": spec.broker.urls is empty; list at least one broker, e.g. nats://broker.example.net:4222"),
+        (json!({"broker": {"urls": ["nats://provisioner:hunter2-cel@b:4222"]}}),
+         "spec.broker.urls: Invalid value: \"object\": spec.broker.urls carry credentials; remove them and use spec.brokerPasswordSecret (user provisioner) or the broker Secrets"),
+        (json!({"broker": {"urls": ["a:4222", "b c"]}}),
+         "spec.broker.urls: Invalid value: \"object\": spec.broker.urls must be broker addresses, host:port or nats://host:port, without spaces or commas"),
+        (json!({"broker": {"identity": "a b"}}),
+         "spec.broker.identity: Invalid value: \"string\": spec.broker.identity must be a Choria identity without spaces; leave it out to use the resource name"),
+        (json!({"broker": {"tlsSecret": "Bad_Name"}}),
+         "spec.broker.tlsSecret: Invalid value: \"string\": spec.broker.tlsSecret must be a Secret's name: lower case letters, digits, '-' and '.'"),
+        (json!({"helper": {"command": " "}}),
+         "spec.helper: Invalid value: \"object\": spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh"),
+        (json!({"helper": {"configMap": "x/y"}}),
+         "spec.helper.configMap: Invalid value: \"string\": spec.helper.configMap must be a ConfigMap's name: lower case letters, digits, '-' and '.'"),
+        (json!({"tokenSecret": {"name": "s", "key": "../etc/passwd"}}),
+         "spec.tokenSecret: Invalid value: \"object\": spec.tokenSecret.key must be a Secret key: letters, digits, '-', '_' and '.'"),
+        (json!({"brokerPasswordSecret": {"name": "", "key": "p"}}),
+         "spec.brokerPasswordSecret: Invalid value: \"object\": spec.brokerPasswordSecret.name must be a Secret's name: lower case letters, digits, '-' and '.'"),
+        (json!({"interval": "30s"}), "spec.interval: Invalid value: \"string\": spec.interval is below the minimum of 1m; use for example 10m or 1h"),
+        (json!({"interval": "10"}), "spec.interval: Invalid value: \"string\": spec.interval must be a duration such as 30s, 1h30m, 10d or 1y"),
+        (json!({"helperTimeout": "0s"}), "spec.helperTimeout: Invalid value: \"string\": spec.helperTimeout is zero; use a positive duration such as 10s"),
+        (json!({"serverJwtValidity": "0.01d"}), "spec.serverJwtValidity: Invalid value: \"string\": spec.serverJwtValidity is zero; use a positive duration such as 10s"),
+        (json!({"discoveryTimeout": "soon"}), "spec.discoveryTimeout: Invalid value: \"string\": spec.discoveryTimeout must be a duration such as 30s, 1h30m, 10d or 1y"),
+        (json!({"election": {"leaseDuration": "1d"}}),
+         "spec.election.leaseDuration: Invalid value: \"string\": spec.election.leaseDuration must be a positive duration in h, m and s, such as 15s"),
+        (json!({"election": {"leaseDuration": "10s", "renewDeadline": "10s"}}),
+         "spec.election.leaseDuration: Invalid value: \"object\": spec.election.leaseDuration must be longer than renewDeadline (defaults 15s and 10s)"),
+        (json!({"election": {"retryPeriod": "9s"}}),
+         "spec.election.renewDeadline: Invalid value: \"object\": spec.election.renewDeadline must be longer than 1.2 × retryPeriod (defaults 10s and 2s)"),
+        (json!({"features": {"pki": true}, "pki": {"certManager": {"issuerRef": {"name": "ca"}, "duration": "30m"}}}),
+         "spec.pki.certManager.duration: Invalid value: \"string\": spec.pki.certManager.duration is shorter than cert-manager's minimum of 1h"),
+        (json!({"features": {"pki": true}, "pki": {"certManager": {"issuerRef": {"name": "ca"}, "usages": ["everything"]}}}),
+         "spec.pki.certManager.usages: Invalid value: \"array\": spec.pki.certManager.usages must be cert-manager key usages: signing, digital signature"),
+        (json!({"features": {"pki": true}, "pki": {"certManager": {"issuerRef": {"name": "ca", "kind": "Cluster Issuer"}}}}),
+         "spec.pki.certManager.issuerRef.kind: Invalid value: \"string\": spec.pki.certManager.issuerRef.kind must be a kind such as Issuer or ClusterIssuer"),
+        (json!({"features": {"pki": true}, "pki": {"certManager": {"issuerRef": {"name": "ca"}, "timeout": "0s"}}}),
+         "spec.pki.certManager.timeout: Invalid value: \"string\": spec.pki.certManager.timeout is zero; use a positive duration such as 10s"),
+    ];
+    let mut seen = Vec::new();
+    for (i, (spec, message)) in invalid.into_iter().enumerate() {
+        let p = provisioner_with(&format!("invalid-{i}"), spec.clone());
+        let refused = dry_run(c, &p.to_string())
+            .err()
+            .unwrap_or_else(|| panic!("{spec} was accepted; want {message:?}"));
+        assert!(refused.contains(message), "{spec}: {refused}");
+        assert!(
+            !refused.contains("hunter2"),
+            "the value is echoed: {refused}"
+        );
+        seen.push((spec.to_string(), message.to_string()));
+    }
+    // A name too long for <name>-metrics, at the root.
+    let mut long = provisioner_with("x", json!({}));
+    long["metadata"]["name"] = json!("a".repeat(56));
+    let refused = dry_run(c, &long.to_string()).unwrap_err();
+    assert!(
+        refused.contains("metadata.name must be at most 55 lower case letters, digits and '-', starting with a letter: it also names the Service <name>-metrics"),
+        "{refused}"
+    );
+    seen
+}
+
+/// The API server's write requests so far, by `verb resource[/subresource]`,
+/// from its own `apiserver_request_total`.
+fn apiserver_writes(c: &Cluster) -> BTreeMap<String, f64> {
+    let text = c.cp.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let mut writes = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !matches!(
+            verb.as_str(),
+            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+        ) {
+            continue;
+        }
+        let mut what = format!("{verb} {}", label("resource"));
+        let sub = label("subresource");
+        if !sub.is_empty() {
+            what = format!("{what}/{sub}");
+        }
+        *writes.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    writes
+}
+
+/// What changed between two [`apiserver_writes`] samples (non-zero only).
+fn writes_between(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}
+
+/// An idle Provisioner with three replicas (one leads through its Lease,
+/// all Ready, nothing to provision) costs the API server at most 12 writes
+/// a minute besides Lease renewals.
+fn idle_cost(c: &Cluster, nats: &NatsServer) -> Vec<Proc> {
+    const WINDOW: Duration = Duration::from_secs(30);
+    fleet_provisioner(c, "idle", nats, 3, 4, "0", "2s");
+    let deployment = get(&c.cp, "deployment", NS, "idle");
+    let kubeconfig = pod_kubeconfig(c, "idle");
+    let pods: Vec<Proc> = (0..3)
+        .map(|i| {
+            start_pod(
+                c,
+                &deployment,
+                &format!("idle-5f7c9d8b6-{i:05}"),
+                &kubeconfig,
+            )
+        })
+        .collect();
+    sole_leader(&pods, Duration::from_secs(20));
+    // Stand in for the deployment controller: three ready replicas.
+    set_deployment_status(c, "idle", 3, 3, 3);
+    wait_for(
+        "the idle Provisioner to be Ready",
+        Duration::from_secs(20),
+        || {
+            let p = c.provisioner("idle");
+            (cond(&p, "Ready").0 == "True" && p["status"]["leader"].is_string()).then_some(())
+        },
+    );
+    // Let what a start-up writes settle first.
+    std::thread::sleep(Duration::from_secs(5));
+    let before = apiserver_writes(c);
+    let t = Instant::now();
+    std::thread::sleep(WINDOW);
+    let after = apiserver_writes(c);
+    let per_minute = 60.0 / t.elapsed().as_secs_f64();
+    let all = writes_between(&before, &after);
+    let (leases, others): (BTreeMap<_, _>, BTreeMap<_, _>) =
+        all.into_iter().partition(|(k, _)| k.ends_with(" leases"));
+    let total: f64 = others.values().sum();
+    println!(
+        "idle, 3 replicas, {:.1?}: {:.1} writes/min besides Lease renewals {others:?}; Lease renewals {leases:?}",
+        t.elapsed(),
+        total * per_minute
+    );
+    assert!(
+        total * per_minute <= 12.0,
+        "an idle Provisioner costs {:.1} writes a minute besides Lease renewals: {others:?}",
+        total * per_minute
+    );
+    pods
+}
+
+/// While nodes are provisioned the leader's count changes, and the status
+/// writes that carry it never set off a reconciliation of the owned
+/// objects: no apply of any of them while a fleet is provisioned.
+async fn busy_cost(c: &Cluster, nats: &NatsServer, leader: &Proc) {
+    const NODES: usize = 200;
+    let before = apiserver_writes(c);
+    let t = Instant::now();
+    let journal = c.dir.path().join("busy.jsonl");
+    let fleet = RunningFleet::start(fleet_options(nats, NODES, &journal)).await;
+    wait_for(
+        "the fleet to be provisioned",
+        Duration::from_secs(120),
+        || {
+            (support::server_startups(&support::read_journal_so_far(&journal)) >= NODES)
+                .then_some(())
+        },
+    );
+    wait_for("the count in the status", Duration::from_secs(20), || {
+        (c.provisioner("idle")["status"]["provisioned"].as_u64() >= Some(NODES as u64))
+            .then_some(())
+    });
+    let after = apiserver_writes(c);
+    let took = t.elapsed();
+    let writes = writes_between(&before, &after);
+    println!(
+        "busy, {NODES} nodes provisioned in {took:.1?} by {}: writes {writes:?}",
+        leader.name
+    );
+    let owned: Vec<_> = writes
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("APPLY ")
+                && !k.ends_with("provisioners/status")
+                && !k.ends_with(" events")
+        })
+        .collect();
+    assert!(
+        owned.is_empty(),
+        "count updates set off reconciliations of the owned objects: {owned:?}"
+    );
+    drop(fleet);
+}
+
+/// Owned objects of Provisioner `name` deleted or edited by hand are put
+/// back within 5 s each. Returns how long each took.
+fn drift_repair(c: &Cluster, name: &str) -> Vec<(String, Duration)> {
+    const BOUND: Duration = Duration::from_secs(5);
+    let cp = &c.cp;
+    let cm = format!("{name}-config");
+    let leases = format!("{name}-leases");
+    let mut took = Vec::new();
+    let mut timed = |what: &str, done: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        wait_for(what, BOUND, || done().then_some(()));
+        took.push((what.to_string(), t.elapsed()));
+    };
+
+    let data = get(cp, "configmap", NS, &cm)["data"].clone();
+    cp.kubectl_ok(&["delete", "configmap", &cm, "-n", NS]);
+    timed("a deleted ConfigMap comes back", &|| {
+        try_get(cp, "configmap", NS, &cm).is_some_and(|o| o["data"] == data)
+    });
+
+    let image = get(cp, "deployment", NS, name)["spec"]["template"]["spec"]["containers"][0]
+        ["image"]
+        .clone();
+    let edit = json!([{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil:latest"}]);
+    cp.kubectl_ok(&[
+        "patch",
+        "deployment",
+        name,
+        "-n",
+        NS,
+        "--type=json",
+        "-p",
+        &edit.to_string(),
+    ]);
+    timed("an edited Deployment image is put back", &|| {
+        get(cp, "deployment", NS, name)["spec"]["template"]["spec"]["containers"][0]["image"]
+            == image
+    });
+
+    let rules = get(cp, "role", NS, name)["rules"].clone();
+    let wider = json!({"rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]});
+    cp.kubectl_ok(&[
+        "patch",
+        "role",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &wider.to_string(),
+    ]);
+    timed("a widened Role is narrowed again", &|| {
+        get(cp, "role", NS, name)["rules"] == rules
+    });
+
+    cp.kubectl_ok(&["delete", "rolebinding", &leases, "-n", NS]);
+    timed("a deleted RoleBinding comes back", &|| {
+        try_get(cp, "rolebinding", NS, &leases).is_some()
+    });
+
+    let labels = json!({"metadata": {"labels": {"app.kubernetes.io/managed-by": null}}});
+    cp.kubectl_ok(&[
+        "patch",
+        "service",
+        &format!("{name}-metrics"),
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &labels.to_string(),
+    ]);
+    timed("a Service that lost our label gets it back", &|| {
+        get(cp, "service", NS, &format!("{name}-metrics"))["metadata"]["labels"]
+            ["app.kubernetes.io/managed-by"]
+            == "choria-provisioner-operator"
+    });
+    println!("drift repaired: {took:?}");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_lifecycle_on_a_real_apiserver() {
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let c = Cluster::start(&bins);
+    c.create_namespace();
+    let nats = NatsServer::start();
+    let stage = |name: &str, since: Instant| {
+        println!("stage done: {name} in {:.1?}", since.elapsed());
+    };
+
+    let t = Instant::now();
+    let messages = validation_at_admission(&c);
+    stage("validation at admission", t);
+    println!("{} invalid variants refused; the messages:", messages.len());
+    for (spec, message) in &messages {
+        println!("  {spec}\n    {message}");
+    }
+
+    let t = Instant::now();
+    let idle_pods = idle_cost(&c, &nats);
+    stage("idle cost", t);
+    let t = Instant::now();
+    let leader = sole_leader(&idle_pods, Duration::from_secs(20));
+    busy_cost(&c, &nats, &idle_pods[leader]).await;
+    stage("busy cost", t);
+
+    let t = Instant::now();
+    drift_repair(&c, "idle");
+    stage("drift repair", t);
+    drop(idle_pods);
+
+    println!("operator lifecycle: {:.1?} in all", t0.elapsed());
+}

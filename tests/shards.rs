@@ -1,0 +1,341 @@
+//! Active-active (`election.mode: shards`) over the broker: replicas of
+//! `choria-provisioner run` on a nats-server whose provisioning account
+//! reproduces a stock Choria broker's (only the two election imports; the
+//! heartbeats use a core subject of the account), a simulated fleet whose
+//! journal records the sender (each replica's own member id) of every
+//! request. Every node is configured exactly once; each replica works its
+//! share; a replica killed (-9) or joining moves only its share.
+//!
+//! The same on the Lease backend against the real kube-apiserver is in
+//! `tests/shards_lease.rs`.
+
+mod support;
+
+use choria_provisioner::choria::client::BrokerArgs;
+use choria_provisioner::fleet::FleetOptions;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::election::choria_like_broker;
+use support::provisioner::ProvisionerProcess;
+use support::{NatsServer, RunningFleet};
+
+/// Membership timings of these tests: a member counts 6 s without
+/// renewing, stops working after 4 s without, renews every second.
+const TTL: Duration = Duration::from_secs(6);
+
+/// The election block of the streams tests: heartbeats on a core subject.
+const STREAMS: &str = "election:\n  mode: shards\n  backend: streams\n  name: shards-test\n  \
+     lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
+
+/// The election block of the Lease test: a Lease per member.
+const LEASES: &str = "election:\n  mode: shards\n  backend: lease\n  lease_name: shards-test\n  \
+     lease_namespace: default\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
+
+fn yaml(workers: usize, election: &str) -> String {
+    format!(
+        "workers: {workers}\ninterval: 1m\nsite: shards\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_timeout: 2s\ndiscovery_window: 500ms\n{election}\
+         configuration_template:\n  configuration:\n    identity: '{{{{ identity }}}}'\n    \
+         plugin.choria.server.provision: 'false'\n"
+    )
+}
+
+pub struct Replicas<'a> {
+    dir: &'a Path,
+    nats: &'a NatsServer,
+    pub running: Vec<(String, ProvisionerProcess)>,
+    started: usize,
+    workers: usize,
+    election: &'static str,
+    env: Vec<(String, String)>,
+}
+
+impl<'a> Replicas<'a> {
+    fn new(dir: &'a Path, nats: &'a NatsServer, workers: usize) -> Self {
+        Replicas {
+            dir,
+            nats,
+            running: Vec::new(),
+            started: 0,
+            workers,
+            election: STREAMS,
+            env: Vec::new(),
+        }
+    }
+
+    /// Starts a replica; all share one Choria identity, as replicas of one
+    /// Deployment do.
+    fn start(&mut self) {
+        self.started += 1;
+        let name = format!("r{}", self.started);
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let p = ProvisionerProcess::start_with_env(
+            self.dir,
+            &name,
+            &yaml(self.workers, self.election),
+            &format!(
+                "identity = provisioner.shards.example.net\nplugin.choria.middleware_hosts = {}\n",
+                self.nats.url()
+            ),
+            &[],
+            &env,
+        );
+        self.running.push((name, p));
+    }
+
+    /// Waits until every running replica is working and sees `n` members.
+    async fn settled(&mut self, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ok = self.running.iter().all(|(_, p)| {
+                p.metric("choria_provisioner_shard_members") == n as f64
+                    && p.metric("choria_provisioner_paused") == 0.0
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shards did not settle on {n} members within {timeout:?}:\n{}",
+                self.running
+                    .iter()
+                    .map(|(n, p)| format!("--- {n}\n{}", p.logs_tail(10)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn fleet(nats: &NatsServer, dir: &Path, prefix: &str, nodes: usize) -> RunningFleet {
+    // Simulated servers send their provisioning JWT as a token, which an
+    // account-based server would refuse; they log in as the provisioning user.
+    RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+        nodes,
+        identity_prefix: prefix.into(),
+        journal: Some(dir.join(format!("{prefix}journal.jsonl"))),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    })
+    .await
+}
+
+/// Waits until every node of the journal at `path` came back as a server.
+async fn wait_provisioned(path: &Path, nodes: usize, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let back = support::server_startups(&support::read_journal_so_far(path));
+        if back >= nodes {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "{back} of {nodes} provisioned within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Successful configures per node, and per sender (each replica's member id).
+fn configures(journal: &[Value]) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let mut per_node = BTreeMap::new();
+    let mut per_sender = BTreeMap::new();
+    for e in journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] == "configure" && e["outcome"] == "ok")
+    {
+        *per_node
+            .entry(e["node"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+        *per_sender
+            .entry(e["sender"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    (per_node, per_sender)
+}
+
+fn assert_configured_once(journal: &[Value], nodes: usize) -> BTreeMap<String, usize> {
+    let (per_node, per_sender) = configures(journal);
+    assert_eq!(per_node.len(), nodes, "every node configured");
+    let twice: Vec<_> = per_node.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "configured more than once: {twice:?}");
+    per_sender
+}
+
+fn lock_refusals(r: &Replicas) -> f64 {
+    r.running
+        .iter()
+        .map(|(_, p)| p.metric("choria_provisioner_lock_refusals"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_the_fleet_and_survivors_take_over_a_killed_ones_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    let mut r = Replicas::new(dir.path(), &nats, 8);
+    share_then_kill(dir.path(), &nats, &mut r, 3000, 1500).await;
+}
+
+/// The same on Kubernetes: a Lease per member on the real kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_share() {
+    let Some(bins) = support::kube::ControlPlane::available() else {
+        return;
+    };
+    let cp = support::kube::ControlPlane::start(&bins);
+    let kubeconfig = cp.kubeconfig(cp.admin_token());
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    let mut r = Replicas::new(dir.path(), &nats, 8);
+    r.election = LEASES;
+    r.env
+        .push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    share_then_kill(dir.path(), &nats, &mut r, 1500, 600).await;
+    // Every member holds a Lease of its own, labelled with the group; the
+    // killed one's stays until someone deletes it, the others leave theirs.
+    let leases = cp.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        "default",
+        "-l",
+        "provisioning.choria.io/shard-group=shards-test",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(leases.lines().count(), 3, "{leases}");
+    for (_, mut p) in r.running.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+    let leases = cp.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        "default",
+        "-l",
+        "provisioning.choria.io/shard-group=shards-test",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        leases.lines().count(),
+        1,
+        "only the killed member's: {leases}"
+    );
+}
+
+/// Three replicas share `first` nodes; one is killed; `late` new nodes are
+/// provisioned by the survivors within one membership TTL plus 10 s.
+async fn share_then_kill(
+    dir: &Path,
+    nats: &NatsServer,
+    r: &mut Replicas<'_>,
+    first: usize,
+    late: usize,
+) {
+    for _ in 0..3 {
+        r.start();
+    }
+    r.settled(3, Duration::from_secs(30)).await;
+    let nodes = first;
+    let first = fleet(nats, dir, "node-", nodes).await;
+    let took = wait_provisioned(
+        &dir.join("node-journal.jsonl"),
+        nodes,
+        Duration::from_secs(180),
+    )
+    .await;
+    let (_, journal) = first.finish().await;
+    let shares = assert_configured_once(&journal, nodes);
+    println!("{nodes} nodes by 3 replicas in {took:.1?}: {shares:?}");
+    assert_eq!(shares.len(), 3, "every replica worked: {shares:?}");
+    for (sender, n) in &shares {
+        let share = *n as f64 / nodes as f64;
+        assert!(
+            (0.25..=0.42).contains(&share),
+            "{sender} configured {n} of {nodes}"
+        );
+    }
+
+    // One replica dies; 1,500 new nodes start. The survivors take its
+    // share once its membership expires (one TTL) and provision them all.
+    let (name, mut dead) = r.running.remove(0);
+    dead.signal("KILL");
+    dead.wait_exit(Duration::from_secs(10));
+    let killed = Instant::now();
+    let late_fleet = fleet(nats, dir, "late-", late).await;
+    let took = wait_provisioned(
+        &dir.join("late-journal.jsonl"),
+        late,
+        TTL + Duration::from_secs(10),
+    )
+    .await;
+    println!(
+        "{name} killed; {late} new nodes provisioned by the survivors {:.1?} after the kill",
+        killed.elapsed()
+    );
+    let (_, journal) = late_fleet.finish().await;
+    let shares = assert_configured_once(&journal, late);
+    assert!(shares.len() <= 2, "only survivors worked: {shares:?}");
+    println!(
+        "late nodes: {shares:?} in {took:.1?}; lock refusals {}",
+        lock_refusals(r)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    // Two workers each and slow-ish nodes, so the run is still going when
+    // the third replica joins.
+    let mut r = Replicas::new(dir.path(), &nats, 2);
+    r.start();
+    r.start();
+    r.settled(2, Duration::from_secs(30)).await;
+    let nodes = 2000;
+    let f = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+        nodes,
+        journal: Some(dir.path().join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 4,
+        slow_nodes: nodes,
+        slow_delay_ms: 20,
+        ..Default::default()
+    })
+    .await;
+    let path = dir.path().join("journal.jsonl");
+    // Join once about a fifth is done.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while support::server_startups(&support::read_journal_so_far(&path)) < nodes / 5 {
+        assert!(Instant::now() < deadline, "the run did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = support::server_startups(&support::read_journal_so_far(&path));
+    r.start();
+    let took = wait_provisioned(&path, nodes, Duration::from_secs(240)).await;
+    println!("the rest provisioned {took:.1?} after the join");
+    let (_, journal) = f.finish().await;
+    let shares = assert_configured_once(&journal, nodes);
+    println!(
+        "joined after {before} of {nodes}; shares {shares:?}; lock refusals {}",
+        lock_refusals(&r)
+    );
+    assert_eq!(shares.len(), 3, "the newcomer took a share: {shares:?}");
+    for (_, mut p) in r.running.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+}
