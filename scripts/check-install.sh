@@ -27,7 +27,7 @@
 #          this costs the download, resolution and install steps, not the
 #          ~3 min compile (the first time it does).
 #
-# Cost with warm caches on 2 cores: see README ("What a first run costs").
+# Cost with warm caches on 2 cores: see docs/src/contributing.md ("What a first run costs").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
