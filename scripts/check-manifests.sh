@@ -37,7 +37,11 @@
 #      (which builds the image here from Debian packages, no registry) agree on
 #      user, entrypoint, cmd, workdir, HOME, binary path, packages and labels;
 #      its version is Cargo.toml's and deploy/ names that image. No image is
-#      built here (scripts/image-smoke.sh builds one and checks it).
+#      built here (scripts/image-smoke.sh builds one and checks it);
+#   7. the book: every Kubernetes object under docs/src/examples/ validates as
+#      in 3 (cert-manager's kinds have no schema there and are skipped with a
+#      note), and every alert the chart's PrometheusRule ships has its runbook,
+#      a `## <alert>` section of docs/src/operations/alerts.md.
 #
 # Tools (PyPI kubernetes-validate, helm-python-sdk, jsonschema, dockerfile) are installed once
 # into the project cache's virtualenv ($HOME/.cache/choria-provisioner-rs/venv).
@@ -85,6 +89,8 @@ CHART_DASHBOARD = os.path.join(CHART, "dashboards", "choria-provisioner.json")
 UPSTREAM_DASHBOARD = os.path.join(ROOT, "..", "shared", "peers", "go-provisioner", "dashboard.json")
 CRD_SRC = os.path.join(ROOT, "crds", "provisioner.yaml")
 DEPLOY = os.path.join(ROOT, "deploy")
+BOOK_EXAMPLES = os.path.join(ROOT, "docs", "src", "examples")
+BOOK_ALERTS = os.path.join(ROOT, "docs", "src", "operations", "alerts.md")
 KUBE = "1.34"
 NAMESPACE = "choria-provisioner"
 RELEASE = "choria-provisioner-operator"
@@ -857,13 +863,41 @@ def main():
     cms = [c for c in find(ex, "ConfigMap") if helper in (c.get("data") or {}).values()]
     check(bool(cms), "a ConfigMap carries examples/helper.sh unchanged")
 
+    section("the book's Kubernetes examples (docs/src/examples)")
+    for directory, _, files in sorted(os.walk(BOOK_EXAMPLES)):
+        for n in sorted(f for f in files if f.endswith((".yaml", ".yml"))):
+            path = os.path.join(directory, n)
+            try:
+                docs = load_docs(read(path))
+            except yaml.YAMLError as e:
+                fail(f"{rel(path)}: not YAML: {e}")
+                continue
+            objects = [d for d in docs if "apiVersion" in d]
+            for d in objects:
+                if d["apiVersion"].startswith("cert-manager.io/"):
+                    counts["skipped"] += 1
+                    print(f"  note  {rel(path)}: {kn(d)} skipped (cert-manager.io has no schema in kubernetes-validate)")
+            validate_all([d for d in objects if not d["apiVersion"].startswith("cert-manager.io/")], rel(path))
+
+    section("every shipped alert has a runbook in the book")
+    if "prometheusRule" in rendered:
+        shipped = [r.get("alert") for g in find(rendered["prometheusRule"], "PrometheusRule")[0]["spec"]["groups"]
+                   for r in g.get("rules", [])]
+        headings = set(re.findall(r"^## (\S+)\s*$", read(BOOK_ALERTS), re.M)) if os.path.exists(BOOK_ALERTS) else set()
+        missing = [a for a in shipped if a not in headings]
+        check(shipped and not missing, f"{rel(BOOK_ALERTS)} has a section for each of {shipped}"
+              + (f" (missing: {missing})" if missing else ""))
+        stale = sorted(h for h in headings if h.startswith("ChoriaProvisioner") and h not in shipped)
+        check(not stale, f"{rel(BOOK_ALERTS)} documents no alert the chart does not ship"
+              + (f" (stale: {stale})" if stale else ""))
+
     section("Dockerfile")
     check_dockerfile()
 
     print("\n== summary")
     print(f"  {counts['validated']} objects valid against Kubernetes {KUBE} (strict), "
           f"{counts['crs']} Provisioner(s) valid against the CRD, "
-          f"{counts['skipped']} ServiceMonitor/PrometheusRule object(s) skipped (no schema)")
+          f"{counts['skipped']} ServiceMonitor/PrometheusRule/cert-manager object(s) skipped (no schema)")
     if failures:
         print(f"  {len(failures)} FAILURE(S):")
         for f in failures:

@@ -61,6 +61,33 @@ ensure_manifest_tools() {
   printf '%s' "$MANIFEST_TOOLS" >"$stamp"
 }
 
+# ensure_mdbook installs mdBook (the book in docs/) from crates.io with cargo
+# install into the cache and links it into $CACHE_BIN. Only the `search`
+# feature: `serve` and `watch` would add an HTTP server and a file watcher the
+# scripts never use (and minutes of build). ~3 min cold on 2 cores (2 min 20 s
+# of CPU); mdBook 0.5.4 needs Rust 1.88 or newer.
+MDBOOK_VERSION="0.5.4"
+ensure_mdbook() {
+  local want="${MDBOOK_VERSION}"
+  if [ -x "$CACHE_BIN/mdbook" ] && [ "$("$CACHE_BIN/mdbook" --version 2>/dev/null)" = "mdbook v$want" ]; then
+    return 0
+  fi
+  ensure_rust
+  log "installing mdBook $want from crates.io (cargo install)"
+  # cargo install builds in a temporary directory it removes afterwards
+  # (never in the project's CARGO_TARGET_DIR), or in MDBOOK_TARGET_DIR, which
+  # scripts/check-install.sh keeps warm.
+  local target=()
+  [ -n "${MDBOOK_TARGET_DIR:-}" ] && target=(--target-dir "$MDBOOK_TARGET_DIR")
+  env -u CARGO_TARGET_DIR cargo install mdbook --locked --quiet --version "=$want" \
+    --no-default-features --features search --root "$CACHE_DIR/mdbook" "${target[@]}" >&2
+  ln -sf "$CACHE_DIR/mdbook/bin/mdbook" "$CACHE_BIN/mdbook"
+  if [ "$("$CACHE_BIN/mdbook" --version 2>/dev/null)" != "mdbook v$want" ]; then
+    log "$CACHE_DIR/mdbook/bin/mdbook does not report mdbook v$want"
+    return 1
+  fi
+}
+
 # ensure_rust makes cargo, rustfmt and clippy available: a toolchain installed
 # by rustup but not on PATH is found, a missing one is installed with rustup,
 # and missing rustfmt/clippy components are added when rustup manages cargo.

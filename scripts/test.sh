@@ -94,6 +94,11 @@ log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
 log "module layering: no import cycle, every use allowed (scripts/check-layers.py)"
 python3 "$ROOT/scripts/check-layers.py"
+# The book in docs/: builds without a warning, no internal link or anchor
+# broken (~2 s once mdBook is installed; its reference pages are compared
+# with the code by tests/book.rs in cargo test below).
+log "the book: mdBook build, internal links and anchors (scripts/docs.sh)"
+"$ROOT/scripts/docs.sh"
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
@@ -139,7 +144,7 @@ fi
 # delete, pause and a broker outage. Behind CHORIA_NODE_TIER=1: it needs root,
 # adds a bridge and iptables rules while it runs, and its first build (kubelet,
 # controller-manager, scheduler, helm: ~12 min cold) does not fit CI's budget
-# next to the rest; warm it takes ~2 min (README "Install on Kubernetes").
+# next to the rest; warm it takes ~2 min (docs/src/guides/kubernetes.md, "Tested on a real kubelet").
 node_status=0
 if [ "${CHORIA_NODE_TIER:-0}" = 1 ]; then
   log "node tier: real pods on a real kubelet (scripts/node-tier.sh)"

@@ -9,10 +9,10 @@
 //! configuration keys, certificate, key, server JWT, restarts).
 //!
 //! Every difference found is either a bug to fix or listed, with its reason,
-//! in README.md's "Deliberate differences from Go": the test classifies each
-//! difference by the ids in [`KNOWN`], fails on one it cannot classify, and
-//! checks that README lists exactly the ids of [`KNOWN`] and that each was
-//! seen (a difference that went away must leave the list).
+//! in the book's "Deliberate differences" (docs/src/migrating.md): the test
+//! classifies each difference by the ids in [`KNOWN`], fails on one it cannot
+//! classify, and checks that the book lists exactly the ids of [`KNOWN`] and
+//! that each was seen (a difference that went away must leave the list).
 
 mod support;
 
@@ -28,8 +28,8 @@ use support::{read_journal_so_far, NatsServer, RunningFleet};
 
 const TOKEN: &str = "s3cret";
 
-/// Differences we keep on purpose, by id. README.md lists the same ids in
-/// its "Deliberate differences from Go" table with the reasons.
+/// Differences we keep on purpose, by id. docs/src/migrating.md lists the
+/// same ids in its "Deliberate differences" table with the reasons.
 const KNOWN: &[(&str, &str)] = &[
     (
         "zero-series",
@@ -463,11 +463,14 @@ fn classify(d: &Difference) -> Option<&'static str> {
     }
 }
 
-/// The ids README.md's "Deliberate differences from Go" table lists.
-fn readme_ids() -> BTreeSet<String> {
-    let text =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let Some(start) = text.find("### Deliberate differences from Go") else {
+/// The ids the book's "Deliberate differences" table lists
+/// (docs/src/migrating.md, the page a user switching from Go reads).
+fn documented_ids() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/migrating.md"),
+    )
+    .unwrap();
+    let Some(start) = text.find("## Deliberate differences") else {
         return BTreeSet::new();
     };
     text[start..]
@@ -677,7 +680,11 @@ async fn go_and_ours_treat_identical_fleets_alike_or_differ_as_documented() {
             .join("\n")
     );
     let known: BTreeSet<String> = KNOWN.iter().map(|(id, _)| id.to_string()).collect();
-    assert_eq!(readme_ids(), known, "README's list and the test's disagree");
+    assert_eq!(
+        documented_ids(),
+        known,
+        "docs/src/migrating.md's list and the test's disagree"
+    );
     for (id, _) in KNOWN {
         assert!(
             seen.contains(id),

@@ -76,6 +76,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
     for file in [
         "deploy/example-provisioner.yaml",
         "deploy/example-provisioner-cert-manager.yaml",
+        // The book's quick start on Kubernetes.
+        "docs/src/examples/kubernetes/provisioner.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {

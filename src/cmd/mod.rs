@@ -166,10 +166,28 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e:#}");
+            eprintln!("Error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, as `{e:#}` writes them, without the
+/// repeats: the library's errors name their source in their own message
+/// (`bad.yaml: interval: …`), which anyhow's chain would print again.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -294,6 +312,21 @@ mod tests {
             parse(&["fleet-helper", "--shutdown-match", "x"]),
             Ok((_, Command::FleetHelper(_)))
         ));
+    }
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let inner = anyhow::Error::new(io).context("p.yaml: could not read the file: gone");
+        let outer = inner.context(
+            "the provisioner could not be configured: p.yaml: could not read the file: gone",
+        );
+        assert_eq!(
+            error_text(&outer),
+            "the provisioner could not be configured: p.yaml: could not read the file: gone"
+        );
+        let plain = anyhow::anyhow!("cause").context("outer");
+        assert_eq!(error_text(&plain), "outer: cause");
     }
 
     #[test]

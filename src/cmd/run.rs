@@ -96,7 +96,7 @@ pub fn check(args: &RunArgs, _global: &GlobalArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("Error: {e:#}");
+            eprintln!("Error: {}", super::error_text(&e));
             ExitCode::FAILURE
         }
     }

@@ -12,15 +12,30 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+/// One key of a section, for the book's generated reference
+/// (`tests/book.rs` renders `docs/src/reference/configuration.md` from these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// As written in the file.
+    pub key: &'static str,
+    /// The Rust type of its value, as written in this file.
+    pub ty: &'static str,
+    /// Its doc comment: what it means; a last paragraph `Default: …` for a
+    /// default the parser does not report in `effective_settings`.
+    pub doc: &'static str,
+}
+
 /// Declares a file section: a struct of optional fields named exactly as the
-/// YAML keys, serialized without the unset ones, and `KEYS`, the key list.
+/// YAML keys, serialized without the unset ones, `KEYS`, the key list, and
+/// `FIELDS`, each key with its type and doc comment (the only attribute a
+/// field takes: the book's reference is made from it).
 macro_rules! file_section {
-    ($(#[$meta:meta])* pub struct $name:ident { $( $(#[$fmeta:meta])* $key:ident : $ty:ty ),* $(,)? }) => {
+    ($(#[$meta:meta])* pub struct $name:ident { $( $(#[doc = $doc:literal])* $key:ident : $ty:ty ),* $(,)? }) => {
         $(#[$meta])*
         #[derive(Clone, Debug, Default, PartialEq, Serialize)]
         pub struct $name {
             $(
-                $(#[$fmeta])*
+                $(#[doc = $doc])*
                 #[serde(skip_serializing_if = "Option::is_none")]
                 pub $key: Option<$ty>,
             )*
@@ -29,6 +44,12 @@ macro_rules! file_section {
         impl $name {
             /// Every key of this section, as written in the file.
             pub const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
+            /// Every key with its type and documentation.
+            pub const FIELDS: &'static [Field] = &[$(Field {
+                key: stringify!($key),
+                ty: stringify!($ty),
+                doc: concat!($($doc, "\n"),*),
+            }),*];
         }
     };
 }
@@ -36,47 +57,93 @@ macro_rules! file_section {
 file_section! {
     /// The top level of `provisioner.yaml`: the Go provisioner's keys, then ours.
     pub struct ProvisionerFile {
+        /// Nodes provisioned at once; `0` also means one per CPU.
         workers: i64,
+        /// How often discovery runs, a Choria duration of at least `1m`.
         interval: String,
+        /// Where logs go: `stdout`, `stderr`, `discard`, or a file appended
+        /// to in JSON. Unset logs to stdout (Go writes a file named `info`).
         logfile: String,
+        /// `debug`, `info`, `warn`, `error` or `fatal`; anything else logs at
+        /// `warn`, as in Go. `--debug` and `--log` override it.
         loglevel: String,
+        /// The helper's command line, split like a shell's (quotes work, no
+        /// variables or pipes) and run once per node. Required unless
+        /// `configuration_template` configures the nodes.
         helper: String,
+        /// The provisioning token sent with every `choria_provision` request.
+        /// Unset: the `cht` claim of each node's verified provisioning JWT.
         token: String,
-        /// Ours: read `token` from this file (a mounted Secret).
+        /// Ours: read `token` from this file (a mounted Secret); a trailing
+        /// newline is removed.
         token_file: String,
         /// Ours: read `broker_provisioning_password` from this file.
         broker_provisioning_password_file: String,
+        /// The lifecycle component whose `startup` events mean "needs
+        /// provisioning"; no `.`, `*` or `>`.
         lifecycle_component: String,
+        /// Speak protocol v1 without TLS or signatures (the `file` security
+        /// provider): test networks only.
         choria_insecure: bool,
+        /// The `site` label on every metric.
         site: String,
+        /// Port of `/metrics`, `/healthz` and `/readyz`; unset or `0`: off.
         monitor_port: i64,
         /// Accepted and ignored, as in Go.
         broker_port: i64,
+        /// Connect to the broker as user `provisioner` with this password.
         broker_provisioning_password: String,
+        /// Regular expressions refused in CSR names and identities (a match
+        /// anywhere refuses). Unset or empty: Go's list.
         cert_deny_list: Vec<String>,
+        /// A PEM public key or certificate file, or a hex ed25519 public key,
+        /// that verifies the nodes' provisioning JWTs. Required with
+        /// `features.jwt` and `features.ed25519`.
         jwt_verify_cert: String,
+        /// The key file that signs server JWTs (a hex ed25519 seed). Required
+        /// with `features.ed25519`.
         jwt_signing_key: String,
+        /// Our chain-issuer client JWT file: adds chain-issuer data to the
+        /// server JWTs (`jwt_signing_key` must then be an ed25519 seed).
         jwt_signing_token: String,
+        /// Validity of the server JWTs issued with `features.ed25519`, a
+        /// Choria duration such as `1y`, `90d` or `12h`.
         server_jwt_validity: String,
         /// Accepted and ignored, as in Go.
         rego_policy: String,
+        /// Go's election switch: campaign in Choria Streams with Go's
+        /// defaults (`election.backend: streams`).
+        ///
+        /// Default: `false`
         leader_election: bool,
+        /// Where `release_update` tells nodes to download upgrades from.
         upgrades_repository: String,
+        /// Provision a node even when its upgrade failed.
         upgrades_optional: bool,
+        /// What is done for each node (below).
         features: FeaturesFile,
-        /// Ours: the election backend and its timing.
+        /// Ours: the election, its backend and its timing (below).
         election: ElectionFile,
+        /// Ours: the longest one broadcast discovery may take (Go: a fixed
+        /// 2 s).
         discovery_timeout: String,
+        /// Ours: discovery ends after this long without a reply (Go: 300 ms).
         discovery_window: String,
+        /// Ours: how long the helper may run for one node (Go: a fixed 10 s).
         helper_timeout: String,
+        /// Ours: how long one RPC attempt waits for its reply.
         rpc_timeout: String,
-        /// Ours: how long a trusted answer's reply subject stays watched.
+        /// Ours: how long the reply subject of a `jwt`, `gen25519` or
+        /// `gencsr` answer stays watched for a second, different answer in
+        /// the node's name (`0s`: off).
         reply_window: String,
-        /// Ours: DNS names besides the identity a CSR may ask for (regexes).
+        /// Ours: regular expressions of DNS names a CSR may ask for besides
+        /// the node's identity; each matches whole names.
         csr_allowed_dns_names: Vec<String>,
-        /// Ours: the node's configuration as templates (`config::template`).
+        /// Ours: the nodes' configuration as templates, with or without a
+        /// helper (below).
         configuration_template: ConfigurationTemplateFile,
-        /// Ours: cert-manager signs the nodes' CSRs (`features.pki`).
+        /// Ours: a cert-manager issuer signs the nodes' CSRs (below).
         cert_manager: CertManagerFile,
     }
 }
@@ -84,13 +151,35 @@ file_section! {
 file_section! {
     /// `cert_manager:` (ours).
     pub struct CertManagerFile {
+        /// The name of the `Issuer` or `ClusterIssuer` that signs. Required.
         issuer: String,
+        /// `Issuer` or `ClusterIssuer`.
+        ///
+        /// Default: `Issuer`
         issuer_kind: String,
+        /// The issuer's API group.
+        ///
+        /// Default: `cert-manager.io`
         issuer_group: String,
+        /// Where the `CertificateRequest`s are made (an `Issuer` lives there
+        /// too). Required.
         namespace: String,
+        /// The certificates' lifetime, at least `1h`.
+        ///
+        /// Default: the issuer's
         duration: String,
+        /// cert-manager key usages.
+        ///
+        /// Default: `digital signature`, `key encipherment`, `server auth`,
+        /// `client auth`
         usages: Vec<String>,
+        /// The longest a request may take to be issued.
+        ///
+        /// Default: `30s`
         timeout: String,
+        /// How long a used request is kept before it is deleted.
+        ///
+        /// Default: `0s`
         keep: String,
     }
 }
@@ -98,11 +187,19 @@ file_section! {
 file_section! {
     /// `configuration_template:` (ours).
     pub struct ConfigurationTemplateFile {
+        /// A mapping of your own, seen by every template as `values`.
         values: BTreeMap<String, serde_json::Value>,
+        /// Choria setting → template of its value.
         configuration: BTreeMap<String, String>,
+        /// Policy file name (`<agent>.policy`) → template of its text.
         action_policies: BTreeMap<String, String>,
+        /// Rego file name (`<agent>.rego`, `default.rego`) → template of its
+        /// text.
         opa_policies: BTreeMap<String, String>,
+        /// Static claims the server JWT is based on (`features.ed25519`), as
+        /// the helper's `server_claims`.
         server_claims: serde_json::Value,
+        /// Template of the version nodes must run (`features.upgrades`).
         upgrade: String,
     }
 }
@@ -110,9 +207,15 @@ file_section! {
 file_section! {
     /// `features:`.
     pub struct FeaturesFile {
+        /// Fetch each node's CSR for the helper (or `cert_manager`) to sign;
+        /// not with `ed25519`.
         pki: bool,
+        /// Fetch and verify each node's provisioning JWT.
         jwt: bool,
+        /// Fetch each node's ed25519 key and sign a server JWT for it (turns
+        /// `jwt` on).
         ed25519: bool,
+        /// Honour the helper's (or template's) `upgrade` version.
         upgrades: bool,
     }
 }
@@ -120,17 +223,39 @@ file_section! {
 file_section! {
     /// `election:` (ours; the Go provisioner only has `leader_election`).
     pub struct ElectionFile {
+        /// `leader`: one replica works, the others stand by; `shards`: every
+        /// replica works the nodes rendezvous hashing gives it.
+        ///
+        /// Default: `leader`
         mode: String,
+        /// `none`, `streams` (Choria Streams, Go-compatible) or `lease` (a
+        /// Kubernetes Lease).
         backend: String,
+        /// Streams: the KV bucket.
         bucket: String,
+        /// Streams: the election name, the bucket's key (with `mode:
+        /// shards`, the name in the heartbeat subject).
         name: String,
+        /// Streams: the JetStream API prefix; `""` is the account's own
+        /// `$JS.API`.
         api_prefix: String,
+        /// Streams: create the bucket when it is missing (normally the
+        /// Choria broker creates it).
         create_bucket: bool,
+        /// Streams: the TTL of a bucket we create.
         bucket_ttl: String,
+        /// Lease: the Lease's name.
         lease_name: String,
+        /// Lease: its namespace; unset: the pod's.
         lease_namespace: String,
+        /// Lease, and both backends with `mode: shards`: how long a record
+        /// counts without being renewed; more than `renew_deadline`.
         lease_duration: String,
+        /// Lease, and `mode: shards`: a leader (a member) that could not
+        /// renew for this long stops working; more than 1.2 × `retry_period`.
         renew_deadline: String,
+        /// Lease, and `mode: shards`: how often a candidate campaigns and a
+        /// member renews.
         retry_period: String,
     }
 }
@@ -162,5 +287,8 @@ mod tests {
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
         assert_eq!(ElectionFile::KEYS.len(), 12);
         assert_eq!(ElectionFile::KEYS[0], "mode");
+        assert_eq!(ElectionFile::FIELDS[0].key, "mode");
+        assert_eq!(FeaturesFile::FIELDS[0].ty, "bool");
+        assert!(FeaturesFile::FIELDS[0].doc.contains("CSR"));
     }
 }
