@@ -31,6 +31,11 @@
 #                         a Go run is capped at 300 s
 #   --bin PATH            use this choria-provisioner binary instead of building
 #   --no-go               do not try to build the Go provisioner
+#   --replicas R[,R...]   ours as R replicas in shards mode (election.mode: shards,
+#                         heartbeats over the broker), each with `workers`; a row per R
+#                         (impl rust-xR), and the speed-up over one replica
+#   --helper-sleep S      the helper takes S seconds more per node (a helper that calls
+#                         a CA or an inventory: what shards are for), e.g. 0.3
 #   --directed MODE       the simulator's `--directed` (per-node, the default, or
 #                         shared: one queue subscription per connection, ~1 KiB
 #                         per simulated node instead of ~10 KiB; --scale uses it)
@@ -86,6 +91,8 @@ OUT=""
 EXTRA=()
 SCALE=0
 DIRECTED=per-node
+REPLICAS_LIST=1
+HELPER_SLEEP=""
 JWT_HELPER="$ROOT/examples/helper.sh"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
@@ -99,6 +106,8 @@ while [ $# -gt 0 ]; do
     --quick) NODES_LIST=1000; RUNS=1; shift ;;
     --scale) SCALE=1; SCENARIO=template; NODES_LIST=1000,10000,100000; RUNS=1; TRY_GO=0; DIRECTED=shared; shift ;;
     --directed) DIRECTED="$2"; shift 2 ;;
+    --replicas) REPLICAS_LIST="$2"; shift 2 ;;
+    --helper-sleep) HELPER_SLEEP="$2"; shift 2 ;;
     --set) EXTRA+=("$2"); shift 2 ;;
     --helper) JWT_HELPER="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
@@ -119,6 +128,7 @@ case "$SCENARIO" in
 esac
 IFS=, read -r -a NODES_ARR <<<"$NODES_LIST"
 IFS=, read -r -a WORKERS_ARR <<<"$WORKERS_LIST"
+IFS=, read -r -a REPLICAS_ARR <<<"$REPLICAS_LIST"
 for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do
   case "$e" in *=*) ;; *) echo "bench.sh: --set wants KEY=VALUE, got '$e'" >&2; exit 2 ;; esac
 done
@@ -226,8 +236,11 @@ stop() {
 
 # run_one IMPL SCENARIO NODES WORKERS RUN
 run_one() {
-  local impl="$1" scenario="$2" nodes="$3" workers="$4" run="$5"
-  local dir="$OUT/runs/$scenario-$nodes-w$workers-$impl-r$run"
+  local impl="$1" scenario="$2" nodes="$3" workers="$4" run="$5" replicas="${6:-1}"
+  # Several replicas of ours (shards mode) are reported as impl rust-xR.
+  local label="$impl"
+  [ "$replicas" -gt 1 ] && label="$impl-x$replicas"
+  local dir="$OUT/runs/$scenario-$nodes-w$workers-$label-r$run"
   mkdir -p "$dir"
   local port monitor limit prov_bin
   port="$(free_port)"
@@ -263,7 +276,7 @@ run_one() {
     log "the fleet did not start $nodes nodes (see $dir/fleet.log)"
     stop "$fleet_pid"; stop "$nats_pid"
     PIDS=()
-    python3 "$REPORT" record impl="$impl" scenario="$scenario" nodes="$nodes" workers="$workers" \
+    python3 "$REPORT" record impl="$label" scenario="$scenario" nodes="$nodes" workers="$workers" \
       run="$run" commit="$COMMIT" dir="$dir" note="the fleet did not start" >>"$RESULTS"
     return 1
   fi
@@ -275,6 +288,12 @@ run_one() {
     helper="(configuration_template)"
   else
     helper="$JWT_HELPER"
+  fi
+  if [ -n "$HELPER_SLEEP" ] && [ "$helper" != "(configuration_template)" ]; then
+    # A helper that waits for something (a CA, Vault, an inventory).
+    printf '#!/bin/sh\nsleep %s\nexec %s\n' "$HELPER_SLEEP" "$helper" >"$dir/slow-helper.sh"
+    chmod +x "$dir/slow-helper.sh"
+    helper="$dir/slow-helper.sh"
   fi
   {
     echo "workers: $workers"
@@ -303,6 +322,15 @@ run_one() {
     echo "  jwt: true"
     [ "$scenario" = pki ] && echo "  pki: true"
     for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do echo "${e%%=*}: ${e#*=}"; done
+    if [ "$replicas" -gt 1 ]; then
+      echo "election:"
+      echo "  mode: shards"
+      echo "  backend: streams"
+      echo "  name: bench"
+      echo "  lease_duration: 6s"
+      echo "  renew_deadline: 4s"
+      echo "  retry_period: 1s"
+    fi
   } >"$dir/provisioner.yaml"
   cat >"$dir/choria.cfg" <<EOF
 identity = provisioner.bench
@@ -311,25 +339,40 @@ plugin.security.provider = file
 EOF
 
   python3 "$REPORT" snap fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap0.json"
-  local start_ns prov_pid perf_pid=""
+  local start_ns prov_pid perf_pid="" urls="http://127.0.0.1:$monitor/metrics" pids=()
   start_ns=$(date +%s%N)
   BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner.yaml" \
     --choria-config "$dir/choria.cfg" >"$dir/provisioner.log" 2>&1 &
   prov_pid=$!
   PIDS+=("$prov_pid")
+  pids+=("$prov_pid")
+  # Further replicas: the same file but their own monitor port.
+  local r
+  for r in $(seq 2 "$replicas"); do
+    local m
+    m="$(free_port)"
+    sed "s/^monitor_port: .*/monitor_port: $m/" "$dir/provisioner.yaml" >"$dir/provisioner-$r.yaml"
+    BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner-$r.yaml" \
+      --choria-config "$dir/choria.cfg" >"$dir/provisioner-$r.log" 2>&1 &
+    PIDS+=("$!")
+    pids+=("$!")
+    urls="$urls,http://127.0.0.1:$m/metrics"
+  done
+  local all_pids
+  all_pids="$(IFS=+; echo "${pids[*]}")"
   if [ "$PROFILE" = 1 ] && [ "$impl" = rust ] && command -v perf >/dev/null; then
     perf record -F 199 --call-graph dwarf,16384 -p "$prov_pid" -o "$dir/perf.data" >"$dir/perf.log" 2>&1 &
     perf_pid=$!
   fi
 
-  python3 "$REPORT" wait --url "http://127.0.0.1:$monitor/metrics" --target "$nodes" \
-    --timeout "$limit" --pid "$prov_pid" >"$dir/wait.json"
+  python3 "$REPORT" wait --url "$urls" --target "$nodes" \
+    --timeout "$limit" --pid "$all_pids" >"$dir/wait.json"
   # Read /proc just before stopping anything.
-  python3 "$REPORT" snap provisioner="$prov_pid" fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap1.json"
-  python3 "$REPORT" metrics --url "http://127.0.0.1:$monitor/metrics" >"$dir/metrics.json"
+  python3 "$REPORT" snap provisioner="$all_pids" fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap1.json"
+  python3 "$REPORT" metrics --url "$urls" >"$dir/metrics.json"
   curl -s "http://127.0.0.1:$monitor/metrics" >"$dir/metrics.txt" 2>/dev/null || true
   [ -n "$perf_pid" ] && { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; }
-  stop "$prov_pid"
+  for r in "${pids[@]}"; do stop "$r"; done
 
   # The fleet leaves by itself once every node restarted out of provisioning
   # mode (a 2-3 s splay after the last restart); it then writes the final states.
@@ -339,7 +382,7 @@ EOF
   PIDS=()
 
   python3 "$REPORT" journal "$dir/journal.jsonl" --nodes "$nodes" >"$dir/journal-check.json"
-  python3 "$REPORT" record impl="$impl" scenario="$scenario" nodes="$nodes" workers="$workers" \
+  python3 "$REPORT" record impl="$label" scenario="$scenario" nodes="$nodes" workers="$workers" \
     run="$run" start_ns="$start_ns" commit="$COMMIT" dir="$dir" helper="$helper" \
     settings="${EXTRA[*]+"${EXTRA[*]}"}" \
     --wait "$dir/wait.json" --snap0 "$dir/snap0.json" --snap1 "$dir/snap1.json" \
@@ -384,7 +427,9 @@ for scenario in "${SCENARIOS[@]}"; do
     for workers in "${WORKERS_ARR[@]}"; do
       for run in $(seq "$RUNS"); do
         log "$scenario, $nodes nodes, $workers workers, run $run/$RUNS"
-        run_one rust "$scenario" "$nodes" "$workers" "$run" || log "run failed"
+        for replicas in "${REPLICAS_ARR[@]}"; do
+          run_one rust "$scenario" "$nodes" "$workers" "$run" "$replicas" || log "run failed"
+        done
         # Alternate with Go so both see the same background load.
         if [ -n "$GO_BIN" ]; then
           run_one go "$scenario" "$nodes" "$workers" "$run" || log "run failed"

@@ -74,11 +74,24 @@ def system_cpu():
 
 
 def cmd_snap(args):
+    """name=pid, or name=pid+pid+... for several processes counted as one
+    (the replicas of a sharded run): CPU, peak RSS and children summed."""
     out = {"time_ns": time.time_ns(), "system": system_cpu(), "procs": {}}
     for a in args:
-        name, _, pid = a.partition("=")
-        if pid:
-            out["procs"][name] = proc_stats(pid)
+        name, _, pids = a.partition("=")
+        if not pids:
+            continue
+        stats = [proc_stats(p) for p in pids.split("+")]
+        stats = [s for s in stats if s]
+        if len(stats) == 1:
+            out["procs"][name] = stats[0]
+        elif stats:
+            summed = {}
+            for s in stats:
+                for k, v in s.items():
+                    if isinstance(v, (int, float)):
+                        summed[k] = summed.get(k, 0) + v
+            out["procs"][name] = summed
     print(json.dumps(out))
 
 
@@ -142,9 +155,17 @@ def scrape(url, timeout=2.0):
 
 
 def cmd_metrics(args):
-    url = args[args.index("--url") + 1]
+    """One replica's metrics, or several summed (cycles: the largest)."""
+    urls = args[args.index("--url") + 1].split(",")
     try:
-        print(json.dumps(scrape(url)))
+        m = {}
+        for url in urls:
+            for k, v in scrape(url).items():
+                if k == "choria_provisioner_discover_cycles":
+                    m[k] = max(m.get(k, 0), v)
+                else:
+                    m[k] = m.get(k, 0) + v
+        print(json.dumps(m))
     except Exception as e:  # noqa: BLE001
         print(json.dumps({"error": str(e)}))
 
@@ -155,8 +176,8 @@ def cmd_wait(args):
     `discovered` value read while `discover_cycles` is 1 belongs to it (the
     counter of cycles is bumped when a cycle starts)."""
     opt = dict(zip(args[::2], args[1::2]))
-    url, target = opt["--url"], int(opt["--target"])
-    timeout, pid = float(opt["--timeout"]), opt.get("--pid")
+    urls, target = opt["--url"].split(","), int(opt["--target"])
+    timeout, pids = float(opt["--timeout"]), (opt.get("--pid") or "").split("+")
     start = time.monotonic()
     res = {"reached": False, "timed_out": False, "died": False,
            "first_cycle_discovered": None, "first_cycle_done_ns": None,
@@ -166,11 +187,18 @@ def cmd_wait(args):
         if now - start > timeout:
             res["timed_out"] = True
             break
-        if pid and not os.path.exists(f"/proc/{pid}"):
+        if any(p and not os.path.exists(f"/proc/{p}") for p in pids):
             res["died"] = True
             break
         try:
-            m = scrape(url, timeout=1.0)
+            # Several replicas: counters add up, cycles are each one's own.
+            m = {}
+            for url in urls:
+                for k, v in scrape(url, timeout=1.0).items():
+                    if k == "choria_provisioner_discover_cycles":
+                        m[k] = max(m.get(k, 0), v)
+                    else:
+                        m[k] = m.get(k, 0) + v
         except Exception:  # noqa: BLE001 - not listening yet
             time.sleep(0.05)
             continue
@@ -374,6 +402,7 @@ def cmd_record(args):
         "journal_problems": j.get("problems"),
         "outcomes": j.get("outcomes"),
         "rpc_mean_ms": rpc_means(m or {}),
+        "metrics": {"choria_provisioner_lock_refusals": (m or {}).get("choria_provisioner_lock_refusals")},
     })
     print(json.dumps(rec))
 
@@ -538,6 +567,22 @@ def cmd_summary(args):
         w("| scenario | nodes | workers | ours / Go (nodes/min) |")
         w("|---|---|---|---|")
         out.extend(ratio_lines)
+    # shards: R replicas against one
+    shard_lines = []
+    for (sc, n, wk, impl), rs in sorted(groups.items()):
+        if not impl.startswith("rust-x") or (sc, n, wk, "rust") not in groups:
+            continue
+        many = med([r.get("nodes_per_min") for r in rs if r.get("valid")])
+        one = med([r.get("nodes_per_min") for r in groups[(sc, n, wk, "rust")] if r.get("valid")])
+        refusals = med([(r.get("metrics") or {}).get("choria_provisioner_lock_refusals") for r in rs])
+        if many and one:
+            shard_lines.append(f"| {sc} | {n:,} | {wk} | {impl[len('rust-x'):]} | {one:,.0f} | {many:,.0f} "
+                               f"| {many / one:.2f}× | {fmt(refusals)} |")
+    if shard_lines:
+        w("")
+        w("| scenario | nodes | workers each | replicas | 1 replica nodes/min | R replicas nodes/min | speed-up | lock refusals |")
+        w("|---|---|---|---|---|---|---|---|")
+        out.extend(shard_lines)
     # RPC latency breakdown as the provisioner saw it
     w("")
     w("## Mean latency per step as the provisioner measured it (ms, median over runs)")
