@@ -30,9 +30,10 @@ ALLOWED = {
     "monitor": set(),
     "election": {"backoff", "config", "k8s"},
     "fleet": {"choria"},
-    "provision": {"backoff", "choria", "config", "crd", "election", "k8s", "monitor"},
+    "records": {"config"},
+    "provision": {"backoff", "choria", "config", "crd", "election", "k8s", "monitor", "records"},
     "operator": {"choria", "config", "crd", "election", "k8s", "monitor", "provision"},
-    "cmd": {"choria", "config", "crd", "fleet", "monitor", "operator", "provision", "telemetry"},
+    "cmd": {"choria", "config", "crd", "fleet", "monitor", "operator", "provision", "records", "telemetry"},
 }
 USE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 

@@ -12,4 +12,5 @@ pub mod k8s;
 pub mod monitor;
 pub mod operator;
 pub mod provision;
+pub mod records;
 pub mod telemetry;

@@ -309,6 +309,15 @@ impl ChoriaClient {
         }
     }
 
+    /// The same client speaking in `collective` (the provisioning collective
+    /// unless told: provisioned nodes live in their own).
+    pub fn in_collective(&self, collective: &str) -> Self {
+        ChoriaClient {
+            collective: collective.to_string(),
+            ..self.clone()
+        }
+    }
+
     /// Reports ignored replies and refused identities to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn ReplyObserver>) -> Self {
         self.observer = Some(observer);

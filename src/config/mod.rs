@@ -14,6 +14,7 @@
 //! but reported as [`ConfigWarning`]s so typos become visible.
 
 pub mod choria;
+pub mod day_two;
 pub mod duration;
 pub mod election;
 pub mod interpolation;

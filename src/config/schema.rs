@@ -145,6 +145,80 @@ file_section! {
         configuration_template: ConfigurationTemplateFile,
         /// Ours: a cert-manager issuer signs the nodes' CSRs (below).
         cert_manager: CertManagerFile,
+        /// Ours: a record of every provisioning in a JetStream KV bucket
+        /// (below).
+        records: RecordsFile,
+        /// Ours: credentials renewed before they expire (below; needs
+        /// `records`).
+        renewal: RenewalFile,
+    }
+}
+
+file_section! {
+    /// `records:` (ours).
+    pub struct RecordsFile {
+        /// NATS URL(s) of a JetStream the records may be written to,
+        /// comma-separated. Required. (The provisioning account of a Choria
+        /// broker has no KV access: use an account or server that has.)
+        url: String,
+        /// The KV bucket.
+        ///
+        /// Default: `CHORIA_PROVISIONER_RECORDS`
+        bucket: String,
+        /// Revisions kept per node (1–64).
+        ///
+        /// Default: `5`
+        history: i64,
+        /// Create the bucket when it is missing.
+        ///
+        /// Default: `true`
+        create_bucket: bool,
+        /// NATS user name.
+        user: String,
+        /// NATS password (prefer `password_file`).
+        password: String,
+        /// Read the NATS password from this file.
+        password_file: String,
+        /// NATS token (prefer `token_file`).
+        token: String,
+        /// Read the NATS token from this file.
+        token_file: String,
+        /// A NATS `.creds` file (user JWT and seed).
+        credentials_file: String,
+        /// Verify the server's TLS certificate with this CA file.
+        tls_ca: String,
+    }
+}
+
+file_section! {
+    /// `renewal:` (ours).
+    pub struct RenewalFile {
+        /// When a credential is due: this long before it expires (`30d`), or
+        /// when this share of its lifetime is left (`20%`). Required.
+        before: String,
+        /// Due times move earlier by a stable share of this per node, so a
+        /// fleet provisioned at once is not renewed at once.
+        ///
+        /// Default: `0s`
+        jitter: String,
+        /// Renewals (`reprovision` requests) per minute at most.
+        ///
+        /// Default: `100`
+        rate: i64,
+        /// A Choria client configuration that reaches the provisioned nodes
+        /// in their collective, as a caller their policies allow to call
+        /// `choria_provision#reprovision`. Required.
+        choria_config: String,
+        /// The collective `reprovision` goes to when a node's record names
+        /// none (a server JWT names its collectives).
+        ///
+        /// Default: `mcollective`
+        collective: String,
+        /// How long a node may take to come back through provisioning
+        /// before it is asked again.
+        ///
+        /// Default: `10m`
+        retry: String,
     }
 }
 

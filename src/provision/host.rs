@@ -62,13 +62,16 @@ pub struct Context {
     pub credentials: Arc<super::credentials::Credentials>,
     /// Which nodes are ours (shards mode): checked at every checkpoint.
     pub ownership: super::ownership::Ownership,
+    /// Our name in the election or the shards, for the records.
+    pub replica: String,
 }
 
 /// How a node's sequence ended without error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Configured and restarted.
-    Provisioned,
+    /// Configured and restarted; what was issued, for the records (`None`
+    /// when it could not be read, which is logged).
+    Provisioned(Option<Box<crate::records::Record>>),
     /// The helper asked for a shutdown and the node was told to shut down.
     Shutdown,
     /// `release_update` succeeded; the node restarts on the new version and
@@ -329,6 +332,7 @@ impl HostSequence {
             return Ok(Outcome::Shutdown);
         }
 
+        let helper_signed = !response.certificate.is_empty();
         if cfg.features.pki && response.certificate.is_empty() {
             self.sign_with_cert_manager(&mut response).await?;
         }
@@ -360,11 +364,54 @@ impl HostSequence {
             }
         }
 
-        self.configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
+        let config = self
+            .configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
             .await?;
         self.finishing = true;
         self.restart().await?;
-        Ok(Outcome::Provisioned)
+        let signer = match (response.certificate.is_empty(), helper_signed) {
+            (true, _) => None,
+            (false, true) => Some("helper"),
+            (false, false) => Some("cert-manager"),
+        };
+        Ok(Outcome::Provisioned(
+            self.record(&response, &server_jwt, &config, signer),
+        ))
+    }
+
+    /// The record of this provisioning (see [`crate::records`]).
+    fn record(
+        &self,
+        response: &HelperResponse,
+        server_jwt: &str,
+        config: &str,
+        signer: Option<&str>,
+    ) -> Option<Box<crate::records::Record>> {
+        let mode = match (self.ctx.template.is_some(), self.ctx.helper.is_some()) {
+            (true, true) => "template+helper",
+            (true, false) => "template",
+            _ => "helper",
+        };
+        let protocol = self.ctx.client.version().to_string();
+        let issued = crate::records::Issued {
+            identity: &self.identity,
+            replica: &self.ctx.replica,
+            site: &self.ctx.cfg.site,
+            protocol: &protocol,
+            mode,
+            signer,
+            certificate: &response.certificate,
+            server_jwt,
+            config,
+            now: chrono::Utc::now(),
+        };
+        match issued.record() {
+            Ok(r) => Some(Box::new(r)),
+            Err(e) => {
+                warn!(node = &*self.identity, error = %e, "no record of this provisioning");
+                None
+            }
+        }
     }
 
     /// One RPC with retries. `check` turns a reply into the caller's value or a
@@ -875,7 +922,7 @@ impl HostSequence {
         key: &str,
         ecdh_public: &str,
         server_jwt: &str,
-    ) -> Result<(), ProvisionError> {
+    ) -> Result<String, ProvisionError> {
         if response.configuration.is_empty() {
             return Err(ProvisionError::EmptyConfiguration);
         }
@@ -903,7 +950,8 @@ impl HostSequence {
         };
         info!(node = &*self.identity, "configuring node");
         self.call("choria_provision#configure", 5, &args, require_ok)
-            .await
+            .await?;
+        Ok(config)
     }
 
     async fn restart(&self) -> Result<(), ProvisionError> {

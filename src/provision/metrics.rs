@@ -67,6 +67,12 @@ pub struct Metrics {
     refused_values: IntCounterVec,
     lock_refusals: IntCounter,
     shard_members: IntGauge,
+    records_written: IntCounter,
+    record_errors: IntCounter,
+    records_dropped: IntCounter,
+    records: IntGauge,
+    renewals_due: IntGauge,
+    renewals: IntCounterVec,
 }
 
 /// Labels of `choria_provisioner_rejected_identities{source}`.
@@ -283,6 +289,32 @@ impl Metrics {
                 "choria_provisioner_lock_refusals",
                 "Requests a node refused because another provisioner holds its provisioning lock; the node was left to that provisioner",
             ),
+            records_written: counter(
+                "choria_provisioner_records_written",
+                "Records of provisionings written to the records bucket",
+            ),
+            record_errors: counter(
+                "choria_provisioner_record_errors",
+                "Failed attempts to reach the records store or write a record (retried)",
+            ),
+            records_dropped: counter(
+                "choria_provisioner_records_dropped",
+                "Records dropped unwritten because too many were waiting for the records store",
+            ),
+            records: gauge(
+                "choria_provisioner_records",
+                "Nodes on record whose credentials expire (renewal: on)",
+            ),
+            renewals_due: gauge(
+                "choria_provisioner_renewals_due",
+                "Nodes whose credentials are due for renewal now (inside their renewal window, not yet renewed)",
+            ),
+            renewals: labelled(
+                "choria_provisioner_renewals",
+                "Renewal (reprovision) requests by how they ended",
+                "outcome",
+                &["sent", "refused", "failed"],
+            ),
             shard_members: gauge(
                 "choria_provisioner_shard_members",
                 "Live members of the shards this replica works in (election.mode shards; 0 otherwise)",
@@ -332,6 +364,31 @@ impl Metrics {
 
     pub fn set_pending_nodes(&self, n: usize) {
         self.pending_nodes.set(n as i64);
+    }
+
+    pub fn set_records(&self, n: usize) {
+        self.records.set(n as i64);
+    }
+
+    pub fn set_renewals_due(&self, n: usize) {
+        self.renewals_due.set(n as i64);
+    }
+
+    /// `outcome`: `sent`, `refused` or `failed`.
+    pub fn renewal(&self, outcome: &str) {
+        self.renewals.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn record_written(&self) {
+        self.records_written.inc();
+    }
+
+    pub fn record_error(&self) {
+        self.record_errors.inc();
+    }
+
+    pub fn record_dropped(&self) {
+        self.records_dropped.inc();
     }
 
     pub fn lock_refusal(&self) {

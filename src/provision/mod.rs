@@ -25,6 +25,8 @@ mod grants;
 pub mod helper;
 pub mod host;
 mod leadership;
+pub mod renewal;
+pub mod recorder;
 pub mod metrics;
 pub mod ownership;
 pub mod registry;
@@ -162,6 +164,8 @@ pub struct Handle {
     pub leader: tokio::sync::watch::Receiver<Option<String>>,
     /// Which nodes are ours (all of them, except in shards mode).
     pub ownership: ownership::Ownership,
+    /// Where records of provisionings go (nowhere without `records:`).
+    pub recorder: recorder::Recorder,
     trigger: mpsc::Sender<()>,
 }
 
@@ -198,6 +202,8 @@ pub struct Provisioner {
     setup: ClientSetup,
     /// This process's own name in the election or the shards.
     me: String,
+    /// What the record writer takes (with `records:`).
+    records_rx: Option<mpsc::UnboundedReceiver<crate::records::Record>>,
     pod_name: Option<String>,
     version: String,
     handle: Handle,
@@ -225,6 +231,13 @@ impl Provisioner {
         } else {
             ownership::Ownership::everything()
         };
+        let (recorder, records_rx) = match cfg.records {
+            Some(_) => {
+                let (r, rx) = recorder::Recorder::new();
+                (r, Some(rx))
+            }
+            None => (recorder::Recorder::off(), None),
+        };
         Provisioner {
             cfg: Arc::new(cfg),
             setup,
@@ -238,8 +251,10 @@ impl Provisioner {
                 health: Health::new(),
                 leader,
                 ownership,
+                recorder,
                 trigger,
             },
+            records_rx,
             trigger_rx,
             finisher_rx,
             leader_tx,
@@ -270,6 +285,7 @@ impl Provisioner {
             cfg,
             setup,
             me,
+            records_rx,
             pod_name,
             version,
             handle,
@@ -296,6 +312,15 @@ impl Provisioner {
         client.discovery_timeout = Duration::from_secs(2);
         announce(&client, &cfg, &setup, &version, &nats).await;
 
+        if let (Some(records), Some(rx)) = (&cfg.records, records_rx) {
+            tasks.spawn(recorder::run(
+                records.clone(),
+                format!("choria-provisioner records {me}"),
+                rx,
+                handle.metrics.clone(),
+                stop_tasks.clone(),
+            ));
+        }
         let abandon = CancellationToken::new();
         let credentials = Arc::new(credentials::Credentials::load(cfg.clone()));
         tasks.spawn(credentials.clone().watch(stop_tasks.clone()));
@@ -306,6 +331,7 @@ impl Provisioner {
             &resource,
             &abandon,
             &credentials,
+            &me,
         )?);
         let confirm_discovered = start_intake(
             &nats,
@@ -446,6 +472,7 @@ fn context(
     resource: &Option<resource::ResourceRef>,
     abandon: &CancellationToken,
     credentials: &Arc<credentials::Credentials>,
+    me: &str,
 ) -> Result<Context, RunError> {
     let argv = cfg.helper_command()?;
     let helper =
@@ -479,6 +506,7 @@ fn context(
         abandon: abandon.clone(),
         credentials: credentials.clone(),
         ownership: handle.ownership.clone(),
+        replica: me.to_string(),
     })
 }
 

@@ -88,9 +88,12 @@ fn record(
     result: Result<Outcome, ProvisionError>,
 ) {
     match result {
-        Ok(Outcome::Provisioned) => {
+        Ok(Outcome::Provisioned(record)) => {
             ctx.metrics.provisioned();
             info!(node = %ticket.identity, "provisioned");
+            if let Some(record) = record {
+                handle.recorder.record(*record);
+            }
             handle
                 .registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);

@@ -254,6 +254,10 @@ pub struct ProvisionerConfig {
     pub configuration_template: Option<ConfigurationTemplate>,
     /// cert-manager as the signer of the nodes' certificates (ours).
     pub cert_manager: Option<CertManagerConfig>,
+    /// Where every provisioning is recorded (ours).
+    pub records: Option<crate::config::day_two::RecordsConfig>,
+    /// Credentials renewed before they expire (ours).
+    pub renewal: Option<crate::config::day_two::RenewalConfig>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -510,6 +514,8 @@ impl ProvisionerConfig {
                     upgrade: t.upgrade.clone(),
                 }
             }),
+            records: self.records.as_ref().map(|r| r.to_file()),
+            renewal: self.renewal.as_ref().map(|r| r.to_file()),
             cert_manager: self.cert_manager.as_ref().map(|c| CertManagerFile {
                 issuer: Some(c.issuer.clone()),
                 issuer_kind: Some(c.issuer_kind.clone()),
@@ -645,6 +651,12 @@ impl ProvisionerConfig {
                 self.csr_allowed_dns_names.join(" "),
             ),
         ]);
+        if let Some(r) = &self.records {
+            out.push(("records".into(), r.effective()));
+        }
+        if let Some(r) = &self.renewal {
+            out.push(("renewal".into(), r.effective()));
+        }
         if let Some(c) = &self.cert_manager {
             out.push((
                 "cert_manager".into(),

@@ -102,6 +102,14 @@ impl ProvisionerConfig {
                 ));
             }
         }
+        let records = crate::config::day_two::records(file, &sec, w)?;
+        let renewal = crate::config::day_two::renewal(file, &sec, records.as_ref(), w)?;
+        if renewal.is_some() && creds.token.is_empty() && creds.token_file.is_none() {
+            return Err(sec.error(
+                "renewal",
+                "needs token (or token_file): reprovision carries the nodes' provisioning token, which records never hold",
+            ));
+        }
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -146,6 +154,8 @@ impl ProvisionerConfig {
             csr_allowed_dns_names,
             configuration_template,
             cert_manager,
+            records,
+            renewal,
             warnings,
         })
     }

@@ -1,0 +1,126 @@
+use super::*;
+use crate::config::day_two::Before;
+use crate::records::ServerJwtRecord;
+
+fn cfg(before: Before, jitter: u64) -> RenewalConfig {
+    RenewalConfig {
+        before,
+        jitter: Duration::from_secs(jitter),
+        rate: 60,
+        choria_config: "renewal.cfg".into(),
+        collective: "mcollective".into(),
+        retry: Duration::from_secs(600),
+    }
+}
+
+fn record(identity: &str, issued: i64, expires: i64) -> Record {
+    Record {
+        identity: identity.into(),
+        time: String::new(),
+        time_unix: issued,
+        replica: "r".into(),
+        site: "s".into(),
+        protocol: "v2".into(),
+        mode: "template".into(),
+        signer: None,
+        certificate: None,
+        server_jwt: Some(ServerJwtRecord {
+            jti: "j".into(),
+            issued_unix: issued,
+            expires_unix: expires,
+            collectives: vec!["choria".into()],
+        }),
+        config_sha256: String::new(),
+    }
+}
+
+#[test]
+fn a_node_is_due_before_its_expiry_by_a_duration_or_a_share() {
+    let mut s = Schedule::default();
+    s.upsert(
+        &record("a", 0, 10_000),
+        &cfg(Before::Duration(Duration::from_secs(1_000)), 0),
+    );
+    assert_eq!(s.due_at("a"), Some(9_000));
+    s.upsert(&record("b", 0, 10_000), &cfg(Before::Share(0.25), 0));
+    assert_eq!(s.due_at("b"), Some(7_500));
+    assert_eq!(s.due_count(8_999), 1);
+    let choria = Some("choria".to_string());
+    assert_eq!(
+        s.due(9_000, 10),
+        [("b".to_string(), choria.clone()), ("a".to_string(), choria)]
+    );
+    // A newer record replaces the old due time.
+    s.upsert(
+        &record("a", 10_000, 20_000),
+        &cfg(Before::Duration(Duration::from_secs(1_000)), 0),
+    );
+    assert_eq!(s.due_at("a"), Some(19_000));
+    assert_eq!(s.len(), 2);
+}
+
+#[test]
+fn jitter_spreads_a_fleet_provisioned_at_once_but_is_stable_per_node() {
+    let c = cfg(Before::Duration(Duration::from_secs(100)), 3_600);
+    let mut s = Schedule::default();
+    for i in 0..1_000 {
+        s.upsert(&record(&format!("n{i}"), 0, 100_000), &c);
+    }
+    let dues: BTreeSet<i64> = (0..1_000)
+        .map(|i| s.due_at(&format!("n{i}")).unwrap())
+        .collect();
+    // 1,000 nodes uniform over 3,600 whole seconds share some seconds:
+    // 3,600 x (1 - e^(-1000/3600)) = ~872 distinct are expected.
+    assert!(dues.len() > 800, "spread: {} distinct due times", dues.len());
+    assert!(dues
+        .iter()
+        .all(|d| (100_000 - 100 - 3_600..=100_000 - 100).contains(d)));
+    let again = s.due_at("n7");
+    s.upsert(&record("n7", 0, 100_000), &c);
+    assert_eq!(s.due_at("n7"), again, "the same node, the same share");
+}
+
+#[test]
+fn an_asked_node_waits_for_its_retry_and_a_failure_backs_off() {
+    let c = cfg(Before::Duration(Duration::from_secs(1)), 0);
+    let mut s = Schedule::default();
+    s.upsert(&record("a", 0, 100), &c);
+    s.asked("a", 100, Duration::from_secs(600));
+    assert_eq!(s.due_at("a"), Some(700));
+    s.failed("a", 700, Duration::from_secs(600));
+    assert_eq!(s.due_at("a"), Some(730));
+    s.failed("a", 730, Duration::from_secs(600));
+    assert_eq!(s.due_at("a"), Some(790), "doubled");
+    for _ in 0..10 {
+        s.failed("a", 1_000, Duration::from_secs(600));
+    }
+    assert_eq!(s.due_at("a"), Some(1_600), "at most the retry");
+    // Nothing expiring, nothing to renew.
+    let mut r = record("none", 0, 0);
+    r.server_jwt = None;
+    s.upsert(&r, &c);
+    assert_eq!(s.due_at("none"), None);
+}
+
+#[test]
+fn the_rate_limit_allows_rate_a_minute() {
+    let t0 = std::time::Instant::now();
+    let mut l = RateLimit::per_minute(120, t0);
+    assert_eq!(l.available(t0), 2, "a burst of one second's worth");
+    l.take(2);
+    assert_eq!(l.available(t0), 0);
+    assert_eq!(l.available(t0 + Duration::from_millis(500)), 1);
+    let mut total = 0;
+    let mut l = RateLimit::per_minute(120, t0);
+    for s in 0..60 {
+        let n = l.available(t0 + Duration::from_secs(s));
+        l.take(n);
+        total += n;
+    }
+    assert!((118..=122).contains(&total), "{total} in a minute at 120/min");
+    let mut slow = RateLimit::per_minute(6, t0);
+    assert_eq!(slow.available(t0), 1);
+    slow.take(1);
+    assert_eq!(slow.available(t0 + Duration::from_secs(5)), 0);
+    assert_eq!(slow.available(t0 + Duration::from_secs(10)), 1);
+}
