@@ -10,6 +10,7 @@ pub mod crd;
 pub mod discover;
 pub mod fleet;
 pub mod fleet_helper;
+pub mod nodes;
 pub mod operator;
 pub mod run;
 
@@ -88,6 +89,9 @@ pub enum Command {
     Crd,
     /// Run the Kubernetes operator for `Provisioner` resources.
     Operator(operator::OperatorArgs),
+    /// List the records of provisioned nodes (`records:`), optionally only
+    /// those whose credentials expire soon.
+    Nodes(nodes::NodesArgs),
 }
 
 impl Cli {
@@ -156,6 +160,10 @@ pub fn main() -> ExitCode {
             Command::Operator(args) => {
                 let _log = global.init_stderr_logging()?;
                 operator::run(args).await
+            }
+            Command::Nodes(args) => {
+                let _log = global.init_stderr_logging()?;
+                nodes::run(args).await
             }
             Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),
         }

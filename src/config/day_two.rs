@@ -206,7 +206,10 @@ pub(crate) fn records(
         ));
     };
     let urls: Vec<String> = url.split(',').map(|u| u.trim().to_string()).collect();
-    if let Some(bad) = urls.iter().find(|u| u.is_empty() || u.contains(char::is_whitespace)) {
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| u.is_empty() || u.contains(char::is_whitespace))
+    {
         return Err(r.error("url", format!("{bad:?} is not a URL")));
     }
     let bucket = non_empty(r.string("bucket")?).unwrap_or_else(|| DEFAULT_RECORDS_BUCKET.into());
@@ -306,7 +309,10 @@ pub(crate) fn renewal(
     };
     let collective = non_empty(r.string("collective")?).unwrap_or_else(|| "mcollective".into());
     if !crate::choria::identity::validate(&collective).is_ok() || collective.contains('.') {
-        return Err(r.error("collective", format!("{collective:?} is not a collective name")));
+        return Err(r.error(
+            "collective",
+            format!("{collective:?} is not a collective name"),
+        ));
     }
     let retry = match r.duration("retry")? {
         Some((raw, d)) if !raw.trim().is_empty() && !d.is_zero() => d,
@@ -330,7 +336,14 @@ mod tests {
     fn before_as_a_share_follows_the_lifetime() {
         let b = Before::Share(0.2);
         assert_eq!(b.lead(0, 1000), Duration::from_secs(200));
-        assert_eq!(Before::Duration(Duration::from_secs(5)).lead(0, 1000), Duration::from_secs(5));
-        assert_eq!(b.lead(1000, 0), Duration::ZERO, "a broken lifetime leads by nothing");
+        assert_eq!(
+            Before::Duration(Duration::from_secs(5)).lead(0, 1000),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            b.lead(1000, 0),
+            Duration::ZERO,
+            "a broken lifetime leads by nothing"
+        );
     }
 }

@@ -30,6 +30,7 @@ use crate::fleet::ca::{CertificateAuthority, PkiError};
 pub const DEFAULT_BROKER: &str = "nats://broker.example.net:4222";
 /// How long certificates signed with `--ca-cert` last.
 pub const CERTIFICATE_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+// (The default of `--validity`.)
 /// How long `--fail hang` sleeps: far longer than any sane helper timeout.
 pub const HANG_FOR: Duration = Duration::from_secs(3600);
 /// Exit status for bad input, bad options and other real errors.
@@ -59,6 +60,11 @@ pub struct FleetHelperArgs {
     /// Unencrypted RSA private key (PKCS#1 or PKCS#8 PEM) of --ca-cert.
     #[arg(long, value_name = "FILE", requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
+
+    /// How long the certificates it signs are valid (a Choria duration
+    /// such as `1y` or `2m`: short ones exercise renewal).
+    #[arg(long, value_name = "DURATION", value_parser = validity, default_value = "1y")]
+    pub validity: Duration,
 
     /// PEM private key to ship to every node as its `key`.
     #[arg(long, value_name = "FILE")]
@@ -253,6 +259,26 @@ struct ServerClaims {
 /// Answers one helper input (stdin bytes) with the response (stdout bytes,
 /// newline terminated). `--fail` is not applied here: it is about the
 /// process's streams and exit status, which [`main_with_stdio`] owns.
+/// A whole number and a unit: `s`, `m`, `h`, `d`, `w` or `y`.
+fn validity(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 2m, 1h or 1y"))?;
+    let unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        "y" => 365 * 86_400,
+        _ => return Err(format!("{s:?}: the unit is one of s, m, h, d, w, y")),
+    };
+    Ok(Duration::from_secs(n * unit))
+}
+
 pub fn run(args: &FleetHelperArgs, input: &[u8]) -> Result<Vec<u8>, FleetHelperError> {
     respond(args, &parse_input(input)?)
 }
@@ -370,10 +396,7 @@ fn provision(args: &FleetHelperArgs, input: &Input) -> Result<Output, FleetHelpe
                 identity: identity.clone(),
             });
         }
-        output.certificate = Some(
-            ca.sign_csr(csr_pem, CERTIFICATE_VALIDITY)
-                .map_err(sign_err)?,
-        );
+        output.certificate = Some(ca.sign_csr(csr_pem, args.validity).map_err(sign_err)?);
         output.ca = Some(ca.cert_pem());
         output.ssldir = csr_input
             .and_then(|c| c.ssldir.clone())

@@ -114,6 +114,13 @@ pub struct FleetOptions {
     /// hundreds of thousands). What the provisioner sees is the same.
     #[arg(long, value_enum, default_value_t = Directed::PerNode)]
     pub directed: Directed,
+    /// Provisioned nodes keep serving in their collective (the first of
+    /// their written `collectives`, else `mcollective`) and answer
+    /// `choria_provision#reprovision` as go-choria does: for renewal tests
+    /// and benchmarks. One queue subscription per connection on
+    /// `*.node.>`.
+    #[arg(long)]
+    pub serve_provisioned: bool,
     /// Configuration keys whose written values the journal's final states
     /// record (`config_values`); other values are left out, as they may
     /// hold secrets. Repeatable.
@@ -479,8 +486,8 @@ pub async fn run(
 
         // `--directed shared`: every node by name, for the shared loops.
         let by_name: Arc<HashMap<String, NodeRef>> = Arc::new(match opts.directed {
-            Directed::PerNode => HashMap::new(),
-            Directed::Shared => nodes
+            Directed::PerNode if !opts.serve_provisioned => HashMap::new(),
+            _ => nodes
                 .iter()
                 .map(|n| (n.lock().expect("node lock").identity.clone(), n.clone()))
                 .collect(),
@@ -526,6 +533,19 @@ pub async fn run(
                         ctx.clone(),
                     )));
                 }
+            }
+            if opts.serve_provisioned {
+                let subject = "*.node.>".to_string();
+                let sub = nats
+                    .queue_subscribe(subject.clone(), format!("{SHARED_QUEUE}-provisioned"))
+                    .await
+                    .map_err(|source| client::ClientError::Subscribe { subject, source })?;
+                tasks.push(tokio::spawn(provisioned_loop(
+                    by_name.clone(),
+                    sub,
+                    link.clone(),
+                    ctx.clone(),
+                )));
             }
             let mut subs = Vec::new();
             for agent in node::AGENTS {
@@ -711,6 +731,35 @@ async fn shared_directed_loop(
     }
 }
 
+/// `--serve-provisioned`: requests in any collective but the provisioning
+/// one, to provisioned nodes (which answer in their own collective).
+async fn provisioned_loop(
+    by_name: Arc<HashMap<String, NodeRef>>,
+    mut sub: async_nats::Subscriber,
+    link: Link,
+    ctx: Ctx,
+) {
+    let provisioning = format!("{}.", subjects::PROVISIONING_COLLECTIVE);
+    while let Some(msg) = sub.next().await {
+        if msg.subject.starts_with(provisioning.as_str()) {
+            continue;
+        }
+        let Some(node) = msg
+            .subject
+            .split_once(".node.")
+            .and_then(|(_, name)| by_name.get(name))
+        else {
+            continue;
+        };
+        if node.lock().expect("node lock").mode != Mode::Provisioned {
+            continue;
+        }
+        if let Some(req) = decode_directed(node, &msg, &ctx) {
+            serve(node, &req, &link, &ctx).await;
+        }
+    }
+}
+
 /// One lock per slow node, so its requests are answered in turn.
 struct SlowTurns(Vec<tokio::sync::Mutex<()>>);
 
@@ -785,10 +834,22 @@ fn record_drop(ctx: &Ctx, node: &str, reason: &str) {
 /// Handles one request on one node, replies, journals, and carries out effects.
 async fn serve(node: &NodeRef, req: &Request, link: &Link, ctx: &Ctx) {
     ctx.counters.requests.fetch_add(1, Ordering::Relaxed);
-    let (handled, identity, failure, version) = {
+    let (handled, identity, failure, version, component) = {
         let mut n = node.lock().expect("node lock");
+        // A provisioned node's events name the `server` component.
+        let component = if n.mode == Mode::Provisioned {
+            SERVER_COMPONENT
+        } else {
+            PROVISION_MODE_COMPONENT
+        };
         let h = n.handle(req, client::now_nanos());
-        (h, n.identity.clone(), n.failure, n.version.clone())
+        (
+            h,
+            n.identity.clone(),
+            n.failure,
+            n.version.clone(),
+            component,
+        )
     };
     let nats = &link.nats;
     let outcome = match &handled.response {
@@ -844,7 +905,7 @@ async fn serve(node: &NodeRef, req: &Request, link: &Link, ctx: &Ctx) {
 
     for event in &handled.effects.events {
         let v = matches!(event, EventType::Upgraded).then_some(version.as_str());
-        publish_event(nats, ctx, &identity, *event, PROVISION_MODE_COMPONENT, v).await;
+        publish_event(nats, ctx, &identity, *event, component, v).await;
     }
     if let Some(delay) = handled.effects.restart_after {
         tokio::spawn(restart_later(

@@ -374,9 +374,12 @@ impl HostSequence {
             (false, true) => Some("helper"),
             (false, false) => Some("cert-manager"),
         };
-        Ok(Outcome::Provisioned(
-            self.record(&response, &server_jwt, &config, signer),
-        ))
+        Ok(Outcome::Provisioned(self.record(
+            &response,
+            &server_jwt,
+            &config,
+            signer,
+        )))
     }
 
     /// The record of this provisioning (see [`crate::records`]).

@@ -25,11 +25,11 @@ mod grants;
 pub mod helper;
 pub mod host;
 mod leadership;
-pub mod renewal;
-pub mod recorder;
 pub mod metrics;
 pub mod ownership;
+pub mod recorder;
 pub mod registry;
+pub mod renewal;
 pub mod resource;
 mod suspects;
 pub mod template;
@@ -86,6 +86,8 @@ pub enum PrepareError {
     Choria(#[source] ConfigError),
     #[error("could not set up the Choria client: {0}")]
     Setup(#[source] ConfigError),
+    #[error("could not set up renewal's Choria client (renewal.choria_config): {0}")]
+    Renewal(#[source] ConfigError),
     #[error("could not set up TLS to the broker ({}): {source}", .file.display())]
     Tls {
         file: std::path::PathBuf,
@@ -139,6 +141,9 @@ pub fn prepare(
     let ccfg = crate::config::ChoriaClientConfig::load_with(choria_config, env)
         .map_err(PrepareError::Choria)?;
     let setup = ccfg.client_setup(&cfg, env).map_err(PrepareError::Setup)?;
+    if let Some(r) = &cfg.renewal {
+        renewal::setup(r, cfg.choria_insecure, env).map_err(PrepareError::Renewal)?;
+    }
     if setup.connect.tls.is_custom() {
         setup
             .connect
@@ -312,6 +317,22 @@ impl Provisioner {
         client.discovery_timeout = Duration::from_secs(2);
         announce(&client, &cfg, &setup, &version, &nats).await;
 
+        if let (Some(renewal), Some(records)) = (&cfg.renewal, &cfg.records) {
+            let env = crate::config::Environment::from_process();
+            let setup = renewal::setup(renewal, cfg.choria_insecure, &env)?;
+            tasks.spawn(renewal::run(
+                renewal::Renewal {
+                    cfg: renewal.clone(),
+                    records: records.clone(),
+                    setup,
+                    token: cfg.token.clone(),
+                    name: format!("choria-provisioner renewal {me}"),
+                    sender: cfg.election.sharded().then(|| me.clone()),
+                },
+                handle.clone(),
+                stop_tasks.clone(),
+            ));
+        }
         if let (Some(records), Some(rx)) = (&cfg.records, records_rx) {
             tasks.spawn(recorder::run(
                 records.clone(),

@@ -424,6 +424,21 @@ impl Registry {
         forgot
     }
 
+    /// Forgets a node held after its success (or restart): we asked it to
+    /// come back through provisioning (renewal), so its next startup
+    /// event must queue it.
+    pub fn forget_done(&self, identity: &str) {
+        let mut hosts = self.lock();
+        if hosts
+            .entries
+            .get(identity)
+            .is_some_and(|e| matches!(e.state, State::Held | State::Restarting))
+        {
+            hosts.remove(identity);
+            self.update_gauges(&hosts);
+        }
+    }
+
     /// Forgets a node still waiting (pending or queued): it announced its
     /// shutdown (e.g. restarted by a previous leader), so working it would
     /// only wait for replies that never come. A node being worked (our own

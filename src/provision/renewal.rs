@@ -37,6 +37,10 @@ const IN_FLIGHT: usize = 32;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first retry after a failed request; it doubles up to `retry`.
 const FIRST_BACKOFF: i64 = 30;
+/// A node is not asked within this many seconds of its provisioning: it is
+/// still restarting (go-choria's restart splay is up to 12 s) and would not
+/// answer in its collective yet.
+pub const SETTLE_AFTER_PROVISIONING: i64 = 15;
 
 /// When each node is due, pure: every call takes `now` (Unix seconds).
 #[derive(Debug, Default)]
@@ -90,7 +94,7 @@ impl Schedule {
         };
         let lead = cfg.before.lead(issued, expires).as_secs_f64()
             + cfg.jitter.as_secs_f64() * jitter_share(&record.identity);
-        let at = expires - lead.round() as i64;
+        let at = (expires - lead.round() as i64).max(record.time_unix + SETTLE_AFTER_PROVISIONING);
         self.insert(
             record.identity.clone(),
             Due {
@@ -211,18 +215,54 @@ impl RateLimit {
 pub struct Renewal {
     pub cfg: RenewalConfig,
     pub records: RecordsConfig,
-    /// A client of the provisioned nodes' network (`renewal.choria_config`).
-    pub client: ChoriaClient,
+    /// How to reach the provisioned nodes (`renewal.choria_config`).
+    pub setup: crate::config::ClientSetup,
     pub token: Secret,
     pub name: String,
+    /// Our sender id in shards mode (see `provision::sender`).
+    pub sender: Option<String>,
+}
+
+/// Loads `renewal.choria_config` (at start-up: an error there is a
+/// configuration error).
+pub fn setup(
+    cfg: &RenewalConfig,
+    insecure: bool,
+    env: &crate::config::Environment,
+) -> Result<crate::config::ClientSetup, crate::config::ConfigError> {
+    crate::config::ChoriaClientConfig::load_with(&cfg.choria_config, env)?
+        .client_setup_for(insecure, None, env)
+}
+
+/// Connects to the provisioned nodes' network, retrying; `None` on stop.
+/// Requests are sent as `r.sender` (the replica's own name in shards
+/// mode, as for provisioning).
+async fn connect(r: &Renewal, stop: &CancellationToken) -> Option<ChoriaClient> {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        match crate::choria::client::connect(&r.setup.connect).await {
+            Ok(nats) => {
+                let mut me = r.setup.identity.clone();
+                if let Some(sender) = &r.sender {
+                    me.identity = sender.clone();
+                }
+                return Some(ChoriaClient::new(nats, me));
+            }
+            Err(e) => {
+                warn!(error = %e, "renewal cannot reach the provisioned nodes' broker; retrying");
+                if !backoff.wait(stop).await {
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 type Done = (String, RenewalOutcome);
 
 /// Follows the records and renews what is due until `stop`.
 pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
-    let mut backoff =
-        crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let mut records = loop {
         let watched = async {
             let store = RecordStore::connect(&r.records, &r.name).await?;
@@ -238,6 +278,9 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
                 }
             }
         }
+    };
+    let Some(client) = connect(&r, &stop).await else {
+        return;
     };
     info!(before = ?r.cfg.before, rate = r.cfg.rate, "renewing credentials before they expire");
     let mut schedule = Schedule::default();
@@ -263,7 +306,12 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
                 handle.metrics.renewal(outcome.label());
                 let now = chrono::Utc::now().timestamp();
                 match outcome {
-                    RenewalOutcome::Sent => schedule.asked(&identity, now, r.cfg.retry),
+                    RenewalOutcome::Sent => {
+                        schedule.asked(&identity, now, r.cfg.retry);
+                        // It comes back through provisioning at once: the
+                        // hold after its last success must not stop it.
+                        handle.registry.forget_done(&identity);
+                    }
                     _ => schedule.failed(&identity, now, r.cfg.retry),
                 }
             }
@@ -291,7 +339,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
                     let Ok(permit) = in_flight.clone().try_acquire_owned() else { break };
                     sent += 1;
                     sending.insert(identity.clone());
-                    let client = r.client.in_collective(
+                    let client = client.in_collective(
                         collective.as_deref().unwrap_or(&r.cfg.collective),
                     );
                     let (token, done) = (r.token.clone(), done_tx.clone());
@@ -318,11 +366,20 @@ async fn reprovision(client: &ChoriaClient, identity: &str, token: &Secret) -> R
         token: token.expose(),
     };
     match client
-        .rpc_with_timeout(identity, "choria_provision", "reprovision", &args, REQUEST_TIMEOUT)
+        .rpc_with_timeout(
+            identity,
+            "choria_provision",
+            "reprovision",
+            &args,
+            REQUEST_TIMEOUT,
+        )
         .await
     {
         Ok(r) if r.body.is_ok() => {
-            info!(node = identity, "asked the node to renew its credentials (reprovision)");
+            info!(
+                node = identity,
+                "asked the node to renew its credentials (reprovision)"
+            );
             RenewalOutcome::Sent
         }
         Ok(r) => {

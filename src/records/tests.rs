@@ -44,7 +44,10 @@ fn a_record_holds_what_was_issued_and_no_secret() {
         hex::encode(Sha256::digest(br#"{"identity":"n1.example.net"}"#))
     );
     let text = serde_json::to_string(&r).unwrap();
-    assert!(!text.contains(&token) && !text.contains("identity\\\":"), "{text}");
+    assert!(
+        !text.contains(&token) && !text.contains("identity\\\":"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -70,7 +73,9 @@ fn a_certificate_is_recorded_by_serial_issuer_and_validity() {
 
 #[test]
 fn the_earlier_expiry_of_certificate_and_jwt_counts() {
-    let mut r = issued("", &jwt(serde_json::json!({"iat": 10, "exp": 100}))).record().unwrap();
+    let mut r = issued("", &jwt(serde_json::json!({"iat": 10, "exp": 100})))
+        .record()
+        .unwrap();
     r.certificate = Some(CertificateRecord {
         serial: "01".into(),
         issuer: "CN=x".into(),

@@ -395,6 +395,42 @@ impl Node {
         ))
     }
 
+    /// `reprovision` on a provisioned node (go-choria's
+    /// `reprovision_action.go`): token-checked, not locked; rewrites the
+    /// configuration to provisioning mode and restarts after 2–11 s.
+    pub(super) fn reprovision_provisioned(&mut self, data: &str) -> Result<Handled, Box<Handled>> {
+        #[derive(Deserialize)]
+        struct Args {
+            #[serde(default)]
+            token: String,
+        }
+        let a = "reprovision";
+        let args: Args = self.parse(a, data)?;
+        self.check_token(a, &args.token)?;
+        self.written.config = Some(
+            [
+                ("plugin.choria.server.provision", "1"),
+                ("loglevel", "debug"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        let delay = Duration::from_secs(rand::random::<u64>() % 10 + 2);
+        let mut handled = self.reply_ok(
+            a,
+            &MessageReply {
+                message: format!("Restarting after {}s", delay.as_secs()),
+            },
+        );
+        if !self.restart_scheduled {
+            self.restart_scheduled = true;
+            handled.effects.events.push(EventType::Shutdown);
+            handled.effects.restart_after = Some(delay);
+        }
+        Ok(handled)
+    }
+
     pub(super) fn release_update(&mut self, data: &str) -> Result<Handled, Box<Handled>> {
         #[derive(Deserialize)]
         struct Args {

@@ -221,6 +221,9 @@ impl Node {
     /// Handles one request as go-choria's processor and agents would.
     pub fn handle(&mut self, req: &Request, now_nanos: i64) -> Handled {
         let agent = req.agent.as_str();
+        if self.mode == Mode::Provisioned {
+            return self.handle_provisioned(req, now_nanos);
+        }
         if self.mode != Mode::Provisioning {
             return Handled::no_reply("", format!("node is {}", self.mode.name()));
         }
@@ -333,7 +336,49 @@ impl Node {
         if self.provision_disabled() {
             self.mode = Mode::Provisioned;
             self.provisioned_at = Some(crate::fleet::journal::timestamp().0);
+        } else if self.mode == Mode::Provisioned {
+            // `reprovision` rewrote the configuration: back into provisioning.
+            self.mode = Mode::Provisioning;
         }
+    }
+
+    /// The collective a provisioned node serves in: the first of its
+    /// written `collectives`, else go-choria's default.
+    pub fn collective(&self) -> String {
+        self.written
+            .config
+            .as_ref()
+            .and_then(|c| c.get("collectives"))
+            .and_then(|c| c.split(',').map(str::trim).find(|c| !c.is_empty()))
+            .unwrap_or("mcollective")
+            .to_string()
+    }
+
+    /// A provisioned node, in its own collective, answers what renewal
+    /// needs: `choria_provision#reprovision` (the `choria_provision` agent
+    /// stays active while the provisioning JWT holds a token, as in
+    /// go-choria). Everything else is left unanswered here.
+    fn handle_provisioned(&mut self, req: &Request, now_nanos: i64) -> Handled {
+        if req.collective != self.collective() {
+            return Handled::no_reply("", "not the node's collective");
+        }
+        if !req.within_ttl(now_nanos) || req.reply_to.is_empty() {
+            return Handled::no_reply("", "request is outside its TTL window");
+        }
+        let payload = req.payload();
+        let rpc: IncomingRpcRequest = match serde_json::from_slice(&payload) {
+            Ok(r) => r,
+            Err(_) => return Handled::no_reply("", "not an RPC request"),
+        };
+        if req.agent != "choria_provision" || rpc.action != "reprovision" {
+            return Handled::no_reply(
+                &rpc.action,
+                "provisioned nodes answer only reprovision here",
+            );
+        }
+        let data = rpc.data.as_ref().map(|d| d.get()).unwrap_or("{}");
+        self.reprovision_provisioned(data)
+            .unwrap_or_else(|boxed| *boxed)
     }
 
     pub fn complete_shutdown(&mut self) {

@@ -71,7 +71,11 @@ fn jitter_spreads_a_fleet_provisioned_at_once_but_is_stable_per_node() {
         .collect();
     // 1,000 nodes uniform over 3,600 whole seconds share some seconds:
     // 3,600 x (1 - e^(-1000/3600)) = ~872 distinct are expected.
-    assert!(dues.len() > 800, "spread: {} distinct due times", dues.len());
+    assert!(
+        dues.len() > 800,
+        "spread: {} distinct due times",
+        dues.len()
+    );
     assert!(dues
         .iter()
         .all(|d| (100_000 - 100 - 3_600..=100_000 - 100).contains(d)));
@@ -117,10 +121,22 @@ fn the_rate_limit_allows_rate_a_minute() {
         l.take(n);
         total += n;
     }
-    assert!((118..=122).contains(&total), "{total} in a minute at 120/min");
+    assert!(
+        (118..=122).contains(&total),
+        "{total} in a minute at 120/min"
+    );
     let mut slow = RateLimit::per_minute(6, t0);
     assert_eq!(slow.available(t0), 1);
     slow.take(1);
     assert_eq!(slow.available(t0 + Duration::from_secs(5)), 0);
     assert_eq!(slow.available(t0 + Duration::from_secs(10)), 1);
+}
+
+#[test]
+fn a_node_is_not_asked_while_it_still_restarts_from_its_provisioning() {
+    // Already due by its expiry (a short, backdated certificate), but
+    // provisioned a moment ago: it is still in its restart splay.
+    let mut s = Schedule::default();
+    s.upsert(&record("a", 1_000, 1_100), &cfg(Before::Share(0.9), 0));
+    assert_eq!(s.due_at("a"), Some(1_000 + SETTLE_AFTER_PROVISIONING));
 }

@@ -1,0 +1,189 @@
+//! Day two against the simulated fleet on a real nats-server with
+//! JetStream: every provisioning is on record in a KV bucket, and
+//! certificates are renewed before they expire — `reprovision` to the node
+//! in its collective, the node back through provisioning, a new record —
+//! by the replica that owns the node (two replicas in shards mode).
+//! `choria-provisioner nodes` lists the records.
+
+mod support;
+
+use choria_provisioner::choria::client::BrokerArgs;
+use choria_provisioner::fleet::FleetOptions;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+use support::provisioner::{binary, ProvisionerProcess};
+use support::{NatsServer, RunningFleet};
+
+const TOKEN: &str = "ren3wal-t0ken";
+const NODES: usize = 40;
+
+/// Requests of `action` per node, with their senders.
+fn senders(journal: &[Value], action: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in journal
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] == action && e["outcome"] == "ok")
+    {
+        out.entry(e["node"].as_str().unwrap().to_string())
+            .or_default()
+            .push(e["sender"].as_str().unwrap().to_string());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let ca = choria_provisioner::fleet::ca::CertificateAuthority::generate("renewal CA").unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: NODES,
+        token: TOKEN.into(),
+        journal: Some(journal.clone()),
+        key_pool_size: 2,
+        serve_provisioned: true,
+        ..Default::default()
+    })
+    .await;
+    // Certificates valid 2 minutes, due with 90 % of that left: 12 s after
+    // issue. The renewal client speaks to the nodes' collective.
+    let renewal_cfg = dir.path().join("renewal.cfg");
+    std::fs::write(
+        &renewal_cfg,
+        format!(
+            "identity = renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let yaml = format!(
+        "workers: 8\ninterval: 1m\ntoken: {TOKEN}\nsite: renewal\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 2m\n\
+         features:\n  pki: true\n\
+         records:\n  url: {url}\n  bucket: RENEWAL_TEST\n  history: 10\n\
+         renewal:\n  before: 90%\n  rate: 6000\n  retry: 30s\n  choria_config: {renewal}\n\
+         election:\n  mode: shards\n  backend: streams\n  name: renewal\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n",
+        bin = binary(),
+        ca = dir.path().join("ca.pem").display(),
+        key = dir.path().join("ca.key").display(),
+        url = nats.url(),
+        renewal = renewal_cfg.display(),
+    );
+    let choria = format!(
+        "identity = provisioner.renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
+        nats.url()
+    );
+    let mut replicas: Vec<ProvisionerProcess> = ["r1", "r2"]
+        .iter()
+        .map(|n| ProvisionerProcess::start_named(dir.path(), n, &yaml, &choria, &[]))
+        .collect();
+
+    // Every node configured three times: provisioned, renewed, renewed.
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let j = support::read_journal_so_far(&journal);
+        let configured = senders(&j, "configure");
+        let done = configured.values().filter(|s| s.len() >= 3).count();
+        if done == NODES {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {NODES} nodes renewed twice within 150 s; r1:\n{}",
+            replicas[0].logs_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The `sent` series of each replica's renewals counter.
+    let sent: f64 = replicas
+        .iter()
+        .map(|p| {
+            let (_, body) = p.get("/metrics");
+            body.lines()
+                .filter(|l| {
+                    l.starts_with("choria_provisioner_renewals{") && l.contains("outcome=\"sent\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum();
+    let written: f64 = replicas
+        .iter()
+        .map(|p| p.metric("choria_provisioner_records_written"))
+        .sum();
+    let on_record = replicas[0].metric("choria_provisioner_records");
+
+    // `nodes` lists every node's latest record.
+    let out = std::process::Command::new(binary())
+        .args(["nodes", "--json", "--config"])
+        .arg(dir.path().join("r1.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let table = std::process::Command::new(binary())
+        .args(["nodes", "--expiring", "1h", "--config"])
+        .arg(dir.path().join("r1.yaml"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+
+    for mut p in replicas.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+    let (_, j) = fleet.finish().await;
+
+    println!(
+        "{NODES} nodes renewed twice each: {sent} reprovision requests sent, {written} records written, {on_record} on record"
+    );
+    assert_eq!(listed.len(), NODES, "one record per node");
+    assert_eq!(table.lines().count(), NODES + 1, "{table}");
+    for r in &listed {
+        let cert = &r["certificate"];
+        assert!(
+            cert["serial"].as_str().is_some_and(|s| !s.is_empty()),
+            "{r}"
+        );
+        // Valid two minutes from issue (the CA backdates not_before).
+        let left = cert["not_after_unix"].as_i64().unwrap() - r["time_unix"].as_i64().unwrap();
+        assert!((115..=121).contains(&left), "{r}");
+        let text = r.to_string();
+        assert!(
+            !text.contains(TOKEN) && !text.contains("PRIVATE KEY"),
+            "a secret in {text}"
+        );
+    }
+    // Renewed by the owner: each node's reprovision requests came from the
+    // replica that configured it (its shard), never from the other.
+    let configured = senders(&j, "configure");
+    let reprovisioned = senders(&j, "reprovision");
+    for (node, by) in &reprovisioned {
+        let owners: BTreeSet<&String> = configured[node].iter().collect();
+        assert_eq!(owners.len(), 1, "{node} configured by {owners:?}");
+        assert!(
+            by.iter().all(|s| owners.contains(s)),
+            "{node} asked to reprovision by {by:?}, configured by {owners:?}"
+        );
+    }
+    assert!(reprovisioned.values().all(|s| s.len() >= 2));
+    assert!(sent >= (2 * NODES) as f64);
+    assert!(written >= (3 * NODES) as f64);
+}
