@@ -308,7 +308,7 @@ pub(crate) fn renewal(
         ));
     };
     let collective = non_empty(r.string("collective")?).unwrap_or_else(|| "mcollective".into());
-    if !crate::choria::identity::validate(&collective).is_ok() || collective.contains('.') {
+    if crate::choria::identity::validate(&collective).is_err() || collective.contains('.') {
         return Err(r.error(
             "collective",
             format!("{collective:?} is not a collective name"),
