@@ -187,40 +187,18 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
     seen
 }
 
-/// The API server's write requests so far, by `verb resource[/subresource]`,
-/// from its own `apiserver_request_total`.
+/// The API server's write requests so far, by `verb resource[/subresource]`.
 fn apiserver_writes(c: &Cluster) -> BTreeMap<String, f64> {
-    let text = c.cp.kubectl_ok(&["get", "--raw", "/metrics"]);
-    let mut writes = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let verb = label("verb");
-        if !matches!(
-            verb.as_str(),
-            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
-        ) {
-            continue;
-        }
-        let mut what = format!("{verb} {}", label("resource"));
-        let sub = label("subresource");
-        if !sub.is_empty() {
-            what = format!("{what}/{sub}");
-        }
-        *writes.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
-    }
-    writes
+    apiserver_requests(&c.cp)
+        .into_iter()
+        .filter(|(k, _)| {
+            let verb = k.split(' ').next().unwrap_or_default();
+            matches!(
+                verb,
+                "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+            )
+        })
+        .collect()
 }
 
 /// What changed between two [`apiserver_writes`] samples (non-zero only).
@@ -274,7 +252,8 @@ fn idle_cost(c: &Cluster, nats: &NatsServer) -> Vec<Proc> {
     let all = writes_between(&before, &after);
     let (leases, others): (BTreeMap<_, _>, BTreeMap<_, _>) =
         all.into_iter().partition(|(k, _)| k.ends_with(" leases"));
-    let total: f64 = others.values().sum();
+    // 0.0 + : an empty sum is -0.0.
+    let total: f64 = 0.0 + others.values().sum::<f64>();
     println!(
         "idle, 3 replicas, {:.1?}: {:.1} writes/min besides Lease renewals {others:?}; Lease renewals {leases:?}",
         t.elapsed(),

@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{controller, predicates, watcher, Controller, WatchStreamExt};
 use kube::Client;
@@ -278,13 +278,10 @@ pub async fn run_with(
 
     let shared = Shared {
         client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(identity.clone()),
-            },
-        ),
+        reporter: Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
         metrics: metrics.clone(),
         settings,
     };
@@ -355,7 +352,7 @@ where
 #[derive(Clone)]
 struct Shared {
     client: Client,
-    recorder: Recorder,
+    reporter: Reporter,
     metrics: Arc<Metrics>,
     settings: build::Settings,
 }
@@ -430,7 +427,7 @@ async fn lead(
     let (pdbs, pdb) = owned_watch::<PodDisruptionBudget>(client, namespace);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: shared.recorder.clone(),
+        reporter: shared.reporter.clone(),
         metrics: shared.metrics.clone(),
         settings: shared.settings.clone(),
         stores: Stores {
@@ -707,7 +704,7 @@ mod tests {
         let (leading_tx, leading) = watch::channel(true);
         let shared = Shared {
             client: client.clone(),
-            recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
+            reporter: Reporter::from(FIELD_MANAGER),
             metrics: Arc::new(Metrics::new()),
             settings: fixtures::settings(),
         };

@@ -379,6 +379,7 @@ impl Provisioner {
             handle.clone(),
             election_stop.clone(),
             leader_tx,
+            resource.clone(),
         );
 
         if let Some(r) = resource {
@@ -477,6 +478,9 @@ impl Provisioner {
                     task.abort();
                 }
             }
+        }
+        if let Some(signer) = &ctx.signer {
+            let _ = tokio::time::timeout_at(deadline, signer.shutdown()).await;
         }
         stop_tasks.cancel();
         if tokio::time::timeout_at(deadline, async {

@@ -112,14 +112,11 @@ async fn reconcile_in(resource: Value, cluster: &[Value], scenario: Scenario) ->
     let (client, server) = api_server(scenario);
     let metrics = Arc::new(Metrics::new());
     let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: crate::operator::FIELD_MANAGER.into(),
-                instance: Some("operator-0".into()),
-            },
-        ),
+        client,
+        reporter: Reporter {
+            controller: crate::operator::FIELD_MANAGER.into(),
+            instance: Some("operator-0".into()),
+        },
         metrics: metrics.clone(),
         settings: settings(),
         stores: stores_with(cluster),
@@ -553,8 +550,8 @@ async fn a_new_leader_is_an_event_once_this_controller_knew_the_old_one() {
     let cluster = applied(&resource, 2);
     let (client, server) = api_server(scenario(&resource));
     let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client, Reporter::from("test")),
+        client,
+        reporter: Reporter::from("test"),
         metrics: Arc::new(Metrics::new()),
         settings: settings(),
         stores: stores_with(&cluster),
