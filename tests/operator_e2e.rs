@@ -1279,14 +1279,7 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
     };
     let _serial = SERIAL.lock().await;
     let cp = ControlPlane::start(&bins);
-    apply(&cp, &repo_file("crds/provisioner.yaml"));
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        &format!("crd/{PROV}"),
-    ]);
-    apply(&cp, &repo_file("deploy/namespace.yaml"));
+    install_crd(&cp);
     for ns in [NS, "elsewhere"] {
         cp.kubectl_ok(&["create", "namespace", ns]);
     }

@@ -264,15 +264,7 @@ impl Cluster {
         if keep {
             eprintln!("OPERATOR_E2E_KEEP: {}", dir.path().display());
         }
-        // The committed CRD must be accepted and become Established.
-        apply(&cp, &repo_file("crds/provisioner.yaml"));
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{PROV}"),
-        ]);
-        apply(&cp, &repo_file("deploy/namespace.yaml"));
+        install_crd(&cp);
         apply(&cp, &repo_file("deploy/rbac.yaml"));
         let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
         let kubeconfig = cp.kubeconfig(&token);
@@ -333,6 +325,19 @@ impl Cluster {
         self.operator
             .metric("choria_provisioner_operator_reconcile_failures_total")
     }
+}
+
+/// The committed CRD, which must be accepted and become Established, and
+/// the operator's namespace.
+pub fn install_crd(cp: &ControlPlane) {
+    apply(cp, &repo_file("crds/provisioner.yaml"));
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        &format!("crd/{PROV}"),
+    ]);
+    apply(cp, &repo_file("deploy/namespace.yaml"));
 }
 
 /// An operator process named `name` (its log file) for the pod `pod`, logged
