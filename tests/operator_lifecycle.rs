@@ -11,6 +11,8 @@
 //!   a reconciliation of the owned objects;
 //! * drift repair: an owned object deleted or edited by hand is restored
 //!   within 5 s;
+//! * nothing leaks: everything a deleted Provisioner leaves (owned objects,
+//!   its pods' Lease) is owned by it, for the garbage collector;
 //! * operator hand-over: the old controller stops before the new one starts,
 //!   when the old one is cut off from its Lease and on SIGTERM (measured);
 //! * upgrades: objects as the previous release applied them are taken over
@@ -395,6 +397,58 @@ fn drift_repair(c: &Cluster, name: &str) -> Vec<(String, Duration)> {
     took
 }
 
+/// Deletes Provisioner `name` and finds that whatever is left of it in the
+/// namespace — owned objects and the Lease its pods made — is owned by it,
+/// so a cluster's garbage collector removes it (this control plane has no
+/// controller-manager to do so). Its CertificateRequests are deleted by its
+/// pods themselves (operator_e2e).
+fn nothing_leaks(c: &Cluster, name: &str) {
+    let cp = &c.cp;
+    let uid = get(cp, PROV, NS, name)["metadata"]["uid"].clone();
+    cp.kubectl_ok(&["delete", PROV, name, "-n", NS, "--wait=true"]);
+    let kinds = "configmaps,deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,leases";
+    let left: Value =
+        serde_json::from_str(&cp.kubectl_ok(&["get", kinds, "-n", NS, "-o", "json"])).unwrap();
+    let of_it: Vec<&Value> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n == name || n.starts_with(&format!("{name}-")))
+        })
+        .collect();
+    let kinds_left: std::collections::BTreeSet<&str> =
+        of_it.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds_left.into_iter().collect::<Vec<_>>(),
+        [
+            "ConfigMap",
+            "Deployment",
+            "Lease",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
+    for o in of_it {
+        let owned = o["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|refs| {
+                refs.iter()
+                    .any(|r| r["uid"] == uid && r["kind"] == "Provisioner")
+            });
+        assert!(
+            owned,
+            "{} {} outlives its Provisioner: {}",
+            o["kind"], o["metadata"]["name"], o["metadata"]
+        );
+    }
+}
+
 /// The time of the first line of `log` from `from` on that contains `what`
 /// (a line starts with its RFC 3339 time), and where it is.
 fn logged(log: &str, what: &str, from: usize) -> Option<(k8s_openapi::jiff::Timestamp, usize)> {
@@ -721,6 +775,10 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     drift_repair(&c, "idle");
     stage("drift repair", t);
     drop(idle_pods);
+
+    let t = Instant::now();
+    nothing_leaks(&c, "idle");
+    stage("nothing leaks", t);
 
     let t = Instant::now();
     operator_handover(&mut c);
