@@ -265,7 +265,7 @@ NEEDED = DELEGATED + [
 # full name -> the one rule they hold), holding only `bind` on them by name.
 POD_CLUSTER_ROLES = {
     "-leases": ("coordination.k8s.io", "leases", {"get", "create", "update"}),
-    "-certificaterequests": ("cert-manager.io", "certificaterequests", {"create", "get", "delete"}),
+    "-certificaterequests": ("cert-manager.io", "certificaterequests", {"create", "list", "watch", "delete"}),
 }
 POD_ROLE_FLAGS = {"-leases": "--lease-cluster-role", "-certificaterequests": "--cert-manager-cluster-role"}
 

@@ -25,6 +25,7 @@ mod render;
 use choria_provisioner::cmd::Cli;
 use choria_provisioner::config::schema::{
     CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, Field, ProvisionerFile,
+    RecordsFile, RenewalFile,
 };
 use choria_provisioner::config::{parse_duration, ProvisionerConfig};
 use choria_provisioner::monitor::Exposition;
@@ -75,6 +76,8 @@ fn section(ty: &str) -> Option<&'static [Field]> {
         "ElectionFile" => ElectionFile::FIELDS,
         "ConfigurationTemplateFile" => ConfigurationTemplateFile::FIELDS,
         "CertManagerFile" => CertManagerFile::FIELDS,
+        "RecordsFile" => RecordsFile::FIELDS,
+        "RenewalFile" => RenewalFile::FIELDS,
         _ => return None,
     })
 }

@@ -988,11 +988,61 @@ async fn provisioner_pods_follow_pause_and_report_the_leader() {
     assert_eq!(terms.len(), 1, "{terms:?}");
     assert_eq!(terms[0].0, leader.name);
     assert_eq!(c.operator_failures(), 0.0, "{}", c.operator.tail(20));
+    let leader_name = pods[li].name.clone();
+    let changed = event_for(cp, "fleet", "LeaderChanged");
+    assert_eq!(changed["note"], format!("{leader_name} leads"), "{changed}");
+    after_the_leader(&c, pods, li, NODES);
     println!(
         "paused {paused_after:.2?} and resumed {resumed_after:.2?} after the spec change; whole test {:.1?}",
         t0.elapsed()
     );
-    drop(pods);
+}
+
+/// What the pods leave in their Provisioner when leaders go: the Lease is
+/// owned by the Provisioner; when the leader stops the standby's name
+/// replaces it and the count goes on from where it was (it used to restart
+/// at 0); when the last one stops, no leader is named (it used to stay).
+fn after_the_leader(c: &Cluster, mut pods: Vec<Proc>, leader: usize, nodes: usize) {
+    let cp = &c.cp;
+    let p = c.provisioner("fleet");
+    let lease = get(cp, "lease", NS, "fleet");
+    assert_eq!(
+        lease["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "provisioning.choria.io/v1alpha1", "kind": "Provisioner",
+                "name": "fleet", "uid": p["metadata"]["uid"],
+                "controller": false, "blockOwnerDeletion": false}]),
+        "{lease}"
+    );
+    let mut old = pods.remove(leader);
+    old.signal("TERM");
+    assert!(old.wait_exit(Duration::from_secs(15)).success());
+    let standby = pods.pop().unwrap();
+    wait_for(
+        "the standby's name in status.leader",
+        Duration::from_secs(20),
+        || (c.provisioner("fleet")["status"]["leader"] == standby.name.as_str()).then_some(()),
+    );
+    let p = c.provisioner("fleet");
+    assert_eq!(
+        p["status"]["provisioned"].as_u64(),
+        Some(nodes as u64),
+        "the count survives the failover: {}",
+        p["status"]
+    );
+    // The old leader cleared its name as it went, or the standby's replaced
+    // it first: either way an Event names the new leader.
+    let now = format!("{} leads", standby.name);
+    event_where(cp, "fleet", "LeaderChanged", |n| n.starts_with(&now));
+    let mut standby = standby;
+    standby.signal("TERM");
+    assert!(standby.wait_exit(Duration::from_secs(15)).success());
+    let p = wait_for("status.leader cleared", Duration::from_secs(10), || {
+        let p = c.provisioner("fleet");
+        p["status"]["leader"].is_null().then_some(p)
+    });
+    assert_eq!(p["status"]["provisioned"].as_u64(), Some(nodes as u64));
+    let gone = format!("no pod leads (before: {})", standby.name);
+    event_where(cp, "fleet", "LeaderChanged", |n| n == gone);
 }
 
 /// The Lease election of operator-run pods on a real API server: the leader
@@ -1229,14 +1279,7 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
     };
     let _serial = SERIAL.lock().await;
     let cp = ControlPlane::start(&bins);
-    apply(&cp, &repo_file("crds/provisioner.yaml"));
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        &format!("crd/{PROV}"),
-    ]);
-    apply(&cp, &repo_file("deploy/namespace.yaml"));
+    install_crd(&cp);
     for ns in [NS, "elsewhere"] {
         cp.kubectl_ok(&["create", "namespace", ns]);
     }
@@ -1433,14 +1476,14 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
     let kubeconfig = cp.kubeconfig(&create_token(cp, NS, "nohelper"));
     let requests = "certificaterequests.cert-manager.io";
     wait_allowed(cp, &kubeconfig, &["create", requests, "-n", NS]);
-    for allowed in [["get", requests], ["delete", requests]] {
+    for allowed in ["list", "watch", "delete"] {
         assert!(
-            can_i(cp, &kubeconfig, &[allowed[0], allowed[1], "-n", NS]),
-            "{allowed:?}"
+            can_i(cp, &kubeconfig, &[allowed, requests, "-n", NS]),
+            "{allowed}"
         );
     }
     for denied in [
-        vec!["list", requests, "-n", NS],
+        vec!["get", requests, "-n", NS],
         vec!["update", requests, "-n", NS],
         vec!["create", requests, "-n", "default"],
         vec!["get", "certificates.cert-manager.io", "-n", NS],
@@ -1481,7 +1524,33 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
         assert_eq!(m["ownerReferences"][0]["kind"], "Provisioner", "{m}");
         assert_eq!(r["spec"]["duration"], "7776000s", "{}", r["spec"]);
     }
-    drop(pod);
+    // Followed through one watch, not read back per node.
+    let requests = apiserver_requests(cp);
+    assert_eq!(
+        requests
+            .get("GET certificaterequests")
+            .copied()
+            .unwrap_or(0.0),
+        0.0,
+        "{requests:?}"
+    );
+    assert!(
+        requests
+            .get("WATCH certificaterequests")
+            .copied()
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    // Stopped while they wait out `keep` (5m): none outlives the process.
+    let mut pod = pod;
+    pod.signal("TERM");
+    assert!(
+        pod.wait_exit(Duration::from_secs(15)).success(),
+        "{}",
+        pod.tail(20)
+    );
+    let left = support::certmanager::requests(cp, NS);
+    assert!(left.is_empty(), "{} requests outlived the pod", left.len());
     let (_, journal) = fleet.finish().await;
     assert_provisioned_once(&journal, NODES);
     for f in journal.iter().filter(|e| e["kind"] == "final") {

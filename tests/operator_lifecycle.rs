@@ -11,6 +11,13 @@
 //!   a reconciliation of the owned objects;
 //! * drift repair: an owned object deleted or edited by hand is restored
 //!   within 5 s;
+//! * nothing leaks: everything a deleted Provisioner leaves (owned objects,
+//!   its pods' Lease) is owned by it, for the garbage collector;
+//! * operator hand-over: the old controller stops before the new one starts,
+//!   when the old one is cut off from its Lease and on SIGTERM (measured);
+//! * upgrades: objects as the previous release applied them are taken over
+//!   without touching the pods' template, and a restarted operator writes
+//!   nothing.
 //!
 //! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not
 //! built the binaries.
@@ -189,40 +196,18 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
     seen
 }
 
-/// The API server's write requests so far, by `verb resource[/subresource]`,
-/// from its own `apiserver_request_total`.
+/// The API server's write requests so far, by `verb resource[/subresource]`.
 fn apiserver_writes(c: &Cluster) -> BTreeMap<String, f64> {
-    let text = c.cp.kubectl_ok(&["get", "--raw", "/metrics"]);
-    let mut writes = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let verb = label("verb");
-        if !matches!(
-            verb.as_str(),
-            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
-        ) {
-            continue;
-        }
-        let mut what = format!("{verb} {}", label("resource"));
-        let sub = label("subresource");
-        if !sub.is_empty() {
-            what = format!("{what}/{sub}");
-        }
-        *writes.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
-    }
-    writes
+    apiserver_requests(&c.cp)
+        .into_iter()
+        .filter(|(k, _)| {
+            let verb = k.split(' ').next().unwrap_or_default();
+            matches!(
+                verb,
+                "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+            )
+        })
+        .collect()
 }
 
 /// What changed between two [`apiserver_writes`] samples (non-zero only).
@@ -276,7 +261,8 @@ fn idle_cost(c: &Cluster, nats: &NatsServer) -> Vec<Proc> {
     let all = writes_between(&before, &after);
     let (leases, others): (BTreeMap<_, _>, BTreeMap<_, _>) =
         all.into_iter().partition(|(k, _)| k.ends_with(" leases"));
-    let total: f64 = others.values().sum();
+    // 0.0 + : an empty sum is -0.0.
+    let total: f64 = 0.0 + others.values().sum::<f64>();
     println!(
         "idle, 3 replicas, {:.1?}: {:.1} writes/min besides Lease renewals {others:?}; Lease renewals {leases:?}",
         t.elapsed(),
@@ -413,13 +399,358 @@ fn drift_repair(c: &Cluster, name: &str) -> Vec<(String, Duration)> {
     took
 }
 
+/// Deletes Provisioner `name` and finds that whatever is left of it in the
+/// namespace — owned objects and the Lease its pods made — is owned by it,
+/// so a cluster's garbage collector removes it (this control plane has no
+/// controller-manager to do so). Its CertificateRequests are deleted by its
+/// pods themselves (operator_e2e).
+fn nothing_leaks(c: &Cluster, name: &str) {
+    let cp = &c.cp;
+    let uid = get(cp, PROV, NS, name)["metadata"]["uid"].clone();
+    cp.kubectl_ok(&["delete", PROV, name, "-n", NS, "--wait=true"]);
+    let kinds = "configmaps,deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,leases";
+    let left: Value =
+        serde_json::from_str(&cp.kubectl_ok(&["get", kinds, "-n", NS, "-o", "json"])).unwrap();
+    let of_it: Vec<&Value> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n == name || n.starts_with(&format!("{name}-")))
+        })
+        .collect();
+    let kinds_left: std::collections::BTreeSet<&str> =
+        of_it.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds_left.into_iter().collect::<Vec<_>>(),
+        [
+            "ConfigMap",
+            "Deployment",
+            "Lease",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
+    for o in of_it {
+        let owned = o["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|refs| {
+                refs.iter()
+                    .any(|r| r["uid"] == uid && r["kind"] == "Provisioner")
+            });
+        assert!(
+            owned,
+            "{} {} outlives its Provisioner: {}",
+            o["kind"], o["metadata"]["name"], o["metadata"]
+        );
+    }
+}
+
+/// The time of the first line of `log` from `from` on that contains `what`
+/// (a line starts with its RFC 3339 time), and where it is.
+fn logged(log: &str, what: &str, from: usize) -> Option<(k8s_openapi::jiff::Timestamp, usize)> {
+    log.lines().enumerate().skip(from).find_map(|(i, l)| {
+        l.contains(what)
+            .then(|| l.split_whitespace().next()?.parse().ok())
+            .flatten()
+            .map(|t| (t, i))
+    })
+}
+
+/// From the end of one operator's controller (`stopped`, the first such
+/// line from `from`) to the start of the next one's (its first `controller
+/// started` from `next_from`): positive when they did not overlap.
+fn handover_gap(
+    old: &Proc,
+    stopped: &str,
+    from: usize,
+    new: &Proc,
+    next_from: usize,
+) -> (f64, usize) {
+    let (end, line) = logged(&old.logs(), stopped, from)
+        .unwrap_or_else(|| panic!("{} never logged {stopped:?}:\n{}", old.name, old.tail(20)));
+    let (start, next) = logged(&new.logs(), "controller started", next_from).unwrap_or_else(|| {
+        panic!(
+            "{} never started its controller:\n{}",
+            new.name,
+            new.tail(20)
+        )
+    });
+    let applied_after = old
+        .logs()
+        .lines()
+        .skip(line)
+        .take_while(|l| !l.contains("controller started"))
+        .any(|l| l.contains(" applied "));
+    assert!(
+        !applied_after,
+        "{} applied after its controller stopped",
+        old.name
+    );
+    (
+        (start - end)
+            .total(k8s_openapi::jiff::Unit::Millisecond)
+            .unwrap()
+            / 1000.0,
+        next,
+    )
+}
+
+/// Two operators hand the Lease over while a Provisioner's spec changes
+/// five times a second: the old controller stops before the new one starts
+/// — when the old operator is cut off from its Lease (it cannot renew, so
+/// it stops at the renew deadline, before the Lease expires for the other)
+/// and when it is stopped (it drains, then releases). Returns both gaps in
+/// seconds (the overlap is their negative).
+fn operator_handover(c: &mut Cluster) -> (f64, f64) {
+    const TIMINGS: [&str; 3] = [
+        "--lease-duration=4s",
+        "--renew-deadline=3s",
+        "--retry-period=1s",
+    ];
+    let cp = &c.cp;
+    let lease = "leases.coordination.k8s.io/choria-provisioner-operator";
+    let lease_binding = |verb: &str| {
+        let mut args = vec![verb, "rolebinding", "handover-a-lease", "-n", OPERATOR_NS];
+        if verb == "create" {
+            args.extend([
+                "--role=choria-provisioner-operator-leader-election",
+                "--user=operator",
+            ]);
+        }
+        cp.kubectl_ok(&args);
+    };
+    // Operator a logs in as user "operator" with the chart's rights and its
+    // own binding to the Lease Role, which this stage takes away.
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "handover-a",
+        "--clusterrole=choria-provisioner-operator",
+        "--user=operator",
+    ]);
+    lease_binding("create");
+    let a_config = cp.kubeconfig(cp.operator_token());
+    wait_allowed(cp, &a_config, &["update", lease, "-n", OPERATOR_NS]);
+
+    let mut first = std::mem::replace(
+        &mut c.operator,
+        spawn_operator(
+            c.dir.path(),
+            "operator-a",
+            "operator-a-6f9c8d7b5-aaaaa",
+            &a_config,
+            &TIMINGS,
+        ),
+    );
+    first.signal("TERM");
+    assert!(first.wait_exit(Duration::from_secs(20)).success());
+    let a = &c.operator;
+    wait_for("operator a to lead", Duration::from_secs(20), || {
+        (a.metric("choria_provisioner_operator_leader") == 1.0).then_some(())
+    });
+    let b = spawn_operator(
+        c.dir.path(),
+        "operator-b",
+        "operator-b-6f9c8d7b5-bbbbb",
+        &c.operator_kubeconfig,
+        &TIMINGS,
+    );
+
+    // A Provisioner whose spec keeps changing, so there is always work.
+    c.cp.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &provisioner_with("churn", json!({})).to_string(),
+    );
+    let churning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let churn = {
+        let (config, kubectl, churning) = (
+            c.cp.kubeconfig(c.cp.admin_token()),
+            std::env::var("KUBECTL_BIN").unwrap_or_else(|_| "kubectl".into()),
+            churning.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while churning.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let patch = json!({"spec": {"workers": n % 7 + 1}}).to_string();
+                let _ = std::process::Command::new(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&config)
+                    .args([
+                        "patch",
+                        PROV,
+                        "churn",
+                        "-n",
+                        NS,
+                        "--type=merge",
+                        "-p",
+                        &patch,
+                    ])
+                    .output();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Cut a off its Lease: it cannot renew, b takes over.
+    lease_binding("delete");
+    wait_for("operator b to lead", Duration::from_secs(30), || {
+        (b.metric("choria_provisioner_operator_leader") == 1.0).then_some(())
+    });
+    let (cut, b_from) = handover_gap(a, "controller stopped: leadership lost", 0, &b, 0);
+    wait_for(
+        "operator b to apply the churn",
+        Duration::from_secs(10),
+        || b.logs().contains(" applied ").then_some(()),
+    );
+
+    // Graceful: a gets its Lease back, b is stopped, a takes over.
+    lease_binding("create");
+    wait_allowed(cp, &a_config, &["update", lease, "-n", OPERATOR_NS]);
+    let a_from = a.logs().lines().count();
+    let mut b = b;
+    b.signal("TERM");
+    assert!(b.wait_exit(Duration::from_secs(20)).success());
+    wait_for("operator a to lead again", Duration::from_secs(20), || {
+        (a.metric("choria_provisioner_operator_leader") == 1.0).then_some(())
+    });
+    let (graceful, _) = handover_gap(&b, "controller stopped: shutting down", b_from, a, a_from);
+    churning.store(false, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    println!("operator hand-over: cut off from its Lease: the next controller started {cut:.3} s after the old one stopped; on SIGTERM: {graceful:.3} s after");
+    assert!(cut > 0.0, "the controllers overlapped by {:.3} s", -cut);
+    assert!(
+        graceful > 0.0,
+        "the controllers overlapped by {:.3} s",
+        -graceful
+    );
+    cp.kubectl_ok(&["delete", PROV, "churn", "-n", NS]);
+    (cut, graceful)
+}
+
+/// The objects the previous release's operator applied for a Provisioner
+/// (tests/fixtures/operator-0.1.0-owned.json), applied as it did, are taken
+/// over by this operator: what changed between the releases is applied (the
+/// pods' Role narrowed, the Lease binding, the PDB's eviction policy), the
+/// pods' template is not touched (the Deployment's generation stays, so no
+/// pod restarts). Then a restarted operator writes nothing at all.
+fn upgrade(c: &mut Cluster) {
+    let cp = &c.cp;
+    let fixture: Value =
+        serde_json::from_str(&repo_file("tests/fixtures/operator-0.1.0-owned.json")).unwrap();
+    // The previous release's operator: gone while it is replaced.
+    c.operator.signal("TERM");
+    assert!(c.operator.wait_exit(Duration::from_secs(20)).success());
+    let p = json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1",
+        "kind": "Provisioner",
+        "metadata": {"name": "upgraded", "namespace": NS},
+        "spec": fixture["spec"],
+    });
+    apply(cp, &p.to_string());
+    let uid = get(cp, PROV, NS, "upgraded")["metadata"]["uid"].clone();
+    for o in fixture["objects"].as_array().unwrap() {
+        let text = o.to_string().replace("\"UID\"", &uid.to_string());
+        let args = [
+            "apply",
+            "--server-side",
+            "--field-manager=choria-provisioner-operator",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ];
+        let out = cp.kubectl_stdin(&args, &text);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let before = get(cp, "deployment", NS, "upgraded");
+    set_deployment_status(c, "upgraded", 2, 2, 2);
+
+    c.operator = spawn_operator(
+        c.dir.path(),
+        "operator-upgraded",
+        OPERATOR_POD,
+        &c.operator_kubeconfig,
+        &[],
+    );
+    let p = c.observed("upgraded");
+    // The pods' template is what the previous release made: the Deployment
+    // controller starts no new ReplicaSet, no pod restarts. (Our hash
+    // annotation on the Deployment moves its generation: Kubernetes counts
+    // a Deployment's annotations as its spec.)
+    let after = get(&c.cp, "deployment", NS, "upgraded");
+    assert_eq!(
+        after["spec"], before["spec"],
+        "the upgrade changed the Deployment"
+    );
+    assert_eq!(
+        cond(&p, "Degraded"),
+        pair("False", "AsExpected"),
+        "{}",
+        p["status"]
+    );
+    set_deployment_status(c, "upgraded", 2, 2, 2);
+    wait_for("Ready after the upgrade", Duration::from_secs(10), || {
+        (cond(&c.provisioner("upgraded"), "Ready") == pair("True", "Available")).then_some(())
+    });
+    let role = get(&c.cp, "role", NS, "upgraded");
+    assert_eq!(
+        role["rules"].as_array().unwrap().len(),
+        2,
+        "narrowed: {role}"
+    );
+    assert!(try_get(&c.cp, "rolebinding", NS, "upgraded-leases").is_some());
+    let pdb = get(&c.cp, "poddisruptionbudget", NS, "upgraded");
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+
+    // The same build started again: nothing to write.
+    let writes = apiserver_writes(c);
+    c.operator.signal("TERM");
+    assert!(c.operator.wait_exit(Duration::from_secs(20)).success());
+    c.operator = spawn_operator(
+        c.dir.path(),
+        "operator-restarted",
+        OPERATOR_POD,
+        &c.operator_kubeconfig,
+        &[],
+    );
+    let op = &c.operator;
+    wait_for(
+        "the restarted operator to reconcile",
+        Duration::from_secs(30),
+        || (op.metric("choria_provisioner_operator_reconciliations_total") >= 1.0).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let written: BTreeMap<String, f64> = writes_between(&writes, &apiserver_writes(c))
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with(" leases"))
+        .collect();
+    assert!(written.is_empty(), "a restarted operator wrote {written:?}");
+    let again = get(&c.cp, "deployment", NS, "upgraded");
+    assert_eq!(
+        again["metadata"]["generation"],
+        after["metadata"]["generation"]
+    );
+    assert_eq!(again["spec"], before["spec"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_lifecycle_on_a_real_apiserver() {
     let Some(bins) = ControlPlane::available() else {
         return;
     };
     let t0 = Instant::now();
-    let c = Cluster::start(&bins);
+    let mut c = Cluster::start(&bins);
     c.create_namespace();
     let nats = NatsServer::start();
     let stage = |name: &str, since: Instant| {
@@ -446,6 +777,18 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     drift_repair(&c, "idle");
     stage("drift repair", t);
     drop(idle_pods);
+
+    let t = Instant::now();
+    nothing_leaks(&c, "idle");
+    stage("nothing leaks", t);
+
+    let t = Instant::now();
+    operator_handover(&mut c);
+    stage("operator hand-over", t);
+
+    let t = Instant::now();
+    upgrade(&mut c);
+    stage("upgrade", t);
 
     println!("operator lifecycle: {:.1?} in all", t0.elapsed());
 }

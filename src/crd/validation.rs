@@ -28,6 +28,29 @@ const OBJECT_NAME: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*
 const SECRET_KEY: &str = "^[-._a-zA-Z0-9]+$";
 /// The longest duration string considered.
 const DURATION_MAX_LENGTH: i64 = 32;
+/// Durations that must be above zero.
+const POSITIVE_DURATIONS: [&str; 6] = [
+    "spec.serverJwtValidity",
+    "spec.discoveryTimeout",
+    "spec.discoveryWindow",
+    "spec.helperTimeout",
+    "spec.rpcTimeout",
+    "spec.pki.certManager.timeout",
+];
+/// The Lease timings (Go durations) and their defaults.
+const LEASE_TIMINGS: [(&str, &str); 3] = [
+    ("spec.election.leaseDuration", "15s"),
+    ("spec.election.renewDeadline", "10s"),
+    ("spec.election.retryPeriod", "2s"),
+];
+/// The references to Secret keys.
+const SECRET_REFS: [&str; 5] = [
+    "spec.tokenSecret",
+    "spec.brokerPasswordSecret",
+    "spec.jwtVerifyKeySecret",
+    "spec.jwtSigningKeySecret",
+    "spec.jwtSigningTokenSecret",
+];
 
 /// One rule: where it sits in the schema (dotted, `[]` for list items, ``
 /// for the root), the CEL expression, the message, and the field it is
@@ -322,14 +345,7 @@ pub fn rules() -> Vec<Rule> {
             "is below the minimum of 1m; use for example 10m or 1h",
         )),
     ));
-    for at in [
-        "spec.serverJwtValidity",
-        "spec.discoveryTimeout",
-        "spec.discoveryWindow",
-        "spec.helperTimeout",
-        "spec.rpcTimeout",
-        "spec.pki.certManager.timeout",
-    ] {
+    for at in POSITIVE_DURATIONS {
         all.extend(duration_rules(at, Some(("0s", ""))));
     }
     all.extend(duration_rules(
@@ -337,16 +353,10 @@ pub fn rules() -> Vec<Rule> {
         Some(("1h", "is shorter than cert-manager's minimum of 1h")),
     ));
     all.extend(duration_rules("spec.pki.certManager.keep", None));
-    all.extend(lease_timing("spec.election.leaseDuration", "15s"));
-    all.extend(lease_timing("spec.election.renewDeadline", "10s"));
-    all.extend(lease_timing("spec.election.retryPeriod", "2s"));
-    for at in [
-        "spec.tokenSecret",
-        "spec.brokerPasswordSecret",
-        "spec.jwtVerifyKeySecret",
-        "spec.jwtSigningKeySecret",
-        "spec.jwtSigningTokenSecret",
-    ] {
+    for (at, default) in LEASE_TIMINGS {
+        all.extend(lease_timing(at, default));
+    }
+    for at in SECRET_REFS {
         all.extend(secret_ref(at));
     }
     all
@@ -371,29 +381,20 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.pki.certManager.usages", "maxItems", 22),
         ("spec.pki.certManager.usages[]", "maxLength", 32),
     ];
-    for at in [
+    let durations = [
         "spec.interval",
-        "spec.serverJwtValidity",
-        "spec.discoveryTimeout",
-        "spec.discoveryWindow",
-        "spec.helperTimeout",
-        "spec.rpcTimeout",
-        "spec.pki.certManager.timeout",
         "spec.pki.certManager.duration",
         "spec.pki.certManager.keep",
-        "spec.election.leaseDuration",
-        "spec.election.renewDeadline",
-        "spec.election.retryPeriod",
-    ] {
+    ];
+    let leases = LEASE_TIMINGS.map(|(at, _)| at);
+    for at in durations
+        .into_iter()
+        .chain(POSITIVE_DURATIONS)
+        .chain(leases)
+    {
         b.push((at, "maxLength", DURATION_MAX_LENGTH));
     }
-    for at in [
-        "spec.tokenSecret",
-        "spec.brokerPasswordSecret",
-        "spec.jwtVerifyKeySecret",
-        "spec.jwtSigningKeySecret",
-        "spec.jwtSigningTokenSecret",
-    ] {
+    for at in SECRET_REFS {
         b.push((at, "name", 253));
         b.push((at, "key", 253));
     }

@@ -21,7 +21,7 @@ use super::{Backend, ElectionError};
 use crate::config::ElectionConfig;
 use crate::k8s::{describe_error, resolve_namespace, POD_NAMESPACE_FILE};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use std::path::Path;
@@ -107,6 +107,9 @@ pub struct LeaseBackend {
     observed: Option<(Record, Instant)>,
     /// The object last read or written: release writes over it.
     last: Option<Lease>,
+    /// What owns the Lease (the Provisioner of a pod), so it is collected
+    /// with it; added to a Lease made before it had one.
+    owner: Option<OwnerReference>,
 }
 
 impl LeaseBackend {
@@ -131,6 +134,7 @@ impl LeaseBackend {
             clock: Arc::new(SystemClock),
             observed: None,
             last: None,
+            owner: None,
         }
     }
 
@@ -144,6 +148,23 @@ impl LeaseBackend {
             client.default_namespace(),
         );
         Ok(Self::new(client, cfg, identity, &namespace))
+    }
+
+    /// The Lease is owned by `owner` (it must live in the Lease's namespace).
+    pub fn with_owner(mut self, owner: OwnerReference) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// `lease` with our owner among its owners, when we have one.
+    fn owned(&self, mut meta: ObjectMeta) -> ObjectMeta {
+        if let Some(o) = &self.owner {
+            let refs = meta.owner_references.get_or_insert_with(Vec::new);
+            if !refs.iter().any(|r| r.uid == o.uid) {
+                refs.push(o.clone());
+            }
+        }
+        meta
     }
 
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -209,6 +230,7 @@ impl LeaseBackend {
         }
 
         let stamp = self.wall_now();
+        lease.metadata = self.owned(lease.metadata);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(self.identity.clone());
         spec.lease_duration_seconds = Some(self.duration_seconds);
@@ -241,11 +263,11 @@ impl LeaseBackend {
     async fn create(&mut self) -> Result<Outcome, LeaseError> {
         let stamp = self.wall_now();
         let lease = Lease {
-            metadata: ObjectMeta {
+            metadata: self.owned(ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
                 ..ObjectMeta::default()
-            },
+            }),
             spec: Some(LeaseSpec {
                 holder_identity: Some(self.identity.clone()),
                 lease_duration_seconds: Some(self.duration_seconds),

@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{controller, predicates, watcher, Controller, WatchStreamExt};
 use kube::Client;
@@ -104,9 +104,43 @@ pub struct OperatorArgs {
     /// Provisioner with `spec.pki.certManager`.
     #[arg(long, default_value = build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE)]
     pub cert_manager_cluster_role: String,
+    /// The operator's Lease: how long a leader's record is valid.
+    #[arg(long, default_value = "15s", value_parser = duration_arg)]
+    pub lease_duration: Duration,
+    /// The operator's Lease: a leader that could not renew for this long
+    /// stops its controller at once (before lease-duration has passed, so
+    /// the next leader never reconciles beside it).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub renew_deadline: Duration,
+    /// The operator's Lease: time between attempts.
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    pub retry_period: Duration,
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    crate::config::parse_duration(s).map_err(|e| e.to_string())
 }
 
 impl OperatorArgs {
+    /// The operator's election, with client-go's rule on its timings.
+    pub fn election(&self, namespace: &str) -> Result<ElectionConfig, OperatorError> {
+        let (lease, renew, retry) = (self.lease_duration, self.renew_deadline, self.retry_period);
+        if lease <= renew || renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+            return Err(OperatorError::Usage(format!(
+                "--lease-duration ({lease:?}) > --renew-deadline ({renew:?}) > 1.2 × --retry-period ({retry:?}) does not hold"
+            )));
+        }
+        Ok(ElectionConfig {
+            backend: ConfigBackend::Lease,
+            lease_name: LEASE_NAME.into(),
+            lease_namespace: Some(namespace.to_string()),
+            lease_duration: lease,
+            renew_deadline: renew,
+            retry_period: retry,
+            ..ElectionConfig::default()
+        })
+    }
+
     /// The policy and roles every reconciliation applies; refuses usages
     /// cert-manager does not know.
     pub fn settings(&self) -> Result<build::Settings, OperatorError> {
@@ -240,12 +274,7 @@ pub async fn run_with(
         None
     };
 
-    let election_cfg = ElectionConfig {
-        backend: ConfigBackend::Lease,
-        lease_name: LEASE_NAME.into(),
-        lease_namespace: Some(lease_namespace.clone()),
-        ..ElectionConfig::default()
-    };
+    let election_cfg = args.election(&lease_namespace)?;
     let (leading_tx, leading) = watch::channel(false);
     let election_stop = CancellationToken::new();
     // Without an election the sender is kept, as dropping it would end the
@@ -278,13 +307,10 @@ pub async fn run_with(
 
     let shared = Shared {
         client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(identity.clone()),
-            },
-        ),
+        reporter: Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
         metrics: metrics.clone(),
         settings,
     };
@@ -355,7 +381,7 @@ where
 #[derive(Clone)]
 struct Shared {
     client: Client,
-    recorder: Recorder,
+    reporter: Reporter,
     metrics: Arc<Metrics>,
     settings: build::Settings,
 }
@@ -430,7 +456,7 @@ async fn lead(
     let (pdbs, pdb) = owned_watch::<PodDisruptionBudget>(client, namespace);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: shared.recorder.clone(),
+        reporter: shared.reporter.clone(),
         metrics: shared.metrics.clone(),
         settings: shared.settings.clone(),
         stores: Stores {
@@ -707,7 +733,7 @@ mod tests {
         let (leading_tx, leading) = watch::channel(true);
         let shared = Shared {
             client: client.clone(),
-            recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
+            reporter: Reporter::from(FIELD_MANAGER),
             metrics: Arc::new(Metrics::new()),
             settings: fixtures::settings(),
         };

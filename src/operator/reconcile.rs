@@ -27,7 +27,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -51,7 +51,8 @@ pub const NOT_OWNED: &str = "NotOwned";
 /// What reconciliations share.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    /// Who the Events say reported them.
+    pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
     /// The admin's policy and the ClusterRoles the pods are bound to.
     pub settings: Settings,
@@ -134,7 +135,7 @@ pub async fn reconcile(p: Arc<Provisioner>, ctx: Arc<Context>) -> Result<Action,
     };
     if let Some((reason, problems)) = &refused {
         count_refusal(&ctx, reason);
-        report_refusal(&p, &ctx.recorder, reason, problems).await?;
+        report_refusal(&p, &ctx, reason, problems).await?;
     }
     let refusal = refused
         .as_ref()
@@ -248,7 +249,7 @@ async fn write_status(
         .await
         .map_err(|e| api_error(KIND, "status", &name, &e))?;
     for (type_, reason, note) in events(old, &status) {
-        publish(p, &ctx.recorder, type_, reason, "Reconcile", note).await?;
+        publish(p, ctx, type_, reason, "Reconcile", note).await?;
     }
     Ok(())
 }
@@ -268,7 +269,7 @@ async fn report_leader(p: &Provisioner, ctx: &Context) -> Result<(), Error> {
     if let Some((type_, reason, note)) =
         before.and_then(|b| leader_changed(b.as_deref(), now.as_deref()))
     {
-        publish(p, &ctx.recorder, type_, reason, "Elect", note).await?;
+        publish(p, ctx, type_, reason, "Elect", note).await?;
     }
     Ok(())
 }
@@ -277,7 +278,7 @@ async fn report_leader(p: &Provisioner, ctx: &Context) -> Result<(), Error> {
 /// Degraded condition already carrying this message means it was reported.
 async fn report_refusal(
     p: &Provisioner,
-    recorder: &Recorder,
+    ctx: &Context,
     reason: &'static str,
     problems: &[String],
 ) -> Result<(), Error> {
@@ -291,12 +292,16 @@ async fn report_refusal(
         return Ok(());
     }
     warn!(provisioner = %p.name_any(), namespace = ?p.namespace(), %message, reason, "owned objects left unchanged");
-    publish(p, recorder, EventType::Warning, reason, "Validate", message).await
+    publish(p, ctx, EventType::Warning, reason, "Validate", message).await
 }
 
+/// Publishes one Event. Each through a Recorder of its own: kube's
+/// Recorder folds an Event with the reason of one it published in the last
+/// minutes into a series of that one, keeping the first one's note, and
+/// ours are published only on a change, each saying what changed.
 async fn publish(
     p: &Provisioner,
-    recorder: &Recorder,
+    ctx: &Context,
     type_: EventType,
     reason: &'static str,
     action: &str,
@@ -310,7 +315,7 @@ async fn publish(
         note.truncate(cut);
         note.push_str("...");
     }
-    recorder
+    Recorder::new(ctx.client.clone(), ctx.reporter.clone())
         .publish(
             &Event {
                 type_,

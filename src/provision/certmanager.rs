@@ -2,8 +2,8 @@
 //!
 //! With `features.pki`, once a node's CSR passed our checks (name, deny
 //! list, key), a `cert-manager.io/v1` `CertificateRequest` carrying it is
-//! created in the configured namespace, and polled until cert-manager
-//! decides: `Ready=True` gives the certificate and CA sent to the node;
+//! created in the configured namespace, and followed through one watch of
+//! our requests ([`requests`]) until cert-manager decides: `Ready=True` gives the certificate and CA sent to the node;
 //! `Denied`, `InvalidRequest` or `Ready=False` with reason `Failed` are
 //! errors naming the request; no decision within `timeout` is an error that
 //! says what cert-manager last said (an issuer that does not exist leaves
@@ -11,26 +11,31 @@
 //! failure. Each request is labelled as ours, annotated with the node's
 //! identity (a label cannot hold every identity), owned by the Provisioner
 //! when we run as one (so deleting it collects them), and deleted after use
-//! or after `keep`.
+//! or after `keep` — and at the latest when the process stops, however the
+//! node's sequence ended (abandoned, dropped).
 //!
-//! The kube client is made on first use, so a provisioner that cannot reach
-//! Kubernetes starts and fails only the nodes that need a certificate.
+//! The kube client (the process's one) is got on first use, so a
+//! provisioner that cannot reach Kubernetes starts and fails only the nodes
+//! that need a certificate.
+
+mod requests;
 
 use super::gate::{PauseGate, Paused};
 use super::resource::ResourceRef;
 use crate::config::provisioner::CertManagerConfig;
-use crate::crd::Provisioner;
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use requests::Requests;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// How often a pending request is looked at.
-const POLL: Duration = Duration::from_millis(250);
+/// How long past `timeout` + `keep` a request an earlier process left
+/// behind is deleted: it cannot be in use any more.
+const LEFTOVER_MARGIN: Duration = Duration::from_secs(60);
 /// The label every request we make carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "choria-provisioner");
 /// The label naming the Provisioner that made the request.
@@ -191,23 +196,12 @@ pub struct Issued {
     pub ca: String,
 }
 
-/// The Provisioner as the owner of what its pods make: not its
-/// controller (the operator's objects have that), and not blocking its
-/// deletion (which would need `provisioners/finalizers` under the
-/// OwnerReferencesPermissionEnforcement admission plugin).
-pub fn owner_reference(p: &Provisioner) -> Option<OwnerReference> {
-    use kube::Resource;
-    let mut o = p.controller_owner_ref(&())?;
-    o.controller = Some(false);
-    o.block_owner_deletion = Some(false);
-    Some(o)
-}
-
 pub struct Signer {
     cfg: CertManagerConfig,
     provisioner: Option<ResourceRef>,
     client: OnceCell<kube::Client>,
     owner: OnceCell<Option<OwnerReference>>,
+    requests: OnceCell<Requests>,
 }
 
 impl Signer {
@@ -219,6 +213,7 @@ impl Signer {
             provisioner,
             client: OnceCell::new(),
             owner: OnceCell::new(),
+            requests: OnceCell::new(),
         }
     }
 
@@ -284,21 +279,41 @@ impl Signer {
         };
         self.owner
             .get_or_try_init(|| async {
-                let obj = p.api(client.clone()).get(&p.name).await.map_err(|e| {
-                    SignError::Client(format!(
-                        "looking up Provisioner {p} to own the CertificateRequests: {}",
-                        crate::k8s::describe_error(&e)
-                    ))
-                })?;
-                Ok(owner_reference(&obj))
+                p.owner(client.clone())
+                    .await
+                    .map(Some)
+                    .map_err(|e| SignError::Client(format!("to own the CertificateRequests: {e}")))
             })
             .await
             .cloned()
     }
 
+    /// Our requests (the ones labelled with our Provisioner, else all the
+    /// provisioner's), watched from first use on.
+    async fn requests(&self) -> Result<&Requests, SignError> {
+        let client = self.client().await?;
+        self.requests
+            .get_or_init(|| async {
+                let api =
+                    Api::namespaced_with(client.clone(), &self.cfg.namespace, &api_resource());
+                let mut selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+                if let Some(p) = &self.provisioner {
+                    selector.push_str(&format!(",{PROVISIONER_LABEL}={}", p.name));
+                }
+                // Only a Provisioner's requests are known to be ours alone.
+                let leftovers = self
+                    .provisioner
+                    .as_ref()
+                    .map(|_| self.cfg.timeout + self.cfg.keep + LEFTOVER_MARGIN);
+                Requests::start(api, &selector, leftovers)
+            })
+            .await;
+        Ok(self.requests.get().expect("initialized above"))
+    }
+
     /// Has `csr_pem` signed for `identity`. The gate is read before the
-    /// request is made and at every look; the request is deleted however
-    /// this ends (after `keep` when set).
+    /// request is made and whenever it closes; the request is deleted
+    /// however this ends (after `keep` when set).
     pub async fn sign(
         &self,
         identity: &str,
@@ -309,6 +324,7 @@ impl Signer {
         gate.check()?;
         let client = self.client().await?;
         let owner = self.owner(client).await?;
+        let requests = self.requests().await?;
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &self.cfg.namespace, &api_resource());
         let body: DynamicObject =
@@ -322,40 +338,48 @@ impl Signer {
                 message: crate::k8s::describe_error(&e),
             })?;
         let name = created.metadata.name.clone().unwrap_or_default();
+        // Deleted after `keep` however this ends, dropped futures included.
+        let _disposal = Disposal {
+            requests,
+            name: &name,
+            keep: self.cfg.keep,
+        };
         let request = format!("{}/{name}", self.cfg.namespace);
         debug!(node = identity, %request, "CertificateRequest created");
-        let result = self.wait(&api, &name, &request, gate, abandon).await;
-        self.dispose(api, name, request);
-        result
+        self.wait(requests, &name, &request, gate, abandon).await
     }
 
+    /// Waits for cert-manager's decision on `name`, woken by the watch.
     async fn wait(
         &self,
-        api: &Api<DynamicObject>,
+        requests: &Requests,
         name: &str,
         request: &str,
         gate: &PauseGate,
         abandon: &CancellationToken,
     ) -> Result<Issued, SignError> {
-        let deadline = Instant::now() + self.cfg.timeout;
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        let waiter = requests.waiter(name);
+        let mut paused = gate.subscribe();
+        let mut seen = false;
         let mut last = State::Pending {
             reason: "NoDecision".into(),
-            message: "not looked at yet".into(),
+            message: "not seen by the watch yet".into(),
         };
         loop {
             gate.check()?;
-            match api.get(name).await {
-                Ok(obj) => last = state(&serde_json::to_value(&obj).unwrap_or_default()),
-                Err(kube::Error::Api(s)) if s.code == 404 => {
+            match requests.get(name) {
+                Some(obj) => {
+                    seen = true;
+                    last = state(&serde_json::to_value(&*obj).unwrap_or_default());
+                }
+                None if seen => {
                     return Err(SignError::Lookup {
                         request: request.into(),
                         message: "deleted before it was issued".into(),
                     })
                 }
-                Err(e) => {
-                    // One failed look is not the end: the deadline is.
-                    warn!(%request, error = %crate::k8s::describe_error(&e), "could not read the CertificateRequest");
-                }
+                None => {}
             }
             match last {
                 State::Issued { certificate, ca } => return Ok(Issued { certificate, ca }),
@@ -375,38 +399,45 @@ impl Signer {
                 }
                 State::Pending { .. } => {}
             }
-            if Instant::now() >= deadline {
-                let State::Pending { reason, message } = last else {
-                    unreachable!("decided states returned above")
-                };
-                return Err(SignError::Timeout {
-                    request: request.into(),
-                    timeout: self.cfg.timeout,
-                    last: format!("{reason}: {message}"),
-                });
-            }
             tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
+                _ = waiter.changed() => {}
+                _ = paused.wait_for(|p| *p) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let State::Pending { reason, message } = last else {
+                        unreachable!("decided states returned above")
+                    };
+                    return Err(SignError::Timeout {
+                        request: request.into(),
+                        timeout: self.cfg.timeout,
+                        last: format!("{reason}: {message}"),
+                    });
+                }
                 _ = abandon.cancelled() => return Err(SignError::Abandoned),
             }
         }
     }
 
-    /// Deletes a used request, at once or after `keep`, in the background.
-    fn dispose(&self, api: Api<DynamicObject>, name: String, request: String) {
-        let keep = self.cfg.keep;
-        tokio::spawn(async move {
-            if !keep.is_zero() {
-                tokio::time::sleep(keep).await;
-            }
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => debug!(%request, "CertificateRequest deleted"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    warn!(%request, error = %crate::k8s::describe_error(&e), "could not delete the CertificateRequest")
-                }
-            }
-        });
+    /// Deletes at once every request still waiting for its `keep` to pass:
+    /// none outlives the process. Called at shutdown, after the workers.
+    pub async fn shutdown(&self) {
+        if let Some(r) = self.requests.get() {
+            let pending = r.pending();
+            r.finish().await;
+            debug!(pending, "CertificateRequests deleted at shutdown");
+        }
+    }
+}
+
+/// Schedules a request's deletion when dropped.
+struct Disposal<'a> {
+    requests: &'a Requests,
+    name: &'a str,
+    keep: Duration,
+}
+
+impl Drop for Disposal<'_> {
+    fn drop(&mut self) {
+        self.requests.delete_after(self.name, self.keep);
     }
 }
 

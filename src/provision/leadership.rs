@@ -9,6 +9,7 @@
 //! `election` check of `/readyz` until one works.
 
 use super::gate::PauseReason;
+use super::resource::ResourceRef;
 use super::Handle;
 use crate::config::{ElectionBackend, ElectionConfig};
 use crate::election::lease::LeaseBackend;
@@ -47,6 +48,8 @@ impl Steer for Handle {
 
 /// Starts the configured election (none: `None`) steering `handle`. The
 /// provisioner paused itself for [`PauseReason::Election`] when it was made.
+/// A pod's Lease is owned by its Provisioner (`resource`), so deleting the
+/// Provisioner collects it.
 pub(super) fn spawn(
     cfg: &ElectionConfig,
     nats: &async_nats::Client,
@@ -54,6 +57,7 @@ pub(super) fn spawn(
     handle: Handle,
     stop: CancellationToken,
     leader_tx: watch::Sender<Option<String>>,
+    resource: Option<ResourceRef>,
 ) -> Option<JoinHandle<()>> {
     let cfg = cfg.clone();
     if cfg.sharded() {
@@ -82,9 +86,16 @@ pub(super) fn spawn(
         }
         ElectionBackend::Lease => {
             let setup = move || {
-                let (cfg, identity) = (cfg.clone(), identity.clone());
+                let (cfg, identity, resource) = (cfg.clone(), identity.clone(), resource.clone());
                 async move {
-                    let b = LeaseBackend::connect(&cfg, &identity).await?;
+                    let mut b = LeaseBackend::connect(&cfg, &identity).await?;
+                    if let Some(r) = resource.filter(|r| r.namespace == b.namespace()) {
+                        let client = crate::k8s::client()
+                            .await
+                            .map_err(|e| ElectionError::Other(crate::k8s::describe_error(&e)))?;
+                        let owner = r.owner(client).await.map_err(ElectionError::Other)?;
+                        b = b.with_owner(owner);
+                    }
                     info!(lease = %format!("{}/{}", b.namespace(), cfg.lease_name), lease_duration = ?cfg.lease_duration, "lease election ready");
                     Ok::<_, ElectionError>(b)
                 }

@@ -380,6 +380,7 @@ impl Provisioner {
             handle.clone(),
             election_stop.clone(),
             leader_tx,
+            resource.clone(),
         );
         if let Some(r) = resource {
             // status.leader names the pod (what `kubectl logs` takes), not
@@ -408,6 +409,7 @@ impl Provisioner {
         info!("shutting down");
         stop(Stopping {
             handle,
+            ctx,
             pool,
             workers,
             abandon,
@@ -632,6 +634,7 @@ fn start_workers(
 /// What [`stop`] winds down.
 struct Stopping {
     handle: Handle,
+    ctx: Arc<Context>,
     pool: workers::Pool,
     workers: JoinSet<()>,
     abandon: CancellationToken,
@@ -648,6 +651,7 @@ struct Stopping {
 async fn stop(s: Stopping) {
     let Stopping {
         handle,
+        ctx,
         pool,
         mut workers,
         abandon,
@@ -696,6 +700,11 @@ async fn stop(s: Stopping) {
                 task.abort();
             }
         }
+    }
+    // CertificateRequests still around are deleted (or left to the next
+    // start's sweep when the time is up).
+    if let Some(signer) = &ctx.signer {
+        let _ = tokio::time::timeout_at(deadline, signer.shutdown()).await;
     }
     stop_tasks.cancel();
     if tokio::time::timeout_at(deadline, async {

@@ -264,15 +264,7 @@ impl Cluster {
         if keep {
             eprintln!("OPERATOR_E2E_KEEP: {}", dir.path().display());
         }
-        // The committed CRD must be accepted and become Established.
-        apply(&cp, &repo_file("crds/provisioner.yaml"));
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{PROV}"),
-        ]);
-        apply(&cp, &repo_file("deploy/namespace.yaml"));
+        install_crd(&cp);
         apply(&cp, &repo_file("deploy/rbac.yaml"));
         let token = create_token(&cp, OPERATOR_NS, OPERATOR_SA);
         let kubeconfig = cp.kubeconfig(&token);
@@ -335,6 +327,19 @@ impl Cluster {
     }
 }
 
+/// The committed CRD, which must be accepted and become Established, and
+/// the operator's namespace.
+pub fn install_crd(cp: &ControlPlane) {
+    apply(cp, &repo_file("crds/provisioner.yaml"));
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        &format!("crd/{PROV}"),
+    ]);
+    apply(cp, &repo_file("deploy/namespace.yaml"));
+}
+
 /// An operator process named `name` (its log file) for the pod `pod`, logged
 /// in with `kubeconfig`, with the shipped command line and `extra` args.
 pub fn spawn_operator(
@@ -387,26 +392,48 @@ pub fn operator_args(deployment: &Value, port: u16) -> Vec<String> {
 
 /// The Event with `reason` about Provisioner `name`, once it exists.
 pub fn event_for(cp: &ControlPlane, name: &str, reason: &str) -> Value {
-    wait_for(
-        &format!("a {reason} Event for {name}"),
-        Duration::from_secs(20),
-        || {
-            let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
-                "get",
-                "events.v1.events.k8s.io",
-                "-n",
-                NS,
-                "-o",
-                "json",
-            ]))
-            .unwrap();
-            events["items"]
-                .as_array()?
+    event_where(cp, name, reason, |_| true)
+}
+
+/// The Event with `reason` about Provisioner `name` whose note passes
+/// `want`, once it exists; panics with the Events there are.
+pub fn event_where(
+    cp: &ControlPlane,
+    name: &str,
+    reason: &str,
+    want: impl Fn(&str) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events: Value = serde_json::from_str(&cp.kubectl_ok(&[
+            "get",
+            "events.v1.events.k8s.io",
+            "-n",
+            NS,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let items = events["items"].as_array().cloned().unwrap_or_default();
+        if let Some(e) = items.iter().find(|e| {
+            e["reason"] == reason
+                && e["regarding"]["name"] == name
+                && want(e["note"].as_str().unwrap_or_default())
+        }) {
+            return e.clone();
+        }
+        if Instant::now() > deadline {
+            let seen: Vec<String> = items
                 .iter()
-                .find(|e| e["reason"] == reason && e["regarding"]["name"] == name)
-                .cloned()
-        },
-    )
+                .map(|e| format!("{} {}: {}", e["reason"], e["regarding"]["name"], e["note"]))
+                .collect();
+            panic!(
+                "no such {reason} Event for {name} within 20s; there are:\n{}",
+                seen.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 pub fn condition<'a>(p: &'a Value, type_: &str) -> &'a Value {
@@ -708,4 +735,33 @@ pub fn fleet_options(
         connections: 4,
         ..Default::default()
     }
+}
+
+/// The API server's requests so far, by `verb resource[/subresource]`, from
+/// its own `apiserver_request_total`.
+pub fn apiserver_requests(cp: &ControlPlane) -> std::collections::BTreeMap<String, f64> {
+    let text = cp.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let mut requests = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let mut what = format!("{} {}", label("verb"), label("resource"));
+        let sub = label("subresource");
+        if !sub.is_empty() {
+            what = format!("{what}/{sub}");
+        }
+        *requests.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    requests
 }

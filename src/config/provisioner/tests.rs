@@ -748,6 +748,8 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
+        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca}\n\
+         renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -768,7 +770,8 @@ fn every_schema_key_is_written_for_a_full_configuration() {
     let c = parse(
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
-         configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n",
+         configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n\
+         records: {url: 'nats://r:4222', user: u, password: p}\nrenewal: {before: 30d, choria_config: /r.cfg}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();

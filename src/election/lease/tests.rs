@@ -189,12 +189,11 @@ async fn takes_a_free_lease_with_a_conditional_put() {
     assert_eq!(s.renew_time, mt(WALL0));
 }
 
-#[tokio::test]
-async fn creates_the_lease_when_absent() {
-    let (mut b, mut server, _) = setup("me");
+/// A campaign that finds no Lease and creates it; the Lease written.
+async fn campaign_creating(b: &mut LeaseBackend, server: &mut ApiServer) -> Lease {
     let (r, w) = exchange(
         b.campaign(),
-        &mut server,
+        server,
         vec![
             (Method::GET, LEASE, status(404, "NotFound")),
             (Method::POST, LEASES, Reply::Echo("1")),
@@ -202,6 +201,13 @@ async fn creates_the_lease_when_absent() {
     )
     .await;
     assert_eq!(r.unwrap(), Outcome::Leading);
+    w.into_iter().next().expect("the Lease written")
+}
+
+#[tokio::test]
+async fn creates_the_lease_when_absent() {
+    let (mut b, mut server, _) = setup("me");
+    let w = [campaign_creating(&mut b, &mut server).await];
     assert_eq!(w[0].metadata.name.as_deref(), Some("prov"));
     assert_eq!(w[0].metadata.resource_version, None);
     let s = spec(&w[0]);
@@ -212,6 +218,40 @@ async fn creates_the_lease_when_absent() {
         (s.acquire_time.clone(), s.renew_time.clone()),
         (mt(WALL0), mt(WALL0))
     );
+}
+
+#[tokio::test]
+async fn the_lease_is_created_owned_and_an_ownerless_one_gets_its_owner() {
+    let owner = OwnerReference {
+        api_version: "provisioning.choria.io/v1alpha1".into(),
+        kind: "Provisioner".into(),
+        name: "prov".into(),
+        uid: "u-1".into(),
+        ..OwnerReference::default()
+    };
+    let (b, mut server, _) = setup("me");
+    let mut b = b.with_owner(owner.clone());
+    let created = campaign_creating(&mut b, &mut server).await;
+    assert_eq!(created.metadata.owner_references, Some(vec![owner.clone()]));
+
+    // Made by a pod of an older release, without an owner: the next write
+    // adds it, and only once.
+    let (b, mut server, _) = setup("me");
+    let mut b = b.with_owner(owner.clone());
+    let free = lease("41", "", 1, WALL0, WALL0, 3);
+    leads_with_a_conditional_put(b.campaign(), &mut server, &free, "42", "41").await;
+    let mut held = lease("42", "me", 15, WALL0, WALL0, 4);
+    held.metadata.owner_references = Some(vec![owner.clone()]);
+    let (_, w) = exchange(
+        b.renew(),
+        &mut server,
+        vec![
+            (Method::GET, LEASE, found(&held)),
+            (Method::PUT, LEASE, Reply::Echo("43")),
+        ],
+    )
+    .await;
+    assert_eq!(w[0].metadata.owner_references, Some(vec![owner]));
 }
 
 #[tokio::test]

@@ -1,0 +1,178 @@
+use super::*;
+use serde_json::json;
+
+#[test]
+fn resource_refs_parse_namespace_and_name() {
+    let r: ResourceRef = "choria/prov-a".parse().unwrap();
+    assert_eq!(r.namespace, "choria");
+    assert_eq!(r.name, "prov-a");
+    assert_eq!(r.to_string(), "choria/prov-a");
+    for bad in ["", "x", "/x", "x/", "a/b/c"] {
+        assert!(bad.parse::<ResourceRef>().is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_pod_name_names_its_candidate_names() {
+    assert!(names("prov-7b9f-x2", "prov-7b9f-x2-3fa91c"));
+    assert!(names("go-provisioner", "go-provisioner"));
+    assert!(!names("prov-7b9f-x2", "prov-7b9f-x2-3fa91"));
+    assert!(!names("prov-7b9f-x2", "prov-7b9f-x2-zzzzzz"));
+    assert!(!names("prov", "prov-7b9f-x2-3fa91c"), "another pod's");
+}
+
+fn me(pod: &str) -> Me {
+    Me {
+        candidate: format!("{pod}-abcdef"),
+        shown: pod.into(),
+    }
+}
+
+/// The resource at version `rv` with the pods' status fields.
+fn seen(rv: u64, leader: Option<&str>, provisioned: u64) -> Provisioner {
+    let mut p: Provisioner = serde_json::from_value(json!({
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": {"name": "prov", "namespace": "choria", "uid": "u", "resourceVersion": rv.to_string()},
+        "spec": {"broker": {"urls": ["nats://b:4222"]}},
+    }))
+    .unwrap();
+    let st = p.status.get_or_insert_with(Default::default);
+    st.leader = leader.map(str::to_string);
+    st.provisioned = Some(provisioned as i64);
+    p
+}
+
+fn write(leader: Option<&str>, provisioned: u64, counted: u64, rv: u64) -> Option<Write> {
+    Some(Write {
+        leader: leader.map(str::to_string),
+        provisioned,
+        counted,
+        resource_version: Some(rv.to_string()),
+    })
+}
+
+#[test]
+fn the_leader_names_itself_once_and_writes_its_count_at_most_every_refresh() {
+    let mut r = Reporter::new(me("pod-a"));
+    let t = Instant::now();
+    let holder = Some("pod-a-abcdef");
+    let w = r.decide(&seen(1, None, 40), holder, 0, t);
+    assert_eq!(
+        w,
+        write(Some("pod-a"), 40, 0, 1),
+        "names itself, keeps the count"
+    );
+    r.written(&w.unwrap(), t);
+    assert_eq!(
+        r.decide(&seen(2, Some("pod-a"), 40), holder, 0, t),
+        None,
+        "idle: nothing"
+    );
+    let soon = t + Duration::from_secs(1);
+    let w = r.decide(&seen(2, Some("pod-a"), 40), holder, 5, soon);
+    assert_eq!(w, write(Some("pod-a"), 45, 5, 2), "the first count at once");
+    r.written(&w.unwrap(), soon);
+    let sooner = soon + Duration::from_secs(2);
+    assert_eq!(
+        r.decide(&seen(3, Some("pod-a"), 45), holder, 9, sooner),
+        None,
+        "throttled"
+    );
+    let later = soon + STATUS_REFRESH;
+    assert_eq!(
+        r.decide(&seen(3, Some("pod-a"), 45), holder, 9, later),
+        write(Some("pod-a"), 49, 9, 3),
+        "what it counted since its last write, added to the status"
+    );
+}
+
+#[test]
+fn a_replica_that_loses_names_the_new_holder_and_flushes_its_count() {
+    let mut r = Reporter::new(me("pod-a"));
+    let t = Instant::now();
+    let w = r
+        .decide(&seen(1, None, 0), Some("pod-a-abcdef"), 0, t)
+        .unwrap();
+    r.written(&w, t);
+    let w = r
+        .decide(&seen(2, Some("pod-a"), 0), Some("pod-a-abcdef"), 3, t)
+        .unwrap();
+    r.written(&w, t);
+    // Lost to a Go candidate one second later, with 2 more provisioned.
+    let t2 = t + Duration::from_secs(1);
+    assert_eq!(
+        r.decide(&seen(3, Some("pod-a"), 3), Some("go-provisioner-1"), 5, t2),
+        write(Some("go-provisioner-1"), 5, 5, 3),
+        "at once: the holder as the election shows it, and the count"
+    );
+    // Evicted: nobody holds; the name goes.
+    let mut r = Reporter::new(me("pod-a"));
+    r.decide(&seen(1, Some("pod-a"), 0), Some("pod-a-abcdef"), 0, t);
+    assert_eq!(
+        r.decide(&seen(1, Some("pod-a"), 0), None, 0, t2),
+        write(None, 0, 0, 1)
+    );
+    assert!(!write(None, 0, 0, 1).unwrap().body("prov")["status"]
+        .as_object()
+        .unwrap()
+        .contains_key("leader"));
+}
+
+#[test]
+fn others_correct_a_wrong_name_only_after_it_lasted() {
+    let mut r = Reporter::new(me("pod-b"));
+    let t = Instant::now();
+    // pod-a just won and will write its name: not ours to do.
+    assert_eq!(
+        r.decide(&seen(1, None, 7), Some("pod-a-123456"), 0, t),
+        None
+    );
+    assert_eq!(
+        r.decide(
+            &seen(2, Some("pod-a"), 7),
+            Some("pod-a-123456"),
+            0,
+            t + SETTLE
+        ),
+        None,
+        "named: consistent"
+    );
+    // A Go candidate holds, and nobody of ours writes its name.
+    let go = Some("go-provisioner-1");
+    assert_eq!(
+        r.decide(&seen(3, Some("pod-a"), 7), go, 0, t + SETTLE),
+        None
+    );
+    assert_eq!(
+        r.decide(&seen(3, Some("pod-a"), 7), go, 0, t + SETTLE * 2),
+        write(Some("go-provisioner-1"), 7, 0, 3)
+    );
+}
+
+#[test]
+fn without_an_election_every_replica_adds_its_count() {
+    let mut r = Reporter::new(me("pod-a"));
+    let t = Instant::now();
+    assert_eq!(r.decide(&seen(1, None, 10), None, 0, t), None);
+    let w = r.decide(&seen(1, None, 10), None, 4, t);
+    assert_eq!(w, write(None, 14, 4, 1));
+    r.written(&w.unwrap(), t);
+    assert_eq!(
+        r.decide(&seen(2, None, 20), None, 6, t + Duration::from_secs(1)),
+        None
+    );
+    assert_eq!(
+        r.decide(&seen(2, None, 20), None, 6, t + STATUS_REFRESH),
+        write(None, 22, 6, 2),
+        "another replica's count kept"
+    );
+}
+
+#[test]
+fn the_write_is_conditional_on_what_it_read() {
+    let body = write(Some("pod-a"), 3, 3, 42).unwrap().body("prov");
+    assert_eq!(body["metadata"]["resourceVersion"], "42");
+    assert_eq!(body["kind"], "Provisioner");
+    assert_eq!(body["apiVersion"], "provisioning.choria.io/v1alpha1");
+    assert_eq!(body["status"], json!({"leader": "pod-a", "provisioned": 3}));
+}
