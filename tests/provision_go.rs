@@ -30,9 +30,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::discover_provisionable;
 use support::gopeers::{choria_bin, choria_tool, make_signers, s, CaNats, GoServer, Signers};
 use support::provisioner::{binary, ProvisionerProcess};
+use support::{discover_provisionable, NatsServer};
 
 const TOKEN: &str = "r3al-g0-pr0visioning-t0ken";
 const PROVISIONER: &str = "provisioner.example.net";
@@ -105,6 +105,43 @@ impl EventLog {
                 kind,
                 event,
             });
+        }
+    }
+
+    /// Waits until `identity` sent `n` `kind` events from `component`.
+    async fn wait_count(
+        &mut self,
+        identity: &str,
+        (kind, component): (EventType, &str),
+        n: usize,
+        timeout: Duration,
+        server: &GoServer,
+    ) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let count = |seen: &[Seen]| {
+            seen.iter()
+                .filter(|e| {
+                    e.kind == kind && e.event.identity == identity && e.event.component == component
+                })
+                .count()
+        };
+        while count(&self.seen) < n {
+            let Ok(Some(msg)) = tokio::time::timeout_at(deadline, self.sub.next()).await else {
+                panic!(
+                    "{} of {n} {} events from {identity} ({component}) within {timeout:?}; history {:?}\n--- server.log:\n{}",
+                    count(&self.seen),
+                    kind.name(),
+                    self.history(identity),
+                    server.log()
+                );
+            };
+            if let Ok((kind, event)) = lifecycle::parse(&msg.payload) {
+                self.seen.push(Seen {
+                    subject: msg.subject.to_string(),
+                    kind,
+                    event,
+                });
+            }
         }
     }
 
@@ -650,6 +687,118 @@ async fn real_v1_server_is_provisioned_with_pki() {
 // 2. v2, ed25519 Organization Issuer.
 // ---------------------------------------------------------------------------
 
+/// A v2 organisation for real servers: the provisioner's client JWT (with
+/// fleet management), the chain issuer it signs server JWTs as, and an admin
+/// client, all issued by the organisation issuer with the real `choria jwt`
+/// tooling (RECIPE.md §3.d).
+struct V2Org {
+    issuer_hex: String,
+    ca: String,
+    client_jwt: PathBuf,
+    client_seed: PathBuf,
+    signer_jwt: PathBuf,
+    signer_seed: PathBuf,
+    admin_jwt: PathBuf,
+    admin_seed: PathBuf,
+}
+
+impl V2Org {
+    fn issue(bench: &mut Bench) -> V2Org {
+        let bin = bench.bin.clone();
+        let work = bench.work.path().to_path_buf();
+        let issuer_seed = s(&bench.signers.issuer_seed).to_string();
+        let issue = |name: &str, caller: &str, flags: &[&str]| -> (PathBuf, PathBuf) {
+            let (seed, public) = (format!("{name}.seed"), format!("{name}.public"));
+            choria_tool(&bin, &work, &["jwt", "keys", &seed, &public]);
+            let public_hex = std::fs::read_to_string(work.join(&public)).unwrap();
+            let jwt = format!("{name}.jwt");
+            let mut args = vec![
+                "jwt",
+                "client",
+                &jwt,
+                caller,
+                &issuer_seed,
+                "--validity",
+                "1h",
+            ];
+            let pk = format!("--public-key={public_hex}");
+            args.push(&pk);
+            args.extend_from_slice(flags);
+            choria_tool(&bin, &work, &args);
+            (work.join(jwt), work.join(seed))
+        };
+        let (client_jwt, client_seed) =
+            issue("provisioner", "provisioner", &["--server-provisioner"]);
+        let (signer_jwt, signer_seed) = issue("signer", "provisioner-signer", &["--issuer"]);
+        let (admin_jwt, admin_seed) = issue("admin", "admin", &[]);
+        for (what, seed) in [
+            ("the provisioner's seed", &client_seed),
+            ("the chain signer's seed", &signer_seed),
+        ] {
+            bench
+                .secrets
+                .push((what, std::fs::read_to_string(seed).unwrap()));
+        }
+        V2Org {
+            issuer_hex: bench.signers.issuer_public_hex.clone(),
+            ca: s(&bench.broker.ca.cert).to_string(),
+            client_jwt,
+            client_seed,
+            signer_jwt,
+            signer_seed,
+            admin_jwt,
+            admin_seed,
+        }
+    }
+
+    /// What a v2 server in `node_dir` runs with after provisioning.
+    fn server_settings(&self, node_dir: &Path) -> [(&'static str, String); 7] {
+        [
+            ("plugin.choria.use_srv", "false".to_string()),
+            ("plugin.security.provider", "choria".to_string()),
+            (
+                "plugin.security.choria.token_file",
+                s(&node_dir.join("server.jwt")).to_string(),
+            ),
+            (
+                "plugin.security.choria.seed_file",
+                s(&node_dir.join("server.seed")).to_string(),
+            ),
+            ("plugin.security.issuer.names", "choria".to_string()),
+            (
+                "plugin.security.issuer.choria.public",
+                self.issuer_hex.clone(),
+            ),
+            // Optional for the choria provider; with it TLS to the broker is verified.
+            ("plugin.security.choria.ca", self.ca.clone()),
+        ]
+    }
+
+    /// The provisioner's Choria client configuration (v2, its client JWT).
+    fn choria_cfg(&self, bench: &Bench) -> String {
+        format!(
+            "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = choria\n\
+             plugin.security.choria.token_file = {}\nplugin.security.choria.seed_file = {}\n\
+             plugin.security.choria.ca = {}\n",
+            bench.url(),
+            s(&self.client_jwt),
+            s(&self.client_seed),
+            self.ca
+        )
+    }
+
+    /// The provisioner's settings for v2 servers: verify with the issuer,
+    /// sign server JWTs as the chain issuer.
+    fn yaml(&self) -> String {
+        format!(
+            "jwt_verify_cert: {}\njwt_signing_key: {}\njwt_signing_token: {}\nfeatures:\n  ed25519: true\n",
+            self.issuer_hex,
+            s(&self.signer_seed),
+            s(&self.signer_jwt)
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
     let Some(mut bench) =
@@ -657,81 +806,24 @@ async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
     else {
         return;
     };
-    let bin = bench.bin.clone();
-    let work = bench.work.path().to_path_buf();
-    let issuer_seed = s(&bench.signers.issuer_seed).to_string();
-    let issuer_hex = bench.signers.issuer_public_hex.clone();
-    // The provisioner's v2 identity (RECIPE.md §3.d) and, separately, the
-    // chain issuer it signs server JWTs as: both issued by the organisation
-    // issuer with the real `choria jwt` tooling.
-    let issue = |name: &str, caller: &str, flags: &[&str]| -> (PathBuf, PathBuf) {
-        let (seed, public) = (format!("{name}.seed"), format!("{name}.public"));
-        choria_tool(&bin, &work, &["jwt", "keys", &seed, &public]);
-        let public_hex = std::fs::read_to_string(work.join(&public)).unwrap();
-        let jwt = format!("{name}.jwt");
-        let mut args = vec![
-            "jwt",
-            "client",
-            &jwt,
-            caller,
-            &issuer_seed,
-            "--validity",
-            "1h",
-        ];
-        let pk = format!("--public-key={public_hex}");
-        args.push(&pk);
-        args.extend_from_slice(flags);
-        choria_tool(&bin, &work, &args);
-        (work.join(jwt), work.join(seed))
-    };
-    let (client_jwt, client_seed) = issue("provisioner", "provisioner", &["--server-provisioner"]);
-    let (signer_jwt, signer_seed) = issue("signer", "provisioner-signer", &["--issuer"]);
-    let (admin_jwt, admin_seed) = issue("admin", "admin", &[]);
-    for (what, seed) in [
-        ("the provisioner's seed", &client_seed),
-        ("the chain signer's seed", &signer_seed),
-    ] {
-        bench
-            .secrets
-            .push((what, std::fs::read_to_string(seed).unwrap()));
-    }
+    let org = V2Org::issue(&mut bench);
+    let (issuer_hex, ca) = (org.issuer_hex.clone(), org.ca.clone());
+    let (client_jwt, client_seed, signer_jwt) = (
+        org.client_jwt.clone(),
+        org.client_seed.clone(),
+        org.signer_jwt.clone(),
+    );
+    let (admin_jwt, admin_seed) = (org.admin_jwt.clone(), org.admin_seed.clone());
 
     // This server is up before the provisioner: found by its start-up discovery.
     let id = "real-v2.provision.example.net";
     let mut server = bench.server(id, Version::V2).await;
     let node_dir = bench.path(id);
-    let ca = s(&bench.broker.ca.cert).to_string();
-    let settings = [
-        ("plugin.choria.use_srv", "false".to_string()),
-        ("plugin.security.provider", "choria".to_string()),
-        (
-            "plugin.security.choria.token_file",
-            s(&node_dir.join("server.jwt")).to_string(),
-        ),
-        (
-            "plugin.security.choria.seed_file",
-            s(&node_dir.join("server.seed")).to_string(),
-        ),
-        ("plugin.security.issuer.names", "choria".to_string()),
-        ("plugin.security.issuer.choria.public", issuer_hex.clone()),
-        // Optional for the choria provider; with it TLS to the broker is verified.
-        ("plugin.security.choria.ca", ca.clone()),
-    ];
+    let settings = org.server_settings(&node_dir);
     let policy = rpcutil_policy("admin");
     let helper = bench.helper(&settings, &serde_json::json!({ "rpcutil.policy": policy }));
-    let choria_cfg = format!(
-        "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = choria\n\
-         plugin.security.choria.token_file = {}\nplugin.security.choria.seed_file = {}\n\
-         plugin.security.choria.ca = {ca}\n",
-        bench.url(),
-        s(&client_jwt),
-        s(&client_seed)
-    );
-    let yaml = format!(
-        "jwt_verify_cert: {issuer_hex}\njwt_signing_key: {}\njwt_signing_token: {}\nfeatures:\n  ed25519: true\n",
-        s(&signer_seed),
-        s(&signer_jwt)
-    );
+    let choria_cfg = org.choria_cfg(&bench);
+    let yaml = org.yaml();
     let mut p = bench.provisioner("real-v2", &yaml, &choria_cfg, &helper);
 
     bench
@@ -1013,4 +1105,128 @@ async fn real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager()
         pem_body_line(&ssl.join("private.pem")),
     ));
     bench.stop_and_check_log(p);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Day two: a real server's credentials renewed before they expire.
+// ---------------------------------------------------------------------------
+
+/// A real go-choria 0.30.2 server (v2, org issuer) provisioned with a server
+/// JWT valid one hour and `renewal.before: 99%`: due 36 s after issue. The
+/// provisioner sends `reprovision` to it in its collective (`choria`), as the
+/// caller the policy it shipped allows; the server re-enters provisioning,
+/// is provisioned again and is back in its collective with a new `jti` and a
+/// later expiry — twice, with no manual step. Records in a JetStream of
+/// their own hold each provisioning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_v2_server_is_renewed_twice_before_its_credentials_expire() {
+    let Some(mut bench) =
+        Bench::start("a_real_v2_server_is_renewed_twice_before_its_credentials_expire").await
+    else {
+        return;
+    };
+    let org = V2Org::issue(&mut bench);
+    let store = tempfile::tempdir().unwrap();
+    let records = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let id = "renewed-v2.provision.example.net";
+    let server = bench.server(id, Version::V2).await;
+    let node_dir = bench.path(id);
+    let settings = org.server_settings(&node_dir);
+    // The provisioner ships the policy that lets its own caller (the
+    // callerid of its client JWT) ask for `reprovision`.
+    let policies = serde_json::json!({
+        "rpcutil.policy": rpcutil_policy("admin"),
+        "choria_provision.policy": "policy default deny\nallow\tprovisioner\treprovision\t*\t*\n",
+    });
+    let helper = bench.helper(&settings, &policies);
+    let choria_cfg = org.choria_cfg(&bench);
+    // Renewal reaches the node through the same broker as the same client.
+    let renewal_cfg = bench.path("renewal.cfg");
+    std::fs::write(&renewal_cfg, &choria_cfg).unwrap();
+    let yaml = format!(
+        "{}records:\n  url: {}\n  bucket: RENEWED\n  history: 10\n\
+         renewal:\n  before: 99%\n  retry: 2m\n  choria_config: {}\n",
+        org.yaml(),
+        records.url(),
+        s(&renewal_cfg)
+    );
+    let mut p = bench.provisioner("renewed", &yaml, &choria_cfg, &helper);
+    let started = std::time::Instant::now();
+    let mut jtis = Vec::new();
+    let mut expiries = Vec::new();
+    for round in 1..=3 {
+        bench
+            .events
+            .wait_count(
+                id,
+                (EventType::Startup, "server"),
+                round,
+                Duration::from_secs(120),
+                &server,
+            )
+            .await;
+        let jwt = std::fs::read_to_string(node_dir.join("server.jwt")).unwrap();
+        let issuer_key = ed25519::parse_public_key_hex(&org.issuer_hex).unwrap();
+        let claims = tokens::verify_chain_issued_server_token(&jwt, &issuer_key)
+            .unwrap_or_else(|e| panic!("round {round}: server.jwt does not verify: {e}"));
+        println!(
+            "round {round}: back as a server {:.1?} after the provisioner started, jti {}",
+            started.elapsed(),
+            claims.standard.id
+        );
+        jtis.push(claims.standard.id.clone());
+        expiries.push(claims.standard.expires_at);
+        // Back in its collective each time.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while bench.broker.connections(id).len() != 1 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bench.assert_connected_in(id, "choria");
+    }
+    let history = bench.events.history(id);
+    let reprovisioned = history
+        .windows(2)
+        .filter(|w| w[0] == "shutdown.server" && w[1] == "startup.provision_mode_server")
+        .count();
+    assert_eq!(
+        reprovisioned, 2,
+        "twice from its collective back into provisioning: {history:?}"
+    );
+    assert_eq!(
+        jtis.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        3,
+        "a new server JWT each time: {jtis:?}"
+    );
+    assert!(
+        expiries.windows(2).all(|w| w[0] <= w[1]),
+        "expiry never moves earlier: {expiries:?}"
+    );
+    let sent = p.get("/metrics").1;
+    assert!(
+        sent.lines()
+            .any(|l| l.starts_with("choria_provisioner_renewals{")
+                && l.contains("outcome=\"sent\"")
+                && l.ends_with(" 2")),
+        "two renewals sent:\n{}",
+        sent.lines()
+            .filter(|l| l.contains("renewals"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        3.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    let logs = bench.stop_and_check_log(p);
+    assert!(
+        logs.contains("asked the node to renew its credentials"),
+        "{}",
+        logs.len()
+    );
+    drop(server);
 }
