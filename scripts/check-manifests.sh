@@ -86,6 +86,7 @@ for arg in sys.argv[2:]:
 CHART = os.path.join(ROOT, "charts", "choria-provisioner-operator")
 CHART_CRD = os.path.join(CHART, "files", "crds", "provisioner.yaml")
 CHART_DASHBOARD = os.path.join(CHART, "dashboards", "choria-provisioner.json")
+OUR_DASHBOARD = os.path.join(CHART, "dashboards", "choria-provisioner-day-two.json")
 UPSTREAM_DASHBOARD = os.path.join(ROOT, "..", "shared", "peers", "go-provisioner", "dashboard.json")
 CRD_SRC = os.path.join(ROOT, "crds", "provisioner.yaml")
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -264,7 +265,7 @@ NEEDED = DELEGATED + [
 # The ClusterRoles the operator binds to provisioner pods (suffix of the release's
 # full name -> the one rule they hold), holding only `bind` on them by name.
 POD_CLUSTER_ROLES = {
-    "-leases": ("coordination.k8s.io", "leases", {"get", "create", "update"}),
+    "-leases": ("coordination.k8s.io", "leases", {"get", "list", "create", "update", "delete"}),
     "-certificaterequests": ("cert-manager.io", "certificaterequests", {"create", "list", "watch", "delete"}),
 }
 POD_ROLE_FLAGS = {"-leases": "--lease-cluster-role", "-certificaterequests": "--cert-manager-cluster-role"}
@@ -367,24 +368,28 @@ def dashboard_problems(docs, label="grafana_dashboard", value="1", namespace=NAM
     if cm["metadata"].get("namespace") != namespace:
         problems.append(f"{kn(cm)} is not in namespace {namespace}")
     data = cm.get("data") or {}
-    if list(data) != ["choria-provisioner.json"]:
+    files = {"choria-provisioner.json": CHART_DASHBOARD, "choria-provisioner-day-two.json": OUR_DASHBOARD}
+    if sorted(data) != sorted(files):
         return problems + [f"{kn(cm)} data keys {list(data)}"]
-    try:
-        dashboard = json.loads(data["choria-provisioner.json"])
-    except ValueError as e:
-        return problems + [f"{kn(cm)}: the dashboard is not JSON: {e}"]
-    shipped = read(CHART_DASHBOARD)
-    if datasource:
-        shipped = shipped.replace('"${DS_PROMETHEUS}"', json.dumps(datasource))
-    if not dashboard.get("panels"):
-        problems.append(f"{kn(cm)}: the dashboard has no panels")
-    if dashboard != json.loads(shipped):
-        problems.append(f"{kn(cm)}: the dashboard is not {rel(CHART_DASHBOARD)} with datasource {datasource!r}")
+    for key, path in files.items():
+        try:
+            dashboard = json.loads(data[key])
+        except ValueError as e:
+            problems.append(f"{kn(cm)}: {key} is not JSON: {e}")
+            continue
+        shipped = read(path)
+        if datasource:
+            shipped = shipped.replace('"${DS_PROMETHEUS}"', json.dumps(datasource))
+        if not dashboard.get("panels"):
+            problems.append(f"{kn(cm)}: {key} has no panels")
+        if dashboard != json.loads(shipped):
+            problems.append(f"{kn(cm)}: {key} is not {rel(path)} with datasource {datasource!r}")
     return problems
 
 
 RULE_ALERTS = ["ChoriaProvisionerNoLeader", "ChoriaProvisionerElectionErrors",
-               "ChoriaProvisionerHelperErrors", "ChoriaProvisionerProvisionErrors"]
+               "ChoriaProvisionerHelperErrors", "ChoriaProvisionerProvisionErrors",
+               "ChoriaProvisionerRenewalFailing"]
 
 
 def rule_problems(docs, alerts=RULE_ALERTS, labels=None, expr_has=None):
@@ -449,14 +454,19 @@ VARIANTS = [
          "ChoriaProvisionerNoLeader": ["choria_provisioner_leader", "choria_provisioner_paused"],
          "ChoriaProvisionerProvisionErrors": ["increase(choria_provisioner_provision_errors[15m])", "> 0"],
          "ChoriaProvisionerElectionErrors": ["increase(choria_provisioner_election_errors[10m])"],
-         "ChoriaProvisionerHelperErrors": ["increase(choria_provisioner_helper_errors[15m])"]}),
-         "prometheusRule: a PrometheusRule with the four alerts over our metrics")),
+         "ChoriaProvisionerHelperErrors": ["increase(choria_provisioner_helper_errors[15m])"],
+         "ChoriaProvisionerRenewalFailing": ["choria_provisioner_renewals_due) > 0",
+                                             'increase(choria_provisioner_renewals{outcome!="sent"}[30m])',
+                                             'unless on', 'increase(choria_provisioner_renewals{outcome="sent"}[30m])']}),
+         "prometheusRule: a PrometheusRule with the five alerts over our metrics")),
     ("prometheusRule-scoped", {"watchNamespace": "choria", "prometheusRule": {"enabled": True, "alerts": {
         "noLeader": {"enabled": False}, "helperErrors": {"window": "30m", "threshold": 3}}}},
      lambda d: no_problems(rule_problems(d, RULE_ALERTS[1:], expr_has={
          "ChoriaProvisionerElectionErrors": ['election_errors{namespace="choria"}[10m]'],
          "ChoriaProvisionerHelperErrors": ['helper_errors{namespace="choria"}[30m]', "> 3"],
-         "ChoriaProvisionerProvisionErrors": ['provision_errors{namespace="choria"}[15m]']}),
+         "ChoriaProvisionerProvisionErrors": ['provision_errors{namespace="choria"}[15m]'],
+         "ChoriaProvisionerRenewalFailing": ['renewals_due{namespace="choria"}',
+                                             'renewals{namespace="choria",outcome!="sent"}[30m]']}),
          "prometheusRule-scoped: queries limited to watchNamespace, noLeader off, helper threshold 3 over 30m")),
     ("policy", {"policy": {"allowedImages": ["registry.example.net/choria-provisioner:*"],
                            "allowedClusterIssuers": ["corp-ca", "AWSPCAClusterIssuer.awspca.cert-manager.io/pca"],

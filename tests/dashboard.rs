@@ -25,6 +25,8 @@ use support::{NatsServer, RunningFleet};
 const CHART_COPY: &str = "charts/choria-provisioner-operator/dashboards/choria-provisioner.json";
 /// The Go provisioner's own file, where the workspace has the peer checkout.
 const UPSTREAM: &str = "../shared/peers/go-provisioner/dashboard.json";
+/// Our own dashboard beside it: records, renewal and shards.
+const OURS: &str = "charts/choria-provisioner-operator/dashboards/choria-provisioner-day-two.json";
 const SITE: &str = "dashboard";
 
 /// Labels the dashboard reads from a metric that has none such, in the Go
@@ -617,8 +619,31 @@ async fn every_dashboard_query_is_answered_by_our_metrics() {
     assert_eq!(status, 200, "/metrics answered {status}: {text}");
     let expo = Exposition::parse(&text).unwrap_or_else(|e| panic!("our /metrics: {e}\n{text}"));
     let (uses, offered, findings) = check_dashboard(&dashboard, &expo);
+    // Ours is held to the same rules, with no exception list.
+    let ours: Value = serde_json::from_str(&std::fs::read_to_string(repo().join(OURS)).unwrap())
+        .unwrap_or_else(|e| panic!("{OURS} is not JSON: {e}"));
+    let (our_uses, our_offered, our_findings) = check_dashboard(&ours, &expo);
     drop(p);
     drop(fleet);
+    let mut our_problems = our_findings.problems;
+    for (m, l) in &our_findings.absent_labels {
+        our_problems.push(format!(
+            "{OURS} reads label {l} of {m}, which our series lack"
+        ));
+    }
+    assert!(
+        our_uses.len() >= 9
+            && our_offered
+                .get("instance")
+                .is_some_and(|v| v.iter().any(|v| v == SITE)),
+        "{OURS}: {} uses, variables offer {our_offered:?}",
+        our_uses.len()
+    );
+    assert!(
+        our_problems.is_empty(),
+        "{OURS} does not work with our /metrics:\n  {}",
+        our_problems.join("\n  ")
+    );
 
     let metrics: BTreeSet<&str> = uses.iter().map(|u| u.sel.metric.as_str()).collect();
     println!(

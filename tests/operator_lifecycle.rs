@@ -85,6 +85,7 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         "deploy/example-provisioner-cert-manager.yaml",
         // The book's quick start on Kubernetes.
         "docs/src/examples/kubernetes/provisioner.yaml",
+        "docs/src/examples/kubernetes/provisioner-day-two.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -106,6 +107,14 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         json!({"features": {"ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "verify.pem"},
                "jwtSigningKeySecret": {"name": "k", "key": "seed"}}),
         json!({"replicas": 0, "workers": 0, "monitorPort": 65535}),
+        json!({"election": {"mode": "Shards", "backend": "streams", "leaseDuration": "9s", "renewDeadline": "6s", "retryPeriod": "2s"}}),
+        json!({"tokenSecret": {"name": "t", "key": "token"},
+               "records": {"urls": ["nats://records:4222"], "history": 64, "credentialsSecret": {"name": "rec", "key": "records.creds"}},
+               "renewal": {"before": "20%", "jitter": "1h", "rate": 1, "retry": "10m",
+                           "broker": {"urls": ["nats://choria:4222"], "tlsSecret": "renewal-tls"}}}),
+        json!({"tokenSecret": {"name": "t", "key": "token"},
+               "records": {"urls": ["nats://records:4222"], "user": "rec", "passwordSecret": {"name": "rec", "key": "password"}},
+               "renewal": {"before": "30d"}}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
         let p = provisioner_with(&format!("valid-{i}"), spec.clone());
@@ -171,6 +180,28 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.pki.certManager.issuerRef.kind: Invalid value: \"string\": spec.pki.certManager.issuerRef.kind must be a kind such as Issuer or ClusterIssuer"),
         (json!({"features": {"pki": true}, "pki": {"certManager": {"issuerRef": {"name": "ca"}, "timeout": "0s"}}}),
          "spec.pki.certManager.timeout: Invalid value: \"string\": spec.pki.certManager.timeout is zero; use a positive duration such as 10s"),
+        (json!({"election": {"mode": "Shards", "backend": "none"}}),
+         "spec.election.mode: Invalid value: \"object\": spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams"),
+        (json!({"election": {"mode": "Shards", "backend": "streams", "retryPeriod": "9s"}}),
+         "spec.election.renewDeadline: Invalid value: \"object\": spec.election.renewDeadline must be longer than 1.2 × retryPeriod (defaults 10s and 2s)"),
+        (json!({"renewal": {"before": "30d"}, "tokenSecret": {"name": "t", "key": "token"}}),
+         "spec.renewal: Invalid value: \"object\": spec.renewal works from the records of what was issued: set spec.records too"),
+        (json!({"records": {"urls": []}}),
+         "spec.records: Invalid value: \"object\": spec.records.urls is empty; list the NATS server(s) whose JetStream keeps the records"),
+        (json!({"records": {"urls": ["nats://rec:hunter2@records:4222"]}}),
+         "spec.records.urls: Invalid value: \"object\": spec.records.urls must be NATS addresses without spaces, commas or credentials (credentials go in the records Secrets)"),
+        (json!({"records": {"urls": ["nats://records:4222"], "history": 65}}),
+         "spec.records.history: Invalid value: \"integer\": spec.records.history must be 1 to 64 revisions per node (default 5)"),
+        (json!({"records": {"urls": ["nats://records:4222"], "user": "rec"}}),
+         "spec.records.passwordSecret: Invalid value: \"object\": spec.records.user and spec.records.passwordSecret go together"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d"}}),
+         "spec.tokenSecret: Invalid value: \"object\": spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "100%"}}),
+         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d", "rate": 0}}),
+         "spec.renewal.rate: Invalid value: \"integer\": spec.renewal.rate must be at least 1 renewal per minute (default 100)"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://choria:4222"]}}}),
+         "spec.renewal.broker.tlsSecret: Invalid value: \"object\": spec.renewal.broker needs credentials the nodes' policies allow: tlsSecret (x509) or clientJwtSecret (protocol v2)"),
     ];
     let mut seen = Vec::new();
     for (i, (spec, message)) in invalid.into_iter().enumerate() {

@@ -65,13 +65,28 @@ pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
-/// Whether one replica leads or every replica works its share.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Whether one replica leads or every replica works its share. The
+/// `Provisioner` resource takes it by these names (`Leader`, `Shards`);
+/// `provisioner.yaml` in lower case.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum ElectionMode {
-    /// One leader works; the others stand by (the Go provisioner's way).
+    /// One elected replica provisions, the others stand by (the Go
+    /// provisioner's way).
     #[default]
     Leader,
-    /// Every member works the nodes rendezvous hashing gives it.
+    /// Every replica provisions the nodes rendezvous hashing gives it among
+    /// the live members (active-active); go-choria's provisioning lock is
+    /// the last line against a double configure.
     Shards,
 }
 

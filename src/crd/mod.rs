@@ -47,6 +47,11 @@ pub const DEFAULT_REPLICAS: i32 = 2;
     namespaced,
     status = "ProvisionerStatus",
     shortname = "prov",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     doc = "A Choria provisioner: leader-elected replicas that provision Choria Servers waiting in provisioning mode.",
     printcolumn(
         name = "Ready",
@@ -207,6 +212,15 @@ pub struct ProvisionerSpec {
     /// Who signs the nodes' certificates with `features.pki`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pki: Option<PkiSpec>,
+    /// A record of every provisioning in a Choria Streams (JetStream) KV
+    /// bucket (`records:` of `provisioner.yaml`). The provisioning account
+    /// of a Choria broker has no KV access: point this at an account or a
+    /// server that has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records: Option<RecordsSpec>,
+    /// Renew credentials before they expire (`renewal:`): needs `records`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<RenewalSpec>,
 
     /// Placement and metadata of the provisioner pods.
     #[serde(default, skip_serializing_if = "PodOverrides::is_empty")]
@@ -271,10 +285,19 @@ impl ElectionBackend {
     }
 }
 
+/// How the replicas share the work (`election.mode` of `provisioner.yaml`),
+/// spelt `Leader` and `Shards` here.
+pub use crate::config::election::ElectionMode;
+
 /// Leader election settings; durations are strings such as `15s`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ElectionSpec {
+    /// `Leader` (one replica works) or `Shards` (every replica works its
+    /// share; needs the `lease` or `streams` backend). With `Shards`, the
+    /// Lease timings are the membership's on both backends.
+    #[serde(default)]
+    pub mode: ElectionMode,
     /// `lease` (a Kubernetes Lease), `streams` (Choria Streams, compatible
     /// with Go provisioners) or `none`.
     #[serde(default)]
@@ -343,6 +366,68 @@ pub struct BrokerSpec {
     /// an unauthenticated channel. That is refused unless this is `true`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure_skip_verify: bool,
+}
+
+/// Where records are kept (`records:`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordsSpec {
+    /// NATS URLs of a JetStream the records may be written to, such as
+    /// `nats://records.example.net:4222`.
+    pub urls: Vec<String>,
+    /// The KV bucket (default `CHORIA_PROVISIONER_RECORDS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Revisions kept per node, 1 to 64 (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<i32>,
+    /// Create the bucket when it is missing (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_bucket: Option<bool>,
+    /// A NATS `.creds` file (user JWT and seed) in a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<SecretKeyRef>,
+    /// NATS user name, with `passwordSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The NATS password of `user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret: Option<SecretKeyRef>,
+    /// A NATS token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret: Option<SecretKeyRef>,
+    /// A CA certificate that verifies the server's TLS certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_secret: Option<SecretKeyRef>,
+}
+
+/// Renewal before expiry (`renewal:`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewalSpec {
+    /// When a credential is due: this long before it expires (`30d`,
+    /// `12h`) or when this share of its lifetime is left (`20%`).
+    pub before: String,
+    /// Due times move earlier by a stable share of this per node, so a
+    /// fleet provisioned at once is not renewed at once (default `0s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    /// Renewals (`reprovision` requests) per minute at most (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<i32>,
+    /// The collective `reprovision` goes to when a record names none
+    /// (default `mcollective`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<String>,
+    /// How long a node may take to come back before it is asked again
+    /// (default `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
+    /// The broker and credentials that reach the provisioned nodes in
+    /// their collective, as a caller their policies allow to call
+    /// `choria_provision#reprovision`; unset: `spec.broker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerSpec>,
 }
 
 /// A key of a Secret in this resource's namespace; it reaches the pods as a
@@ -496,6 +581,50 @@ pub struct ProvisionerStatus {
     /// that pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioned: Option<i64>,
+    /// Pods of the Deployment (the `scale` subresource's count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// The pods' label selector (the `scale` subresource's, for an HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// `spec.election.mode: Shards`: the live members, each written by
+    /// itself, and pruned by the members when one leaves the membership.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "members_schema")]
+    pub members: Vec<Member>,
+    /// Nodes on record whose credentials expire (with `renewal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records: Option<i64>,
+    /// Nodes whose credentials are inside their renewal window and not
+    /// renewed yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewals_due: Option<i64>,
+}
+
+/// One replica of a sharded Provisioner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    /// Its member name (the pod's name and a suffix), the provisioning
+    /// lock's caller.
+    pub name: String,
+    /// The pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Nodes it provisioned since it started.
+    #[serde(default)]
+    pub provisioned: i64,
+}
+
+/// Members as a map keyed by `name`: each pod applies its own entry.
+fn members_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Member>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["name"]),
+    );
+    schema
 }
 
 /// Conditions as a map keyed by `type`, so server-side apply merges each

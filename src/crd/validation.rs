@@ -44,13 +44,19 @@ const LEASE_TIMINGS: [(&str, &str); 3] = [
     ("spec.election.retryPeriod", "2s"),
 ];
 /// The references to Secret keys.
-const SECRET_REFS: [&str; 5] = [
+const SECRET_REFS: [&str; 9] = [
     "spec.tokenSecret",
     "spec.brokerPasswordSecret",
     "spec.jwtVerifyKeySecret",
     "spec.jwtSigningKeySecret",
     "spec.jwtSigningTokenSecret",
+    "spec.records.credentialsSecret",
+    "spec.records.passwordSecret",
+    "spec.records.tokenSecret",
+    "spec.records.tlsCaSecret",
 ];
+/// A share of a lifetime, as `renewal.before` takes it.
+const PERCENT: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)%$";
 
 /// One rule: where it sits in the schema (dotted, `[]` for list items, ``
 /// for the root), the CEL expression, the message, and the field it is
@@ -300,12 +306,19 @@ pub fn rules() -> Vec<Rule> {
             "spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh",
         ),
         object_name("spec.helper.configMap", "a ConfigMap's name"),
-        // The Lease election.
+        // Shards.
+        about(
+            "spec.election",
+            ".mode",
+            "!(self.mode == 'Shards' && self.backend == 'none')",
+            "spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams",
+        ),
+        // The Lease election, and the membership of shards on both backends.
         about(
             "spec.election",
             ".leaseDuration",
             format!(
-                "self.backend != 'lease' || {} > {}",
+                "(self.backend != 'lease' && self.mode != 'Shards') || {} > {}",
                 lease_value("leaseDuration", "15s"),
                 lease_value("renewDeadline", "10s")
             ),
@@ -315,12 +328,86 @@ pub fn rules() -> Vec<Rule> {
             "spec.election",
             ".renewDeadline",
             format!(
-                "self.backend != 'lease' || {}.getMilliseconds() * 5 > {}.getMilliseconds() * 6",
+                "(self.backend != 'lease' && self.mode != 'Shards') || {}.getMilliseconds() * 5 > {}.getMilliseconds() * 6",
                 lease_value("renewDeadline", "10s"),
                 lease_value("retryPeriod", "2s")
             ),
             "spec.election.renewDeadline must be longer than 1.2 × retryPeriod (defaults 10s and 2s)",
         ),
+        // Records and renewal.
+        about(
+            "spec",
+            ".renewal",
+            "!has(self.renewal) || has(self.records)",
+            "spec.renewal works from the records of what was issued: set spec.records too",
+        ),
+        about(
+            "spec",
+            ".tokenSecret",
+            "!has(self.renewal) || has(self.tokenSecret)",
+            "spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret",
+        ),
+        rule(
+            "spec.records",
+            "self.urls.size() > 0",
+            "spec.records.urls is empty; list the NATS server(s) whose JetStream keeps the records",
+        ),
+        about(
+            "spec.records",
+            ".urls",
+            "self.urls.all(u, u.matches('^[^[:space:],@]+$'))",
+            "spec.records.urls must be NATS addresses without spaces, commas or credentials (credentials go in the records Secrets)",
+        ),
+        rule(
+            "spec.records.history",
+            "self >= 1 && self <= 64",
+            "spec.records.history must be 1 to 64 revisions per node (default 5)",
+        ),
+        rule(
+            "spec.records.bucket",
+            "self.matches('^[-_a-zA-Z0-9]+$')",
+            "spec.records.bucket must be a KV bucket name: letters, digits, '-' and '_'",
+        ),
+        about(
+            "spec.records",
+            ".passwordSecret",
+            "has(self.user) == has(self.passwordSecret)",
+            "spec.records.user and spec.records.passwordSecret go together",
+        ),
+        rule(
+            "spec.renewal.before",
+            format!("self.matches('{GO_DURATION}') || self.matches('{LONG_DURATION}') || (self.matches('{PERCENT}') && double(self.substring(0, self.size() - 1)) > 0.0 && double(self.substring(0, self.size() - 1)) < 100.0)"),
+            "spec.renewal.before must be a duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)",
+        ),
+        rule(
+            "spec.renewal.rate",
+            "self >= 1",
+            "spec.renewal.rate must be at least 1 renewal per minute (default 100)",
+        ),
+        rule(
+            "spec.renewal.collective",
+            "self.matches('^[A-Za-z0-9_-]+$')",
+            "spec.renewal.collective must be a collective name: letters, digits, '_' and '-'",
+        ),
+        rule(
+            "spec.renewal.broker",
+            "self.urls.size() > 0",
+            "spec.renewal.broker.urls is empty; list the broker that reaches the provisioned nodes",
+        ),
+        about(
+            "spec.renewal.broker",
+            ".urls",
+            "self.urls.all(u, u.matches('^[^[:space:],@]+$'))",
+            "spec.renewal.broker.urls must be broker addresses without spaces, commas or credentials",
+        ),
+        about(
+            "spec.renewal.broker",
+            ".tlsSecret",
+            "has(self.tlsSecret) || has(self.clientJwtSecret)",
+            "spec.renewal.broker needs credentials the nodes' policies allow: tlsSecret (x509) or clientJwtSecret (protocol v2)",
+        ),
+        object_name("spec.renewal.broker.tlsSecret", "a Secret's name"),
+        object_name("spec.renewal.broker.clientJwtSecret", "a Secret's name"),
         // cert-manager.
         object_name("spec.pki.certManager.issuerRef.name", "an issuer's name"),
         rule(
@@ -353,6 +440,8 @@ pub fn rules() -> Vec<Rule> {
         Some(("1h", "is shorter than cert-manager's minimum of 1h")),
     ));
     all.extend(duration_rules("spec.pki.certManager.keep", None));
+    all.extend(duration_rules("spec.renewal.jitter", None));
+    all.extend(duration_rules("spec.renewal.retry", Some(("0s", ""))));
     for (at, default) in LEASE_TIMINGS {
         all.extend(lease_timing(at, default));
     }
@@ -380,11 +469,23 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.pki.certManager.issuerRef.group", "maxLength", 253),
         ("spec.pki.certManager.usages", "maxItems", 22),
         ("spec.pki.certManager.usages[]", "maxLength", 32),
+        ("spec.records.urls", "maxItems", 64),
+        ("spec.records.urls[]", "maxLength", 1024),
+        ("spec.records.bucket", "maxLength", 64),
+        ("spec.renewal.before", "maxLength", DURATION_MAX_LENGTH),
+        ("spec.renewal.collective", "maxLength", 253),
+        ("spec.renewal.broker.urls", "maxItems", 64),
+        ("spec.renewal.broker.urls[]", "maxLength", 1024),
+        ("spec.renewal.broker.identity", "maxLength", 253),
+        ("spec.renewal.broker.tlsSecret", "maxLength", 253),
+        ("spec.renewal.broker.clientJwtSecret", "maxLength", 253),
     ];
     let durations = [
         "spec.interval",
         "spec.pki.certManager.duration",
         "spec.pki.certManager.keep",
+        "spec.renewal.jitter",
+        "spec.renewal.retry",
     ];
     let leases = LEASE_TIMINGS.map(|(at, _)| at);
     for at in durations

@@ -10,7 +10,7 @@
 use super::build;
 use crate::config::provisioner::MIN_INTERVAL;
 use crate::config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
-use crate::crd::{ElectionBackend, Provisioner, SecretKeyRef};
+use crate::crd::{ElectionBackend, ElectionMode, Provisioner, SecretKeyRef};
 use crate::k8s::is_dns_label;
 use kube::ResourceExt;
 use std::time::Duration;
@@ -167,7 +167,11 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         duration(field, value, &mut problem);
     }
     let e = &s.election;
-    if e.backend == ElectionBackend::Lease {
+    let shards = e.mode == ElectionMode::Shards;
+    if shards && e.backend == ElectionBackend::None {
+        problem("spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams".into());
+    }
+    if e.backend == ElectionBackend::Lease || shards {
         let lease = duration("election.leaseDuration", &e.lease_duration, &mut problem);
         let renew = duration("election.renewDeadline", &e.renew_deadline, &mut problem);
         let retry = duration("election.retryPeriod", &e.retry_period, &mut problem);
@@ -188,6 +192,8 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
             ));
         }
     }
+
+    records_and_renewal(s, &mut problem);
 
     // Helper.
     match &s.helper {
@@ -213,6 +219,62 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     problems
 }
 
+/// `spec.records` and `spec.renewal`: what the API server's rules check,
+/// for objects stored before them (their values reach the parsers below).
+fn records_and_renewal(s: &crate::crd::ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    if s.renewal.is_some() && s.records.is_none() {
+        problem(
+            "spec.renewal works from the records of what was issued: set spec.records too".into(),
+        );
+    }
+    if s.renewal.is_some() && s.token_secret.is_none() {
+        problem("spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret".into());
+    }
+    let urls = |field: &str, urls: &[String], problem: &mut dyn FnMut(String)| {
+        if urls.is_empty() {
+            problem(format!("{field} is empty; list at least one server"));
+        }
+        for (i, url) in urls.iter().enumerate() {
+            // Never repeated: it may carry a password.
+            if url.trim().is_empty() || url.contains([' ', '\t', ',', '@']) {
+                problem(format!(
+                    "{field}[{i}] is not an address without spaces, commas or credentials"
+                ));
+            }
+        }
+    };
+    if let Some(r) = &s.records {
+        urls("spec.records.urls", &r.urls, problem);
+        for (field, r) in [
+            ("spec.records.credentialsSecret", &r.credentials_secret),
+            ("spec.records.passwordSecret", &r.password_secret),
+            ("spec.records.tokenSecret", &r.token_secret),
+            ("spec.records.tlsCaSecret", &r.tls_ca_secret),
+        ] {
+            if let Some(r) = r {
+                check_secret_ref(field, r, problem);
+            }
+        }
+        if r.user.is_some() != r.password_secret.is_some() {
+            problem("spec.records.user and spec.records.passwordSecret go together".into());
+        }
+    }
+    if let Some(b) = s.renewal.as_ref().and_then(|r| r.broker.as_ref()) {
+        urls("spec.renewal.broker.urls", &b.urls, problem);
+        if b.tls_secret.is_none() && b.client_jwt_secret.is_none() {
+            problem("spec.renewal.broker needs credentials the nodes' policies allow: tlsSecret (x509) or clientJwtSecret (protocol v2)".into());
+        }
+        for (field, secret) in [
+            ("spec.renewal.broker.tlsSecret", &b.tls_secret),
+            ("spec.renewal.broker.clientJwtSecret", &b.client_jwt_secret),
+        ] {
+            if let Some(secret) = secret {
+                check_object_name(field, secret, problem);
+            }
+        }
+    }
+}
+
 /// Runs the generated files through the provisioner's parsers.
 fn check_generated(p: &Provisioner) -> Vec<String> {
     let mut problems = Vec::new();
@@ -226,21 +288,27 @@ fn check_generated(p: &Provisioner) -> Vec<String> {
         }
         Err(e) => problems.push(e.to_string()),
     }
-    match build::choria_cfg(p) {
-        Ok(text) => {
-            let checked =
-                ChoriaClientConfig::parse(&text, build::CHORIA_CFG, &Environment::default())
+    let renewal = build::renewal_cfg(p).transpose();
+    for (file, built) in [
+        (build::CHORIA_CFG, Some(build::choria_cfg(p))),
+        (build::RENEWAL_CFG, renewal),
+    ] {
+        match built {
+            Some(Ok(text)) => {
+                let checked = ChoriaClientConfig::parse(&text, file, &Environment::default())
                     .and_then(|c| {
                         c.middleware_servers()?;
                         c.security_provider(p.spec.choria_insecure)
                     });
-            if let Err(e) = checked {
-                problems.push(format!(
-                    "the provisioner would refuse its Choria configuration: {e}"
-                ));
+                if let Err(e) = checked {
+                    problems.push(format!(
+                        "the provisioner would refuse its Choria configuration {file}: {e}"
+                    ));
+                }
             }
+            Some(Err(e)) => problems.push(e.to_string()),
+            None => {}
         }
-        Err(e) => problems.push(e.to_string()),
     }
     problems
 }
@@ -508,6 +576,40 @@ mod tests {
             json!({"election": {"backend": "streams", "bucket": "no spaces"}}),
             &["election.bucket"],
         );
+    }
+    #[test]
+    fn shards_need_a_membership_and_renewal_needs_records() {
+        one(
+            json!({"election": {"mode": "Shards", "backend": "none"}}),
+            &["spec.election.mode: Shards needs a membership"],
+        );
+        one(
+            json!({"election": {"mode": "Shards", "backend": "streams", "retryPeriod": "9s"}}),
+            &["renewDeadline", "1.2 × retryPeriod"],
+        );
+        one(
+            json!({"renewal": {"before": "30d"}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["spec.renewal works from the records"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://u:hunter2@r:4222"]}}),
+            &["spec.records.urls[0] is not an address"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://c:4222"]}}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["spec.renewal.broker needs credentials"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "soon"}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["the provisioner would refuse its configuration", "before"],
+        );
+        assert!(problems(json!({"election": {"mode": "Shards", "backend": "streams"}})).is_empty());
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d"}}),
+            &["set spec.tokenSecret"],
+        );
+        assert!(problems(json!({"records": {"urls": ["nats://r:4222"]}, "tokenSecret": {"name": "t", "key": "token"}, "renewal": {"before": "20%",
+            "broker": {"urls": ["nats://c:4222"], "tlsSecret": "renew-tls"}}})).is_empty());
     }
 }
 

@@ -390,7 +390,14 @@ impl Provisioner {
                 candidate: me,
                 shown,
             };
-            tasks.spawn(resource::run(r, who, handle.clone(), stop_tasks.clone()));
+            let renewal = cfg.renewal.is_some() && cfg.records.is_some();
+            tasks.spawn(resource::run(
+                r,
+                who,
+                handle.clone(),
+                renewal,
+                stop_tasks.clone(),
+            ));
         }
 
         let (pool, workers) = start_workers(&cfg, &ctx, &handle);

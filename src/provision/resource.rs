@@ -5,8 +5,12 @@
 //!   restarts pods for a pause, and a mounted ConfigMap would take a minute
 //!   to change — pausing and resuming through the gate (a resume discovers
 //!   at once);
-//! * it keeps `status.leader` and `status.provisioned` true, with the pods'
-//!   own field manager next to the operator's fields (see [`Reporter`]).
+//! * it keeps `status.leader`, `status.provisioned` and, with renewal,
+//!   `status.records` and `status.renewalsDue` true, with the pods' own
+//!   field manager next to the operator's fields (see [`Reporter`]);
+//! * in shards mode, each member keeps its own entry of `status.members`
+//!   under a field manager of its own, and the first member prunes the
+//!   entries of members that left (see [`Members`]).
 //!
 //! Kubernetes trouble is logged, counted nowhere else and retried: it never
 //! stops provisioning.
@@ -14,7 +18,7 @@
 use super::gate::PauseReason;
 use super::Handle;
 use crate::backoff::Backoff;
-use crate::crd::{Provisioner, API_VERSION, KIND};
+use crate::crd::{Member, Provisioner, API_VERSION, KIND};
 use crate::monitor::Exposition;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -122,6 +126,9 @@ pub fn names(shown: &str, holder: &str) -> bool {
 pub struct Write {
     pub leader: Option<String>,
     pub provisioned: u64,
+    /// With renewal: nodes on record and nodes due, as this replica sees
+    /// the records (every replica follows all of them).
+    pub renewal: Option<RenewalCounts>,
     /// This replica's own count the write includes.
     pub counted: u64,
     /// The resourceVersion it was computed from: the write is conditional
@@ -137,6 +144,10 @@ impl Write {
         if let Some(l) = &self.leader {
             status["leader"] = l.clone().into();
         }
+        if let Some(c) = self.renewal {
+            status["records"] = c.records.into();
+            status["renewalsDue"] = c.due.into();
+        }
         let mut body = serde_json::json!({
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -148,6 +159,13 @@ impl Write {
         }
         body
     }
+}
+
+/// `status.records` and `status.renewalsDue`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenewalCounts {
+    pub records: u64,
+    pub due: u64,
 }
 
 /// Decides this replica's status writes, from the resource as last seen,
@@ -164,10 +182,19 @@ impl Write {
 ///   so a failover loses nothing a replica wrote; a replica writes its
 ///   count at most every [`STATUS_REFRESH`], and at once when it stops
 ///   leading;
+/// * with renewal, a working replica (the leader, or a member in shards
+///   mode) writes the counts of records and of renewals due when the status
+///   shows others, at most every [`STATUS_REFRESH`]; every write carries
+///   them, as the field manager's writes replace each other;
 /// * nothing changed, nothing written: an idle Provisioner costs no write.
 #[derive(Debug)]
 pub struct Reporter {
     me: Me,
+    /// With renewal: the counts as this replica sees them now.
+    pub renewal: Option<RenewalCounts>,
+    /// This replica provisions now (leads, or works its shard).
+    pub working: bool,
+    last_renewal_write: Option<Instant>,
     /// Our count as of our last successful write.
     reported: u64,
     last_count_write: Option<Instant>,
@@ -182,6 +209,9 @@ impl Reporter {
     pub fn new(me: Me) -> Self {
         Reporter {
             me,
+            renewal: None,
+            working: false,
+            last_renewal_write: None,
             reported: 0,
             last_count_write: None,
             wrong_since: None,
@@ -227,12 +257,26 @@ impl Reporter {
                 || self
                     .last_count_write
                     .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH));
-        if !correct && !count_due {
+        let shows = status
+            .records
+            .zip(status.renewals_due)
+            .map(|(r, d)| RenewalCounts {
+                records: r.max(0) as u64,
+                due: d.max(0) as u64,
+            });
+        let renewal_due = self.working
+            && self.renewal.is_some()
+            && self.renewal != shows
+            && self
+                .last_renewal_write
+                .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH);
+        if !correct && !count_due && !renewal_due {
             return None;
         }
         Some(Write {
             leader: if correct { want } else { shown },
             provisioned: status.provisioned.unwrap_or(0).max(0) as u64 + delta,
+            renewal: self.renewal,
             counted,
             resource_version: p.metadata.resource_version.clone(),
         })
@@ -243,15 +287,159 @@ impl Reporter {
         if w.counted != self.reported {
             self.last_count_write = Some(now);
         }
+        if w.renewal.is_some() {
+            self.last_renewal_write = Some(now);
+        }
         self.reported = w.counted;
         self.flush = false;
         self.wrong_since = None;
     }
 }
 
+/// The field manager of one member's entry in `status.members`: each
+/// member owns its entry, so one member's write never removes another's.
+pub fn member_manager(member: &str) -> String {
+    format!("{FIELD_MANAGER}.{member}")
+}
+
+/// What a member writes of `status.members`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemberWrite {
+    /// Apply our own entry (under [`member_manager`]).
+    Entry(Member),
+    /// Keep only these entries, conditionally on the version read: the
+    /// others' members left the membership.
+    Prune {
+        kept: Vec<Member>,
+        resource_version: Option<String>,
+    },
+}
+
+impl MemberWrite {
+    /// The patch body: a server-side apply of our entry, or a merge patch
+    /// of the kept list (a merge patch replaces a list whole).
+    pub fn body(&self, name: &str) -> serde_json::Value {
+        match self {
+            MemberWrite::Entry(m) => serde_json::json!({
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": name},
+                "status": {"members": [m]},
+            }),
+            MemberWrite::Prune {
+                kept,
+                resource_version,
+            } => {
+                let members = if kept.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::json!(kept)
+                };
+                let mut body = serde_json::json!({"status": {"members": members}});
+                if let Some(rv) = resource_version {
+                    body["metadata"] = serde_json::json!({"resourceVersion": rv});
+                }
+                body
+            }
+        }
+    }
+}
+
+/// Decides a member's writes of `status.members` (shards mode), from the
+/// resource as last seen, the membership as this replica sees it and its
+/// own provisioned count:
+///
+/// * while it is a member, its entry is there with its count: written when
+///   missing (a prune by a member that had not seen it join yet removes it,
+///   and it comes back) or behind, at most every [`STATUS_REFRESH`];
+/// * the first member (by name) prunes entries whose members left (a
+///   `kill -9`, a lost membership): a member that stops cleanly removes its
+///   own entry, the others leave it behind;
+/// * in leader mode, the leader prunes them all (the mode changed).
+#[derive(Debug, Default)]
+pub struct Members {
+    last_write: Option<Instant>,
+}
+
+/// Where this replica stands now, for [`Members::decide`].
+#[derive(Clone, Copy, Debug)]
+pub struct Standing<'a> {
+    /// The membership as it sees it (empty in leader mode).
+    pub members: &'a [String],
+    pub sharded: bool,
+    /// Leads, or works its shard.
+    pub working: bool,
+    /// Nodes it provisioned since it started.
+    pub counted: u64,
+}
+
+impl Members {
+    pub fn decide(
+        &mut self,
+        p: &Provisioner,
+        me: &Me,
+        standing: Standing<'_>,
+        now: Instant,
+    ) -> Option<MemberWrite> {
+        let Standing {
+            members,
+            sharded,
+            working,
+            counted,
+        } = standing;
+        let entries = p
+            .status
+            .as_ref()
+            .map(|s| s.members.as_slice())
+            .unwrap_or(&[]);
+        let pruner = if sharded {
+            members.iter().min() == Some(&me.candidate)
+        } else {
+            working
+        };
+        let kept: Vec<Member> = entries
+            .iter()
+            .filter(|e| sharded && members.contains(&e.name))
+            .cloned()
+            .collect();
+        if pruner && kept.len() < entries.len() {
+            return Some(MemberWrite::Prune {
+                kept,
+                resource_version: p.metadata.resource_version.clone(),
+            });
+        }
+        if !sharded || !members.contains(&me.candidate) {
+            return None;
+        }
+        let mine = entries.iter().find(|e| e.name == me.candidate);
+        let behind = mine.is_none_or(|e| e.provisioned != counted as i64);
+        let missing = mine.is_none();
+        let rested = self
+            .last_write
+            .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH);
+        (missing || (behind && rested)).then(|| {
+            MemberWrite::Entry(Member {
+                name: me.candidate.clone(),
+                pod: Some(me.shown.clone()),
+                provisioned: counted as i64,
+            })
+        })
+    }
+
+    pub fn written(&mut self, now: Instant) {
+        self.last_write = Some(now);
+    }
+}
+
 /// Runs both duties until `stop`; gets the process's kube client first,
 /// retrying.
-pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: CancellationToken) {
+pub async fn run(
+    resource: ResourceRef,
+    me: Me,
+    handle: Handle,
+    renewal: bool,
+    stop: CancellationToken,
+) {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let client = loop {
         match crate::k8s::client().await {
@@ -274,7 +462,7 @@ pub async fn run(resource: ResourceRef, me: Me, handle: Handle, stop: Cancellati
             seen_tx,
             stop.clone()
         ),
-        report(api, resource, me, handle, seen, stop),
+        report(api, resource, me, handle, renewal, seen, stop),
     );
 }
 
@@ -334,12 +522,15 @@ async fn report(
     resource: ResourceRef,
     me: Me,
     handle: Handle,
+    renewal: bool,
     mut seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    let member_params = PatchParams::apply(&member_manager(&me.candidate)).force();
     let mut holder = handle.leader.clone();
-    let mut reporter = Reporter::new(me);
+    let mut members = Members::default();
+    let mut reporter = Reporter::new(me.clone());
     let mut tick = tokio::time::interval(STATUS_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -350,15 +541,35 @@ async fn report(
             r = holder.changed() => if r.is_err() { return },
             r = seen.changed() => if r.is_err() { return },
             _ = tick.tick() => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                leave(&api, &resource, &me, &member_params, &handle).await;
+                return;
+            }
         }
         let Some(p) = seen.borrow().clone() else {
             continue;
         };
-        let counted = handle
-            .metrics
-            .value("choria_provisioner_provisioned")
-            .unwrap_or(0.0) as u64;
+        let value = |name: &str| handle.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
+        let counted = value("choria_provisioner_provisioned");
+        let working = value("choria_provisioner_leader") == 1;
+        let sharded = handle.ownership.sharded();
+        let roster = handle.ownership.members();
+        let standing = Standing {
+            members: &roster,
+            sharded,
+            working,
+            counted,
+        };
+        if let Some(w) = members.decide(&p, &me, standing, Instant::now()) {
+            if write_members(&api, &resource, &w, &member_params).await {
+                members.written(Instant::now());
+            }
+        }
+        reporter.working = working;
+        reporter.renewal = renewal.then(|| RenewalCounts {
+            records: value("choria_provisioner_records"),
+            due: value("choria_provisioner_renewals_due"),
+        });
         let who = holder.borrow().clone();
         let Some(write) = reporter.decide(&p, who.as_deref(), counted, Instant::now()) else {
             continue;
@@ -384,6 +595,69 @@ async fn report(
                 warn!(%resource, error = %crate::k8s::describe_error(&e), "could not update the Provisioner's status")
             }
         }
+    }
+}
+
+/// Writes `w`; whether it landed.
+async fn write_members(
+    api: &Api<Provisioner>,
+    resource: &ResourceRef,
+    w: &MemberWrite,
+    apply: &PatchParams,
+) -> bool {
+    let body = w.body(&resource.name);
+    let result = match w {
+        MemberWrite::Entry(_) => {
+            api.patch_status(&resource.name, apply, &Patch::Apply(body))
+                .await
+        }
+        MemberWrite::Prune { .. } => {
+            api.patch_status(&resource.name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+        }
+    };
+    match result {
+        Ok(_) => {
+            debug!(%resource, write = ?w, "status.members updated");
+            true
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(%resource, "the status changed under us; deciding the members again");
+            false
+        }
+        Err(e) => {
+            warn!(%resource, error = %crate::k8s::describe_error(&e), "could not update status.members");
+            false
+        }
+    }
+}
+
+/// A member stopping removes its own entry: an apply of nothing under its
+/// manager drops what that manager owned. Bounded, as the pod is stopping.
+async fn leave(
+    api: &Api<Provisioner>,
+    resource: &ResourceRef,
+    me: &Me,
+    apply: &PatchParams,
+    handle: &Handle,
+) {
+    if !handle.ownership.sharded() {
+        return;
+    }
+    let body = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": resource.name},
+        "status": {},
+    });
+    let patch = Patch::Apply(body);
+    let write = api.patch_status(&resource.name, apply, &patch);
+    match tokio::time::timeout(Duration::from_secs(2), write).await {
+        Ok(Ok(_)) => debug!(%resource, member = %me.candidate, "left status.members"),
+        Ok(Err(e)) => {
+            warn!(%resource, error = %crate::k8s::describe_error(&e), "could not remove our status.members entry")
+        }
+        Err(_) => warn!(%resource, "removing our status.members entry timed out"),
     }
 }
 

@@ -9,6 +9,9 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
     let e = &s.election;
     let lease = e.backend == ElectionBackend::Lease;
     let streams = e.backend == ElectionBackend::Streams;
+    let shards = e.mode == ElectionMode::Shards;
+    // The Lease timings are the membership's in shards mode, on both backends.
+    let timed = lease || shards;
     let owned = |v: Option<&String>| v.cloned();
     let doc = ProvisionerFile {
         helper: s.helper.as_ref().map(|h| h.command.clone()),
@@ -39,12 +42,13 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
         helper_timeout: owned(s.helper_timeout.as_ref()),
         rpc_timeout: owned(s.rpc_timeout.as_ref()),
         election: Some(ElectionFile {
+            mode: shards.then(|| e.mode.as_str().to_string()),
             backend: Some(e.backend.as_str().to_string()),
             lease_name: lease.then(|| p.name_any()),
             lease_namespace: if lease { Some(namespace(p)?) } else { None },
-            lease_duration: owned(e.lease_duration.as_ref()).filter(|_| lease),
-            renew_deadline: owned(e.renew_deadline.as_ref()).filter(|_| lease),
-            retry_period: owned(e.retry_period.as_ref()).filter(|_| lease),
+            lease_duration: owned(e.lease_duration.as_ref()).filter(|_| timed),
+            renew_deadline: owned(e.renew_deadline.as_ref()).filter(|_| timed),
+            retry_period: owned(e.retry_period.as_ref()).filter(|_| timed),
             bucket: owned(e.bucket.as_ref()).filter(|_| streams),
             name: owned(e.name.as_ref()).filter(|_| streams),
             api_prefix: owned(e.api_prefix.as_ref()).filter(|_| streams),
@@ -79,6 +83,8 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             }),
             None => None,
         },
+        records: s.records.as_ref().map(records_file),
+        renewal: s.renewal.as_ref().map(renewal_file),
         ..Default::default()
     };
     let body = doc.to_yaml().map_err(|e| BuildError::Serialize {
@@ -92,15 +98,61 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
     ))
 }
 
+/// `records:`: the credentials are the mounted Secret files.
+fn records_file(r: &RecordsSpec) -> RecordsFile {
+    RecordsFile {
+        url: Some(r.urls.join(",")),
+        bucket: r.bucket.clone(),
+        history: r.history.map(i64::from),
+        create_bucket: r.create_bucket,
+        user: r.user.clone(),
+        password_file: r.password_secret.as_ref().map(ref_path),
+        token_file: r.token_secret.as_ref().map(ref_path),
+        credentials_file: r.credentials_secret.as_ref().map(ref_path),
+        tls_ca: r.tls_ca_secret.as_ref().map(ref_path),
+        ..Default::default()
+    }
+}
+
+/// `renewal:`: `reprovision` goes through `renewal.cfg` when the spec names
+/// a broker for it, otherwise through the provisioner's own `choria.cfg`.
+fn renewal_file(r: &RenewalSpec) -> RenewalFile {
+    let cfg = if r.broker.is_some() {
+        RENEWAL_CFG
+    } else {
+        CHORIA_CFG
+    };
+    RenewalFile {
+        before: Some(r.before.clone()),
+        jitter: r.jitter.clone(),
+        rate: r.rate.map(i64::from),
+        choria_config: Some(format!("{CONFIG_DIR}/{cfg}")),
+        collective: r.collective.clone(),
+        retry: r.retry.clone(),
+    }
+}
+
 /// The pods' Choria client configuration: the `choria` security provider with
 /// `clientJwtSecret`, otherwise `file` (x509 from `tlsSecret`, or nothing
 /// with `choriaInsecure`).
 pub fn choria_cfg(p: &Provisioner) -> Result<String, BuildError> {
-    let b = &p.spec.broker;
+    client_cfg(p, &p.spec.broker, "")
+}
+
+/// The Choria client configuration renewal reaches the provisioned nodes
+/// with (`spec.renewal.broker`), if the spec names one.
+pub fn renewal_cfg(p: &Provisioner) -> Result<Option<String>, BuildError> {
+    match p.spec.renewal.as_ref().and_then(|r| r.broker.as_ref()) {
+        Some(b) => client_cfg(p, b, " for renewal").map(Some),
+        None => Ok(None),
+    }
+}
+
+fn client_cfg(p: &Provisioner, b: &BrokerSpec, purpose: &str) -> Result<String, BuildError> {
     let identity = b.identity.clone().unwrap_or_else(|| p.name_any());
     let mut lines = vec![
         format!(
-            "# Written by the choria-provisioner operator from Provisioner {}/{}.",
+            "# Written by the choria-provisioner operator from Provisioner {}/{}{purpose}.",
             namespace(p)?,
             p.name_any()
         ),
@@ -143,14 +195,19 @@ pub fn choria_cfg(p: &Provisioner) -> Result<String, BuildError> {
     Ok(text)
 }
 
-/// `<name>-config` with `provisioner.yaml` and `choria.cfg`.
+/// `<name>-config` with `provisioner.yaml`, `choria.cfg` and, when renewal
+/// has a broker of its own, `renewal.cfg`.
 pub fn config_map(p: &Provisioner) -> Result<ConfigMap, BuildError> {
+    let mut data = BTreeMap::from([
+        (PROVISIONER_YAML.to_string(), provisioner_yaml(p)?),
+        (CHORIA_CFG.to_string(), choria_cfg(p)?),
+    ]);
+    if let Some(cfg) = renewal_cfg(p)? {
+        data.insert(RENEWAL_CFG.to_string(), cfg);
+    }
     Ok(ConfigMap {
         metadata: meta(p, config_map_name(&p.name_any()))?,
-        data: Some(BTreeMap::from([
-            (PROVISIONER_YAML.to_string(), provisioner_yaml(p)?),
-            (CHORIA_CFG.to_string(), choria_cfg(p)?),
-        ])),
+        data: Some(data),
         ..ConfigMap::default()
     })
 }

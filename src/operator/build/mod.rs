@@ -10,8 +10,12 @@
 use super::policy::Policy;
 use crate::config::schema::{
     CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, ProvisionerFile,
+    RecordsFile, RenewalFile,
 };
-use crate::crd::{ElectionBackend, Provisioner, ProvisionerSpec, SecretKeyRef};
+use crate::crd::{
+    BrokerSpec, ElectionBackend, ElectionMode, Provisioner, ProvisionerSpec, RecordsSpec,
+    RenewalSpec, SecretKeyRef,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -37,6 +41,9 @@ pub const HELPER_DIR: &str = "/etc/choria-provisioner/helper";
 pub const PROVISIONER_YAML: &str = "provisioner.yaml";
 /// The ConfigMap key of the Choria client configuration.
 pub const CHORIA_CFG: &str = "choria.cfg";
+/// The ConfigMap key of the Choria client configuration renewal uses when
+/// `spec.renewal.broker` is set.
+pub const RENEWAL_CFG: &str = "renewal.cfg";
 /// Pod template annotation: sha256 of the ConfigMap data, so a configuration
 /// change rolls the pods (they read it once, at start).
 pub const CHECKSUM_ANNOTATION: &str = "provisioning.choria.io/config-checksum";
@@ -182,6 +189,7 @@ fn owner_ref(p: &Provisioner) -> Result<OwnerReference, BuildError> {
 /// Every Secret the pods need and which of its keys, in a stable order.
 pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String>> {
     let mut mounts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let records = spec.records.as_ref();
     let refs = [
         &spec.token_secret,
         &spec.broker_password_secret,
@@ -189,16 +197,28 @@ pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String
         &spec.jwt_signing_key_secret,
         &spec.jwt_signing_token_secret,
     ];
-    for r in refs.into_iter().flatten() {
+    let record_refs = records.into_iter().flat_map(|r| {
+        [
+            &r.credentials_secret,
+            &r.password_secret,
+            &r.token_secret,
+            &r.tls_ca_secret,
+        ]
+    });
+    for r in refs.into_iter().chain(record_refs).flatten() {
         mounts
             .entry(r.name.clone())
             .or_default()
             .insert(r.key.clone());
     }
-    for (secret, keys) in [
-        (&spec.broker.tls_secret, &TLS_KEYS[..]),
-        (&spec.broker.client_jwt_secret, &CLIENT_JWT_KEYS[..]),
-    ] {
+    let renewal_broker = spec.renewal.as_ref().and_then(|r| r.broker.as_ref());
+    let brokers = std::iter::once(&spec.broker).chain(renewal_broker);
+    for (secret, keys) in brokers.flat_map(|b| {
+        [
+            (&b.tls_secret, &TLS_KEYS[..]),
+            (&b.client_jwt_secret, &CLIENT_JWT_KEYS[..]),
+        ]
+    }) {
         if let Some(secret) = secret {
             let entry = mounts.entry(secret.clone()).or_default();
             entry.extend(keys.iter().map(|k| k.to_string()));

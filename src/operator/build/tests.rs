@@ -634,3 +634,137 @@ fn node_configuration_and_cert_manager_reach_the_provisioner_and_the_role() {
         .unwrap_or_default();
     assert!(!volumes.iter().any(|v| v.name == "helper"));
 }
+
+#[test]
+fn shards_mode_reaches_the_provisioner_with_its_membership_timings_on_both_backends() {
+    for backend in ["lease", "streams"] {
+        let p = provisioner(json!({"election": {"mode": "Shards", "backend": backend,
+            "leaseDuration": "9s", "renewDeadline": "6s", "retryPeriod": "2s"}}));
+        let cfg = config(&p);
+        assert!(cfg.election.sharded(), "{backend}");
+        assert_eq!(
+            cfg.election.lease_duration,
+            std::time::Duration::from_secs(9),
+            "{backend}"
+        );
+        assert_eq!(
+            cfg.election.renew_deadline,
+            std::time::Duration::from_secs(6),
+            "{backend}"
+        );
+        assert_eq!(
+            cfg.election.retry_period,
+            std::time::Duration::from_secs(2),
+            "{backend}"
+        );
+        // The Lease ClusterRole is bound only where Leases are the membership.
+        let leases = bindings(&p)
+            .into_iter()
+            .find(|(n, _, _)| n == "prov-leases")
+            .expect("the lease binding");
+        assert_eq!(leases.2, backend == "lease", "{backend}: {leases:?}");
+    }
+    // Leader mode leaves `mode` out (the default) and, on streams, the
+    // Lease timings too.
+    let leader = provisioner_yaml(&provisioner(
+        json!({"election": {"backend": "streams", "leaseDuration": "9s"}}),
+    ))
+    .unwrap();
+    assert!(
+        !leader.contains("mode:") && !leader.contains("lease_duration"),
+        "{leader}"
+    );
+}
+
+#[test]
+fn shards_let_one_replica_go_at_a_time_and_leaders_keep_one() {
+    let spec = |p: Provisioner| pdb(&p).unwrap().expect("a PDB").spec.unwrap();
+    let sharded = spec(provisioner(
+        json!({"replicas": 3, "election": {"mode": "Shards"}}),
+    ));
+    assert_eq!(sharded.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(sharded.min_available, None);
+    let leader = spec(provisioner(json!({"replicas": 3})));
+    assert_eq!(leader.min_available, Some(IntOrString::Int(1)));
+    assert_eq!(leader.max_unavailable, None);
+}
+
+fn day_two_spec(renewal_broker: bool) -> Provisioner {
+    let mut renewal =
+        json!({"before": "20%", "jitter": "1h", "rate": 30, "collective": "lon", "retry": "5m"});
+    if renewal_broker {
+        renewal["broker"] = json!({"urls": ["nats://choria.example.net:4222"], "identity": "renewer",
+                                   "clientJwtSecret": "renewer-jwt", "tlsSecret": "renewer-tls"});
+    }
+    provisioner(json!({
+        "tokenSecret": {"name": "prov-secrets", "key": "token"},
+        "records": {"urls": ["nats://records-a:4222", "nats://records-b:4222"], "bucket": "RECS", "history": 9,
+                    "createBucket": false, "credentialsSecret": {"name": "records", "key": "records.creds"},
+                    "tlsCaSecret": {"name": "records", "key": "ca.pem"}},
+        "renewal": renewal,
+    }))
+}
+
+#[test]
+fn records_and_renewal_reach_the_provisioner_with_secrets_as_mounted_files() {
+    use crate::config::day_two::Before;
+    for own_broker in [false, true] {
+        let p = day_two_spec(own_broker);
+        let cfg = config(&p);
+        let r = cfg.records.as_ref().expect("records");
+        assert_eq!(r.urls, ["nats://records-a:4222", "nats://records-b:4222"]);
+        assert_eq!(
+            (r.bucket.as_str(), r.history, r.create_bucket),
+            ("RECS", 9, false)
+        );
+        assert_eq!(
+            r.credentials_file.as_deref(),
+            Some(std::path::Path::new(
+                "/etc/choria-provisioner/secrets/records/records.creds"
+            ))
+        );
+        assert_eq!(
+            r.tls_ca.as_deref(),
+            Some(std::path::Path::new(
+                "/etc/choria-provisioner/secrets/records/ca.pem"
+            ))
+        );
+        let n = cfg.renewal.as_ref().expect("renewal");
+        assert!(
+            matches!(n.before, Before::Share(s) if (s - 0.2).abs() < 1e-9),
+            "{:?}",
+            n.before
+        );
+        assert_eq!((n.rate, n.collective.as_str()), (30, "lon"));
+        assert_eq!(n.retry, std::time::Duration::from_secs(300));
+        let cm = config_map(&p).unwrap();
+        let data = cm.data.unwrap();
+        let file = if own_broker { RENEWAL_CFG } else { CHORIA_CFG };
+        assert_eq!(
+            n.choria_config,
+            PathBuf::from(format!("{CONFIG_DIR}/{file}"))
+        );
+        assert_eq!(data.contains_key(RENEWAL_CFG), own_broker);
+        let mounts = secret_mounts(&p.spec);
+        assert_eq!(
+            mounts
+                .get("records")
+                .map(|k| k.iter().map(String::as_str).collect::<Vec<_>>()),
+            Some(vec!["ca.pem", "records.creds"])
+        );
+        if own_broker {
+            let text = &data[RENEWAL_CFG];
+            let c = ChoriaClientConfig::parse(text, RENEWAL_CFG, &Environment::default()).unwrap();
+            assert!(text.contains("identity = renewer"), "{text}");
+            assert!(
+                text.contains("middleware_hosts = nats://choria.example.net:4222"),
+                "{text}"
+            );
+            assert!(matches!(
+                c.security_provider(false),
+                Ok(SecurityProvider::Choria)
+            ));
+            assert!(mounts.contains_key("renewer-jwt") && mounts.contains_key("renewer-tls"));
+        }
+    }
+}

@@ -2,11 +2,12 @@
 //! conditions that say only what is true, and the Events their changes
 //! deserve.
 
-use crate::crd::{ElectionBackend, Provisioner, ProvisionerStatus};
+use crate::crd::{ElectionBackend, ElectionMode, Provisioner, ProvisionerStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
+use kube::ResourceExt;
 
 /// Condition types.
 pub const READY: &str = "Ready";
@@ -140,6 +141,14 @@ pub fn operator_status(
     let (progress, progress_reason, progress_message) = progressing(deployment);
     let leader = previous.leader.as_deref().filter(|l| !l.is_empty());
     let (elected, elected_reason, elected_message) = match (s.election.backend, leader) {
+        _ if s.election.mode == ElectionMode::Shards => (
+            false,
+            "Sharded",
+            format!(
+                "spec.election.mode is Shards: no leader, {} member(s) each provisioning its share",
+                previous.members.len()
+            ),
+        ),
         (ElectionBackend::None, _) => (
             false,
             "ElectionDisabled",
@@ -207,10 +216,25 @@ pub fn operator_status(
             ),
         ],
         observed_generation: generation,
-        leader: None,
         ready_replicas: Some(ready_pods),
-        provisioned: None,
+        replicas: Some(
+            deployment
+                .and_then(|d| d.status.as_ref())
+                .and_then(|st| st.replicas)
+                .unwrap_or(0),
+        ),
+        selector: Some(selector(&p.name_any())),
+        ..ProvisionerStatus::default()
     }
+}
+
+/// The pods' label selector as a string, for the `scale` subresource.
+pub fn selector(name: &str) -> String {
+    crate::operator::build::selector_labels(name)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Whether `new` differs from the operator's fields of `old`.
@@ -218,6 +242,8 @@ pub fn changed(old: Option<&ProvisionerStatus>, new: &ProvisionerStatus) -> bool
     let Some(old) = old else { return true };
     old.observed_generation != new.observed_generation
         || old.ready_replicas != new.ready_replicas
+        || old.replicas != new.replicas
+        || old.selector != new.selector
         || new
             .conditions
             .iter()

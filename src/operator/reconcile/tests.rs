@@ -254,7 +254,13 @@ async fn create_checks_every_name_then_applies_every_owned_object_then_the_statu
     keys.sort();
     assert_eq!(
         keys,
-        ["conditions", "observedGeneration", "readyReplicas"],
+        [
+            "conditions",
+            "observedGeneration",
+            "readyReplicas",
+            "replicas",
+            "selector"
+        ],
         "the pods' leader and provisioned are not ours to write"
     );
     let status = r.status();

@@ -46,6 +46,7 @@ fn write(leader: Option<&str>, provisioned: u64, counted: u64, rv: u64) -> Optio
     Some(Write {
         leader: leader.map(str::to_string),
         provisioned,
+        renewal: None,
         counted,
         resource_version: Some(rv.to_string()),
     })
@@ -175,4 +176,151 @@ fn the_write_is_conditional_on_what_it_read() {
     assert_eq!(body["kind"], "Provisioner");
     assert_eq!(body["apiVersion"], "provisioning.choria.io/v1alpha1");
     assert_eq!(body["status"], json!({"leader": "pod-a", "provisioned": 3}));
+}
+
+#[test]
+fn a_working_replica_writes_the_renewal_counts_when_they_change_and_every_write_carries_them() {
+    let counts = |records, due| Some(RenewalCounts { records, due });
+    let mut r = Reporter::new(me("pod-a"));
+    r.renewal = counts(10, 2);
+    let t = Instant::now();
+    let holder = Some("pod-b-abcdef");
+    // A standby does not write counts on its own.
+    assert_eq!(r.decide(&seen(1, Some("pod-b"), 0), holder, 0, t), None);
+    // Working (a member, or the leader): it does, once.
+    r.working = true;
+    let w = r.decide(&seen(1, Some("pod-b"), 0), holder, 0, t).unwrap();
+    assert_eq!(w.renewal, counts(10, 2));
+    let body = w.body("prov");
+    assert_eq!(body["status"]["records"], 10);
+    assert_eq!(body["status"]["renewalsDue"], 2);
+    r.written(&w, t);
+    let mut shown = seen(2, Some("pod-b"), 0);
+    let st = shown.status.as_mut().unwrap();
+    st.records = Some(10);
+    st.renewals_due = Some(2);
+    assert_eq!(
+        r.decide(&shown, holder, 0, t),
+        None,
+        "the status shows them"
+    );
+    r.renewal = counts(10, 0);
+    let soon = t + Duration::from_secs(1);
+    assert_eq!(r.decide(&shown, holder, 0, soon), None, "throttled");
+    let w = r.decide(&shown, holder, 0, t + STATUS_REFRESH).unwrap();
+    assert_eq!(w.renewal, counts(10, 0));
+    // A count write of a standby carries them too: the manager's writes
+    // replace each other, and leaving them out would remove them.
+    r.working = false;
+    r.written(&w, t + STATUS_REFRESH);
+    let w = r.decide(&shown, holder, 4, t + STATUS_REFRESH * 2).unwrap();
+    assert_eq!((w.provisioned, w.renewal), (4, counts(10, 0)));
+}
+
+fn with_members(mut p: Provisioner, entries: &[(&str, i64)]) -> Provisioner {
+    p.status.get_or_insert_with(Default::default).members = entries
+        .iter()
+        .map(|(n, c)| Member {
+            name: n.to_string(),
+            pod: None,
+            provisioned: *c,
+        })
+        .collect();
+    p
+}
+
+fn st(members: &[String], sharded: bool, working: bool, counted: u64) -> Standing<'_> {
+    Standing {
+        members,
+        sharded,
+        working,
+        counted,
+    }
+}
+
+#[test]
+fn a_member_keeps_its_own_entry_and_the_first_member_prunes_those_that_left() {
+    let a = me("pod-a");
+    let b = me("pod-b");
+    let roster = vec![a.candidate.clone(), b.candidate.clone()];
+    let t = Instant::now();
+    let mut m = Members::default();
+    // Not in the roster yet: nothing.
+    assert_eq!(
+        m.decide(&seen(1, None, 0), &b, st(&roster[..1], true, true, 0), t),
+        None
+    );
+    // In it: its entry at once.
+    let w = m
+        .decide(&seen(1, None, 0), &b, st(&roster, true, true, 3), t)
+        .unwrap();
+    let MemberWrite::Entry(e) = &w else {
+        panic!("{w:?}")
+    };
+    assert_eq!(
+        (e.name.as_str(), e.pod.as_deref(), e.provisioned),
+        (b.candidate.as_str(), Some("pod-b"), 3)
+    );
+    assert_eq!(
+        w.body("prov")["status"]["members"][0]["name"],
+        b.candidate.as_str()
+    );
+    m.written(t);
+    let p = with_members(seen(2, None, 0), &[(&b.candidate, 3)]);
+    assert_eq!(
+        m.decide(&p, &b, st(&roster, true, true, 3), t),
+        None,
+        "up to date"
+    );
+    assert_eq!(
+        m.decide(&p, &b, st(&roster, true, true, 5), t),
+        None,
+        "behind, throttled"
+    );
+    assert!(m
+        .decide(&p, &b, st(&roster, true, true, 5), t + STATUS_REFRESH)
+        .is_some());
+    // Pruned by someone who had not seen it join: back at once.
+    let gone = with_members(seen(3, None, 0), &[]);
+    assert!(matches!(
+        m.decide(&gone, &b, st(&roster, true, true, 5), t),
+        Some(MemberWrite::Entry(_))
+    ));
+
+    // pod-a is first by name: it prunes pod-c, which left, conditionally.
+    let stale = with_members(
+        seen(4, None, 0),
+        &[(&a.candidate, 1), (&b.candidate, 5), ("pod-c-123456", 9)],
+    );
+    let w = Members::default()
+        .decide(&stale, &a, st(&roster, true, true, 1), t)
+        .unwrap();
+    let MemberWrite::Prune {
+        kept,
+        resource_version,
+    } = &w
+    else {
+        panic!("{w:?}")
+    };
+    assert_eq!(
+        kept.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        [a.candidate.as_str(), b.candidate.as_str()]
+    );
+    assert_eq!(resource_version.as_deref(), Some("4"));
+    assert_eq!(w.body("prov")["metadata"]["resourceVersion"], "4");
+    // pod-b is not first: it leaves that to pod-a.
+    assert_eq!(
+        Members::default().decide(&stale, &b, st(&roster, true, true, 5), t),
+        None
+    );
+    // Leader mode: the leader clears what shards left behind; to nothing.
+    let w = Members::default()
+        .decide(&stale, &a, st(&[], false, true, 1), t)
+        .unwrap();
+    assert_eq!(w.body("prov")["status"]["members"], serde_json::Value::Null);
+    assert_eq!(
+        Members::default().decide(&stale, &a, st(&[], false, false, 1), t),
+        None,
+        "a standby does not"
+    );
 }

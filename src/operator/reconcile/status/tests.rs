@@ -137,6 +137,35 @@ fn leader_conditions() {
         with(json!({"election": {"backend": "none"}}), None, &up),
         pair("False", "ElectionDisabled")
     );
+    assert_eq!(
+        with(json!({"election": {"mode": "Shards"}}), Some("pod-a"), &up),
+        pair("False", "Sharded"),
+        "no leader in shards mode, whatever a stale status.leader says"
+    );
+}
+
+#[test]
+fn the_scale_subresource_reads_replicas_and_the_pods_selector() {
+    let d = deployment(
+        1,
+        json!({"observedGeneration": 1, "replicas": 3, "readyReplicas": 2}),
+    );
+    let p = provisioner(json!({"replicas": 3}), None);
+    let s = operator_status(&p, None, Some(&d), Timestamp::UNIX_EPOCH);
+    assert_eq!(s.replicas, Some(3));
+    assert_eq!(
+        s.selector.as_deref(),
+        Some("app.kubernetes.io/instance=prov,app.kubernetes.io/name=choria-provisioner")
+    );
+    let mut old = s.clone();
+    assert!(!changed(Some(&old), &s));
+    old.replicas = Some(2);
+    assert!(changed(Some(&old), &s), "a new replica count is written");
+    // The operator's apply leaves the pods' fields out.
+    let body = serde_json::to_value(&s).unwrap();
+    for pods in ["leader", "provisioned", "members", "records", "renewalsDue"] {
+        assert!(body.get(pods).is_none(), "{pods}: {body}");
+    }
 }
 
 #[test]
