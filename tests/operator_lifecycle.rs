@@ -227,6 +227,46 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
     seen
 }
 
+/// `kubectl scale provisioner` (what an HPA does too) sets spec.replicas
+/// through the `scale` subresource, the operator follows it into the
+/// Deployment, and the subresource reads the pods' selector from the status.
+fn scale(c: &Cluster, name: &str) {
+    let cp = &c.cp;
+    for replicas in [3, 2] {
+        cp.kubectl_ok(&[
+            "scale",
+            "provisioner",
+            name,
+            "-n",
+            NS,
+            &format!("--replicas={replicas}"),
+        ]);
+        wait_for(
+            &format!("the Deployment follows a scale to {replicas}"),
+            Duration::from_secs(10),
+            || (get(cp, "deployment", NS, name)["spec"]["replicas"] == replicas).then_some(()),
+        );
+        let scale: Value = serde_json::from_str(&cp.kubectl_ok(&[
+            "get",
+            "provisioner",
+            name,
+            "-n",
+            NS,
+            "--subresource=scale",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        assert_eq!(scale["kind"], "Scale", "{scale}");
+        assert_eq!(scale["spec"]["replicas"], replicas, "{scale}");
+        assert_eq!(
+            scale["status"]["selector"],
+            format!("app.kubernetes.io/instance={name},app.kubernetes.io/name=choria-provisioner"),
+            "{scale}"
+        );
+    }
+}
+
 /// The API server's write requests so far, by `verb resource[/subresource]`.
 fn apiserver_writes(c: &Cluster) -> BTreeMap<String, f64> {
     apiserver_requests(&c.cp)
@@ -807,6 +847,10 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     let t = Instant::now();
     drift_repair(&c, "idle");
     stage("drift repair", t);
+
+    let t = Instant::now();
+    scale(&c, "idle");
+    stage("scale subresource", t);
     drop(idle_pods);
 
     let t = Instant::now();

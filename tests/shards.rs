@@ -50,6 +50,8 @@ pub struct Replicas<'a> {
     workers: usize,
     election: &'static str,
     env: Vec<(String, String)>,
+    /// Extra command-line arguments of every replica.
+    args: Vec<String>,
 }
 
 impl<'a> Replicas<'a> {
@@ -62,6 +64,7 @@ impl<'a> Replicas<'a> {
             workers,
             election: STREAMS,
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 
@@ -70,11 +73,14 @@ impl<'a> Replicas<'a> {
     fn start(&mut self) {
         self.started += 1;
         let name = format!("r{}", self.started);
-        let env: Vec<(&str, &str)> = self
+        // Each replica is a pod of its own, as in a Deployment.
+        let mut env: Vec<(&str, &str)> = self
             .env
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        env.push(("POD_NAME", name.as_str()));
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         let p = ProvisionerProcess::start_with_env(
             self.dir,
             &name,
@@ -83,7 +89,7 @@ impl<'a> Replicas<'a> {
                 "identity = provisioner.shards.example.net\nplugin.choria.middleware_hosts = {}\n",
                 self.nats.url()
             ),
-            &[],
+            &args,
             &env,
         );
         self.running.push((name, p));
@@ -196,11 +202,95 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
     let kubeconfig = cp.kubeconfig(cp.admin_token());
     let dir = tempfile::tempdir().unwrap();
     let nats = choria_like_broker();
+    // The replicas follow a Provisioner, as the operator's pods do, and
+    // report themselves in its status.members.
+    let crd = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/provisioner.yaml");
+    cp.kubectl_ok(&["apply", "-f", crd]);
+    cp.kubectl_ok(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "crd/provisioners.provisioning.choria.io",
+    ]);
+    let resource = serde_json::json!({
+        "apiVersion": "provisioning.choria.io/v1alpha1", "kind": "Provisioner",
+        "metadata": {"name": "shards-test", "namespace": "default"},
+        "spec": {"broker": {"urls": [nats.url()]}, "choriaInsecure": true,
+                 "election": {"mode": "Shards"},
+                 "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}}},
+    });
+    let out = cp.kubectl_stdin(&["apply", "-f", "-"], &resource.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut r = Replicas::new(dir.path(), &nats, 8);
     r.election = LEASES;
     r.env
         .push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    r.args = vec!["--provisioner".into(), "default/shards-test".into()];
     share_then_kill(dir.path(), &nats, &mut r, 1500, 600).await;
+    // status.members: the two survivors, each with what it provisioned (the
+    // killed one's entry pruned once it left the membership).
+    let members = |cp: &support::kube::ControlPlane| {
+        let p: Value = serde_json::from_str(&cp.kubectl_ok(&[
+            "get",
+            "provisioner",
+            "shards-test",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        p["status"]["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                (
+                    m["pod"].as_str().unwrap_or("?").to_string(),
+                    m["provisioned"].as_f64().unwrap_or(-1.0),
+                )
+            })
+            .collect::<BTreeMap<String, f64>>()
+    };
+    let want = || -> BTreeMap<String, f64> {
+        r.running
+            .iter()
+            .map(|(n, p)| (n.clone(), p.metric("choria_provisioner_provisioned")))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (seen, want) = (members(&cp), want());
+        if seen == want {
+            println!("status.members: {seen:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status.members {seen:?}, want {want:?}\n{}\n{}",
+            cp.kubectl_ok(&[
+                "get",
+                "provisioner",
+                "shards-test",
+                "-n",
+                "default",
+                "-o",
+                "yaml",
+                "--show-managed-fields"
+            ]),
+            r.running
+                .iter()
+                .map(|(n, p)| format!("--- {n}\n{}", p.logs_tail(15)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // Every member holds a Lease of its own, labelled with the group; the
     // killed one's stays until someone deletes it, the others leave theirs.
     let leases = cp.kubectl_ok(&[
@@ -214,9 +304,11 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
         "name",
     ]);
     assert_eq!(leases.lines().count(), 3, "{leases}");
-    for (_, mut p) in r.running.drain(..) {
+    let mut logs = String::new();
+    for (name, mut p) in r.running.drain(..) {
         p.signal("TERM");
         assert!(p.wait_exit(Duration::from_secs(5)).success());
+        logs.push_str(&format!("--- {name}\n{}\n", p.logs_tail(8)));
     }
     let leases = cp.kubectl_ok(&[
         "get",
@@ -232,6 +324,22 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
         leases.lines().count(),
         1,
         "only the killed member's: {leases}"
+    );
+    // Members that stop take their entries with them.
+    let left = members(&cp);
+    assert!(
+        left.is_empty(),
+        "status.members after every replica stopped: {left:?}\n{}\n{logs}",
+        cp.kubectl_ok(&[
+            "get",
+            "provisioner",
+            "shards-test",
+            "-n",
+            "default",
+            "-o",
+            "yaml",
+            "--show-managed-fields"
+        ])
     );
 }
 
@@ -334,8 +442,10 @@ async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
         lock_refusals(&r)
     );
     assert_eq!(shares.len(), 3, "the newcomer took a share: {shares:?}");
-    for (_, mut p) in r.running.drain(..) {
+    let mut logs = String::new();
+    for (name, mut p) in r.running.drain(..) {
         p.signal("TERM");
         assert!(p.wait_exit(Duration::from_secs(5)).success());
+        logs.push_str(&format!("--- {name}\n{}\n", p.logs_tail(8)));
     }
 }

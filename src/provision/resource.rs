@@ -529,6 +529,7 @@ async fn report(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let member_params = PatchParams::apply(&member_manager(&me.candidate)).force();
     let mut holder = handle.leader.clone();
+    let mut holder_open = true;
     let mut members = Members::default();
     let mut reporter = Reporter::new(me.clone());
     let mut tick = tokio::time::interval(STATUS_REFRESH);
@@ -538,13 +539,20 @@ async fn report(
             // A leadership change first: at shutdown the election releases
             // before the tasks are stopped, and the release is written.
             biased;
-            r = holder.changed() => if r.is_err() { return },
-            r = seen.changed() => if r.is_err() { return },
-            _ = tick.tick() => {}
+            // In shards mode nobody sends leaders: the sender is gone
+            // from the start, which ends only this arm.
+            r = holder.changed(), if holder_open => holder_open = r.is_ok(),
+            // Before the watch: the watch ends with the same stop, and its
+            // end must not skip our leaving.
             _ = stop.cancelled() => {
                 leave(&api, &resource, &me, &member_params, &handle).await;
                 return;
             }
+            r = seen.changed() => if r.is_err() {
+                leave(&api, &resource, &me, &member_params, &handle).await;
+                return;
+            },
+            _ = tick.tick() => {}
         }
         let Some(p) = seen.borrow().clone() else {
             continue;

@@ -666,6 +666,11 @@ pub fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
     let lease = format!("leases.coordination.k8s.io/{name}");
     let own = format!("{PROV}/{name}");
     wait_allowed(&c.cp, &kubeconfig, &["update", &lease, "-n", NS]);
+    wait_allowed(
+        &c.cp,
+        &kubeconfig,
+        &["list", "leases.coordination.k8s.io", "-n", NS],
+    );
     wait_allowed(&c.cp, &kubeconfig, &["watch", &own, "-n", NS]);
     wait_allowed(
         &c.cp,
@@ -685,7 +690,14 @@ pub fn pod_kubeconfig(c: &Cluster, name: &str) -> PathBuf {
             "-n",
             "kube-system",
         ],
-        vec!["delete", &lease, "-n", NS],
+        // Shards members list and delete Leases, in their namespace only.
+        vec![
+            "delete",
+            "leases.coordination.k8s.io/kube-scheduler",
+            "-n",
+            "kube-system",
+        ],
+        vec!["list", "leases.coordination.k8s.io", "-n", "default"],
     ] {
         assert!(
             !can_i(&c.cp, &kubeconfig, &denied),
