@@ -72,7 +72,7 @@ fleet() { # prefix nodes journal
     >"$3.out" 2>"$3.log" &
   PIDS+=("$!")
 }
-count() { grep -c "$2" "$1" 2>/dev/null || true; }
+count() { local c; c="$(grep -c "$2" "$1" 2>/dev/null)" || true; echo "${c:-0}"; }
 wait_count() { # file pattern n timeout_s
   local i
   for i in $(seq $(( $4 * 10 ))); do
