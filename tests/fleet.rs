@@ -319,6 +319,36 @@ async fn v1_node_is_provisioned_through_the_whole_sequence() {
     provision_one(Version::V1, Directed::PerNode).await;
 }
 
+/// Two shared fleets on one broker (a second wave of nodes, as the renewal
+/// benchmark starts): each answers for its own nodes only and never takes
+/// the other's requests. With one queue group for both, about half of each
+/// fleet's requests went to the other and were dropped.
+#[tokio::test]
+async fn two_shared_fleets_on_one_broker_each_answer_every_node_of_their_own() {
+    let nats = NatsServer::start();
+    let mut fleets = Vec::new();
+    for prefix in ["a-", "b-"] {
+        fleets.push(
+            start_fleet(&nats, |o| {
+                o.nodes = 10;
+                o.identity_prefix = prefix.into();
+                o.directed = Directed::Shared;
+            })
+            .await,
+        );
+    }
+    let c = client_for(&nats, Version::V1, "provisioner.example.net").await;
+    for prefix in ["a-", "b-"] {
+        for i in 0..10 {
+            let node = format!("{prefix}{i:03}.fleet.example.net");
+            provision_ok(&c, &node, "jwt", &json!({"token": TOKEN})).await;
+        }
+    }
+    for f in fleets {
+        f.finish().await;
+    }
+}
+
 /// `--directed shared` (one queue subscription per connection) answers as
 /// per-node subscriptions do, and a name no node has gets no answer.
 #[tokio::test]

@@ -204,8 +204,18 @@ pub enum Directed {
     Shared,
 }
 
-/// The queue group of `--directed shared`.
+/// The queue group of `--directed shared`, with [`queue_group`]'s suffix.
 const SHARED_QUEUE: &str = "choria-fleet";
+
+/// This fleet's own queue group: its connections share the work, and
+/// another fleet on the same broker (a second prefix, a later wave) must not
+/// take its messages, which it would drop as addressed to nodes it lacks.
+fn queue_group(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{SHARED_QUEUE}{what}-{}-{nanos}", std::process::id())
+}
 
 struct Counters {
     requests: AtomicU64,
@@ -493,6 +503,7 @@ pub async fn run(
                 .collect(),
         });
         let turns = Arc::new(SlowTurns::new(opts.slow_nodes));
+        let (directed_group, provisioned_group) = (queue_group(""), queue_group("-provisioned"));
         for (c, nats) in conns.iter().enumerate() {
             // The hop URL recorded in replies: one server per connection, looked up once.
             let url: Arc<str> = client::connected_url(nats).into();
@@ -522,7 +533,7 @@ pub async fn run(
                     // Identities hold dots: `>`, not `*`.
                     let subject = subjects::node(subjects::PROVISIONING_COLLECTIVE, ">");
                     let sub = nats
-                        .queue_subscribe(subject.clone(), SHARED_QUEUE.into())
+                        .queue_subscribe(subject.clone(), directed_group.clone())
                         .await
                         .map_err(|source| client::ClientError::Subscribe { subject, source })?;
                     tasks.push(tokio::spawn(shared_directed_loop(
@@ -537,7 +548,7 @@ pub async fn run(
             if opts.serve_provisioned {
                 let subject = "*.node.>".to_string();
                 let sub = nats
-                    .queue_subscribe(subject.clone(), format!("{SHARED_QUEUE}-provisioned"))
+                    .queue_subscribe(subject.clone(), provisioned_group.clone())
                     .await
                     .map_err(|source| client::ClientError::Subscribe { subject, source })?;
                 tasks.push(tokio::spawn(provisioned_loop(
