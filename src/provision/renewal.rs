@@ -33,6 +33,10 @@ use tracing::{debug, info, warn};
 
 /// Renewal requests in flight at once.
 const IN_FLIGHT: usize = 32;
+/// How often due requests are sent (as permits and the rate allow).
+const SEND_TICK: Duration = Duration::from_millis(100);
+/// The gauges are refreshed every this many ticks (a second).
+const GAUGE_EVERY: u64 = 10;
 /// How long one `reprovision` request waits for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first retry after a failed request; it doubles up to `retry`.
@@ -288,7 +292,11 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut sending: std::collections::HashSet<String> = Default::default();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Requests go out every tick, at most the permits free: a tick of a
+    // second capped renewal at IN_FLIGHT a second (~1,900/min) whatever
+    // `rate` said. The gauges, which walk the schedule, every tenth tick.
+    let mut tick = tokio::time::interval(SEND_TICK);
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             record = records.next() => match record {
@@ -317,8 +325,11 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
             }
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
-                handle.metrics.set_records(schedule.len());
-                handle.metrics.set_renewals_due(schedule.due_count(now));
+                if ticks % GAUGE_EVERY == 0 {
+                    handle.metrics.set_records(schedule.len());
+                    handle.metrics.set_renewals_due(schedule.due_count(now));
+                }
+                ticks += 1;
                 if handle.gate.is_paused() {
                     continue;
                 }

@@ -36,11 +36,25 @@ no_auth_user: prov
 }
 
 /// A connection to the CHORIA account, where the bucket lives.
+/// Retries for up to 10 s: after `NatsServer::restart` the server listens
+/// before JetStream has recovered its store, and on a loaded machine a
+/// connection right then was refused (seen once in the fault tier).
 pub async fn admin(nats: &NatsServer) -> async_nats::Client {
-    async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
-        .connect(nats.url())
-        .await
-        .unwrap()
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let connected =
+            async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
+                .connect(nats.url())
+                .await;
+        match connected {
+            Ok(c) => return c,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("admin connection to {}: {e}; retrying", nats.url());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no admin connection to {} within 10 s: {e}", nats.url()),
+        }
+    }
 }
 
 /// Creates the election bucket as the broker would, from the CHORIA account.
