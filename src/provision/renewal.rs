@@ -325,7 +325,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
             }
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
-                if ticks % GAUGE_EVERY == 0 {
+                if ticks.is_multiple_of(GAUGE_EVERY) {
                     handle.metrics.set_records(schedule.len());
                     handle.metrics.set_renewals_due(schedule.due_count(now));
                 }
