@@ -257,6 +257,19 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
             })
             .collect::<BTreeMap<String, f64>>()
     };
+    // The resource with who wrote what, for failure messages.
+    let resource_yaml = |cp: &support::kube::ControlPlane| {
+        cp.kubectl_ok(&[
+            "get",
+            "provisioner",
+            "shards-test",
+            "-n",
+            "default",
+            "-o",
+            "yaml",
+            "--show-managed-fields",
+        ])
+    };
     let want = || -> BTreeMap<String, f64> {
         r.running
             .iter()
@@ -273,16 +286,7 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
         assert!(
             Instant::now() < deadline,
             "status.members {seen:?}, want {want:?}\n{}\n{}",
-            cp.kubectl_ok(&[
-                "get",
-                "provisioner",
-                "shards-test",
-                "-n",
-                "default",
-                "-o",
-                "yaml",
-                "--show-managed-fields"
-            ]),
+            resource_yaml(&cp),
             r.running
                 .iter()
                 .map(|(n, p)| format!("--- {n}\n{}", p.logs_tail(15)))
@@ -330,16 +334,7 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
     assert!(
         left.is_empty(),
         "status.members after every replica stopped: {left:?}\n{}\n{logs}",
-        cp.kubectl_ok(&[
-            "get",
-            "provisioner",
-            "shards-test",
-            "-n",
-            "default",
-            "-o",
-            "yaml",
-            "--show-managed-fields"
-        ])
+        resource_yaml(&cp)
     );
 }
 

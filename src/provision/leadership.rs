@@ -37,11 +37,24 @@ impl Steer for Handle {
     }
 
     fn failed(&self, error: &str) {
+        self.election_failed(error);
+    }
+
+    fn worked(&self) {
+        self.election_worked();
+    }
+}
+
+impl Handle {
+    /// The election (or the shards' membership) failed: counted, and
+    /// `/readyz` says why. Both election modes report through here.
+    pub(super) fn election_failed(&self, error: &str) {
         self.metrics.election_error();
         self.health.set(HEALTH_CHECK, Err(error.to_string()));
     }
 
-    fn worked(&self) {
+    /// It works again: `/readyz` clears.
+    pub(super) fn election_worked(&self) {
         self.health.set(HEALTH_CHECK, Ok(()));
     }
 }

@@ -11,7 +11,6 @@
 use super::gate::PauseReason;
 use super::Handle;
 use crate::election::shards::{self, ShardSteer};
-use crate::election::HEALTH_CHECK;
 use std::sync::{Arc, RwLock};
 use tracing::{info, warn};
 
@@ -107,12 +106,11 @@ impl ShardSteer for Handle {
     }
 
     fn failed(&self, error: &str) {
-        self.metrics.election_error();
-        self.health.set(HEALTH_CHECK, Err(error.to_string()));
+        self.election_failed(error);
     }
 
     fn worked(&self) {
-        self.health.set(HEALTH_CHECK, Ok(()));
+        self.election_worked();
     }
 }
 
