@@ -189,7 +189,7 @@ pub async fn connect_observed(
         .collect::<Result<_, _>>()
         .map_err(|e: std::io::Error| {
             connect_error(
-                &opts.servers,
+                opts,
                 async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e),
             )
         })?;
@@ -199,18 +199,49 @@ pub async fn connect_observed(
     let client = o
         .connect(servers)
         .await
-        .map_err(|source| connect_error(&opts.servers, source))?;
+        .map_err(|source| connect_error(opts, source))?;
     Ok(client)
 }
 
-fn connect_error(servers: &[String], source: async_nats::ConnectError) -> ClientError {
+fn connect_error(opts: &ConnectOptions, source: async_nats::ConnectError) -> ClientError {
     let text = format!("{source:?} {source}");
-    let hint = crate::choria::tls::explain(&text)
-        .unwrap_or("check the broker URL and that the broker is running");
+    let hint = if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation {
+        refusal_hint(opts)
+    } else {
+        crate::choria::tls::explain(&text)
+            .unwrap_or("check the broker URL and that the broker is running")
+    };
     ClientError::Connect {
-        servers: servers.join(","),
+        servers: opts.servers.join(","),
         source,
         hint,
+    }
+}
+
+/// Why a broker refuses these credentials, as a Choria broker decides
+/// (go-choria `broker/network/choria_auth.go`): it gives no reason on the
+/// wire, so the hint names what it checks for this kind of connection.
+fn refusal_hint(opts: &ConnectOptions) -> &'static str {
+    match (&opts.user, &opts.token) {
+        (Some((user, _)), _) if user == "provisioner" => {
+            "the broker refused user provisioner: a Choria broker admits it only over TLS, with \
+             broker_provisioning_password equal to its plugin.choria.network.provisioning.client_password, \
+             and with a client certificate it verifies (x509 networks: plugin.security.file.certificate \
+             and .key in the Choria configuration) or, on an Organization Issuer network, a client JWT \
+             with the provisioner permission (`choria jwt client ... --server-provisioner`)"
+        }
+        (None, Some(_)) if opts.nats_jwt.is_none() => {
+            "the broker refused the provisioning JWT: a Choria broker admits a provisioning-mode \
+             server only over TLS, with a provisioning JWT signed by the key whose public half is its \
+             plugin.choria.network.provisioning.signer_cert (RSA) or by the Organization Issuer named \
+             in the JWT's ou (ed25519), and only when the broker has a provisioning password set"
+        }
+        (_, Some(_)) => {
+            "the broker refused the client JWT: it must be issued by an issuer (or signer) the broker \
+             trusts, unexpired, and signed for with the seed of its public key"
+        }
+        _ => "the broker refused the credentials (authorization violation): check the user, \
+              password or certificate the broker expects",
     }
 }
 

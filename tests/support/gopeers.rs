@@ -5,11 +5,9 @@
 //! CA signed (tests/gopeers/RECIPE.md §3).
 
 use choria_provisioner::choria::protocol::Version;
-use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::peers::{self, Missing};
 use super::NatsServer;
@@ -442,35 +440,6 @@ impl CaNats {
     /// The open client connections named `name` in `/connz`, with their
     /// subscriptions (`subscriptions_list`).
     pub fn connections(&self, name: &str) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // The monitoring listener may open a moment after the client port.
-        while std::net::TcpStream::connect(("127.0.0.1", self.monitor_port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server monitoring port did not open"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // HTTP/1.0: nats-server then answers without chunked encoding.
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.monitor_port)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        conn.write_all(b"GET /connz?subs=1&limit=1024 HTTP/1.0\r\n\r\n")
-            .unwrap();
-        let mut response = String::new();
-        conn.read_to_string(&mut response).unwrap();
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        assert!(head.starts_with("HTTP/1.0 200"), "/connz: {response}");
-        let connz: serde_json::Value = serde_json::from_str(body)
-            .unwrap_or_else(|e| panic!("/connz is not JSON ({e}): {body}"));
-        connz["connections"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["name"] == name)
-            .cloned()
-            .collect()
+        super::broker::connz(self.monitor_port, name)
     }
 }

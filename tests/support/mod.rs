@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod broker;
 pub mod certmanager;
 pub mod election;
 pub mod faults;
@@ -25,6 +26,7 @@ pub mod kube;
 pub mod operator;
 pub mod peers;
 pub mod provisioner;
+pub mod realnodes;
 
 /// Finds the nats-server binary: `$NATS_SERVER_BIN`, the project cache, or `$PATH`.
 pub fn nats_server_bin() -> PathBuf {

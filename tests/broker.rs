@@ -1,0 +1,685 @@
+//! The real Choria broker as a test peer (`choria broker run` from go-choria
+//! 0.30.2, tests/support/broker.rs): what users run between provisioners and
+//! their fleets, instead of the nats-server accounts that emulate it in the
+//! other tiers.
+//!
+//! * A real v1 server on an x509 network and a real v2 server on an
+//!   Organization Issuer network are provisioned through it, our provisioner
+//!   logged in as `provisioner` (with a verified client certificate, or a
+//!   client JWT with the provisioner permission); the v2 server is renewed
+//!   twice through it.
+//! * The election runs on the bucket the broker's Streams made, through the
+//!   two imports its provisioning account has: ours hand over gracefully,
+//!   the real Go provisioner takes over from a killed leader of ours.
+//! * Sharded replicas provision a simulated fleet through it, each node once.
+//! * What the broker refuses is refused, and our errors say why.
+//!
+//! Needs `$CHORIA_BIN` (and `$CHORIA_GO_PROVISIONER_BIN` for the election);
+//! under CI a missing peer fails the test (tests/support/peers.rs).
+
+mod support;
+
+use choria_provisioner::choria::client::{self, BrokerArgs, ConnectOptions};
+use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
+use choria_provisioner::fleet::FleetOptions;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
+use support::election::{read_key_entry, KeyEntry};
+use support::gopeers::{choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers};
+use support::provisioner::{binary, ProvisionerProcess};
+use support::realnodes::*;
+use support::RunningFleet;
+
+/// The election bucket's TTL on the test brokers: the shortest go-choria's
+/// election accepts is 4 s (a renewal every 0.75 TTL, at least 1 s apart).
+const TTL: Duration = Duration::from_secs(5);
+
+/// Our Choria client configuration on an x509 network: the file provider
+/// with a client certificate the broker's CA signed for `identity`.
+fn x509_choria_cfg(broker: &ChoriaBroker, name: &str, identity: &str) -> String {
+    let (cert, key) = broker.client_cert(name, identity);
+    format!(
+        "identity = {identity}\nplugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\n\
+         plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+         plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+        broker.url(),
+        s(&cert),
+        s(&key),
+        s(&broker.ca.cert)
+    )
+}
+
+/// A fresh x509 broker for `test`: (the choria binary, the work
+/// directory, the signers the broker trusts, the broker); `None` when the
+/// binary is missing (see tests/support/peers.rs).
+fn x509_broker(
+    test: &str,
+) -> Option<(std::path::PathBuf, tempfile::TempDir, Signers, ChoriaBroker)> {
+    let bin = choria_bin(test)?;
+    let work = tempfile::tempdir().unwrap();
+    let signers = make_signers(&bin, work.path());
+    let broker = ChoriaBroker::start(
+        &bin,
+        &work.path().join("broker"),
+        Network::X509,
+        &signers,
+        TTL,
+    );
+    Some((bin, work, signers, broker))
+}
+
+/// A simulated fleet of `nodes` provisioning-mode servers admitted by the
+/// broker as real ones are: TLS, provisioning JWTs signed by the broker's
+/// signer, and a journal.
+async fn fleet(
+    broker: &ChoriaBroker,
+    signers: &Signers,
+    prefix: &str,
+    nodes: usize,
+    journal: &Path,
+) -> RunningFleet {
+    RunningFleet::start(FleetOptions {
+        broker: BrokerArgs {
+            nats: vec![broker.url()],
+            tls_ca: Some(broker.ca.cert.clone()),
+            tls_required: true,
+        },
+        nodes,
+        token: TOKEN.into(),
+        jwt_signer: Some(signers.rsa_key.clone()),
+        journal: Some(journal.to_path_buf()),
+        identity_prefix: prefix.into(),
+        key_pool_size: 2,
+        ..Default::default()
+    })
+    .await
+}
+
+/// Successful `configure` requests per node, with their senders.
+fn configured_by(journal: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in support::read_journal_so_far(journal)
+        .iter()
+        .filter(|e| e["kind"] == "action" && e["action"] == "configure" && e["outcome"] == "ok")
+    {
+        out.entry(e["node"].as_str().unwrap().to_string())
+            .or_default()
+            .push(e["sender"].as_str().unwrap().to_string());
+    }
+    out
+}
+
+/// Waits until `nodes` nodes of `journal` were configured; the senders.
+async fn wait_configured(
+    journal: &Path,
+    nodes: usize,
+    timeout: Duration,
+    broker: &ChoriaBroker,
+) -> BTreeMap<String, Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let by = configured_by(journal);
+        if by.len() >= nodes {
+            return by;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {nodes} nodes configured within {timeout:?}; broker log tail:\n{}",
+            by.len(),
+            tail(&broker.log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The broker admitted `user` into `account` (its debug log says so).
+fn assert_registered(broker: &ChoriaBroker, user: &str, account: &str) {
+    let line = format!("Registering user '{user}' in account '{account}'");
+    assert!(
+        !broker.log_lines(&line).is_empty(),
+        "the broker never logged {line:?}"
+    );
+}
+
+/// No connection of the simulated fleet or ours tripped the broker's
+/// permissions: what they subscribe and publish is what the broker allows
+/// provisioning-mode servers and the provisioner.
+fn assert_no_violation(broker: &ChoriaBroker) {
+    let violations = broker.log_lines("Violation");
+    assert!(
+        violations.is_empty(),
+        "the broker refused subjects: {violations:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Real servers through the real broker.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network() {
+    let Some(mut bench) = Bench::start_on_choria(
+        "a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network",
+        Network::X509,
+        TTL,
+    )
+    .await
+    else {
+        return;
+    };
+    let id = "real-v1.broker.example.net";
+    let ssl = bench.path(id).join("ssl");
+    let settings = file_provider_settings(&ssl);
+    // Not `choria_insecure`: the broker admits `provisioner` only with a
+    // client certificate it verifies.
+    let choria_cfg = x509_choria_cfg(bench.broker.choria(), "provisioner", PROVISIONER);
+    let (p, _server, _) = bench
+        .provision_v1(id, ("", &choria_cfg), &settings, "choria=admin.mcollective")
+        .await;
+    let broker = bench.broker.choria();
+    assert_registered(broker, "provisioner", "provisioning");
+    assert_no_violation(broker);
+
+    // Back with its new certificate in the broker's choria account, serving
+    // mcollective; a real client whose certificate the CA signed is served.
+    bench.assert_connected_in(id, "mcollective");
+    let (admin_cert, admin_key) = broker.client_cert("admin", "admin.mcollective");
+    let client_cfg = bench.path("client-v1.conf");
+    std::fs::write(
+        &client_cfg,
+        format!(
+            "plugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nidentity = admin.mcollective\n\
+             plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+             plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+            bench.url(),
+            s(&admin_cert),
+            s(&admin_key),
+            s(&broker.ca.cert)
+        ),
+    )
+    .unwrap();
+    assert_serves_cli(&bench, &client_cfg, id, "mcollective").await;
+    bench.stop_and_check_log(p);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_v2_server_is_provisioned_and_renewed_twice_through_the_broker_on_an_issuer_network()
+{
+    let Some(mut bench) = Bench::start_on_choria(
+        "a_real_v2_server_is_provisioned_and_renewed_twice_through_the_broker_on_an_issuer_network",
+        Network::Issuer,
+        TTL,
+    )
+    .await
+    else {
+        return;
+    };
+    // The provisioner logs in as `provisioner` with its client JWT (the
+    // provisioner permission), reaches the renewed node in the choria
+    // account with the same JWT, and the node comes back each time with a
+    // server JWT the broker verifies against the issuer.
+    renew_a_v2_server_twice(&mut bench, "renewed-v2.broker.example.net").await;
+    let log = bench.broker.choria().log();
+    for line in [
+        "Registering user 'provisioner' in account 'provisioning' from claims",
+        "Allowing a provisioning server from using issuer 'choria'",
+    ] {
+        assert!(log.contains(line), "the broker never logged {line:?}");
+    }
+    assert!(
+        !log.contains("Violation"),
+        "the broker refused subjects:\n{}",
+        log.lines()
+            .filter(|l| l.contains("Violation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The election on the broker's own bucket.
+// ---------------------------------------------------------------------------
+
+/// Waits until the election key names someone other than `not` (a PUT);
+/// the entry.
+async fn wait_leader(
+    admin: &async_nats::Client,
+    not: Option<&str>,
+    timeout: Duration,
+    broker: &ChoriaBroker,
+) -> KeyEntry {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(e) = read_key_entry(admin).await {
+            if e.op == "PUT" && Some(e.value.as_str()) != not {
+                return e;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader other than {not:?} within {timeout:?}; broker log tail:\n{}",
+            tail(&broker.log(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() {
+    const TEST: &str = "ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over";
+    let Some(go_bin) = go_provisioner_bin(TEST) else {
+        return;
+    };
+    let Some((_, work, signers, broker)) = x509_broker(TEST) else {
+        return;
+    };
+    // The bucket as the broker holds it, read from its choria account.
+    let admin = client::connect(&ConnectOptions {
+        servers: vec![broker.url()],
+        name: "admin".into(),
+        tls: broker.tls(Some(broker.client_cert("admin", "admin.example.net"))),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let journal = work.path().join("journal.jsonl");
+    let fleet_a = fleet(&broker, &signers, "a", 60, &journal).await;
+    let yaml = format!(
+        "workers: 2\ninterval: 1m\ntoken: {TOKEN}\nsite: election\nhelper: {} fleet-helper\n\
+         rpc_timeout: 2s\ndiscovery_timeout: 2s\ndiscovery_window: 500ms\nleader_election: true\n\
+         broker_provisioning_password: {PROVISIONER_PASSWORD}\n",
+        binary()
+    );
+    let ours = |name: &str| {
+        let identity = format!("{name}.provisioners.example.net");
+        ProvisionerProcess::start_named(
+            work.path(),
+            name,
+            &yaml,
+            &x509_choria_cfg(&broker, name, &identity),
+            &[],
+        )
+    };
+    let mut r1 = ours("r1");
+    let mut r2 = ours("r2");
+
+    // One of ours leads on the broker's bucket and provisions fleet A alone.
+    let first = wait_leader(&admin, None, TTL * 3, &broker).await;
+    let by = wait_configured(&journal, 60, Duration::from_secs(60), &broker).await;
+    let senders: std::collections::BTreeSet<&String> = by.values().flatten().collect();
+    assert_eq!(
+        senders.len(),
+        1,
+        "fleet A configured by one leader: {senders:?}"
+    );
+    assert!(
+        senders
+            .iter()
+            .all(|s| first.value.starts_with(s.split('.').next().unwrap())),
+        "by the one the bucket names ({}): {senders:?}",
+        first.value
+    );
+
+    // A graceful stop hands over through the broker's imports at once:
+    // the standby leads well before the stopped leader's entry would expire.
+    let (leader, standby) = if first.value.starts_with("r1.") {
+        (&mut r1, &mut r2)
+    } else {
+        (&mut r2, &mut r1)
+    };
+    let stopped = Instant::now();
+    leader.signal("TERM");
+    assert!(leader.wait_exit(Duration::from_secs(10)).success());
+    let second = wait_leader(&admin, Some(&first.value), TTL, &broker).await;
+    let took = stopped.elapsed();
+    println!(
+        "graceful hand-over {} -> {} in {took:.2?}",
+        first.value, second.value
+    );
+    assert!(
+        took < TTL * 3 / 4,
+        "the hand-over took {took:?}: the stopped leader's entry was not released"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while standby.metric("choria_provisioner_paused") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the bucket names {} but it does not work:\n{}",
+            second.value,
+            standby.logs_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The real Go provisioner joins: a standby while ours lives.
+    let go_dir = work.path().join("go");
+    std::fs::create_dir_all(&go_dir).unwrap();
+    let go_yaml = format!(
+        "workers: 2\ninterval: 1m\ntoken: {TOKEN}\nsite: election\nhelper: {}\nleader_election: true\n\
+         broker_provisioning_password: {PROVISIONER_PASSWORD}\nlogfile: /dev/stderr\nloglevel: debug\n",
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/helper.sh")
+            .display()
+    );
+    let go = ProvisionerProcess::start_program(
+        &go_bin,
+        &go_dir,
+        "go",
+        &go_yaml,
+        &x509_choria_cfg(&broker, "go", "go.provisioners.example.net"),
+        &[],
+        &[],
+    );
+    let until = Instant::now() + TTL * 2;
+    while Instant::now() < until {
+        let e = read_key_entry(&admin).await;
+        assert_eq!(
+            e.as_ref().map(|e| e.value.as_str()),
+            Some(second.value.as_str()),
+            "our leader kept the lead; Go provisioner:\n{}",
+            go.logs_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Our leader dies (kill -9: nothing released): the Go provisioner takes
+    // over once the entry expired, and provisions fleet B alone.
+    drop(r1);
+    drop(r2);
+    let killed = Instant::now();
+    // Its candidate retries back off to at most ~30 s (backoff.TwentySec).
+    let third = wait_leader(
+        &admin,
+        Some(&second.value),
+        TTL + Duration::from_secs(45),
+        &broker,
+    )
+    .await;
+    let took = killed.elapsed();
+    println!(
+        "kill -9 {} -> {} after {took:.2?}",
+        second.value, third.value
+    );
+    assert_eq!(third.value, "go.provisioners.example.net");
+    // Our entry lives TTL after its last renewal, at most a quarter TTL
+    // before the kill (tests/election_go.rs EARLIEST_CRASH_FAILOVER).
+    assert!(
+        took >= TTL - Duration::from_secs(2),
+        "the Go provisioner led {took:?} after the kill, before our entry could expire"
+    );
+    let journal_b = work.path().join("journal-b.jsonl");
+    let fleet_b = fleet(&broker, &signers, "b", 20, &journal_b).await;
+    let by = wait_configured(&journal_b, 20, Duration::from_secs(90), &broker).await;
+    let senders: std::collections::BTreeSet<&String> = by.values().flatten().collect();
+    assert_eq!(
+        senders.into_iter().collect::<Vec<_>>(),
+        ["go.provisioners.example.net"],
+        "fleet B configured by the Go provisioner alone"
+    );
+    assert_registered(&broker, "provisioner", "provisioning");
+    assert_no_violation(&broker);
+    drop(go);
+    fleet_a.finish().await;
+    fleet_b.finish().await;
+}
+
+// ---------------------------------------------------------------------------
+// Shards through the broker.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_provision_each_node_once_through_the_broker() {
+    const TEST: &str = "sharded_replicas_provision_each_node_once_through_the_broker";
+    const NODES: usize = 300;
+    let Some((_, work, signers, broker)) = x509_broker(TEST) else {
+        return;
+    };
+    let journal = work.path().join("journal.jsonl");
+    let fleet = fleet(&broker, &signers, "s", NODES, &journal).await;
+    // Membership by heartbeats on a core subject of the provisioning
+    // account: a stock broker allows it, nothing to configure there.
+    let yaml = format!(
+        "workers: 4\ninterval: 1m\ntoken: {TOKEN}\nsite: shards\nhelper: {} fleet-helper\n\
+         rpc_timeout: 3s\ndiscovery_timeout: 2s\ndiscovery_window: 500ms\n\
+         broker_provisioning_password: {PROVISIONER_PASSWORD}\n\
+         election:\n  mode: shards\n  backend: streams\n  name: broker\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n",
+        binary()
+    );
+    let replicas: Vec<ProvisionerProcess> = ["s1", "s2"]
+        .iter()
+        .map(|n| {
+            let identity = format!("{n}.provisioners.example.net");
+            ProvisionerProcess::start_named(
+                work.path(),
+                n,
+                &yaml,
+                &x509_choria_cfg(&broker, n, &identity),
+                &[],
+            )
+        })
+        .collect();
+    let by = wait_configured(&journal, NODES, Duration::from_secs(120), &broker).await;
+    let twice: Vec<_> = by.iter().filter(|(_, s)| s.len() > 1).collect();
+    assert!(twice.is_empty(), "configured more than once: {twice:?}");
+    let mut shares: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in by.values().flatten() {
+        *shares.entry(s.as_str()).or_default() += 1;
+    }
+    println!("{NODES} nodes through the broker, by replica: {shares:?}");
+    assert_eq!(shares.len(), 2, "both replicas worked: {shares:?}");
+    for p in &replicas {
+        assert_eq!(p.metric("choria_provisioner_lock_refusals"), 0.0);
+    }
+    assert_no_violation(&broker);
+    drop(replicas);
+    fleet.finish().await;
+}
+
+// ---------------------------------------------------------------------------
+// What the broker refuses.
+// ---------------------------------------------------------------------------
+
+/// Connects as `opts` and returns the error text; panics if admitted.
+async fn refused(opts: ConnectOptions, what: &str) -> String {
+    match client::connect(&opts).await {
+        Ok(_) => panic!("the broker admitted {what}"),
+        Err(e) => {
+            let text = e.to_string();
+            println!("{what}: {text}");
+            text
+        }
+    }
+}
+
+/// A provisioning JWT made by the real `choria jwt prov`, signed by `key`.
+fn provisioning_jwt(bin: &Path, dir: &Path, key: &Path, url: &str, v2: bool) -> String {
+    let file = dir.join(format!("prov-{}.jwt", if v2 { "v2" } else { "v1" }));
+    let mut args = vec!["jwt", "prov", s(&file), s(key)];
+    args.extend(["--token", TOKEN, "--urls", url, "--default"]);
+    if v2 {
+        args.push("--protocol-v2");
+    }
+    choria_tool(bin, dir, &args);
+    std::fs::read_to_string(file).unwrap().trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_broker_refuses_is_refused_and_our_errors_say_why() {
+    const TEST: &str = "what_the_broker_refuses_is_refused_and_our_errors_say_why";
+    let Some((bin, work, signers, x509)) = x509_broker(TEST) else {
+        return;
+    };
+    // Another signer and another issuer, which the brokers do not trust.
+    let other_dir = work.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let other = make_signers(&bin, &other_dir);
+    let issuer = ChoriaBroker::start(
+        &bin,
+        &work.path().join("issuer"),
+        Network::Issuer,
+        &signers,
+        TTL,
+    );
+    let provisioning_node = |broker: &ChoriaBroker, jwt: String| ConnectOptions {
+        servers: vec![broker.url()],
+        name: "node".into(),
+        tls: BrokerArgs {
+            nats: vec![],
+            tls_ca: None,
+            tls_required: true,
+        }
+        .tls(),
+        token: Some(jwt),
+        ..Default::default()
+    };
+
+    // The signer's own JWTs are admitted (so what follows is refused for
+    // its signer, nothing else).
+    let good = provisioning_jwt(&bin, work.path(), &signers.rsa_key, &x509.url(), false);
+    client::connect(&provisioning_node(&x509, good))
+        .await
+        .expect("a provisioning JWT from the broker's signer is admitted");
+    let good_v2 = provisioning_jwt(&bin, work.path(), &signers.issuer_seed, &issuer.url(), true);
+    client::connect(&provisioning_node(&issuer, good_v2))
+        .await
+        .expect("an ed25519 provisioning JWT from the broker's issuer is admitted");
+
+    // 1. A provisioning JWT from another signer (RSA) and another issuer.
+    for (broker, key, v2, what) in [
+        (
+            &x509,
+            &other.rsa_key,
+            false,
+            "a v1 provisioning JWT from another signer",
+        ),
+        (
+            &issuer,
+            &other.issuer_seed,
+            true,
+            "a v2 provisioning JWT from another issuer",
+        ),
+    ] {
+        let jwt = provisioning_jwt(&bin, &other_dir, key, &broker.url(), v2);
+        let text = refused(provisioning_node(broker, jwt), what).await;
+        assert!(
+            text.contains("refused the provisioning JWT") && text.contains("signer_cert"),
+            "{what}: {text}"
+        );
+    }
+    assert!(
+        !x509.log_lines("crypto/rsa: verification error").is_empty(),
+        "the x509 broker says why it refused:\n{}",
+        tail(&x509.log(), 10)
+    );
+
+    // 2. `provisioner` on the x509 network: the password alone is not
+    // enough, a verified client certificate is needed; a wrong password
+    // is refused even with one.
+    let (cert, key) = x509.client_cert("prov", PROVISIONER);
+    let provisioner = |tls, password: &str| ConnectOptions {
+        servers: vec![x509.url()],
+        name: "provisioner".into(),
+        tls,
+        user: Some(("provisioner".into(), password.into())),
+        ..Default::default()
+    };
+    for (opts, what, broker_says) in [
+        (
+            provisioner(x509.tls(None), PROVISIONER_PASSWORD),
+            "provisioner without a client certificate",
+            "provisioning user is only allowed over verified TLS connections",
+        ),
+        (
+            provisioner(x509.tls(Some((cert.clone(), key.clone()))), "wr0ng-pa55"),
+            "provisioner with a wrong password",
+            "invalid provisioner password supplied",
+        ),
+    ] {
+        let text = refused(opts, what).await;
+        assert!(
+            text.contains("refused user provisioner")
+                && text.contains("client certificate")
+                && text.contains("client_password"),
+            "{what}: {text}"
+        );
+        assert!(
+            !x509.log_lines(broker_says).is_empty(),
+            "the broker logs {broker_says:?} for {what}"
+        );
+        assert!(
+            x509.log_lines("wr0ng-pa55").is_empty() && !text.contains(PROVISIONER_PASSWORD),
+            "a password in the broker's log or our error"
+        );
+    }
+    client::connect(&provisioner(
+        x509.tls(Some((cert, key))),
+        PROVISIONER_PASSWORD,
+    ))
+    .await
+    .expect("with the certificate and the password, provisioner is admitted");
+
+    // 3. `provisioner` on the issuer network with a client JWT that lacks
+    // the provisioner permission.
+    let (jwt, seed) = issuer.issue_client("plain", "plain", &[]);
+    let jwt = std::fs::read_to_string(jwt).unwrap().trim().to_string();
+    let key = Ed25519KeyPair::from_seed_hex(std::fs::read_to_string(seed).unwrap().trim()).unwrap();
+    let text = refused(
+        ConnectOptions {
+            servers: vec![issuer.url()],
+            name: "provisioner".into(),
+            tls: issuer.tls(None),
+            user: Some(("provisioner".into(), PROVISIONER_PASSWORD.into())),
+            token: Some(jwt.clone()),
+            nats_jwt: Some((jwt, key.signing_key().clone())),
+            ..Default::default()
+        },
+        "provisioner with a client JWT without the provisioner permission",
+    )
+    .await;
+    assert!(text.contains("--server-provisioner"), "{text}");
+    assert!(
+        !issuer
+            .log_lines("provisioner claim is false in token with caller id 'plain'")
+            .is_empty(),
+        "the issuer broker says why"
+    );
+
+    // 4. `run` itself: it keeps retrying, and its log and /readyz say why.
+    let run_dir = work.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let yaml = format!(
+        "workers: 2\ninterval: 1m\ntoken: {TOKEN}\nsite: refused\nhelper: {} fleet-helper\n\
+         broker_provisioning_password: wr0ng\n",
+        binary()
+    );
+    let p = ProvisionerProcess::start(
+        &run_dir,
+        &yaml,
+        &x509_choria_cfg(&x509, "run", PROVISIONER),
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, body) = loop {
+        let (status, body) = p.get("/readyz");
+        if body.contains("refused user provisioner") || Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("refused user provisioner"), "/readyz: {body}");
+    let logs = p.logs();
+    assert!(
+        logs.contains("could not connect to the broker; retrying")
+            && logs.contains("client_password"),
+        "{logs}"
+    );
+    assert!(!logs.contains("wr0ng"), "the password is in the log");
+}
