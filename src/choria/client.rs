@@ -790,4 +790,34 @@ mod tests {
         assert_eq!(request_ttl(Version::V1, s(3), 60), 30);
         assert_eq!(request_ttl(Version::V1, s(45), 60), 45);
     }
+
+    #[test]
+    fn a_refusal_names_what_a_choria_broker_checks_for_that_kind_of_login() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let provisioner = ConnectOptions {
+            user: Some(("provisioner".into(), "secret".into())),
+            ..Default::default()
+        };
+        let hint = refusal_hint(&provisioner);
+        assert!(hint.contains("client_password") && hint.contains("client certificate"));
+        assert!(!hint.contains("secret"), "never the password");
+        let v2_provisioner = ConnectOptions {
+            token: Some("jwt".into()),
+            nats_jwt: Some(("jwt".into(), key.clone())),
+            ..provisioner
+        };
+        assert_eq!(refusal_hint(&v2_provisioner), hint);
+        let node = ConnectOptions {
+            token: Some("jwt".into()),
+            ..Default::default()
+        };
+        assert!(refusal_hint(&node).contains("signer_cert"));
+        let client = ConnectOptions {
+            token: Some("jwt".into()),
+            nats_jwt: Some(("jwt".into(), key)),
+            ..Default::default()
+        };
+        assert!(refusal_hint(&client).contains("client JWT"));
+        assert!(refusal_hint(&ConnectOptions::default()).contains("authorization violation"));
+    }
 }
