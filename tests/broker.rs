@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
-use support::election::{read_key_entry, KeyEntry};
+use support::election::{bucket_config, read_key_entry, KeyEntry};
 use support::gopeers::{choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers};
 use support::provisioner::{binary, ProvisionerProcess};
 use support::realnodes::*;
@@ -180,9 +180,44 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
     // Not `choria_insecure`: the broker admits `provisioner` only with a
     // client certificate it verifies.
     let choria_cfg = x509_choria_cfg(bench.broker.choria(), "provisioner", PROVISIONER);
-    let (p, _server, _) = bench
-        .provision_v1(id, ("", &choria_cfg), &settings, "choria=admin.mcollective")
+    // Records in the broker's own Streams: its `choria` account admits a
+    // client whose certificate its CA signed, JetStream included.
+    let (records_cert, records_key) = bench
+        .broker
+        .choria()
+        .client_cert("records", "records.example.net");
+    let records = format!(
+        "records:\n  url: {}\n  bucket: BROKER_RECORDS\n  tls_ca: {}\n  tls_cert: {}\n  tls_key: {}\n",
+        bench.url(),
+        s(&bench.broker.ca().cert),
+        s(&records_cert),
+        s(&records_key)
+    );
+    let (mut p, _server, _) = bench
+        .provision_v1(
+            id,
+            (&records, &choria_cfg),
+            &settings,
+            "choria=admin.mcollective",
+        )
         .await;
+    p.wait_for_metric(
+        "choria_provisioner_records_written",
+        1.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    let out = std::process::Command::new(binary())
+        .args(["nodes", "--json", "--config"])
+        .arg(bench.path("provisioner/provisioner.yaml"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.lines().count() == 1 && listed.contains(id),
+        "the record, read back from the broker's Streams: {listed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let broker = bench.broker.choria();
     assert_registered(broker, "provisioner", "provisioning");
     assert_no_violation(broker);
@@ -225,7 +260,19 @@ async fn a_real_v2_server_is_provisioned_and_renewed_twice_through_the_broker_on
     // provisioner permission), reaches the renewed node in the choria
     // account with the same JWT, and the node comes back each time with a
     // server JWT the broker verifies against the issuer.
-    renew_a_v2_server_twice(&mut bench, "renewed-v2.broker.example.net").await;
+    // Records in the broker's own Streams: on an issuer network that has a
+    // CA, a client with a certificate it verifies gets pub-sub access to
+    // the choria account, JetStream and KV included.
+    let broker = bench.broker.choria();
+    let (cert, key) = broker.client_cert("records", "records.example.net");
+    let records = format!(
+        "  url: {}\n  tls_ca: {}\n  tls_cert: {}\n  tls_key: {}\n",
+        broker.url(),
+        s(&broker.ca.cert),
+        s(&cert),
+        s(&key)
+    );
+    renew_a_v2_server_twice(&mut bench, "renewed-v2.broker.example.net", Some(records)).await;
     let log = bench.broker.choria().log();
     for line in [
         "Registering user 'provisioner' in account 'provisioning' from claims",
@@ -289,6 +336,20 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
     })
     .await
     .unwrap();
+    // The emulation's bucket (tests/support/election.rs) is the broker's.
+    let info = admin
+        .request("$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", "".into())
+        .await
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.payload).unwrap();
+    let emulated = bucket_config(TTL);
+    for (field, want) in emulated.as_object().unwrap() {
+        assert_eq!(
+            &info["config"][field], want,
+            "the emulated bucket's {field} differs from the real broker's: {}",
+            info["config"]
+        );
+    }
     let journal = work.path().join("journal.jsonl");
     let fleet_a = fleet(&broker, &signers, "a", 60, &journal).await;
     let yaml = format!(

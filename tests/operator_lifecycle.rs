@@ -194,6 +194,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.records.history: Invalid value: \"integer\": spec.records.history must be 1 to 64 revisions per node (default 5)"),
         (json!({"records": {"urls": ["nats://records:4222"], "user": "rec"}}),
          "spec.records.passwordSecret: Invalid value: \"object\": spec.records.user and spec.records.passwordSecret go together"),
+        (json!({"records": {"urls": ["nats://records:4222"], "tlsCertSecret": {"name": "rec", "key": "tls.crt"}}}),
+         "spec.records.tlsKeySecret: Invalid value: \"object\": spec.records.tlsCertSecret and spec.records.tlsKeySecret go together"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d"}}),
          "spec.tokenSecret: Invalid value: \"object\": spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "100%"}}),

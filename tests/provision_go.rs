@@ -483,5 +483,5 @@ async fn a_real_v2_server_is_renewed_twice_before_its_credentials_expire() {
     else {
         return;
     };
-    renew_a_v2_server_twice(&mut bench, "renewed-v2.provision.example.net").await;
+    renew_a_v2_server_twice(&mut bench, "renewed-v2.provision.example.net", None).await;
 }

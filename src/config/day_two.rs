@@ -53,6 +53,8 @@ pub struct RecordsConfig {
     pub credentials_file: Option<PathBuf>,
     /// Verify the server's TLS certificate with this CA.
     pub tls_ca: Option<PathBuf>,
+    /// A client certificate and its key for mutual TLS.
+    pub tls_client: Option<(PathBuf, PathBuf)>,
 }
 
 /// When a credential is due for renewal.
@@ -118,6 +120,14 @@ impl RecordsConfig {
             token_file: path(&self.token_file),
             credentials_file: path(&self.credentials_file),
             tls_ca: path(&self.tls_ca),
+            tls_cert: self
+                .tls_client
+                .as_ref()
+                .map(|(c, _)| c.display().to_string()),
+            tls_key: self
+                .tls_client
+                .as_ref()
+                .map(|(_, k)| k.display().to_string()),
         }
     }
 
@@ -245,6 +255,16 @@ pub(crate) fn records(
         token_file: path("token_file")?,
         credentials_file: path("credentials_file")?,
         tls_ca: path("tls_ca")?,
+        tls_client: match (path("tls_cert")?, path("tls_key")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(r.error("tls_key", "tls_cert needs its key: set tls_key"))
+            }
+            (None, Some(_)) => {
+                return Err(r.error("tls_cert", "tls_key without tls_cert: set both or neither"))
+            }
+        },
     };
     if cfg.password.is_some() && cfg.password_file.is_some() {
         return Err(r.error("password_file", "set password or password_file, not both"));

@@ -159,7 +159,8 @@ file_section! {
     pub struct RecordsFile {
         /// NATS URL(s) of a JetStream the records may be written to,
         /// comma-separated. Required. (The provisioning account of a Choria
-        /// broker has no KV access: use an account or server that has.)
+        /// broker has no KV access: use the broker's `choria` account with a
+        /// client certificate, `tls_cert`, or another server.)
         url: String,
         /// The KV bucket.
         ///
@@ -187,6 +188,12 @@ file_section! {
         credentials_file: String,
         /// Verify the server's TLS certificate with this CA file.
         tls_ca: String,
+        /// A client certificate for mutual TLS, with `tls_key`: how a
+        /// client reaches a Choria broker's own Streams (its `choria`
+        /// account admits clients whose certificate its CA signed).
+        tls_cert: String,
+        /// The private key of `tls_cert`.
+        tls_key: String,
     }
 }
 

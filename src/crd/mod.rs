@@ -399,6 +399,13 @@ pub struct RecordsSpec {
     /// A CA certificate that verifies the server's TLS certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_ca_secret: Option<SecretKeyRef>,
+    /// A client certificate for mutual TLS, with `tlsKeySecret`: how the
+    /// records reach a Choria broker's own Streams on an x509 network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_secret: Option<SecretKeyRef>,
+    /// The private key of `tlsCertSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_secret: Option<SecretKeyRef>,
 }
 
 /// Renewal before expiry (`renewal:`).

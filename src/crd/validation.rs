@@ -44,7 +44,7 @@ const LEASE_TIMINGS: [(&str, &str); 3] = [
     ("spec.election.retryPeriod", "2s"),
 ];
 /// The references to Secret keys.
-const SECRET_REFS: [&str; 9] = [
+const SECRET_REFS: [&str; 11] = [
     "spec.tokenSecret",
     "spec.brokerPasswordSecret",
     "spec.jwtVerifyKeySecret",
@@ -54,6 +54,8 @@ const SECRET_REFS: [&str; 9] = [
     "spec.records.passwordSecret",
     "spec.records.tokenSecret",
     "spec.records.tlsCaSecret",
+    "spec.records.tlsCertSecret",
+    "spec.records.tlsKeySecret",
 ];
 /// A share of a lifetime, as `renewal.before` takes it.
 const PERCENT: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)%$";
@@ -373,6 +375,12 @@ pub fn rules() -> Vec<Rule> {
             ".passwordSecret",
             "has(self.user) == has(self.passwordSecret)",
             "spec.records.user and spec.records.passwordSecret go together",
+        ),
+        about(
+            "spec.records",
+            ".tlsKeySecret",
+            "has(self.tlsCertSecret) == has(self.tlsKeySecret)",
+            "spec.records.tlsCertSecret and spec.records.tlsKeySecret go together",
         ),
         rule(
             "spec.renewal.before",

@@ -250,6 +250,8 @@ fn records_and_renewal(s: &crate::crd::ProvisionerSpec, problem: &mut dyn FnMut(
             ("spec.records.passwordSecret", &r.password_secret),
             ("spec.records.tokenSecret", &r.token_secret),
             ("spec.records.tlsCaSecret", &r.tls_ca_secret),
+            ("spec.records.tlsCertSecret", &r.tls_cert_secret),
+            ("spec.records.tlsKeySecret", &r.tls_key_secret),
         ] {
             if let Some(r) = r {
                 check_secret_ref(field, r, problem);
@@ -257,6 +259,9 @@ fn records_and_renewal(s: &crate::crd::ProvisionerSpec, problem: &mut dyn FnMut(
         }
         if r.user.is_some() != r.password_secret.is_some() {
             problem("spec.records.user and spec.records.passwordSecret go together".into());
+        }
+        if r.tls_cert_secret.is_some() != r.tls_key_secret.is_some() {
+            problem("spec.records.tlsCertSecret and spec.records.tlsKeySecret go together".into());
         }
     }
     if let Some(b) = s.renewal.as_ref().and_then(|r| r.broker.as_ref()) {

@@ -163,6 +163,11 @@ async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Client, 
     if let Some(ca) = &cfg.tls_ca {
         opts = opts.add_root_certificates(ca.clone()).require_tls(true);
     }
+    if let Some((cert, key)) = &cfg.tls_client {
+        opts = opts
+            .add_client_certificate(cert.clone(), key.clone())
+            .require_tls(true);
+    }
     let addrs: Vec<async_nats::ServerAddr> = cfg
         .urls
         .iter()

@@ -109,9 +109,15 @@ impl ChoriaBroker {
             ttl = election_ttl.as_secs(),
         );
         if network == Network::Issuer {
+            // `plugin.security.choria.ca` is what lets clients with a
+            // certificate its CA signed use the `choria` account (pub-sub and
+            // Streams, not fleet subjects) on an issuer network; without it
+            // they are refused (go-choria `allowIssuerBasedTLSAccess`).
             conf_text.push_str(&format!(
-                "plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {}\n",
-                signers.issuer_public_hex
+                "plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {}\n\
+                 plugin.security.choria.ca = {}\n",
+                signers.issuer_public_hex,
+                s(&ca.cert)
             ));
         }
         let conf = dir.join("broker.conf");

@@ -2,6 +2,19 @@
 //! CHORIA account with JetStream holds the election bucket, and a
 //! PROVISIONING account (where provisioners and servers log in) imports
 //! exactly the two subjects a Choria broker imports for the election.
+//!
+//! Checked against the real broker (tests/broker.rs, which runs `choria
+//! broker run`): the bucket's configuration is the broker's field by field,
+//! and the two imports are all a provisioner on it needs. What this stand-in
+//! leaves out, and the real-broker tier covers instead: TLS and the login
+//! rules (`provisioner` with its password and a verified certificate or a
+//! JWT with the provisioner permission; nodes with a provisioning JWT from
+//! the broker's signer or issuer), the subjects provisioning-mode servers
+//! may use (subscribe `provisioning.node.>` and four broadcast agents;
+//! publish `choria.lifecycle.>`, `provisioning.reply.>`,
+//! `provisioning.registration.>`), and the export of the provisioning
+//! account's lifecycle events to the `choria` account. Fault tiers keep the
+//! stand-in: they restart and partition a plain nats-server.
 
 use super::NatsServer;
 use serde_json::Value;
@@ -57,16 +70,23 @@ pub async fn admin(nats: &NatsServer) -> async_nats::Client {
     }
 }
 
-/// Creates the election bucket as the broker would, from the CHORIA account.
-pub async fn create_bucket(nats: &NatsServer, ttl: Duration) {
-    let config = serde_json::json!({
+/// The election bucket's stream configuration as a Choria broker makes it
+/// (go-choria `broker/network/network_jetstream.go`); tests/broker.rs checks
+/// every field against the real broker's.
+pub fn bucket_config(ttl: Duration) -> Value {
+    serde_json::json!({
         "name": "KV_CHORIA_LEADER_ELECTION",
         "subjects": ["$KV.CHORIA_LEADER_ELECTION.>"],
         "retention": "limits", "max_consumers": -1, "max_msgs_per_subject": 1,
         "max_msgs": -1, "max_bytes": -1, "max_age": ttl.as_nanos() as u64,
         "max_msg_size": 1024, "storage": "file", "discard": "new", "num_replicas": 1,
         "deny_delete": true, "allow_rollup_hdrs": true, "allow_direct": true,
-    });
+    })
+}
+
+/// Creates the election bucket as the broker would, from the CHORIA account.
+pub async fn create_bucket(nats: &NatsServer, ttl: Duration) {
+    let config = bucket_config(ttl);
     let reply = admin(nats)
         .await
         .request(

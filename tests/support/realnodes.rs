@@ -749,18 +749,23 @@ impl V2Org {
         )
     }
 }
+
 /// Day two on `bench`: a real v2 server provisioned with a server JWT that is
 /// due for renewal at once (`before: 99%`), asked by the provisioner to
 /// `reprovision` through the broker, back in its collective with a new JWT,
-/// twice; every provisioning on record in a KV bucket on a nats-server of its
-/// own (a Choria broker's provisioning account has no JetStream).
-pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str) {
+/// twice; every provisioning on record in a KV bucket: reached with
+/// `records` (the `url` and credential keys of `records:`), or by default
+/// on a nats-server of its own.
+pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str, records: Option<String>) {
     let org = V2Org::issue(bench);
     let store = tempfile::tempdir().unwrap();
-    let records = NatsServer::start_with(&format!(
-        "jetstream {{ store_dir: \"{}\" }}\n",
-        store.path().display()
-    ));
+    let own = records.is_none().then(|| {
+        NatsServer::start_with(&format!(
+            "jetstream {{ store_dir: \"{}\" }}\n",
+            store.path().display()
+        ))
+    });
+    let records = records.unwrap_or_else(|| format!("  url: {}\n", own.as_ref().unwrap().url()));
     let server = bench.server(id, Version::V2).await;
     let node_dir = bench.path(id);
     let settings = org.server_settings(&node_dir);
@@ -776,14 +781,20 @@ pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str) {
     let renewal_cfg = bench.path("renewal.cfg");
     std::fs::write(&renewal_cfg, &choria_cfg).unwrap();
     let yaml = format!(
-        "{}records:\n  url: {}\n  bucket: RENEWED\n  history: 10\n\
+        "{}records:\n{records}  bucket: RENEWED\n  history: 10\n\
          renewal:\n  before: 99%\n  retry: 2m\n  choria_config: {}\n",
         org.yaml(),
-        records.url(),
         s(&renewal_cfg)
     );
     let mut p = bench.provisioner("renewed", &yaml, &choria_cfg, &helper);
     let started = std::time::Instant::now();
+    // Renewal works from the records: the first must be written.
+    p.wait_for_metric(
+        "choria_provisioner_records_written",
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
     let mut jtis = Vec::new();
     let mut expiries = Vec::new();
     for round in 1..=3 {

@@ -748,7 +748,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
-        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca}\n\
+        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k}\n\
          renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n",
     ];
     for yaml in cases {
@@ -763,6 +763,22 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         again.warnings = first.warnings.clone();
         assert_eq!(first, again, "written as\n{written}");
     }
+}
+
+#[test]
+fn a_records_client_certificate_needs_its_key() {
+    for (records, key) in [
+        ("{url: 'nats://r:4222', tls_cert: /c}", "records.tls_key"),
+        ("{url: 'nats://r:4222', tls_key: /k}", "records.tls_cert"),
+    ] {
+        let e = parse(&format!("helper: h\nrecords: {records}\n")).unwrap_err();
+        assert!(e.to_string().contains(key), "{records}: {e}");
+    }
+    let c = ok("helper: h\nrecords: {url: 'nats://r:4222', tls_cert: /c, tls_key: /k}\n");
+    assert_eq!(
+        c.records.unwrap().tls_client,
+        Some(("/c".into(), "/k".into()))
+    );
 }
 
 #[test]

@@ -110,6 +110,8 @@ fn records_file(r: &RecordsSpec) -> RecordsFile {
         token_file: r.token_secret.as_ref().map(ref_path),
         credentials_file: r.credentials_secret.as_ref().map(ref_path),
         tls_ca: r.tls_ca_secret.as_ref().map(ref_path),
+        tls_cert: r.tls_cert_secret.as_ref().map(ref_path),
+        tls_key: r.tls_key_secret.as_ref().map(ref_path),
         ..Default::default()
     }
 }

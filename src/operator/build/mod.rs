@@ -203,6 +203,8 @@ pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String
             &r.password_secret,
             &r.token_secret,
             &r.tls_ca_secret,
+            &r.tls_cert_secret,
+            &r.tls_key_secret,
         ]
     });
     for r in refs.into_iter().chain(record_refs).flatten() {
