@@ -712,7 +712,40 @@ async fn what_the_broker_refuses_is_refused_and_our_errors_say_why() {
         "the issuer broker says why"
     );
 
-    // 4. `run` itself: it keeps retrying, and its log and /readyz say why.
+    // 4. A client with a certificate the CA signed (as `records:` connects
+    // to the broker's Streams) in the `choria` account: admitted on an x509
+    // network, and on an issuer network only with plugin.security.choria.ca.
+    let bare = ChoriaBroker::start_with(
+        &bin,
+        &work.path().join("issuer-bare"),
+        Network::Issuer,
+        &signers,
+        TTL,
+        false,
+    );
+    for (broker, admitted) in [(&x509, true), (&issuer, true), (&bare, false)] {
+        let opts = ConnectOptions {
+            servers: vec![broker.url()],
+            name: "records".into(),
+            tls: broker.tls(Some(broker.client_cert("records", "records.example.net"))),
+            ..Default::default()
+        };
+        let connected = client::connect(&opts).await;
+        assert_eq!(
+            connected.is_ok(),
+            admitted,
+            "{:?} network{}: {:?}",
+            broker.network,
+            if admitted {
+                ""
+            } else {
+                " without plugin.security.choria.ca"
+            },
+            connected.err()
+        );
+    }
+
+    // 5. `run` itself: it keeps retrying, and its log and /readyz say why.
     let run_dir = work.path().join("run");
     std::fs::create_dir_all(&run_dir).unwrap();
     let yaml = format!(

@@ -66,6 +66,19 @@ impl ChoriaBroker {
         signers: &Signers,
         election_ttl: Duration,
     ) -> ChoriaBroker {
+        Self::start_with(bin, dir, network, signers, election_ttl, true)
+    }
+
+    /// [`ChoriaBroker::start`]; on an issuer network without
+    /// `plugin.security.choria.ca` unless `issuer_mtls_access`.
+    pub fn start_with(
+        bin: &Path,
+        dir: &Path,
+        network: Network,
+        signers: &Signers,
+        election_ttl: Duration,
+        issuer_mtls_access: bool,
+    ) -> ChoriaBroker {
         std::fs::create_dir_all(dir).unwrap();
         let ca = TestCa::create(dir);
         let (cert, key) = ca.issue(
@@ -114,11 +127,12 @@ impl ChoriaBroker {
             // Streams, not fleet subjects) on an issuer network; without it
             // they are refused (go-choria `allowIssuerBasedTLSAccess`).
             conf_text.push_str(&format!(
-                "plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {}\n\
-                 plugin.security.choria.ca = {}\n",
+                "plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {}\n",
                 signers.issuer_public_hex,
-                s(&ca.cert)
             ));
+            if issuer_mtls_access {
+                conf_text.push_str(&format!("plugin.security.choria.ca = {}\n", s(&ca.cert)));
+            }
         }
         let conf = dir.join("broker.conf");
         std::fs::write(&conf, conf_text).unwrap();
