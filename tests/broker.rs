@@ -39,16 +39,8 @@ const TTL: Duration = Duration::from_secs(5);
 /// Our Choria client configuration on an x509 network: the file provider
 /// with a client certificate the broker's CA signed for `identity`.
 fn x509_choria_cfg(broker: &ChoriaBroker, name: &str, identity: &str) -> String {
-    let (cert, key) = broker.client_cert(name, identity);
-    format!(
-        "identity = {identity}\nplugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\n\
-         plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-         plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-        broker.url(),
-        s(&cert),
-        s(&key),
-        s(&broker.ca.cert)
-    )
+    let cert = broker.client_cert(name, identity);
+    x509_client_config(&broker.url(), identity, &cert, &broker.ca.cert)
 }
 
 /// A fresh x509 broker for `test`: (the choria binary, the work
@@ -225,21 +217,7 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
     // Back with its new certificate in the broker's choria account, serving
     // mcollective; a real client whose certificate the CA signed is served.
     bench.assert_connected_in(id, "mcollective");
-    let (admin_cert, admin_key) = broker.client_cert("admin", "admin.mcollective");
-    let client_cfg = bench.path("client-v1.conf");
-    std::fs::write(
-        &client_cfg,
-        format!(
-            "plugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nidentity = admin.mcollective\n\
-             plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-             plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-            bench.url(),
-            s(&admin_cert),
-            s(&admin_key),
-            s(&broker.ca.cert)
-        ),
-    )
-    .unwrap();
+    let client_cfg = bench.x509_admin_config();
     assert_serves_cli(&bench, &client_cfg, id, "mcollective").await;
     bench.stop_and_check_log(p);
 }

@@ -125,25 +125,7 @@ async fn real_v1_server_is_provisioned_with_pki() {
     );
 
     // A real x509 client whose certificate the same CA signed is served.
-    let (admin_cert, admin_key) =
-        bench
-            .broker
-            .ca()
-            .issue(bench.work.path(), "admin", "admin.mcollective", &[]);
-    let client_cfg = bench.path("client-v1.conf");
-    std::fs::write(
-        &client_cfg,
-        format!(
-            "plugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nidentity = admin.mcollective\n\
-             plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-             plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-            bench.url(),
-            s(&admin_cert),
-            s(&admin_key),
-            s(&bench.broker.ca().cert)
-        ),
-    )
-    .unwrap();
+    let client_cfg = bench.x509_admin_config();
     assert_serves_cli(&bench, &client_cfg, id, "mcollective").await;
 
     bench

@@ -181,6 +181,14 @@ async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Client, 
         .await
         .map_err(|e| RecordsError::Connect {
             urls: cfg.urls.join(","),
-            reason: e.to_string(),
+            reason: if e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation {
+                format!(
+                "{e} (the server refused the records' credentials; a Choria broker admits them to \
+                 its choria account only with tls_cert/tls_key signed by its CA, and on an \
+                 Organization Issuer network only when it sets plugin.security.choria.ca)"
+            )
+            } else {
+                e.to_string()
+            },
         })
 }

@@ -365,6 +365,17 @@ impl Bench {
         ProvisionerProcess::start(&dir, &yaml, choria_cfg, &["--debug"])
     }
 
+    /// A configuration for a real x509 client `admin.mcollective`, its
+    /// certificate signed by the broker's CA: `<work>/client-v1.conf`.
+    pub fn x509_admin_config(&self) -> PathBuf {
+        let ca = self.broker.ca();
+        let cert = ca.issue(self.work.path(), "admin", "admin.mcollective", &[]);
+        let path = self.path("client-v1.conf");
+        let text = x509_client_config(&self.url(), "admin.mcollective", &cert, &ca.cert);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// A real v1 server provisioned with `pki` by our provisioner (started
     /// first with `yaml` and `choria_cfg`, so the server is found through
     /// its startup event), its helper giving `settings` and an `rpcutil`
@@ -869,4 +880,22 @@ pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str, records: Optio
         logs.len()
     );
     drop(server);
+}
+
+/// A Choria client configuration with the file security provider: the
+/// broker at `url`, `identity`, its certificate and key, the CA.
+pub fn x509_client_config(
+    url: &str,
+    identity: &str,
+    (cert, key): &(PathBuf, PathBuf),
+    ca: &Path,
+) -> String {
+    format!(
+        "identity = {identity}\nplugin.choria.middleware_hosts = {url}\nplugin.choria.use_srv = false\n\
+         plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+         plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+        s(cert),
+        s(key),
+        s(ca)
+    )
 }
