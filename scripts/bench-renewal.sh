@@ -65,6 +65,7 @@ url="nats://127.0.0.1:$port"
 openssl genrsa -out "$OUT/signer.key" 2048 2>/dev/null
 openssl rsa -in "$OUT/signer.key" -pubout -out "$OUT/signer.pub" 2>/dev/null
 python3 -c 'import os; print(os.urandom(32).hex())' >"$OUT/server-signer.seed"
+python3 -c 'import os; print(os.urandom(32).hex())' >"$OUT/records.seed"
 
 fleet() { # prefix nodes journal
   "$BIN" fleet --nats "$url" --nodes "$2" --token s3cret --jwt-signer "$OUT/signer.key" \
@@ -112,6 +113,7 @@ configuration_template:
 records:
   url: $url
   bucket: BENCH_RECORDS
+  signing_key: $OUT/records.seed
 renewal:
   before: 99.9%
   rate: $RATE

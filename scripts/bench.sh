@@ -199,6 +199,7 @@ fi
 # ---- shared material -------------------------------------------------------
 openssl genrsa -out "$WORK/signer.key" 2048 2>/dev/null
 openssl rsa -in "$WORK/signer.key" -pubout -out "$WORK/signer.pub" 2>/dev/null
+python3 -c 'import os; print(os.urandom(32).hex())' >"$WORK/shards.seed"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" \
   -days 30 -subj "/CN=bench CA" 2>/dev/null
 
@@ -330,6 +331,7 @@ run_one() {
       echo "  lease_duration: 6s"
       echo "  renew_deadline: 4s"
       echo "  retry_period: 1s"
+      echo "  signing_key: $WORK/shards.seed"
     fi
   } >"$dir/provisioner.yaml"
   cat >"$dir/choria.cfg" <<EOF

@@ -179,11 +179,12 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
         .choria()
         .client_cert("records", "records.example.net");
     let records = format!(
-        "records:\n  url: {}\n  bucket: BROKER_RECORDS\n  tls_ca: {}\n  tls_cert: {}\n  tls_key: {}\n",
+        "records:\n  url: {}\n  bucket: BROKER_RECORDS\n  tls_ca: {}\n  tls_cert: {}\n  tls_key: {}\n  signing_key: {}\n",
         bench.url(),
         s(&bench.broker.ca().cert),
         s(&records_cert),
-        s(&records_key)
+        s(&records_key),
+        s(&support::signing_key(&bench.path("")))
     );
     let (mut p, _server, _) = bench
         .provision_v1(
@@ -488,8 +489,9 @@ async fn sharded_replicas_provision_each_node_once_through_the_broker() {
         "workers: 4\ninterval: 1m\ntoken: {TOKEN}\nsite: shards\nhelper: {} fleet-helper\n\
          rpc_timeout: 3s\ndiscovery_timeout: 2s\ndiscovery_window: 500ms\n\
          broker_provisioning_password: {PROVISIONER_PASSWORD}\n\
-         election:\n  mode: shards\n  backend: streams\n  name: broker\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n",
-        binary()
+         election:\n  mode: shards\n  backend: streams\n  name: broker\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n  signing_key: {}\n",
+        binary(),
+        support::signing_key(work.path()).display()
     );
     let replicas: Vec<ProvisionerProcess> = ["s1", "s2"]
         .iter()

@@ -69,13 +69,14 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         "workers: 8\ninterval: 1m\ntoken: {TOKEN}\nsite: renewal\nchoria_insecure: true\nrpc_timeout: 3s\n\
          discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 2m\n\
          features:\n  pki: true\n\
-         records:\n  url: {url}\n  bucket: RENEWAL_TEST\n  history: 10\n\
+         records:\n  url: {url}\n  bucket: RENEWAL_TEST\n  history: 10\n  signing_key: {seed}\n\
          renewal:\n  before: 90%\n  rate: 6000\n  retry: 30s\n  choria_config: {renewal}\n\
-         election:\n  mode: shards\n  backend: streams\n  name: renewal\n",
+         election:\n  mode: shards\n  backend: streams\n  name: renewal\n  signing_key: {seed}\n",
         bin = binary(),
         ca = dir.path().join("ca.pem").display(),
         key = dir.path().join("ca.key").display(),
         url = nats.url(),
+        seed = support::signing_key(dir.path()).display(),
         renewal = renewal_cfg.display(),
     );
     let choria = format!(
@@ -163,6 +164,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     assert_eq!(listed.len(), NODES, "one record per node");
     assert_eq!(table.lines().count(), NODES + 1, "{table}");
     for r in &listed {
+        assert_eq!(r["verified"], true, "{r}");
         let cert = &r["certificate"];
         assert!(
             cert["serial"].as_str().is_some_and(|s| !s.is_empty()),
@@ -201,4 +203,207 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     assert!(reprovisioned.values().all(|s| s.len() >= 2));
     assert!(sent >= (2 * NODES) as f64);
     assert!(written >= (3 * NODES) as f64);
+}
+
+/// The `reason` series of `choria_provisioner_records_refused`.
+fn refused(p: &ProvisionerProcess, reason: &str) -> f64 {
+    let (_, body) = p.get("/metrics");
+    body.lines()
+        .filter(|l| {
+            l.starts_with("choria_provisioner_records_refused{")
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Anyone who may write the records bucket (on an x509 network every node
+/// we provisioned: its certificate reaches the broker's `choria` account,
+/// `$KV` included) wrote there. Before records were sealed, a record made
+/// the provisioner send `reprovision` within seconds — to a real node whose
+/// credentials were good for another hour, or, token included, into a
+/// collective the writer listened on. Now none of it is acted on: each is
+/// refused, counted by reason, and `nodes` shows the node's record as
+/// unverified; a deleted key changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_records_in_the_bucket_drive_no_renewal() {
+    use choria_provisioner::choria::security::seal::SealKey;
+    use choria_provisioner::records::sealed::Sealer;
+    use futures::StreamExt;
+    const FLEET: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let ca = choria_provisioner::fleet::ca::CertificateAuthority::generate("forged CA").unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerArgs::at([nats.url()]),
+        nodes: FLEET,
+        token: TOKEN.into(),
+        journal: Some(journal.clone()),
+        key_pool_size: 2,
+        serve_provisioned: true,
+        ..Default::default()
+    })
+    .await;
+    let renewal_cfg = dir.path().join("renewal.cfg");
+    std::fs::write(
+        &renewal_cfg,
+        format!(
+            "identity = renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    // Certificates valid an hour, due with 10 % of that left: nothing is
+    // due for 54 minutes unless a record says otherwise.
+    let yaml = format!(
+        "workers: 8\ntoken: {TOKEN}\nsite: forged\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 1h\n\
+         features:\n  pki: true\n\
+         records:\n  url: {url}\n  bucket: FORGED\n  signing_key: {seed}\n\
+         renewal:\n  before: 10%\n  rate: 6000\n  choria_config: {renewal}\n",
+        bin = binary(),
+        ca = dir.path().join("ca.pem").display(),
+        key = dir.path().join("ca.key").display(),
+        url = nats.url(),
+        seed = support::signing_key(dir.path()).display(),
+        renewal = renewal_cfg.display(),
+    );
+    let choria = format!(
+        "identity = provisioner.forged.example.net\nplugin.choria.middleware_hosts = {}\n",
+        nats.url()
+    );
+    let mut p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_records_written",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    p.wait_for_metric(
+        "choria_provisioner_records",
+        FLEET as f64,
+        Duration::from_secs(15),
+    )
+    .await;
+
+    // The writer: a plain client of the same JetStream.
+    let writer = async_nats::connect(nats.url()).await.unwrap();
+    let mut evil = writer.subscribe("evil.>").await.unwrap();
+    let kv = async_nats::jetstream::new(writer.clone())
+        .get_key_value("FORGED")
+        .await
+        .unwrap();
+    let ids = &fleet.identities;
+    let now = chrono::Utc::now().timestamp();
+    let sealed: Value = serde_json::from_slice(&kv.get(&ids[0]).await.unwrap().unwrap()).unwrap();
+    let mut record: Value = serde_json::from_str(sealed["record"].as_str().unwrap()).unwrap();
+    // 1. The victim's own record, unsealed, due now: provisioned an hour
+    // ago, its certificate expiring in 30 s.
+    record["time_unix"] = (now - 3600).into();
+    record["certificate"]["not_before_unix"] = (now - 3600).into();
+    record["certificate"]["not_after_unix"] = (now + 30).into();
+    kv.put(&ids[0], serde_json::to_vec(&record).unwrap().into())
+        .await
+        .unwrap();
+    // 2. A node nobody provisioned, in a collective the writer listens on,
+    // sealed with a key of the writer's own.
+    let mut ghost = record.clone();
+    ghost["identity"] = "ghost.example.net".into();
+    ghost["certificate"] = Value::Null;
+    ghost["server_jwt"] = serde_json::json!({
+        "jti": "x", "issued_unix": now - 3600, "expires_unix": now + 30, "collectives": ["evil"]
+    });
+    let theirs = SealKey::generate();
+    let forged = Sealer::new(theirs.clone(), theirs.verifier(), "FORGED", "forged")
+        .seal(&serde_json::from_value(ghost).unwrap())
+        .unwrap();
+    kv.put("ghost.example.net", forged.into()).await.unwrap();
+    // 3. Another node's sealed record with its expiry edited.
+    let mut edited: Value =
+        serde_json::from_slice(&kv.get(&ids[1]).await.unwrap().unwrap()).unwrap();
+    let mut inner: Value = serde_json::from_str(edited["record"].as_str().unwrap()).unwrap();
+    inner["time_unix"] = (now - 3600).into();
+    inner["certificate"]["not_after_unix"] = (now + 30).into();
+    edited["record"] = inner.to_string().into();
+    kv.put(&ids[1], serde_json::to_vec(&edited).unwrap().into())
+        .await
+        .unwrap();
+    // 4. A third node's record deleted.
+    kv.delete(&ids[2]).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (refused(&p, "unsigned") < 1.0
+        || refused(&p, "signature") < 2.0
+        || refused(&p, "deleted") < 1.0)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A forged record would have been sent within a tick; wait out several
+    // seconds more, and the settle time a record gets.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let asked = senders(&support::read_journal_so_far(&journal), "reprovision");
+    assert!(asked.is_empty(), "reprovision sent: {asked:?}");
+    let heard = tokio::time::timeout(Duration::from_millis(100), evil.next()).await;
+    assert_eq!(refused(&p, "unsigned"), 1.0, "the unsealed record");
+    assert_eq!(
+        refused(&p, "signature"),
+        2.0,
+        "the foreign seal and the edited record"
+    );
+    assert_eq!(refused(&p, "deleted"), 1.0);
+    assert!(
+        heard.is_err(),
+        "a request reached the writer's collective: {heard:?}"
+    );
+    assert_eq!(
+        p.metric("choria_provisioner_records"),
+        FLEET as f64,
+        "on record: every real node, the deleted one kept"
+    );
+    assert_eq!(p.metric("choria_provisioner_renewals_due"), 0.0);
+
+    let out = std::process::Command::new(binary())
+        .args(["nodes", "--json", "--config"])
+        .arg(dir.path().join("provisioner.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: BTreeMap<String, Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["identity"].as_str().unwrap().to_string(), v))
+        .collect();
+    assert_eq!(listed[&ids[0]]["verified"], false, "{:?}", listed[&ids[0]]);
+    assert!(listed[&ids[0]]["state"]
+        .as_str()
+        .unwrap()
+        .contains("no seal"));
+    assert_eq!(listed["ghost.example.net"]["verified"], false);
+    assert_eq!(listed[&ids[1]]["verified"], false);
+    assert!(!listed.contains_key(&ids[2]), "deleted");
+    assert_eq!(listed[&ids[3]]["verified"], true, "{:?}", listed[&ids[3]]);
+    assert!(
+        listed[&ids[3]]["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("due in "),
+        "{:?}",
+        listed[&ids[3]]
+    );
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(5)).success());
+    fleet.finish().await;
 }

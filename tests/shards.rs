@@ -56,6 +56,7 @@ pub struct Replicas<'a> {
 
 impl<'a> Replicas<'a> {
     fn new(dir: &'a Path, nats: &'a NatsServer, workers: usize) -> Self {
+        support::signing_key(dir);
         Replicas {
             dir,
             nats,
@@ -84,7 +85,14 @@ impl<'a> Replicas<'a> {
         let p = ProvisionerProcess::start_with_env(
             self.dir,
             &name,
-            &yaml(self.workers, self.election),
+            &yaml(
+                self.workers,
+                &format!(
+                    "{}  signing_key: {}\n",
+                    self.election,
+                    self.dir.join("signing.seed").display()
+                ),
+            ),
             &format!(
                 "identity = provisioner.shards.example.net\nplugin.choria.middleware_hosts = {}\n",
                 self.nats.url()

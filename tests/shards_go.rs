@@ -78,8 +78,11 @@ async fn ours_in_shards_and_the_go_provisioner_never_configure_a_real_server_twi
         &[],
         &[],
     );
-    let shards = "election:\n  mode: shards\n  backend: streams\n  name: mixed\n  \
-                  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
+    let shards = format!(
+        "election:\n  mode: shards\n  backend: streams\n  name: mixed\n  \
+         lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n  signing_key: {}\n",
+        support::signing_key(dir).display()
+    );
     let mut ours: Vec<ProvisionerProcess> = ["r1", "r2"]
         .iter()
         .map(|n| {

@@ -1,9 +1,13 @@
 //! `choria-provisioner nodes`: the records of provisioned nodes (see
 //! `records:` in `provisioner.yaml`), optionally only those expiring soon.
+//! Records whose seal is not ours are listed as unverified, with why, and
+//! never counted as expiring.
 
 use crate::config::duration::parse_duration;
 use crate::config::ProvisionerConfig;
-use crate::records::store::RecordStore;
+use crate::provision::renewal::{can_return, Schedule};
+use crate::records::sealed::Read;
+use crate::records::store::{sealer, RecordStore};
 use crate::records::Record;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -20,7 +24,8 @@ pub struct NodesArgs {
     /// Only nodes whose credentials expire within this (`30d`, `12h`).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub expiring: Option<Duration>,
-    /// One JSON record per line instead of a table.
+    /// One JSON object per line (the record, `verified`, `state`) instead
+    /// of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -37,18 +42,30 @@ pub async fn run(args: NodesArgs) -> Result<()> {
             args.config.display()
         );
     };
-    let store = RecordStore::connect(records, "choria-provisioner nodes")
+    let sealer = sealer(records, &cfg.site)?;
+    let store = RecordStore::connect(records, sealer, "choria-provisioner nodes")
         .await
         .context("reading the records")?;
     let now = chrono::Utc::now().timestamp();
-    let mut shown: Vec<Record> = store.all().await?;
+    let mut shown: Vec<Listed> = store
+        .all()
+        .await?
+        .into_iter()
+        .map(|read| Listed::new(read, cfg.renewal.as_ref(), now))
+        .collect();
     if let Some(within) = args.expiring {
         let until = now + within.as_secs() as i64;
-        shown.retain(|r| r.expiry().is_some_and(|(_, e)| e <= until));
+        shown.retain(|l| {
+            l.verified
+                && l.record
+                    .as_ref()
+                    .and_then(|r| r.expiry())
+                    .is_some_and(|(_, e)| e <= until)
+        });
     }
     if args.json {
-        for r in &shown {
-            println!("{}", serde_json::to_string(r)?);
+        for l in &shown {
+            println!("{}", l.json()?);
         }
         return Ok(());
     }
@@ -56,30 +73,124 @@ pub async fn run(args: NodesArgs) -> Result<()> {
     Ok(())
 }
 
+/// One line of the listing.
+pub struct Listed {
+    pub key: String,
+    pub record: Option<Record>,
+    pub verified: bool,
+    /// What renewal makes of it, or why it is not trusted.
+    pub state: String,
+}
+
+impl Listed {
+    pub fn new(
+        read: Read,
+        renewal: Option<&crate::config::day_two::RenewalConfig>,
+        now: i64,
+    ) -> Self {
+        match read {
+            Read::Verified(r) => Listed {
+                key: r.identity.clone(),
+                state: renewal
+                    .map(|c| renewal_state(&r, c, now))
+                    .unwrap_or_default(),
+                record: Some(*r),
+                verified: true,
+            },
+            Read::Refused { key, why, record } => Listed {
+                key,
+                record: record.map(|r| *r),
+                verified: false,
+                state: why.describe().to_string(),
+            },
+        }
+    }
+
+    fn json(&self) -> Result<String> {
+        let mut v = match &self.record {
+            Some(r) => serde_json::to_value(r)?,
+            None => serde_json::json!({ "identity": self.key }),
+        };
+        v["verified"] = self.verified.into();
+        v["state"] = self.state.clone().into();
+        Ok(serde_json::to_string(&v)?)
+    }
+}
+
+/// When renewal asks the node, or why it never will.
+fn renewal_state(r: &Record, cfg: &crate::config::day_two::RenewalConfig, now: i64) -> String {
+    let mut s = Schedule::default();
+    s.upsert(r, cfg);
+    let Some(at) = s.due_at(&r.identity) else {
+        return "nothing expires".into();
+    };
+    if !can_return(r.provisioning_jwt_expires_unix, at.max(now), cfg.retry) {
+        return format!(
+            "cannot return: its provisioning JWT expires {} ({}), before it could be renewed",
+            date(r.provisioning_jwt_expires_unix.unwrap_or_default()),
+            left(r.provisioning_jwt_expires_unix.unwrap_or_default() - now)
+        );
+    }
+    if at <= now {
+        "due now".into()
+    } else {
+        format!("due in {}", left(at - now))
+    }
+}
+
+fn date(unix: i64) -> String {
+    chrono::DateTime::from_timestamp(unix, 0)
+        .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+        .unwrap_or_default()
+}
+
 /// The listing: one line per node, expiry as a date and how far away.
-pub fn table(records: &[Record], now: i64) -> String {
+pub fn table(listed: &[Listed], now: i64) -> String {
     let mut out = format!(
-        "{:<40} {:<20} {:<24} {:<16} {:<20} {}\n",
-        "NODE", "PROVISIONED", "REPLICA", "MODE", "EXPIRES", "ISSUED"
+        "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
+        "NODE", "PROVISIONED", "REPLICA", "MODE", "EXPIRES", "ISSUED", "STATE"
     );
-    for r in records {
+    for l in listed {
+        let Some(r) = &l.record else {
+            out.push_str(&format!(
+                "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
+                crate::provision::one_line(&l.key, 60),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                l.state
+            ));
+            continue;
+        };
         let expires = r
             .expiry()
-            .map(|(_, e)| {
-                let at = chrono::DateTime::from_timestamp(e, 0)
-                    .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
-                    .unwrap_or_default();
-                format!("{at} ({})", left(e - now))
-            })
+            .map(|(_, e)| format!("{} ({})", date(e), left(e - now)))
             .unwrap_or_else(|| "-".into());
         let issued = match (&r.certificate, &r.server_jwt) {
             (Some(c), _) => format!("certificate {}", c.serial),
             (None, Some(j)) => format!("server JWT {}", j.jti),
             (None, None) => "-".into(),
         };
+        // An unverified record says what someone wrote: shown, but every
+        // field of it marked as such, and cut to one line.
+        let shown = |s: &str| {
+            if l.verified {
+                s.to_string()
+            } else {
+                crate::provision::one_line(s, 60)
+            }
+        };
         out.push_str(&format!(
-            "{:<40} {:<20} {:<24} {:<16} {:<20} {}\n",
-            r.identity, r.time, r.replica, r.mode, expires, issued
+            "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
+            shown(&r.identity),
+            shown(&r.time),
+            shown(&r.replica),
+            shown(&r.mode),
+            expires,
+            shown(&issued),
+            l.state
         ));
     }
     out

@@ -8,6 +8,7 @@
 //!   history: 5
 //!   user: provisioner-records
 //!   password_file: /etc/choria-provisioner/records.password
+//!   signing_key: /etc/choria-provisioner/records.seed   # openssl rand -hex 32
 //! renewal:
 //!   before: 20%            # or a duration such as 30d
 //!   jitter: 1h
@@ -55,6 +56,10 @@ pub struct RecordsConfig {
     pub tls_ca: Option<PathBuf>,
     /// A client certificate and its key for mutual TLS.
     pub tls_client: Option<(PathBuf, PathBuf)>,
+    /// The ed25519 seed file records are sealed with.
+    pub signing_key: PathBuf,
+    /// Public keys (hex) whose seals are trusted besides `signing_key`'s.
+    pub verify_keys: Vec<String>,
 }
 
 /// When a credential is due for renewal.
@@ -128,6 +133,8 @@ impl RecordsConfig {
                 .tls_client
                 .as_ref()
                 .map(|(_, k)| k.display().to_string()),
+            signing_key: Some(self.signing_key.display().to_string()),
+            verify_keys: (!self.verify_keys.is_empty()).then(|| self.verify_keys.clone()),
         }
     }
 
@@ -146,6 +153,13 @@ impl RecordsConfig {
                 ", credentials file"
             } else {
                 ""
+            }
+        ) + &format!(
+            ", sealed with {}{}",
+            self.signing_key.display(),
+            match self.verify_keys.len() {
+                0 => String::new(),
+                n => format!(" (and {n} more trusted)"),
             }
         )
     }
@@ -265,7 +279,27 @@ pub(crate) fn records(
                 return Err(r.error("tls_cert", "tls_key without tls_cert: set both or neither"))
             }
         },
+        signing_key: match path("signing_key")? {
+            Some(p) => p,
+            None => return Err(r.error(
+                "signing_key",
+                "required: the ed25519 seed file records are sealed with, shared by the Provisioner's replicas (make one with `openssl rand -hex 32 > records.seed`); anyone who may write the bucket could otherwise write what renewal acts on",
+            )),
+        },
+        verify_keys: r.string_list("verify_keys")?.unwrap_or_default(),
     };
+    for (i, k) in cfg.verify_keys.iter().enumerate() {
+        if crate::choria::security::parse_public_key_hex(k).is_err() {
+            return Err(r.item_error(
+                "verify_keys",
+                i,
+                format!(
+                    "{:?} is not an ed25519 public key (64 hex characters)",
+                    k.chars().take(80).collect::<String>()
+                ),
+            ));
+        }
+    }
     if cfg.password.is_some() && cfg.password_file.is_some() {
         return Err(r.error("password_file", "set password or password_file, not both"));
     }
@@ -299,11 +333,11 @@ pub(crate) fn renewal(
     };
     let before = match raw.trim().strip_suffix('%') {
         Some(p) => match p.trim().parse::<f64>() {
-            Ok(v) if v > 0.0 && v <= 100.0 => Before::Share(v / 100.0),
+            Ok(v) if v > 0.0 && v < 100.0 => Before::Share(v / 100.0),
             _ => {
                 return Err(r.error(
                     "before",
-                    format!("{raw:?} is not a share between 0% (exclusive) and 100%"),
+                    format!("{raw:?} is not a share above 0% and below 100% (100% would renew every credential as soon as it is issued)"),
                 ))
             }
         },
@@ -348,6 +382,47 @@ pub(crate) fn renewal(
     }))
 }
 
+/// A lifetime the configuration issues, and the setting that says so.
+pub struct Lifetime {
+    pub setting: &'static str,
+    pub lifetime: Duration,
+}
+
+/// Refuses a `renewal` whose lead (`before` plus `jitter`) is not shorter
+/// than `shortest`, the shortest lifetime the configuration issues: every
+/// node would be due as soon as it is provisioned, and asked to reprovision
+/// again and again.
+pub(crate) fn check_lead(
+    file: &Path,
+    renewal: &RenewalConfig,
+    shortest: Option<Lifetime>,
+) -> Result<(), ConfigError> {
+    let Some(Lifetime { setting, lifetime }) = shortest else {
+        return Ok(());
+    };
+    let issued = 0i64;
+    let expires = lifetime.as_secs() as i64;
+    let lead = renewal.before.lead(issued, expires) + renewal.jitter;
+    if lead < lifetime {
+        return Ok(());
+    }
+    let key = match renewal.before {
+        Before::Share(_) => "renewal.jitter",
+        Before::Duration(_) => "renewal.before",
+    };
+    Err(ConfigError::invalid(
+        file,
+        None,
+        key,
+        format!(
+            "{} before expiry plus a jitter of {} is not shorter than the {} credentials live ({setting}): every node would be asked to renew as soon as it is provisioned",
+            renewal.before.text(),
+            format_duration(renewal.jitter),
+            format_duration(lifetime),
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +440,46 @@ mod tests {
             Duration::ZERO,
             "a broken lifetime leads by nothing"
         );
+    }
+
+    fn renewal(before: Before, jitter: u64) -> RenewalConfig {
+        RenewalConfig {
+            before,
+            jitter: Duration::from_secs(jitter),
+            rate: 100,
+            choria_config: "c".into(),
+            collective: "mcollective".into(),
+            retry: DEFAULT_RENEWAL_RETRY,
+        }
+    }
+
+    #[test]
+    fn a_lead_not_shorter_than_the_shortest_lifetime_is_refused() {
+        let day = Duration::from_secs(86_400);
+        let week = || {
+            Some(Lifetime {
+                setting: "server_jwt_validity",
+                lifetime: 7 * day,
+            })
+        };
+        let f = Path::new("p.yaml");
+        assert!(check_lead(f, &renewal(Before::Duration(day), 3600), week()).is_ok());
+        assert!(check_lead(f, &renewal(Before::Duration(30 * day), 0), None).is_ok());
+        let e = check_lead(f, &renewal(Before::Duration(7 * day), 0), week())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("renewal.before") && e.contains("7d") && e.contains("server_jwt_validity"),
+            "{e}"
+        );
+        let e = check_lead(f, &renewal(Before::Duration(6 * day), 86_400), week())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("renewal.before"), "{e}");
+        assert!(check_lead(f, &renewal(Before::Share(0.5), 3600), week()).is_ok());
+        let e = check_lead(f, &renewal(Before::Share(0.5), 4 * 86_400), week())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("renewal.jitter"), "{e}");
     }
 }

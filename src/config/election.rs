@@ -145,6 +145,9 @@ pub struct ElectionConfig {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
+    /// Shards: the ed25519 seed file membership records are sealed with
+    /// (the replicas share it); required in `mode: shards`.
+    pub signing_key: Option<std::path::PathBuf>,
 }
 
 impl Default for ElectionConfig {
@@ -162,6 +165,7 @@ impl Default for ElectionConfig {
             lease_duration: DEFAULT_LEASE_DURATION,
             renew_deadline: DEFAULT_RENEW_DEADLINE,
             retry_period: DEFAULT_RETRY_PERIOD,
+            signing_key: None,
         }
     }
 }
@@ -202,6 +206,7 @@ impl ElectionConfig {
         let mut f = ElectionFile {
             backend: Some(self.backend.as_str().to_string()),
             mode: (self.mode != ElectionMode::Leader).then(|| self.mode.as_str().to_string()),
+            signing_key: self.signing_key.as_ref().map(|p| p.display().to_string()),
             ..Default::default()
         };
         match self.backend {
@@ -305,7 +310,25 @@ impl ElectionConfig {
             (_, ElectionBackend::Streams) => LEASE_KEYS,
             (_, ElectionBackend::Lease) => STREAMS_KEYS,
         };
-        for key in unused.iter().filter(|k| !matches!(**k, "backend" | "mode")) {
+        let signing_key = sec
+            .string("signing_key")?
+            .filter(|s| !s.trim().is_empty())
+            .map(std::path::PathBuf::from);
+        match (cfg.sharded(), signing_key) {
+            (true, None) => {
+                return Err(sec.error(
+                    "signing_key",
+                    "required in mode shards: the ed25519 seed file the replicas seal their membership with (make one with `openssl rand -hex 32 > signing.seed`; records.signing_key may be the same file); without it anyone who may publish on the membership subject could remove a working member or add made-up ones",
+                ))
+            }
+            (true, Some(k)) => cfg.signing_key = Some(k),
+            (false, Some(_)) => warnings.push(sec.warning("signing_key", "ignored in mode leader")),
+            (false, None) => {}
+        }
+        for key in unused
+            .iter()
+            .filter(|k| !matches!(**k, "backend" | "mode" | "signing_key"))
+        {
             if sec.is_set(key) {
                 warnings.push(sec.warning(
                     key,
@@ -556,7 +579,7 @@ mod tests {
     #[test]
     fn shards_mode_takes_the_membership_timings_for_both_backends() {
         let (c, w) = resolve(
-            "mode: shards\nbackend: streams\nlease_duration: 6s\nrenew_deadline: 4s\nretry_period: 1s\nbucket: X\n",
+            "mode: shards\nbackend: streams\nlease_duration: 6s\nrenew_deadline: 4s\nretry_period: 1s\nbucket: X\nsigning_key: /k\n",
             false,
         )
         .unwrap();
@@ -575,8 +598,17 @@ mod tests {
             w,
             ["p.yaml: election.bucket: ignored with backend streams in mode shards"]
         );
-        let (c, _) = resolve("mode: Shards\nbackend: lease\n", false).unwrap();
+        let (c, _) = resolve("mode: Shards\nbackend: lease\nsigning_key: /k\n", false).unwrap();
         assert!(c.sharded());
+        assert_eq!(c.signing_key.as_deref(), Some(Path::new("/k")));
+        assert!(resolve("mode: shards\nbackend: lease\n", false)
+            .unwrap_err()
+            .to_string()
+            .contains("election.signing_key: required in mode shards"));
+        let (_, w) = resolve("backend: lease\nsigning_key: /k\n", false).unwrap();
+        assert!(w[0]
+            .to_string()
+            .contains("election.signing_key: ignored in mode leader"));
         let (c, _) = resolve("backend: lease\n", false).unwrap();
         assert_eq!(c.mode, ElectionMode::Leader);
         assert!(!c.sharded());
@@ -585,8 +617,10 @@ mod tests {
             .contains("election.mode: shards needs a membership backend"));
         assert!(e("mode: herd\nbackend: lease\n")
             .contains("election.mode: \"herd\" is not a known mode"));
-        assert!(e("mode: shards\nbackend: streams\nrenew_deadline: 20s\n")
-            .contains("must be longer than renew_deadline"));
+        assert!(
+            e("mode: shards\nbackend: streams\nrenew_deadline: 20s\nsigning_key: /k\n")
+                .contains("must be longer than renew_deadline")
+        );
         // The block it writes reads back the same.
         let file = c.to_file();
         assert_eq!(file.mode, None, "leader is the default and is not written");

@@ -194,6 +194,14 @@ file_section! {
         tls_cert: String,
         /// The private key of `tls_cert`.
         tls_key: String,
+        /// The ed25519 seed file (64 hex characters, `openssl rand -hex 32`)
+        /// every record is sealed with; the Provisioner's replicas share it.
+        /// Records are acted on (renewal, `nodes`, counts) only when their
+        /// seal verifies with it (or with `verify_keys`). Required.
+        signing_key: String,
+        /// Public keys (64 hex characters each) whose seals are trusted too:
+        /// the previous key, while records sealed with it remain.
+        verify_keys: Vec<String>,
     }
 }
 
@@ -338,6 +346,11 @@ file_section! {
         /// Lease, and `mode: shards`: how often a candidate campaigns and a
         /// member renews.
         retry_period: String,
+        /// `mode: shards`: the ed25519 seed file (64 hex characters) every
+        /// member seals its membership records with; the replicas share it
+        /// (it may be `records.signing_key`'s file). Required in shards
+        /// mode.
+        signing_key: String,
     }
 }
 
@@ -366,7 +379,7 @@ mod tests {
         assert_eq!(yaml, "workers: 1\nfeatures:\n  pki: true\n");
         assert!(ProvisionerFile::KEYS.contains(&"broker_provisioning_password_file"));
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
-        assert_eq!(ElectionFile::KEYS.len(), 12);
+        assert_eq!(ElectionFile::KEYS.len(), 13);
         assert_eq!(ElectionFile::KEYS[0], "mode");
         assert_eq!(ElectionFile::FIELDS[0].key, "mode");
         assert_eq!(FeaturesFile::FIELDS[0].ty, "bool");

@@ -198,6 +198,14 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt_signing_token_secret: Option<SecretKeyRef>,
 
+    /// The ed25519 seed (64 hex characters) the replicas seal what they
+    /// write to the bus and read back with: records (`spec.records`) and,
+    /// in shards mode, their membership. Unset: the operator makes a
+    /// Secret `<name>-signing-key` (key `seed`) once, owned by this
+    /// Provisioner, and keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_key_secret: Option<SecretKeyRef>,
+
     /// The helper that decides each node's configuration; optional when
     /// `nodeConfiguration` configures the nodes (then its answer is merged
     /// over the templates').

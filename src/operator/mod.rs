@@ -469,6 +469,7 @@ async fn lead(
             pdbs,
         },
         leaders: Default::default(),
+        signing_keys: Default::default(),
     });
     let (provisioners, writer) = reflector::store();
     let changes = watcher(

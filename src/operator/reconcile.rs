@@ -61,6 +61,10 @@ pub struct Context {
     /// The leader each Provisioner (by uid) named when this controller last
     /// looked: a change is an Event.
     pub leaders: Mutex<HashMap<String, Option<String>>>,
+    /// Provisioners (by uid) whose signing key Secret this controller made
+    /// or found: asked for once each, so an unchanged Provisioner costs no
+    /// request.
+    pub signing_keys: Mutex<std::collections::HashSet<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +211,7 @@ async fn sync_owned(
     if !taken.is_empty() {
         return Ok(Synced::Taken(taken));
     }
+    ensure_signing_key(ctx, p, ns, &uid).await?;
     let mut deployment = ctx.stores.deployment(ns, &name);
     for (d, step) in desired.iter().zip(&steps) {
         if !matches!(step, owned::Step::Apply) {
@@ -225,6 +230,45 @@ async fn sync_owned(
         info!(namespace = ns, provisioner = %name, "deleted the PodDisruptionBudget: fewer than two replicas");
     }
     Ok(Synced::Done(deployment.map(Box::new)))
+}
+
+/// Makes the Secret with the pods' signing key, when they need one and the
+/// spec names none (see [`build::signing_key_secret`]): created once and
+/// never replaced (a new seed would orphan every record sealed with the
+/// old). The operator may only create Secrets, never read them: one that
+/// exists under the name is kept as it is.
+async fn ensure_signing_key(
+    ctx: &Context,
+    p: &Provisioner,
+    ns: &str,
+    uid: &str,
+) -> Result<(), Error> {
+    let known = |ctx: &Context| {
+        ctx.signing_keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(uid)
+    };
+    if known(ctx) {
+        return Ok(());
+    }
+    let Some(secret) = build::signing_key_secret(p)? else {
+        return Ok(());
+    };
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), ns);
+    match api.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(namespace = ns, provisioner = %p.name_any(), secret = %name, "made the signing key Secret")
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(api_error("Secret", "create", &name, &e)),
+    }
+    ctx.signing_keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(uid.to_string());
+    Ok(())
 }
 
 /// Applies the operator's part of the status when it changed, then

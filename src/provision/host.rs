@@ -406,6 +406,7 @@ impl HostSequence {
             certificate: &response.certificate,
             server_jwt,
             config,
+            provisioning_jwt_expires: self.got.jwt.as_ref().and_then(|c| c.standard.expire_time()),
             now: chrono::Utc::now(),
         };
         match issued.record() {

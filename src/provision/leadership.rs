@@ -138,14 +138,26 @@ async fn shards(
         std::time::Duration::from_secs(30),
     );
     loop {
-        let set_up = match cfg.backend {
-            ElectionBackend::Lease => LeaseMembership::connect(&cfg, &me)
-                .await
-                .map(ShardBackend::Lease),
-            _ => Heartbeats::connect(nats.clone(), &cfg.name, &me)
+        let set_up = async {
+            let key = signing_key(&cfg)?;
+            let verifier = key.verifier();
+            match cfg.backend {
+                ElectionBackend::Lease => LeaseMembership::connect(&cfg, &me, key, verifier)
+                    .await
+                    .map(ShardBackend::Lease),
+                _ => Heartbeats::connect(
+                    nats.clone(),
+                    &cfg.name,
+                    &me,
+                    key,
+                    verifier,
+                    timings.renew_period * 3 / 4,
+                )
                 .await
                 .map(ShardBackend::Heartbeats),
-        };
+            }
+        }
+        .await;
         match set_up {
             Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, handle, stop).await,
             Ok(ShardBackend::Heartbeats(b)) => {
@@ -160,6 +172,18 @@ async fn shards(
             }
         }
     }
+}
+
+/// `election.signing_key`, read now (a rotated file takes effect when the
+/// membership is set up again).
+fn signing_key(
+    cfg: &ElectionConfig,
+) -> Result<crate::choria::security::seal::SealKey, ElectionError> {
+    let path = cfg.signing_key.as_deref().ok_or_else(|| {
+        ElectionError::Other("election.signing_key is required in mode shards".into())
+    })?;
+    crate::choria::security::seal::SealKey::from_file(path)
+        .map_err(|e| ElectionError::Other(format!("election.signing_key: {e}")))
 }
 
 enum ShardBackend {

@@ -73,7 +73,17 @@ pub struct Metrics {
     records: IntGauge,
     renewals_due: IntGauge,
     renewals: IntCounterVec,
+    renewals_stranded: IntGauge,
+    records_refused: IntCounterVec,
+    shard_records_refused: IntCounterVec,
 }
+
+/// Labels of `choria_provisioner_shard_records_refused{reason}`.
+pub const SHARD_REFUSED_REASONS: [&str; 5] =
+    ["unsigned", "signature", "invalid", "replayed", "too_many"];
+
+/// Labels of `choria_provisioner_renewals{outcome}`.
+pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
 
 /// Labels of `choria_provisioner_rejected_identities{source}`.
 pub const IDENTITY_SOURCES: [&str; 2] = ["discovery", "event"];
@@ -313,7 +323,23 @@ impl Metrics {
                 "choria_provisioner_renewals",
                 "Renewal (reprovision) requests by how they ended",
                 "outcome",
-                &["sent", "refused", "failed"],
+                &RENEWAL_OUTCOMES,
+            ),
+            renewals_stranded: gauge(
+                "choria_provisioner_renewals_stranded",
+                "Nodes on record that renewal will not ask to reprovision because they could not come back: their provisioning JWT expires before they would be provisioned again",
+            ),
+            shard_records_refused: labelled(
+                "choria_provisioner_shard_records_refused",
+                "Shard membership records (heartbeats, member Leases) ignored, by reason: not sealed, a seal that is not ours, malformed, an old record again, or more members than are counted",
+                "reason",
+                &SHARD_REFUSED_REASONS,
+            ),
+            records_refused: labelled(
+                "choria_provisioner_records_refused",
+                "Values in the records bucket not acted on, by reason: no seal, a seal that is not ours, sealed for another key or site, older than a record already seen, not a record, or a key deleted (the schedule keeps it)",
+                "reason",
+                &crate::records::sealed::Refusal::ALL.map(|r| r.reason()),
             ),
             shard_members: gauge(
                 "choria_provisioner_shard_members",
@@ -377,6 +403,20 @@ impl Metrics {
     /// `outcome`: `sent`, `refused` or `failed`.
     pub fn renewal(&self, outcome: &str) {
         self.renewals.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn shard_record_refused(&self, reason: &str) {
+        self.shard_records_refused
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    pub fn record_refused(&self, reason: &str) {
+        self.records_refused.with_label_values(&[reason]).inc();
+    }
+
+    pub fn set_renewals_stranded(&self, n: usize) {
+        self.renewals_stranded.set(saturating_i64(n));
     }
 
     pub fn record_written(&self) {

@@ -74,6 +74,8 @@ pub enum RunError {
     Client(#[from] ClientError),
     #[error("{0}")]
     Unsupported(String),
+    #[error("records: {0}")]
+    Records(#[from] crate::records::store::RecordsError),
 }
 
 /// Why the provisioner cannot start: a file is missing, malformed or
@@ -88,6 +90,8 @@ pub enum PrepareError {
     Setup(#[source] ConfigError),
     #[error("could not set up renewal's Choria client (renewal.choria_config): {0}")]
     Renewal(#[source] ConfigError),
+    #[error("records: {0}")]
+    Records(#[source] crate::records::store::RecordsError),
     #[error("could not set up TLS to the broker ({}): {source}", .file.display())]
     Tls {
         file: std::path::PathBuf,
@@ -143,6 +147,9 @@ pub fn prepare(
     let setup = ccfg.client_setup(&cfg, env).map_err(PrepareError::Setup)?;
     if let Some(r) = &cfg.renewal {
         renewal::setup(r, cfg.choria_insecure, env).map_err(PrepareError::Renewal)?;
+    }
+    if let Some(r) = &cfg.records {
+        crate::records::store::sealer(r, &cfg.site).map_err(PrepareError::Records)?;
     }
     if setup.connect.tls.is_custom() {
         setup
@@ -317,13 +324,19 @@ impl Provisioner {
         client.discovery_timeout = Duration::from_secs(2);
         announce(&client, &cfg, &setup, &version, &nats).await;
 
-        if let (Some(renewal), Some(records)) = (&cfg.renewal, &cfg.records) {
+        let sealer = match &cfg.records {
+            Some(r) => Some(crate::records::store::sealer(r, &cfg.site)?),
+            None => None,
+        };
+        if let (Some(renewal), Some(records), Some(sealer)) = (&cfg.renewal, &cfg.records, &sealer)
+        {
             let env = crate::config::Environment::from_process();
             let setup = renewal::setup(renewal, cfg.choria_insecure, &env)?;
             tasks.spawn(renewal::run(
                 renewal::Renewal {
                     cfg: renewal.clone(),
                     records: records.clone(),
+                    sealer: sealer.clone(),
                     setup,
                     token: cfg.token.clone(),
                     name: format!("choria-provisioner renewal {me}"),
@@ -333,9 +346,10 @@ impl Provisioner {
                 stop_tasks.clone(),
             ));
         }
-        if let (Some(records), Some(rx)) = (&cfg.records, records_rx) {
+        if let (Some(records), Some(rx), Some(sealer)) = (&cfg.records, records_rx, sealer) {
             tasks.spawn(recorder::run(
                 records.clone(),
+                sealer,
                 format!("choria-provisioner records {me}"),
                 rx,
                 handle.metrics.clone(),

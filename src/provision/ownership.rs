@@ -108,6 +108,9 @@ impl ShardSteer for Handle {
     fn failed(&self, error: &str) {
         self.election_failed(error);
     }
+    fn refused(&self, reason: &'static str) {
+        self.metrics.shard_record_refused(reason);
+    }
 
     fn worked(&self) {
         self.election_worked();

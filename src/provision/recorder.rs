@@ -7,6 +7,7 @@
 use crate::backoff::Backoff;
 use crate::config::day_two::RecordsConfig;
 use crate::provision::metrics::Metrics;
+use crate::records::sealed::Sealer;
 use crate::records::store::RecordStore;
 use crate::records::Record;
 use std::collections::VecDeque;
@@ -47,6 +48,7 @@ impl Recorder {
 /// Connects (retrying), then writes every record handed over until `stop`.
 pub async fn run(
     cfg: RecordsConfig,
+    sealer: Sealer,
     name: String,
     mut rx: mpsc::UnboundedReceiver<Record>,
     metrics: Arc<Metrics>,
@@ -74,7 +76,7 @@ pub async fn run(
             }
         }
         if store.is_none() {
-            match RecordStore::connect(&cfg, &name).await {
+            match RecordStore::connect(&cfg, sealer.clone(), &name).await {
                 Ok(s) => {
                     info!(bucket = s.bucket(), "writing records");
                     backoff.reset();

@@ -8,28 +8,43 @@
 //! due, its owner — the leader, or in shards mode the member that owns it,
 //! checked right before the request — sends `choria_provision#reprovision`
 //! with the provisioning token to the node in its own collective, at most
-//! `renewal.rate` a minute. The node rewrites its configuration to
-//! provisioning mode and restarts (go-choria 0.30.2; it needs a provisioning
-//! JWT with `chpd`), comes back through provisioning, gets fresh credentials
-//! and a new record, which moves its due time.
+//! `renewal.rate` a minute for the whole fleet (each of N members sends a
+//! 1/N share). The node rewrites its configuration to provisioning mode
+//! and restarts (go-choria 0.30.2; it needs a provisioning JWT with
+//! `chpd`), comes back through provisioning, gets fresh credentials and a
+//! new record, which moves its due time.
+//!
+//! Only records sealed by us are acted on ([`crate::records::sealed`]):
+//! anyone who may write the bucket could otherwise choose whom we ask to
+//! reprovision, into which collective, and when. An older record of a node
+//! than one already seen (an old revision written again) is refused too, and
+//! a deleted key changes nothing: the schedule keeps what it knew.
+//!
+//! A node whose provisioning JWT expires before it could be provisioned
+//! again (`renewal.retry` from the request) is never asked: the broker
+//! would refuse it on its way back, and the node would be lost. It is
+//! counted (`outcome="cannot_return"`, `choria_provisioner_renewals_stranded`)
+//! and left on its current credentials.
 //!
 //! A node asked is asked again after `renewal.retry` if no new record came;
 //! a failed request is retried with backoff. Outcomes are counted in
 //! `choria_provisioner_renewals{outcome}`.
 
+use super::suspects::{Allow, LogLimiter};
 use super::Handle;
 use crate::choria::client::ChoriaClient;
 use crate::config::day_two::{RecordsConfig, RenewalConfig};
 use crate::config::Secret;
+use crate::records::sealed::{Read, Refusal, Sealer};
 use crate::records::store::RecordStore;
 use crate::records::Record;
 use futures::StreamExt;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Renewal requests in flight at once.
 const IN_FLIGHT: usize = 32;
@@ -51,6 +66,12 @@ pub const SETTLE_AFTER_PROVISIONING: i64 = 15;
 pub struct Schedule {
     nodes: HashMap<String, Due>,
     by_time: BTreeSet<(i64, String)>,
+    /// The newest record time seen for each node: an older record is a
+    /// replay of an earlier revision.
+    newest: HashMap<String, i64>,
+    /// Nodes that could not come back from a `reprovision`; not due again
+    /// until a newer record arrives.
+    stranded: HashSet<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -59,8 +80,33 @@ struct Due {
     /// When the credential expires.
     expires: i64,
     collective: Option<String>,
+    /// When its provisioning JWT expires, if it does.
+    returns_until: Option<i64>,
     /// Consecutive failed requests.
     failures: u32,
+}
+
+/// A node due now, as [`Schedule::due`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueNode {
+    pub identity: String,
+    /// Its collective from its record; `None`: the configured default.
+    pub collective: Option<String>,
+    /// When its provisioning JWT expires, if it does.
+    pub returns_until: Option<i64>,
+}
+
+/// What [`Schedule::upsert`] did with a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upserted {
+    Scheduled,
+    /// Scheduled, at half its lifetime: `before` plus `jitter` is not
+    /// shorter than the lifetime (a short credential from a helper).
+    Shortened,
+    /// Nothing on it expires.
+    NothingExpires,
+    /// Older than a record of the node already seen: ignored.
+    Replayed,
 }
 
 /// How a renewal request ended.
@@ -72,6 +118,9 @@ pub enum RenewalOutcome {
     Refused,
     /// No answer, or the request could not be made.
     Failed,
+    /// Not sent: the node could not come back (its provisioning JWT
+    /// expires first).
+    CannotReturn,
 }
 
 impl RenewalOutcome {
@@ -80,6 +129,7 @@ impl RenewalOutcome {
             RenewalOutcome::Sent => "sent",
             RenewalOutcome::Refused => "refused",
             RenewalOutcome::Failed => "failed",
+            RenewalOutcome::CannotReturn => "cannot_return",
         }
     }
 }
@@ -91,13 +141,31 @@ fn jitter_share(identity: &str) -> f64 {
 
 impl Schedule {
     /// Takes a node's newest record: its due time follows its expiry.
-    pub fn upsert(&mut self, record: &Record, cfg: &RenewalConfig) {
+    pub fn upsert(&mut self, record: &Record, cfg: &RenewalConfig) -> Upserted {
+        if self
+            .newest
+            .get(&record.identity)
+            .is_some_and(|t| *t > record.time_unix)
+        {
+            return Upserted::Replayed;
+        }
+        self.newest
+            .insert(record.identity.clone(), record.time_unix);
+        self.stranded.remove(&record.identity);
         self.remove(&record.identity);
         let Some((issued, expires)) = record.expiry() else {
-            return;
+            return Upserted::NothingExpires;
         };
-        let lead = cfg.before.lead(issued, expires).as_secs_f64()
+        let lifetime = expires.saturating_sub(issued).max(0) as f64;
+        let mut lead = cfg.before.lead(issued, expires).as_secs_f64()
             + cfg.jitter.as_secs_f64() * jitter_share(&record.identity);
+        let mut upserted = Upserted::Scheduled;
+        if lead >= lifetime {
+            // Due at issue would ask the node again as soon as it is back,
+            // for ever: renew at half its life instead.
+            lead = lifetime / 2.0;
+            upserted = Upserted::Shortened;
+        }
         let at = (expires - lead.round() as i64).max(record.time_unix + SETTLE_AFTER_PROVISIONING);
         self.insert(
             record.identity.clone(),
@@ -105,9 +173,24 @@ impl Schedule {
                 at,
                 expires,
                 collective: record.collective().map(str::to_string),
+                returns_until: record.provisioning_jwt_expires_unix,
                 failures: 0,
             },
         );
+        upserted
+    }
+
+    /// The node cannot come back from a `reprovision`: not due again until
+    /// a newer record.
+    pub fn strand(&mut self, identity: &str) {
+        if self.remove(identity).is_some() {
+            self.stranded.insert(identity.to_string());
+        }
+    }
+
+    /// Nodes left on their credentials because they could not come back.
+    pub fn stranded(&self) -> usize {
+        self.stranded.len()
     }
 
     fn insert(&mut self, identity: String, due: Due) {
@@ -135,13 +218,19 @@ impl Schedule {
         self.by_time.range(..(now + 1, String::new())).count()
     }
 
-    /// The nodes due now, earliest first, at most `limit`, and the
-    /// collective of each (`None`: the configured default).
-    pub fn due(&self, now: i64, limit: usize) -> Vec<(String, Option<String>)> {
+    /// The nodes due now, earliest first, at most `limit`.
+    pub fn due(&self, now: i64, limit: usize) -> Vec<DueNode> {
         self.by_time
             .range(..(now + 1, String::new()))
             .take(limit)
-            .map(|(_, id)| (id.clone(), self.nodes[id].collective.clone()))
+            .map(|(_, id)| {
+                let d = &self.nodes[id];
+                DueNode {
+                    identity: id.clone(),
+                    collective: d.collective.clone(),
+                    returns_until: d.returns_until,
+                }
+            })
             .collect()
     }
 
@@ -213,12 +302,38 @@ impl RateLimit {
     pub fn take(&mut self, n: usize) {
         self.tokens -= n as f64;
     }
+
+    /// A new rate from now on (a member's share changes with the members).
+    pub fn set_per_minute(&mut self, rate: u32, now: std::time::Instant) {
+        let per_second = f64::from(rate) / 60.0;
+        if per_second != self.per_second {
+            self.available(now);
+            self.per_second = per_second;
+            self.capacity = per_second.max(1.0);
+            self.tokens = self.tokens.min(self.capacity);
+        }
+    }
+}
+
+/// A member's share of the fleet's `rate`: `rate / members`, at least one
+/// a minute.
+pub fn share_of_rate(rate: u32, members: usize) -> u32 {
+    (rate / members.max(1) as u32).max(1)
+}
+
+/// Whether a node whose provisioning JWT expires at `returns_until` can
+/// come back from a `reprovision` sent at `now`: it must still be valid
+/// when the node is provisioned again, within `retry` of the request.
+pub fn can_return(returns_until: Option<i64>, now: i64, retry: Duration) -> bool {
+    returns_until.is_none_or(|t| t > now + retry.as_secs() as i64)
 }
 
 /// What the renewal loop needs.
 pub struct Renewal {
     pub cfg: RenewalConfig,
     pub records: RecordsConfig,
+    /// Opens the records (only ours are acted on).
+    pub sealer: Sealer,
     /// How to reach the provisioned nodes (`renewal.choria_config`).
     pub setup: crate::config::ClientSetup,
     pub token: Secret,
@@ -269,7 +384,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
     let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let mut records = loop {
         let watched = async {
-            let store = RecordStore::connect(&r.records, &r.name).await?;
+            let store = RecordStore::connect(&r.records, r.sealer.clone(), &r.name).await?;
             store.watch().await
         };
         match watched.await {
@@ -287,11 +402,14 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
         return;
     };
     info!(before = ?r.cfg.before, rate = r.cfg.rate, "renewing credentials before they expire");
-    let mut schedule = Schedule::default();
-    let mut limit = RateLimit::per_minute(r.cfg.rate, std::time::Instant::now());
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut state = Loop {
+        schedule: Schedule::default(),
+        limit: RateLimit::per_minute(r.cfg.rate, std::time::Instant::now()),
+        in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+        sending: HashSet::new(),
+        logs: LogLimiter::default(),
+    };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut sending: std::collections::HashSet<String> = Default::default();
     // Requests go out every tick, at most the permits free: a tick of a
     // second capped renewal at IN_FLIGHT a second (~1,900/min) whatever
     // `rate` said. The gauges, which walk the schedule, every tenth tick.
@@ -299,71 +417,152 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
     let mut ticks: u64 = 0;
     loop {
         tokio::select! {
-            record = records.next() => match record {
-                Some(record) => {
-                    sending.remove(&record.identity);
-                    schedule.upsert(&record, &r.cfg);
-                }
+            read = records.next() => match read {
+                Some(read) => state.take(read, &r.cfg, &handle),
                 None => {
-                    warn!("the records watch ended; renewal stops");
+                    error!("the records watch ended; renewal stops");
                     return;
                 }
             },
             Some((identity, outcome)) = done_rx.recv() => {
-                sending.remove(&identity);
+                state.sending.remove(&identity);
                 handle.metrics.renewal(outcome.label());
                 let now = chrono::Utc::now().timestamp();
                 match outcome {
                     RenewalOutcome::Sent => {
-                        schedule.asked(&identity, now, r.cfg.retry);
+                        state.schedule.asked(&identity, now, r.cfg.retry);
                         // It comes back through provisioning at once: the
                         // hold after its last success must not stop it.
                         handle.registry.forget_done(&identity);
                     }
-                    _ => schedule.failed(&identity, now, r.cfg.retry),
+                    _ => state.schedule.failed(&identity, now, r.cfg.retry),
                 }
             }
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
                 if ticks.is_multiple_of(GAUGE_EVERY) {
-                    handle.metrics.set_records(schedule.len());
-                    handle.metrics.set_renewals_due(schedule.due_count(now));
+                    handle.metrics.set_records(state.schedule.len());
+                    handle.metrics.set_renewals_due(state.schedule.due_count(now));
+                    handle.metrics.set_renewals_stranded(state.schedule.stranded());
                 }
                 ticks += 1;
-                if handle.gate.is_paused() {
-                    continue;
+                if !handle.gate.is_paused() {
+                    state.send_due(&r, &client, &handle, &done_tx, now);
                 }
-                let available = limit.available(std::time::Instant::now());
-                let mut sent = 0;
-                for (identity, collective) in schedule.due(now, available + sending.len()) {
-                    if sent == available {
-                        break;
-                    }
-                    if sending.contains(&identity) {
-                        continue;
-                    }
-                    // Ours to renew only while it is in our share.
-                    if !handle.ownership.owns(&identity) {
-                        schedule.later(&identity, now, 30);
-                        continue;
-                    }
-                    let Ok(permit) = in_flight.clone().try_acquire_owned() else { break };
-                    sent += 1;
-                    sending.insert(identity.clone());
-                    let client = client.in_collective(
-                        collective.as_deref().unwrap_or(&r.cfg.collective),
-                    );
-                    let (token, done) = (r.token.clone(), done_tx.clone());
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        let outcome = reprovision(&client, &identity, &token).await;
-                        let _ = done.send((identity, outcome));
-                    });
-                }
-                limit.take(sent);
             }
             _ = stop.cancelled() => return,
         }
+    }
+}
+
+/// The renewal loop's state between events.
+struct Loop {
+    schedule: Schedule,
+    limit: RateLimit,
+    in_flight: Arc<Semaphore>,
+    /// Requests under way.
+    sending: HashSet<String>,
+    /// Refused records and stranded nodes, logged at a bounded rate.
+    logs: LogLimiter,
+}
+
+impl Loop {
+    /// One value from the records watch.
+    fn take(&mut self, read: Read, cfg: &RenewalConfig, handle: &Handle) {
+        let (key, why) = match read {
+            Read::Verified(record) => match self.schedule.upsert(&record, cfg) {
+                Upserted::Replayed => (record.identity, Refusal::Replayed),
+                upserted => {
+                    self.sending.remove(&record.identity);
+                    if upserted == Upserted::Shortened {
+                        self.warn(
+                                "shortened",
+                                &record.identity,
+                                "its credential lives no longer than renewal.before plus jitter; renewing it at half its lifetime",
+                            );
+                    }
+                    return;
+                }
+            },
+            Read::Refused { key, why, .. } => (key, why),
+        };
+        handle.metrics.record_refused(why.reason());
+        self.warn(why.reason(), &key, why.describe());
+    }
+
+    fn warn(&self, kind: &'static str, key: &str, what: &str) {
+        if let Allow::Yes { suppressed } = self.logs.check(kind, std::time::Instant::now()) {
+            warn!(
+                key = %crate::choria::identity::shown(key),
+                suppressed_before = suppressed,
+                "a record in the records bucket is not acted on: {what}"
+            );
+        }
+    }
+
+    /// Sends what is due, as the rate and the permits allow.
+    fn send_due(
+        &mut self,
+        r: &Renewal,
+        client: &ChoriaClient,
+        handle: &Handle,
+        done: &mpsc::UnboundedSender<Done>,
+        now: i64,
+    ) {
+        let instant = std::time::Instant::now();
+        if handle.ownership.sharded() {
+            // The fleet's rate, shared: each member sends its share.
+            let members = handle.ownership.members().len();
+            self.limit
+                .set_per_minute(share_of_rate(r.cfg.rate, members), instant);
+        }
+        let available = self.limit.available(instant);
+        let mut sent = 0;
+        for node in self.schedule.due(now, available + self.sending.len()) {
+            if sent == available {
+                break;
+            }
+            if self.sending.contains(&node.identity) {
+                continue;
+            }
+            // Ours to renew only while it is in our share.
+            if !handle.ownership.owns(&node.identity) {
+                self.schedule.later(&node.identity, now, 30);
+                continue;
+            }
+            if !can_return(node.returns_until, now, r.cfg.retry) {
+                self.schedule.strand(&node.identity);
+                handle.metrics.renewal(RenewalOutcome::CannotReturn.label());
+                error!(
+                    node = %node.identity,
+                    "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
+                );
+                continue;
+            }
+            let collective = node.collective.as_deref().unwrap_or(&r.cfg.collective);
+            if crate::choria::identity::validate(&node.identity).is_err()
+                || super::grants::check_collectives("collectives", &[collective.to_string()])
+                    .is_err()
+            {
+                // Records are ours, checked when granted: never here.
+                self.schedule.strand(&node.identity);
+                error!(key = %crate::choria::identity::shown(&node.identity), "a sealed record names an identity or collective that is not valid; not renewing it");
+                continue;
+            }
+            let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+                break;
+            };
+            sent += 1;
+            self.sending.insert(node.identity.clone());
+            let client = client.in_collective(collective);
+            let (token, done) = (r.token.clone(), done.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let outcome = reprovision(&client, &node.identity, &token).await;
+                let _ = done.send((node.identity, outcome));
+            });
+        }
+        self.limit.take(sent);
     }
 }
 

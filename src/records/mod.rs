@@ -9,7 +9,15 @@
 //! Every replica writes only the nodes it provisioned, each a key of its
 //! own, so replicas in either election mode never overwrite each other's
 //! updates; a node provisioned again is a new revision of its key.
+//!
+//! Anyone who may write the bucket can write a value there, and renewal
+//! acts on what it reads (it sends `reprovision`, token included). So each
+//! record is sealed by the replica that writes it with the key the
+//! Provisioner's replicas share (`records.signing_key`), bound to its
+//! bucket, key and site ([`sealed`]); readers act only on records that
+//! verify.
 
+pub mod sealed;
 pub mod store;
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +46,11 @@ pub struct Record {
     pub server_jwt: Option<ServerJwtRecord>,
     /// SHA-256 of the configuration `configure` wrote (hex).
     pub config_sha256: String,
+    /// When the node's provisioning JWT expires (Unix seconds), when it
+    /// had one with an expiry: a node asked to reprovision after that
+    /// cannot come back (the broker refuses its provisioning JWT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning_jwt_expires_unix: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +111,8 @@ pub struct Issued<'a> {
     pub server_jwt: &'a str,
     /// The configuration `configure` wrote.
     pub config: &'a str,
+    /// The verified provisioning JWT's expiry, when it has one.
+    pub provisioning_jwt_expires: Option<i64>,
     pub now: chrono::DateTime<chrono::Utc>,
 }
 
@@ -129,6 +144,7 @@ impl Issued<'_> {
             certificate,
             server_jwt,
             config_sha256: hex::encode(Sha256::digest(self.config.as_bytes())),
+            provisioning_jwt_expires_unix: self.provisioning_jwt_expires,
         })
     }
 }

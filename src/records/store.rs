@@ -1,6 +1,9 @@
-//! The records' KV bucket, reached through a connection of its own.
+//! The records' KV bucket, reached through a connection of its own. What
+//! goes in is sealed and what comes out is opened ([`super::sealed`]).
 
+use super::sealed::{Read, Refusal, Sealer};
 use super::Record;
+use crate::choria::security::seal::{SealKey, SealKeyError};
 use crate::config::day_two::RecordsConfig;
 use async_nats::jetstream::kv;
 use futures::StreamExt;
@@ -22,6 +25,19 @@ pub enum RecordsError {
     Put { identity: String, reason: String },
     #[error("reading the records: {0}")]
     Read(String),
+    #[error("records.signing_key: {0}")]
+    Key(#[source] SealKeyError),
+}
+
+/// The sealer `cfg` describes for `site`: its signing key (read now) and
+/// the keys it trusts besides.
+pub fn sealer(cfg: &RecordsConfig, site: &str) -> Result<Sealer, RecordsError> {
+    let key = SealKey::from_file(&cfg.signing_key).map_err(RecordsError::Key)?;
+    let mut verifier = key.verifier();
+    for k in &cfg.verify_keys {
+        verifier = verifier.trusting(k).map_err(RecordsError::Key)?;
+    }
+    Ok(Sealer::new(key, verifier, &cfg.bucket, site))
 }
 
 /// The bucket, open.
@@ -29,11 +45,17 @@ pub enum RecordsError {
 pub struct RecordStore {
     kv: kv::Store,
     bucket: String,
+    sealer: Sealer,
 }
 
 impl RecordStore {
-    /// Connects and opens the bucket (creating it when allowed).
-    pub async fn connect(cfg: &RecordsConfig, name: &str) -> Result<Self, RecordsError> {
+    /// Connects and opens the bucket (creating it when allowed); records
+    /// are sealed and opened with `sealer`.
+    pub async fn connect(
+        cfg: &RecordsConfig,
+        sealer: Sealer,
+        name: &str,
+    ) -> Result<Self, RecordsError> {
         let nats = connect(cfg, name).await?;
         let js = async_nats::jetstream::new(nats);
         let bucket_err = |reason: String| RecordsError::Bucket {
@@ -57,6 +79,7 @@ impl RecordStore {
         Ok(RecordStore {
             kv,
             bucket: cfg.bucket.clone(),
+            sealer,
         })
     }
 
@@ -64,9 +87,9 @@ impl RecordStore {
         &self.bucket
     }
 
-    /// Writes `record` under its node's key; its revision.
+    /// Writes `record`, sealed, under its node's key; its revision.
     pub async fn put(&self, record: &Record) -> Result<u64, RecordsError> {
-        let body = serde_json::to_vec(record).map_err(|e| RecordsError::Put {
+        let body = self.sealer.seal(record).map_err(|e| RecordsError::Put {
             identity: record.identity.clone(),
             reason: e.to_string(),
         })?;
@@ -79,8 +102,8 @@ impl RecordStore {
             })
     }
 
-    /// Every node's current record.
-    pub async fn all(&self) -> Result<Vec<Record>, RecordsError> {
+    /// Every node's current value, opened, by key.
+    pub async fn all(&self) -> Result<Vec<Read>, RecordsError> {
         let read = |e: &dyn std::fmt::Display| RecordsError::Read(e.to_string());
         let mut keys = match self.kv.keys().await {
             Ok(k) => k,
@@ -90,31 +113,35 @@ impl RecordStore {
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| read(&e))?;
             if let Some(bytes) = self.kv.get(&key).await.map_err(|e| read(&e))? {
-                if let Ok(r) = serde_json::from_slice::<Record>(&bytes) {
-                    out.push(r);
-                }
+                out.push(self.sealer.open(&key, &bytes));
             }
         }
-        out.sort_by(|a, b| a.identity.cmp(&b.identity));
+        out.sort_by(|a, b| a.key().cmp(b.key()));
         Ok(out)
     }
 
-    /// Every node's current record, then every new one, as they are written
-    /// (by any replica). Values that are not records are skipped.
+    /// Every node's current value, then every new one, as they are written
+    /// (by any replica, or anyone else who may write the bucket), opened;
+    /// a deleted or purged key is a [`Refusal::Deleted`].
     pub async fn watch(
         &self,
-    ) -> Result<impl futures::Stream<Item = Record> + Send + Unpin + 'static, RecordsError> {
+    ) -> Result<impl futures::Stream<Item = Read> + Send + Unpin + 'static, RecordsError> {
         let watch = self
             .kv
             .watch_with_history(">")
             .await
             .map_err(|e| RecordsError::Read(e.to_string()))?;
-        Ok(watch.filter_map(|entry| {
-            let record = entry
-                .ok()
-                .filter(|e| e.operation == kv::Operation::Put)
-                .and_then(|e| serde_json::from_slice::<Record>(&e.value).ok());
-            futures::future::ready(record)
+        let sealer = self.sealer.clone();
+        Ok(watch.filter_map(move |entry| {
+            let read = entry.ok().map(|e| match e.operation {
+                kv::Operation::Put => sealer.open(&e.key, &e.value),
+                kv::Operation::Delete | kv::Operation::Purge => Read::Refused {
+                    key: e.key,
+                    why: Refusal::Deleted,
+                    record: None,
+                },
+            });
+            futures::future::ready(read)
         }))
     }
 }

@@ -11,6 +11,7 @@ fn issued<'a>(certificate: &'a str, server_jwt: &'a str) -> Issued<'a> {
         certificate,
         server_jwt,
         config: r#"{"identity":"n1.example.net"}"#,
+        provisioning_jwt_expires: Some(1_800_086_400),
         now: chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
     }
 }

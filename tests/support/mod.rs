@@ -195,6 +195,16 @@ impl NatsServer {
 }
 
 /// Reads a finished fleet's journal into JSON values: every line must be complete.
+/// A fresh signing key for `records.signing_key` (and shard heartbeats),
+/// written into `dir`; its path.
+#[allow(dead_code)]
+pub fn signing_key(dir: &Path) -> PathBuf {
+    let path = dir.join("signing.seed");
+    let key = choria_provisioner::choria::security::seal::SealKey::generate();
+    std::fs::write(&path, key.seed_hex()).unwrap();
+    path
+}
+
 pub fn read_journal(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("could not read the journal {}: {e}", path.display()));

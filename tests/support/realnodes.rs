@@ -792,9 +792,10 @@ pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str, records: Optio
     let renewal_cfg = bench.path("renewal.cfg");
     std::fs::write(&renewal_cfg, &choria_cfg).unwrap();
     let yaml = format!(
-        "{}records:\n{records}  bucket: RENEWED\n  history: 10\n\
+        "{}records:\n{records}  bucket: RENEWED\n  history: 10\n  signing_key: {}\n\
          renewal:\n  before: 99%\n  retry: 2m\n  choria_config: {}\n",
         org.yaml(),
+        s(&super::signing_key(&bench.path(""))),
         s(&renewal_cfg)
     );
     let mut p = bench.provisioner("renewed", &yaml, &choria_cfg, &helper);

@@ -9,7 +9,8 @@
 //! * [`pem_crypt`]: RFC 1423 PEM encryption with the shared secret;
 //! * [`csr`]: RSA keys, CSRs and the `cert_deny_list` rules;
 //! * [`ed25519`]: `gen25519` keys and nonce signatures;
-//! * [`ksuid`]: KSUID `jti` values bound to `iat`.
+//! * [`ksuid`]: KSUID `jti` values bound to `iat`;
+//! * [`seal`]: ed25519 seals over what we write to the bus and read back.
 //!
 //! Secrets never appear in `Debug` output or error messages.
 //!
@@ -26,6 +27,7 @@ pub mod ksuid;
 #[cfg(test)]
 pub(crate) mod openssl_cli;
 pub mod pem_crypt;
+pub mod seal;
 pub mod tokens;
 
 pub use csr::{

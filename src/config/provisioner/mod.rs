@@ -636,6 +636,9 @@ impl ProvisionerConfig {
                 ("election.retry_period".into(), d(e.retry_period)),
             ]),
         }
+        if let Some(k) = &e.signing_key {
+            out.push(("election.signing_key".into(), k.display().to_string()));
+        }
         out.extend([
             ("discovery_timeout".into(), d(self.discovery_timeout)),
             ("discovery_window".into(), d(self.discovery_window)),

@@ -110,6 +110,13 @@ impl ProvisionerConfig {
                 "needs token (or token_file): reprovision carries the nodes' provisioning token, which records never hold",
             ));
         }
+        if let Some(r) = &renewal {
+            crate::config::day_two::check_lead(
+                file,
+                r,
+                shortest_lifetime(&features, server_jwt_validity, cert_manager.as_ref()),
+            )?;
+        }
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -158,6 +165,29 @@ impl ProvisionerConfig {
             renewal,
             warnings,
         })
+    }
+}
+
+/// The shortest lifetime this configuration issues, when it knows one: the
+/// server JWTs (`features.ed25519`) and cert-manager's certificates (with a
+/// `duration`); a helper's certificates are its own business.
+fn shortest_lifetime(
+    features: &Features,
+    server_jwt_validity: Duration,
+    cert_manager: Option<&CertManagerConfig>,
+) -> Option<crate::config::day_two::Lifetime> {
+    use crate::config::day_two::Lifetime;
+    let jwt = features.ed25519.then_some(Lifetime {
+        setting: "server_jwt_validity",
+        lifetime: server_jwt_validity,
+    });
+    let cert = cert_manager.and_then(|c| c.duration).map(|d| Lifetime {
+        setting: "cert_manager.duration",
+        lifetime: d,
+    });
+    match (jwt, cert) {
+        (Some(j), Some(c)) => Some(if c.lifetime < j.lifetime { c } else { j }),
+        (j, c) => j.or(c),
     }
 }
 

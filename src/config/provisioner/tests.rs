@@ -748,7 +748,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
-        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k}\n\
+        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666']}\n\
          renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n",
     ];
     for yaml in cases {
@@ -768,13 +768,21 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
 #[test]
 fn a_records_client_certificate_needs_its_key() {
     for (records, key) in [
-        ("{url: 'nats://r:4222', tls_cert: /c}", "records.tls_key"),
-        ("{url: 'nats://r:4222', tls_key: /k}", "records.tls_cert"),
+        (
+            "{url: 'nats://r:4222', tls_cert: /c, signing_key: /s}",
+            "records.tls_key",
+        ),
+        (
+            "{url: 'nats://r:4222', tls_key: /k, signing_key: /s}",
+            "records.tls_cert",
+        ),
     ] {
         let e = parse(&format!("helper: h\nrecords: {records}\n")).unwrap_err();
         assert!(e.to_string().contains(key), "{records}: {e}");
     }
-    let c = ok("helper: h\nrecords: {url: 'nats://r:4222', tls_cert: /c, tls_key: /k}\n");
+    let c = ok(
+        "helper: h\nrecords: {url: 'nats://r:4222', tls_cert: /c, tls_key: /k, signing_key: /s}\n",
+    );
     assert_eq!(
         c.records.unwrap().tls_client,
         Some(("/c".into(), "/k".into()))
@@ -787,7 +795,7 @@ fn every_schema_key_is_written_for_a_full_configuration() {
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
          configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n\
-         records: {url: 'nats://r:4222', user: u, password: p}\nrenewal: {before: 30d, choria_config: /r.cfg}\n",
+         records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();
@@ -916,4 +924,46 @@ fn cert_manager_is_a_signer_for_pki_without_a_helper() {
         "{:?}",
         c.warnings
     );
+}
+
+#[test]
+fn records_need_a_signing_key_and_renewal_a_lead_shorter_than_what_is_issued() {
+    let e = err("helper: h\ntoken: t\nrecords: {url: 'nats://r:4222'}\n");
+    assert!(
+        e.contains("records.signing_key: required") && e.contains("openssl rand -hex 32"),
+        "{e}"
+    );
+    let e = err("helper: h\ntoken: t\nrecords: {url: 'nats://r:4222', signing_key: /s, verify_keys: [nothex]}\n");
+    assert!(
+        e.contains("records.verify_keys") && e.contains("not an ed25519 public key"),
+        "{e}"
+    );
+    let records = "records: {url: 'nats://r:4222', signing_key: /s}\n";
+    let e = err(&format!(
+        "helper: h\ntoken: t\n{records}renewal: {{before: 100%, choria_config: /r.cfg}}\n"
+    ));
+    assert!(
+        e.contains("renewal.before") && e.contains("below 100%"),
+        "{e}"
+    );
+    // Server JWTs live 7 days: renewing 7 days before expiry is at once.
+    let ed = "jwt_verify_cert: abcd\njwt_signing_key: /k\nfeatures: {ed25519: true}\nserver_jwt_validity: 7d\n";
+    let e = err(&format!(
+        "helper: h\ntoken: t\n{ed}{records}renewal: {{before: 7d, choria_config: /r.cfg}}\n"
+    ));
+    assert!(
+        e.contains("renewal.before")
+            && e.contains("server_jwt_validity")
+            && e.contains("as soon as it is provisioned"),
+        "{e}"
+    );
+    ok(&format!("helper: h\ntoken: t\n{ed}{records}renewal: {{before: 2d, jitter: 1d, choria_config: /r.cfg}}\n"));
+    let e = err(&format!("helper: h\ntoken: t\n{ed}{records}renewal: {{before: 50%, jitter: 4d, choria_config: /r.cfg}}\n"));
+    assert!(e.contains("renewal.jitter"), "{e}");
+    // cert-manager's certificates, when their duration is set.
+    let cm = "features: {pki: true}\ncert_manager: {issuer: i, namespace: n, duration: 24h}\n";
+    let e = err(&format!(
+        "helper: h\ntoken: t\n{cm}{records}renewal: {{before: 30d, choria_config: /r.cfg}}\n"
+    ));
+    assert!(e.contains("cert_manager.duration"), "{e}");
 }

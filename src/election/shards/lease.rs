@@ -12,8 +12,16 @@
 //!
 //! Pods need `get`, `list`, `create`, `update` and `delete` on Leases in
 //! their namespace (the operator's Role grants them in shards mode).
+//!
+//! Whoever else may write Leases there could make up a member or keep a
+//! stopped one alive, so each record is sealed with the key the replicas
+//! share ([`crate::choria::security::seal`]) over its Lease name, holder,
+//! view and a sequence that grows with each renewal; a record that is not
+//! ours, or whose sequence does not grow, is ignored and counted, and its
+//! `resourceVersion` no longer counts as a renewal.
 
-use super::{Membership, Sighting};
+use super::{Membership, Sighting, MAX_MEMBERS};
+use crate::choria::security::seal::{Purpose, Seal, SealKey, SealVerifier};
 use crate::config::ElectionConfig;
 use crate::election::ElectionError;
 use crate::k8s::{describe_error, resolve_namespace, POD_NAMESPACE_FILE};
@@ -28,6 +36,15 @@ use std::path::Path;
 pub const GROUP_LABEL: &str = "provisioning.choria.io/shard-group";
 /// The annotation holding a member's view of the members.
 pub const VIEW_ANNOTATION: &str = "provisioning.choria.io/members";
+/// The annotation holding a member record's sequence and seal.
+pub const SEAL_ANNOTATION: &str = "provisioning.choria.io/member-seal";
+
+/// [`SEAL_ANNOTATION`]'s value.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Sealed {
+    seq: u64,
+    seal: Seal,
+}
 
 pub struct LeaseMembership {
     api: Api<Lease>,
@@ -36,10 +53,33 @@ pub struct LeaseMembership {
     name: String,
     me: String,
     duration_seconds: i32,
+    key: SealKey,
+    verifier: SealVerifier,
+    seq: u64,
+    /// Each member's highest sequence seen.
+    last_seq: std::collections::HashMap<String, u64>,
+    refused: Vec<&'static str>,
+}
+
+/// The parts a member record's seal covers.
+fn sealed_parts<'a>(lease: &'a str, holder: &'a str, view: &'a str, seq: &'a str) -> [&'a [u8]; 4] {
+    [
+        lease.as_bytes(),
+        holder.as_bytes(),
+        view.as_bytes(),
+        seq.as_bytes(),
+    ]
 }
 
 impl LeaseMembership {
-    pub fn new(client: kube::Client, cfg: &ElectionConfig, me: &str, namespace: &str) -> Self {
+    pub fn new(
+        client: kube::Client,
+        cfg: &ElectionConfig,
+        me: &str,
+        namespace: &str,
+        key: SealKey,
+        verifier: SealVerifier,
+    ) -> Self {
         LeaseMembership {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
@@ -47,12 +87,24 @@ impl LeaseMembership {
             name: lease_name(&cfg.lease_name, me),
             me: me.to_string(),
             duration_seconds: (cfg.lease_duration.as_secs().min(i32::MAX as u64) as i32).max(1),
+            key,
+            verifier,
+            // Sequences start from the clock, so a restarted process never
+            // repeats one (member ids are new per process anyway).
+            seq: Timestamp::now().as_millisecond().max(0) as u64,
+            last_seq: Default::default(),
+            refused: Vec::new(),
         }
     }
 
     /// Builds the client from the service account (or KUBECONFIG), in the
     /// configured namespace, else the pod's, else the client's default.
-    pub async fn connect(cfg: &ElectionConfig, me: &str) -> Result<Self, ElectionError> {
+    pub async fn connect(
+        cfg: &ElectionConfig,
+        me: &str,
+        key: SealKey,
+        verifier: SealVerifier,
+    ) -> Result<Self, ElectionError> {
         let client = kube::Client::try_default()
             .await
             .map_err(|e| ElectionError::Other(format!("cannot build a Kubernetes client: {e}")))?;
@@ -61,7 +113,61 @@ impl LeaseMembership {
             Path::new(POD_NAMESPACE_FILE),
             client.default_namespace(),
         );
-        Ok(Self::new(client, cfg, me, &namespace))
+        Ok(Self::new(client, cfg, me, &namespace, key, verifier))
+    }
+
+    /// A member record read back: the sighting it is, when it is sealed by
+    /// us, valid and newer than the last one seen of its member.
+    fn open(&mut self, lease: Lease) -> Result<Option<Sighting>, &'static str> {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default();
+        let annotations = lease.metadata.annotations.unwrap_or_default();
+        let view_text = annotations
+            .get(VIEW_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        let Some(sealed) = annotations.get(SEAL_ANNOTATION) else {
+            return Err("unsigned");
+        };
+        let sealed: Sealed = serde_json::from_str(sealed).map_err(|_| "invalid")?;
+        let seq = sealed.seq.to_string();
+        self.verifier
+            .verify(
+                Some(&sealed.seal),
+                Purpose::MemberLease,
+                &sealed_parts(&name, &holder, &view_text, &seq),
+            )
+            .map_err(|_| "signature")?;
+        let view: Vec<String> = view_text
+            .split(',')
+            .filter(|m| !m.is_empty())
+            .map(str::to_string)
+            .collect();
+        if !super::heartbeats::is_member_id(&holder)
+            || name != lease_name(&self.group, &holder)
+            || view.len() > MAX_MEMBERS
+            || !view.iter().all(|m| super::heartbeats::is_member_id(m))
+        {
+            return Err("invalid");
+        }
+        if holder == self.me {
+            return Ok(None);
+        }
+        match self.last_seq.get(&holder) {
+            Some(last) if *last > sealed.seq => return Err("replayed"),
+            _ => {}
+        }
+        self.last_seq.insert(holder.clone(), sealed.seq);
+        Ok(Some(Sighting {
+            member: holder,
+            stamp: seq,
+            view,
+            leaving: false,
+        }))
     }
 
     fn error(&self, action: &str, e: kube::Error) -> ElectionError {
@@ -73,7 +179,19 @@ impl LeaseMembership {
         ))
     }
 
-    fn record(&self, view: &[String]) -> (ObjectMeta, LeaseSpec) {
+    fn record(&mut self, view: &[String]) -> (ObjectMeta, LeaseSpec) {
+        self.seq += 1;
+        let view_text = view.join(",");
+        let seq = self.seq.to_string();
+        let seal = self.key.seal(
+            Purpose::MemberLease,
+            &sealed_parts(&self.name, &self.me, &view_text, &seq),
+        );
+        let sealed = serde_json::to_string(&Sealed {
+            seq: self.seq,
+            seal,
+        })
+        .unwrap_or_default();
         let now = Timestamp::now();
         let stamp = MicroTime(Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now));
         let meta = ObjectMeta {
@@ -86,10 +204,10 @@ impl LeaseMembership {
                     "choria-provisioner".to_string(),
                 ),
             ])),
-            annotations: Some(BTreeMap::from([(
-                VIEW_ANNOTATION.to_string(),
-                view.join(","),
-            )])),
+            annotations: Some(BTreeMap::from([
+                (VIEW_ANNOTATION.to_string(), view_text),
+                (SEAL_ANNOTATION.to_string(), sealed),
+            ])),
             ..ObjectMeta::default()
         };
         let spec = LeaseSpec {
@@ -161,31 +279,22 @@ impl Membership for LeaseMembership {
             .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.group)))
             .await
             .map_err(|e| self.error("list", e))?;
-        Ok(leases
-            .items
-            .into_iter()
-            .filter_map(|l| {
-                let holder = l.spec.as_ref()?.holder_identity.clone().unwrap_or_default();
-                let view = l
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(VIEW_ANNOTATION))
-                    .map(|v| {
-                        v.split(',')
-                            .filter(|m| !m.is_empty())
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some(Sighting {
-                    leaving: holder.is_empty(),
-                    member: holder,
-                    stamp: l.metadata.resource_version.unwrap_or_default(),
-                    view,
-                })
-            })
-            .collect())
+        let mut seen = Vec::new();
+        for lease in leases.items {
+            // A replayed record is as good as one not renewed: its member
+            // ages out; it is not counted as forged while it repeats the
+            // last one seen (a list between two renewals sees it again).
+            match self.open(lease) {
+                Ok(Some(s)) => seen.push(s),
+                Ok(None) => {}
+                Err(reason) => self.refused.push(reason),
+            }
+        }
+        Ok(seen)
+    }
+
+    fn refused(&mut self) -> Vec<&'static str> {
+        std::mem::take(&mut self.refused)
     }
 
     async fn leave(&mut self) -> Result<(), ElectionError> {

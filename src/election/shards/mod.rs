@@ -33,6 +33,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+/// Members counted at most (us not included): a membership record beyond
+/// this is ignored. Replicas are a handful; this bounds what a flood of
+/// records could cost.
+pub const MAX_MEMBERS: usize = 100;
+
 /// One member's record as a backend read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sighting {
@@ -60,6 +65,11 @@ pub trait Membership: Send {
     fn changed(&mut self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
+    /// Why records were ignored since the last call (not sealed by us, a
+    /// replay, malformed): one reason per record.
+    fn refused(&mut self) -> Vec<&'static str> {
+        Vec::new()
+    }
     /// Gives our membership up (our workers have stopped).
     fn leave(&mut self) -> impl Future<Output = Result<(), ElectionError>> + Send;
 }
@@ -74,6 +84,8 @@ pub trait ShardSteer: Send {
     /// A renewal or read failed; reported until one works.
     fn failed(&self, _error: &str) {}
     fn worked(&self) {}
+    /// A membership record was ignored, for `reason`.
+    fn refused(&self, _reason: &'static str) {}
 }
 
 /// The timings of a membership.
@@ -119,14 +131,18 @@ impl Roster {
     }
 
     /// Records another member's record; ours is ignored (our liveness is
-    /// our renewals). A member that says it leaves is gone at once.
-    pub fn observe(&mut self, s: Sighting, now: Instant) {
+    /// our renewals). A member that says it leaves is gone at once. False
+    /// when a new member was refused: [`MAX_MEMBERS`] are known already.
+    pub fn observe(&mut self, s: Sighting, now: Instant) -> bool {
         if s.member == self.me {
-            return;
+            return true;
         }
         if s.leaving {
             self.seen.remove(&s.member);
-            return;
+            return true;
+        }
+        if !self.seen.contains_key(&s.member) && self.seen.len() >= MAX_MEMBERS {
+            return false;
         }
         match self.seen.get_mut(&s.member) {
             Some(seen) if seen.stamp == s.stamp => seen.view = s.view,
@@ -141,6 +157,7 @@ impl Roster {
                 );
             }
         }
+        true
     }
 
     /// A renewal of ours that was sent at `sent` worked.
@@ -242,6 +259,7 @@ pub async fn drive<M: Membership, S: ShardSteer>(
     let mut told_members: Vec<String> = Vec::new();
     let mut told_working = false;
     let mut failing = false;
+    let mut refused = Refused::default();
     info!(membership = %backend.describe(), member = %me, "joining the shards");
     let mut next = tokio::time::Instant::now();
     loop {
@@ -263,7 +281,9 @@ pub async fn drive<M: Membership, S: ShardSteer>(
             Ok(Ok(seen)) => {
                 let now = Instant::now();
                 for s in seen {
-                    roster.observe(s, now);
+                    if !roster.observe(s, now) {
+                        refused.note("too_many", &steer);
+                    }
                 }
                 if roster.alive(now) && failing {
                     failing = false;
@@ -273,6 +293,9 @@ pub async fn drive<M: Membership, S: ShardSteer>(
             }
             Ok(Err(e)) => report(&steer, &mut failing, &e.to_string()),
             Err(_) => report(&steer, &mut failing, "reading the members timed out"),
+        }
+        for reason in backend.refused() {
+            refused.note(reason, &steer);
         }
         let now = Instant::now();
         roster.forget_expired(now);
@@ -304,6 +327,37 @@ pub async fn drive<M: Membership, S: ShardSteer>(
         Err(_) => warn!("leaving the shards timed out; our membership expires instead"),
     }
     debug!("membership stopped");
+}
+
+/// Ignored membership records: counted each, logged at most once a
+/// [`REFUSED_LOG_EVERY`] with how many since.
+#[derive(Default)]
+struct Refused {
+    logged: Option<Instant>,
+    since: u64,
+}
+
+/// How often ignored membership records are logged at most.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl Refused {
+    fn note<S: ShardSteer>(&mut self, reason: &'static str, steer: &S) {
+        steer.refused(reason);
+        self.since += 1;
+        let now = Instant::now();
+        if self
+            .logged
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSED_LOG_EVERY)
+        {
+            warn!(
+                reason,
+                ignored = self.since,
+                "ignoring membership records that are not ours (not sealed with our key, replayed, malformed, or too many members)"
+            );
+            self.logged = Some(now);
+            self.since = 0;
+        }
+    }
 }
 
 fn report<S: ShardSteer>(steer: &S, failing: &mut bool, error: &str) {

@@ -14,6 +14,13 @@ fn nodes(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("node-{i:05}.example.net")).collect()
 }
 
+impl Sighting {
+    fn leaving(mut self) -> Self {
+        self.leaving = true;
+        self
+    }
+}
+
 fn sighting(member: &str, stamp: u32, view: &[&str]) -> Sighting {
     Sighting {
         member: member.into(),
@@ -160,4 +167,24 @@ fn a_newcomer_works_once_every_member_has_seen_it_or_the_ttl_passed() {
         r.renewed(at);
         assert_eq!(r.may_work(at), at >= t0 + T.ttl, "at {:?}", at - t0);
     }
+}
+
+#[test]
+fn members_past_the_bound_are_refused_and_known_ones_still_renew() {
+    let t0 = Instant::now();
+    let mut r = Roster::new("me", T);
+    for i in 0..MAX_MEMBERS {
+        assert!(r.observe(sighting(&format!("m-{i}"), 1, &[]), t0));
+    }
+    assert!(!r.observe(sighting("one-too-many", 1, &[]), t0));
+    assert!(
+        r.observe(sighting("m-0", 2, &[]), t0),
+        "a known member renews"
+    );
+    assert!(r.observe(sighting("m-1", 3, &["me"]).leaving(), t0));
+    assert!(
+        r.observe(sighting("newcomer", 1, &[]), t0),
+        "room again after a leave"
+    );
+    assert_eq!(r.live(t0).len(), MAX_MEMBERS);
 }

@@ -52,6 +52,9 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             bucket: owned(e.bucket.as_ref()).filter(|_| streams),
             name: owned(e.name.as_ref()).filter(|_| streams),
             api_prefix: owned(e.api_prefix.as_ref()).filter(|_| streams),
+            signing_key: signing_key_ref(&p.name_any(), s)
+                .filter(|_| shards)
+                .map(|r| ref_path(&r)),
             ..Default::default()
         }),
         configuration_template: s
@@ -83,7 +86,10 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             }),
             None => None,
         },
-        records: s.records.as_ref().map(records_file),
+        records: s
+            .records
+            .as_ref()
+            .map(|r| records_file(r, signing_key_ref(&p.name_any(), s))),
         renewal: s.renewal.as_ref().map(renewal_file),
         ..Default::default()
     };
@@ -98,8 +104,9 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
     ))
 }
 
-/// `records:`: the credentials are the mounted Secret files.
-fn records_file(r: &RecordsSpec) -> RecordsFile {
+/// `records:`: the credentials and the signing key are the mounted Secret
+/// files.
+fn records_file(r: &RecordsSpec, signing_key: Option<SecretKeyRef>) -> RecordsFile {
     RecordsFile {
         url: Some(r.urls.join(",")),
         bucket: r.bucket.clone(),
@@ -112,6 +119,7 @@ fn records_file(r: &RecordsSpec) -> RecordsFile {
         tls_ca: r.tls_ca_secret.as_ref().map(ref_path),
         tls_cert: r.tls_cert_secret.as_ref().map(ref_path),
         tls_key: r.tls_key_secret.as_ref().map(ref_path),
+        signing_key: signing_key.as_ref().map(ref_path),
         ..Default::default()
     }
 }

@@ -5,7 +5,10 @@
 //! Secrets never appear in what is built here: the spec only names Secret
 //! keys, which reach the pods as files under
 //! `/etc/choria-provisioner/secrets/<secret>/<key>`, and the configuration
-//! only holds those paths.
+//! only holds those paths. The one exception is the signing key the
+//! operator makes when the spec names none ([`signing_key_secret`]): a
+//! fresh seed, created once as a Secret and never read back, logged or
+//! shown.
 
 use super::policy::Policy;
 use crate::config::schema::{
@@ -20,8 +23,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -133,6 +136,52 @@ pub fn owned(p: &Provisioner, settings: &Settings) -> Result<Owned, BuildError> 
     })
 }
 
+/// The key of the Secret the operator makes for a Provisioner's seals.
+pub const SIGNING_KEY: &str = "seed";
+
+/// The Secret the operator makes when `spec.signingKeySecret` is unset.
+pub fn signing_key_secret_name(name: &str) -> String {
+    format!("{name}-signing-key")
+}
+
+/// Whether the pods seal anything: records, or a shards membership.
+pub fn needs_signing_key(spec: &ProvisionerSpec) -> bool {
+    spec.records.is_some() || spec.election.mode == ElectionMode::Shards
+}
+
+/// The seed the pods seal with: the spec's, or the one the operator
+/// makes; `None` when nothing is sealed.
+pub fn signing_key_ref(name: &str, spec: &ProvisionerSpec) -> Option<SecretKeyRef> {
+    if !needs_signing_key(spec) {
+        return None;
+    }
+    Some(
+        spec.signing_key_secret
+            .clone()
+            .unwrap_or_else(|| SecretKeyRef {
+                name: signing_key_secret_name(name),
+                key: SIGNING_KEY.into(),
+            }),
+    )
+}
+
+/// The Secret the operator makes for a Provisioner that needs a seed and
+/// names none: a fresh one, owned by it. Made once (create only: it is
+/// never read back or replaced, so the operator needs no access to
+/// Secrets beyond create).
+pub fn signing_key_secret(p: &Provisioner) -> Result<Option<Secret>, BuildError> {
+    if p.spec.signing_key_secret.is_some() || !needs_signing_key(&p.spec) {
+        return Ok(None);
+    }
+    let seed = crate::choria::security::seal::SealKey::generate().seed_hex();
+    Ok(Some(Secret {
+        metadata: meta(p, signing_key_secret_name(&p.name_any()))?,
+        string_data: Some(BTreeMap::from([(SIGNING_KEY.to_string(), seed)])),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    }))
+}
+
 /// Path of a Secret key inside the pods.
 pub fn secret_path(secret: &str, key: &str) -> String {
     format!("{SECRETS_DIR}/{secret}/{key}")
@@ -186,10 +235,12 @@ fn owner_ref(p: &Provisioner) -> Result<OwnerReference, BuildError> {
         .ok_or(BuildError::Missing("uid"))
 }
 
-/// Every Secret the pods need and which of its keys, in a stable order.
-pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String>> {
+/// Every Secret the pods need and which of its keys, in a stable order;
+/// `name` is the Provisioner's (it names the signing key it may be given).
+pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String>> {
     let mut mounts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let records = spec.records.as_ref();
+    let signing = signing_key_ref(name, spec);
     let refs = [
         &spec.token_secret,
         &spec.broker_password_secret,
@@ -207,7 +258,12 @@ pub fn secret_mounts(spec: &ProvisionerSpec) -> BTreeMap<String, BTreeSet<String
             &r.tls_key_secret,
         ]
     });
-    for r in refs.into_iter().chain(record_refs).flatten() {
+    for r in refs
+        .into_iter()
+        .chain(record_refs)
+        .flatten()
+        .chain(signing.as_ref())
+    {
         mounts
             .entry(r.name.clone())
             .or_default()

@@ -160,7 +160,7 @@ fn insecure_needs_no_credentials() {
     assert!(config(&p).choria_insecure);
     let cfg = choria_cfg(&p).unwrap();
     assert!(!cfg.contains("plugin.security.file"), "{cfg}");
-    assert!(secret_mounts(&p.spec).is_empty());
+    assert!(secret_mounts(&p.name_any(), &p.spec).is_empty());
 }
 
 fn deployment_of(p: &Provisioner) -> Deployment {
@@ -745,7 +745,7 @@ fn records_and_renewal_reach_the_provisioner_with_secrets_as_mounted_files() {
             PathBuf::from(format!("{CONFIG_DIR}/{file}"))
         );
         assert_eq!(data.contains_key(RENEWAL_CFG), own_broker);
-        let mounts = secret_mounts(&p.spec);
+        let mounts = secret_mounts(&p.name_any(), &p.spec);
         assert_eq!(
             mounts
                 .get("records")
@@ -767,4 +767,58 @@ fn records_and_renewal_reach_the_provisioner_with_secrets_as_mounted_files() {
             assert!(mounts.contains_key("renewer-jwt") && mounts.contains_key("renewer-tls"));
         }
     }
+}
+
+#[test]
+fn a_signing_key_is_made_once_for_records_and_shards_and_mounted() {
+    // Records: the operator's own Secret, mounted, named in records:.
+    let p = day_two_spec(false);
+    let name = p.name_any();
+    let secret = signing_key_secret(&p).unwrap().expect("a Secret to make");
+    assert_eq!(
+        secret.metadata.name.as_deref(),
+        Some(signing_key_secret_name(&name).as_str())
+    );
+    assert_eq!(
+        secret.metadata.owner_references.as_ref().unwrap()[0].uid,
+        UID
+    );
+    let seed = &secret.string_data.as_ref().unwrap()[SIGNING_KEY];
+    crate::choria::security::seal::SealKey::from_seed_hex(seed).expect("a seed");
+    assert_ne!(
+        signing_key_secret(&p)
+            .unwrap()
+            .unwrap()
+            .string_data
+            .unwrap()[SIGNING_KEY],
+        *seed,
+        "each is fresh: it is made once, never re-applied"
+    );
+    let path = PathBuf::from(secret_path(&signing_key_secret_name(&name), SIGNING_KEY));
+    assert_eq!(config(&p).records.unwrap().signing_key, path);
+    assert!(secret_mounts(&name, &p.spec)[&signing_key_secret_name(&name)].contains(SIGNING_KEY));
+    // The seed never reaches the ConfigMap or the Deployment.
+    let owned = owned(&p, &settings()).unwrap();
+    let text = serde_json::to_string(&(&owned.config_map, &owned.deployment)).unwrap();
+    assert!(!text.contains(seed.as_str()));
+
+    // Shards: the same key seals the membership.
+    let shards = provisioner(json!({
+        "replicas": 2,
+        "election": {"mode": "Shards", "backend": "lease"},
+        "signingKeySecret": {"name": "mine", "key": "k"},
+    }));
+    assert!(
+        signing_key_secret(&shards).unwrap().is_none(),
+        "the spec names its own"
+    );
+    assert_eq!(
+        config(&shards).election.signing_key,
+        Some(PathBuf::from(secret_path("mine", "k")))
+    );
+    assert!(secret_mounts(&shards.name_any(), &shards.spec)["mine"].contains("k"));
+
+    // Nothing sealed, nothing made.
+    assert!(signing_key_secret(&jwt_spec()).unwrap().is_none());
+    assert!(config(&jwt_spec()).election.signing_key.is_none());
 }

@@ -94,7 +94,7 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
             ..VolumeMount::default()
         },
     ];
-    for (i, (secret, keys)) in secret_mounts(s).into_iter().enumerate() {
+    for (i, (secret, keys)) in secret_mounts(&name, s).into_iter().enumerate() {
         let volume = format!("secret-{i}");
         mounts.push(read_only(&volume, &format!("{SECRETS_DIR}/{secret}")));
         volumes.push(Volume {

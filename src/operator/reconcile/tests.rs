@@ -121,6 +121,7 @@ async fn reconcile_in(resource: Value, cluster: &[Value], scenario: Scenario) ->
         settings: settings(),
         stores: stores_with(cluster),
         leaders: Default::default(),
+        signing_keys: Default::default(),
     });
     let p: Arc<Provisioner> = Arc::new(serde_json::from_value(resource).unwrap());
     let result = tokio::time::timeout(WAIT, reconcile(p.clone(), ctx.clone()))
@@ -547,6 +548,7 @@ async fn a_new_leader_is_an_event_once_this_controller_knew_the_old_one() {
         settings: settings(),
         stores: stores_with(&cluster),
         leaders: Default::default(),
+        signing_keys: Default::default(),
     });
     let p = |leader: &str| -> Arc<Provisioner> {
         let mut r = resource.clone();

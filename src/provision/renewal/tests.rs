@@ -31,6 +31,15 @@ fn record(identity: &str, issued: i64, expires: i64) -> Record {
             collectives: vec!["choria".into()],
         }),
         config_sha256: String::new(),
+        provisioning_jwt_expires_unix: None,
+    }
+}
+
+fn due(identity: &str, collective: Option<&str>) -> DueNode {
+    DueNode {
+        identity: identity.into(),
+        collective: collective.map(str::to_string),
+        returns_until: None,
     }
 }
 
@@ -45,10 +54,9 @@ fn a_node_is_due_before_its_expiry_by_a_duration_or_a_share() {
     s.upsert(&record("b", 0, 10_000), &cfg(Before::Share(0.25), 0));
     assert_eq!(s.due_at("b"), Some(7_500));
     assert_eq!(s.due_count(8_999), 1);
-    let choria = Some("choria".to_string());
     assert_eq!(
         s.due(9_000, 10),
-        [("b".to_string(), choria.clone()), ("a".to_string(), choria)]
+        [due("b", Some("choria")), due("a", Some("choria"))]
     );
     // A newer record replaces the old due time.
     s.upsert(
@@ -139,4 +147,76 @@ fn a_node_is_not_asked_while_it_still_restarts_from_its_provisioning() {
     let mut s = Schedule::default();
     s.upsert(&record("a", 1_000, 1_100), &cfg(Before::Share(0.9), 0));
     assert_eq!(s.due_at("a"), Some(1_000 + SETTLE_AFTER_PROVISIONING));
+}
+
+#[test]
+fn an_older_record_of_a_node_is_a_replay_and_changes_nothing() {
+    let c = cfg(Before::Duration(Duration::from_secs(100)), 0);
+    let mut s = Schedule::default();
+    assert_eq!(
+        s.upsert(&record("a", 1_000, 10_000), &c),
+        Upserted::Scheduled
+    );
+    assert_eq!(s.due_at("a"), Some(9_900));
+    // An earlier revision written again would make it due at once.
+    assert_eq!(s.upsert(&record("a", 500, 1_000), &c), Upserted::Replayed);
+    assert_eq!(s.due_at("a"), Some(9_900));
+    assert_eq!(
+        s.upsert(&record("a", 2_000, 20_000), &c),
+        Upserted::Scheduled
+    );
+    assert_eq!(s.due_at("a"), Some(19_900));
+}
+
+#[test]
+fn a_lead_not_shorter_than_the_lifetime_renews_at_half_of_it() {
+    // Before this, every node was asked 15 s after every provisioning.
+    let c = cfg(Before::Duration(Duration::from_secs(30 * 86_400)), 0);
+    let mut s = Schedule::default();
+    assert_eq!(s.upsert(&record("a", 0, 3_600), &c), Upserted::Shortened);
+    assert_eq!(s.due_at("a"), Some(1_800));
+}
+
+#[test]
+fn a_node_that_could_not_come_back_is_stranded_until_a_newer_record() {
+    let retry = Duration::from_secs(600);
+    assert!(can_return(None, 1_000, retry), "no provisioning JWT expiry");
+    assert!(can_return(Some(1_601), 1_000, retry));
+    assert!(
+        !can_return(Some(1_600), 1_000, retry),
+        "expires within the retry window"
+    );
+    assert!(!can_return(Some(900), 1_000, retry), "expired");
+    let c = cfg(Before::Duration(Duration::from_secs(100)), 0);
+    let mut s = Schedule::default();
+    let mut r = record("a", 0, 1_000);
+    r.provisioning_jwt_expires_unix = Some(950);
+    s.upsert(&r, &c);
+    assert_eq!(s.due(900, 10)[0].returns_until, Some(950));
+    s.strand("a");
+    assert_eq!((s.due_count(10_000), s.stranded(), s.len()), (0, 1, 0));
+    s.upsert(&record("a", 2_000, 9_000), &c);
+    assert_eq!((s.stranded(), s.len()), (0, 1));
+}
+
+#[test]
+fn members_share_the_fleets_rate() {
+    assert_eq!(share_of_rate(600, 1), 600);
+    assert_eq!(share_of_rate(600, 3), 200);
+    assert_eq!(share_of_rate(2, 5), 1, "at least one a minute");
+    assert_eq!(share_of_rate(600, 0), 600);
+    let t0 = std::time::Instant::now();
+    let mut l = RateLimit::per_minute(600, t0);
+    l.set_per_minute(share_of_rate(600, 3), t0);
+    let mut total = 0;
+    // As the loop sends: every 100 ms.
+    for tick in 0..600 {
+        let n = l.available(t0 + Duration::from_millis(tick * 100));
+        l.take(n);
+        total += n;
+    }
+    assert!(
+        (195..=205).contains(&total),
+        "{total} a minute for a third of 600"
+    );
 }
