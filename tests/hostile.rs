@@ -13,7 +13,8 @@ use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
 use choria_provisioner::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
 use choria_provisioner::fleet::ca::CertificateAuthority;
 use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::provision::confirm::{EVENT_PINGS, EVENT_QUEUE as EVENT_CONFIRM_QUEUE};
+use choria_provisioner::provision::dispatch::IN_FLIGHT;
+use choria_provisioner::provision::registry::{Lane, EVENT_QUEUE};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -516,7 +517,8 @@ async fn a_flood_of_startup_events_for_made_up_nodes_does_not_starve_real_ones()
     );
     // Every fake event was dropped, refused after its ping, or is still
     // waiting in the bounded confirmation stage: none reached the queue.
-    let in_stage = (EVENT_CONFIRM_QUEUE + EVENT_PINGS) as f64;
+    let in_flight = |lane: Lane| IN_FLIGHT.iter().find(|(l, _)| *l == lane).unwrap().1;
+    let in_stage = (EVENT_QUEUE + in_flight(Lane::Events) + in_flight(Lane::Suspect)) as f64;
     assert!(
         unconfirmed + dropped + in_stage >= sent as f64,
         "fake events accounted for: {unconfirmed} + {dropped} (+ at most {in_stage} pending) of {sent}"
@@ -578,10 +580,12 @@ async fn forged_discovery_names_cannot_stall_real_nodes_that_start_after_them() 
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &nodes);
     assert_never_disconnected(&logs);
-    let forged_lines = logs.lines().filter(|l| l.contains("forged-")).count();
+    let forged_lines: Vec<&str> = logs.lines().filter(|l| l.contains("forged-")).collect();
     assert!(
-        forged_lines < 50,
-        "{forged_lines} log lines name forged nodes: per-node warnings are rate-limited"
+        forged_lines.len() < 50,
+        "{} log lines name forged nodes, such as\n{}",
+        forged_lines.len(),
+        forged_lines[..3.min(forged_lines.len())].join("\n")
     );
 }
 
@@ -706,5 +710,148 @@ async fn a_helper_that_forks_and_hangs_is_killed_with_its_children() {
     }
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &healthy);
+    assert_never_disconnected(&logs);
+}
+
+/// Made-up names that look alive and then stall: they answer discovery and
+/// every directed ping, half of them the `jwt` request too (with the
+/// fleet's provisioning JWT, which proves the fleet, not the node), and
+/// nothing after that. Before, a name that answered its confirmation ping
+/// held a worker for every timeout and retry of its first request: with
+/// 2,000 such names, 500 real nodes started after them were not provisioned
+/// at all in 100 s. Now a wait is a timer, a name that fails is retried
+/// behind names that have not, and no made-up name gets as far as the
+/// helper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_names_that_answer_and_then_stall_cannot_hold_up_real_nodes() {
+    const FORGED: usize = 20_000;
+    const REAL: usize = 500;
+    let names = |prefix: &str| -> std::sync::Arc<HashSet<String>> {
+        std::sync::Arc::new(
+            (0..FORGED / 2)
+                .map(|i| format!("{prefix}-{i:05}.example.net"))
+                .collect(),
+        )
+    };
+    let mut scene = Scene::start(Setup {
+        nodes: REAL,
+        fleet_after: Some(Duration::from_secs(5)),
+        actors: Box::new(move |p| {
+            vec![
+                (
+                    Version::V1,
+                    Mode::Stalling {
+                        names: names("pinged"),
+                        answers: vec![],
+                        jwt: p.stolen_jwt.clone(),
+                    },
+                ),
+                (
+                    Version::V1,
+                    Mode::Stalling {
+                        names: names("replayed"),
+                        answers: vec!["choria_provision#jwt"],
+                        jwt: p.stolen_jwt.clone(),
+                    },
+                ),
+            ]
+        }),
+        ..Setup::default()
+    })
+    .await;
+    // Scene::start returns once every real node announced itself.
+    let started = Instant::now();
+    let nodes = all(scene.fleet.as_ref().unwrap());
+    scene.wait_servers(&nodes, Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    let helper_runs = scene.metric("choria_provisioner_helper_time_count", "");
+    let unconfirmed = scene.metric("choria_provisioner_unconfirmed_discoveries", "");
+    let asked_jwt = scene.actors[1]
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.action == "jwt")
+        .count();
+    println!(
+        "{FORGED} made-up names answering discovery and pings (half the jwt request too): \
+         {REAL} real nodes provisioned {took:.1?} after they started; {unconfirmed} made-up names unconfirmed so far, \
+         {asked_jwt} jwt requests to the replaying half, {helper_runs} helper runs"
+    );
+    assert!(
+        helper_runs <= REAL as f64,
+        "the helper ran {helper_runs} times for {REAL} real nodes: a made-up name reached it"
+    );
+    assert!(asked_jwt > 0, "the replaying names were asked and answered");
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &nodes);
+    assert_never_disconnected(&logs);
+    // A name that never answered costs no log line; one that answered
+    // `jwt` is a node like any other until it stalls (its steps are info
+    // lines), but its failures are warned about at a bounded rate.
+    let pinged: Vec<&str> = logs.lines().filter(|l| l.contains("pinged-")).collect();
+    assert!(
+        pinged.len() < 50,
+        "{} log lines name never-confirmed nodes, such as\n{}",
+        pinged.len(),
+        pinged[..3.min(pinged.len())].join("\n")
+    );
+    let warned = logs
+        .lines()
+        .filter(|l| l.contains("replayed-") && (l.contains("WARN") || l.contains("ERROR")))
+        .count();
+    assert!(
+        warned < 100,
+        "{warned} warnings and errors name made-up nodes: they are rate-limited"
+    );
+}
+
+/// Anyone may publish a `shutdown` event in any node's name. Before, one
+/// twice a second for 20 of 200 waiting nodes kept all 20 unprovisioned
+/// past a whole discovery interval (97 s), while the other 180 were
+/// provisioned. Now a shutdown is a hint taken once per node every two
+/// intervals: the victims are provisioned by the next discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_shutdown_events_delay_waiting_nodes_by_one_discovery_interval_at_most() {
+    const INTERVAL: Duration = Duration::from_secs(60);
+    let mut scene = Scene::start(Setup {
+        nodes: 200,
+        actors: Box::new(|p| {
+            vec![(
+                Version::V1,
+                Mode::ForgedShutdowns {
+                    victims: victims_of(p.identities, 20).into_iter().collect(),
+                    per_second: 2,
+                },
+            )]
+        }),
+        ..Setup::default()
+    })
+    .await;
+    let started = Instant::now();
+    let fleet = scene.fleet.as_ref().unwrap();
+    let victims = victims_of(&fleet.identities, 20);
+    let others: HashSet<String> = all(fleet).difference(&victims).cloned().collect();
+    scene.wait_servers(&others, Duration::from_secs(60)).await;
+    let others_took = started.elapsed();
+    // The bound: one interval after the others, and the 20 s a discovery
+    // and their sequences take on this machine at most (measured: ~2 s).
+    scene
+        .wait_servers(&victims, others_took + INTERVAL + Duration::from_secs(20))
+        .await;
+    let victims_took = started.elapsed();
+    let ignored = scene.metric("choria_provisioner_ignored_shutdowns", "");
+    let sent = scene.actors[0]
+        .published
+        .load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "forged shutdowns ({sent} sent, {ignored} ignored): 180 nodes provisioned after {others_took:.1?}, \
+         the 20 victims after {victims_took:.1?} (delayed {:.1?}; interval {INTERVAL:?})",
+        victims_took.saturating_sub(others_took)
+    );
+    assert!(ignored > 0.0, "repeated hints are ignored and counted");
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &victims);
+    assert_provisioned_once(&journal, &others);
     assert_never_disconnected(&logs);
 }

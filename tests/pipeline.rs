@@ -283,7 +283,7 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     });
     p.handle.resume(PauseReason::Election);
     p.wait_for(
-        "choria_provisioner_busy_workers",
+        "choria_provisioner_sequences",
         N as f64,
         Duration::from_secs(20),
     )

@@ -15,10 +15,19 @@
 //! | an OPA policy (`opa_policies.<file>`) | that, or `"`, `` ` ``, `\`, `#` (which end strings or start comments in Rego) |
 //! | `upgrade` | a control character or whitespace |
 //!
+//! In a policy an interpolated value may also not be, or make a rule's
+//! field, a wildcard or a pattern: a value that is `*`, `/…/` or only
+//! wildcard characters (`.*`) is refused in both kinds of policy, and in an
+//! action policy so is a field that owes its `*` or either `/` of a
+//! `/…/` to a value, or a value that puts pattern characters inside a
+//! `/…/` the author wrote (`/^{{ x }}$/` with `x` = `.*`) — each would let
+//! every caller, action or node through where the author meant one.
+//!
 //! A template author who trusts a value opts in per use with a filter:
 //! `{{ values.brokers | allow_separators }}` lets `,` and whitespace
 //! through, `{{ values.rules | allow_line_breaks }}` lets line breaks into a
-//! policy file. Neither lets a line break into a setting: a Choria
+//! policy file, `{{ values.admins | allow_patterns }}` lets a wildcard or
+//! pattern into one. Neither lets a line break into a setting: a Choria
 //! configuration file cannot hold one. A value built in an expression
 //! (`{{ a ~ "," ~ b }}`) is checked as a whole, so write literal separators
 //! in the template text instead (`{{ a }},{{ b }}`).
@@ -76,6 +85,29 @@ const PATH_LISTS: &[&str] = &["libdir", "plugin.choria.agent_provider.mcorpc.lib
 pub const ALLOW_SEPARATORS: &str = "allow_separators";
 /// The opt-in filter that lets line breaks into a policy file.
 pub const ALLOW_LINE_BREAKS: &str = "allow_line_breaks";
+/// The opt-in filter that lets a wildcard or a pattern into a policy.
+pub const ALLOW_PATTERNS: &str = "allow_patterns";
+
+/// Where an interpolated value begins and ends in a rendered action
+/// policy, until [`check_policy_fields`] has looked at its fields (private
+/// use characters, refused in the values themselves).
+const MARK_OPEN: char = '\u{E000}';
+const MARK_CLOSE: char = '\u{E001}';
+/// What a regular expression gives meaning to.
+const REGEX_META: &[char] = &[
+    '.', '^', '$', '*', '+', '?', '(', ')', '[', ']', '{', '}', '|', '\\',
+];
+
+/// Whether a value is by itself a wildcard or a pattern: `*`, `/…/`, or
+/// only wildcard characters (`.*`, `**`, `.+`).
+fn is_pattern(text: &str) -> bool {
+    let t = text.trim();
+    t == "*"
+        || (t.len() >= 2 && t.starts_with('/') && t.ends_with('/'))
+        || (!t.is_empty()
+            && t.chars()
+                .all(|c| matches!(c, '*' | '.' | '+' | '?' | '^' | '$')))
+}
 
 /// Where a rendered template lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +151,10 @@ impl Place {
     /// the author vouched for; `None` when it may.
     fn forbids(self, c: char, vouched: Vouch) -> Option<&'static str> {
         let line_break = c == '\n' || c == '\r';
+        let policy = matches!(self, Place::ActionPolicy | Place::OpaPolicy);
+        if policy && (c == MARK_OPEN || c == MARK_CLOSE) {
+            return Some("private use characters have no place in a policy");
+        }
         if c.is_control() {
             let policy = matches!(self, Place::ActionPolicy | Place::OpaPolicy);
             return match () {
@@ -151,6 +187,16 @@ impl Place {
     /// Checks one interpolated value.
     pub fn check(self, text: &str, vouched: Vouch) -> Result<(), Refused> {
         let length = text.chars().count();
+        let policy = matches!(self, Place::ActionPolicy | Place::OpaPolicy);
+        if policy && !vouched.patterns && is_pattern(text) {
+            return Err(Refused {
+                place: self,
+                character: text.trim().chars().next().unwrap_or('*'),
+                position: 1,
+                length,
+                why: "it is a wildcard or a pattern, which would match more than one caller, action or node",
+            });
+        }
         for (i, c) in text.chars().enumerate() {
             if let Some(why) = self.forbids(c, vouched) {
                 return Err(Refused {
@@ -188,6 +234,65 @@ pub fn is_list_setting(key: &str) -> bool {
 pub struct Vouch {
     pub separators: bool,
     pub line_breaks: bool,
+    pub patterns: bool,
+}
+
+/// Checks a rendered action policy whose interpolated values are marked
+/// (see [`format_checked`]): no field may owe a wildcard, or the slashes or
+/// pattern characters of a `/…/`, to a value. Returns the policy without
+/// the marks.
+pub fn check_policy_fields(rendered: &str) -> Result<String, Refused> {
+    if !rendered.contains(MARK_OPEN) {
+        return Ok(rendered.to_string());
+    }
+    // Each character of the current field, and whether a value put it there.
+    let mut field: Vec<(char, bool)> = Vec::new();
+    let mut inside = false;
+    for c in rendered.chars().chain(std::iter::once(' ')) {
+        match c {
+            MARK_OPEN => inside = true,
+            MARK_CLOSE => inside = false,
+            c if c.is_whitespace() => {
+                check_field(&field)?;
+                if let Some(eq) = field.iter().position(|(c, _)| *c == '=') {
+                    check_field(&field[eq + 1..])?;
+                }
+                field.clear();
+            }
+            c => field.push((c, inside)),
+        }
+    }
+    Ok(rendered.replace([MARK_OPEN, MARK_CLOSE], ""))
+}
+
+/// One field (or a fact's value) of an action policy rule.
+fn check_field(chars: &[(char, bool)]) -> Result<(), Refused> {
+    let n = chars.len();
+    let refuse = |i: usize, why: &'static str| Refused {
+        place: Place::ActionPolicy,
+        character: chars[i].0,
+        position: i + 1,
+        length: n,
+        why,
+    };
+    let from_value = |i: usize| chars[i].1;
+    if n == 1 && chars[0].0 == '*' && from_value(0) {
+        return Err(refuse(0, "it makes a field a wildcard"));
+    }
+    let pattern = n >= 2 && chars[0].0 == '/' && chars[n - 1].0 == '/';
+    if pattern {
+        if from_value(0) || from_value(n - 1) {
+            let i = if from_value(0) { 0 } else { n - 1 };
+            return Err(refuse(i, "it makes a field a regular expression"));
+        }
+        if let Some(i) = (1..n - 1).find(|&i| from_value(i) && REGEX_META.contains(&chars[i].0)) {
+            return Err(refuse(
+                i,
+                "it gives meaning to a character of the regular expression around it",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An interpolated value refused for its place. The value itself is not
@@ -263,6 +368,7 @@ fn vouch(value: Value, add: Vouch) -> Value {
         vouch: Vouch {
             separators: had.separators || add.separators,
             line_breaks: had.line_breaks || add.line_breaks,
+            patterns: had.patterns || add.patterns,
         },
     })
 }
@@ -274,7 +380,7 @@ pub fn install(env: &mut minijinja::Environment<'_>) {
             v,
             Vouch {
                 separators: true,
-                line_breaks: false,
+                ..Vouch::default()
             },
         )
     });
@@ -282,8 +388,17 @@ pub fn install(env: &mut minijinja::Environment<'_>) {
         vouch(
             v,
             Vouch {
-                separators: false,
                 line_breaks: true,
+                ..Vouch::default()
+            },
+        )
+    });
+    env.add_filter(ALLOW_PATTERNS, |v: Value| {
+        vouch(
+            v,
+            Vouch {
+                patterns: true,
+                ..Vouch::default()
             },
         )
     });
@@ -297,10 +412,18 @@ fn format_checked(out: &mut Output, state: &mut State, value: &Value) -> Result<
         Some(v) => (v.text.clone(), v.vouch),
         None => (value.to_string(), Vouch::default()),
     };
-    Place::of(state.name())
+    let place = Place::of(state.name());
+    place
         .check(&text, vouched)
         .map_err(|r| Error::new(ErrorKind::InvalidOperation, r.to_string()).with_source(r))?;
-    out.write_str(&text).map_err(Error::from)
+    if place == Place::ActionPolicy && !vouched.patterns {
+        // Marked for check_policy_fields, which removes the marks.
+        fmt::Write::write_char(out, MARK_OPEN).map_err(Error::from)?;
+        out.write_str(&text).map_err(Error::from)?;
+        fmt::Write::write_char(out, MARK_CLOSE).map_err(Error::from)
+    } else {
+        out.write_str(&text).map_err(Error::from)
+    }
 }
 
 #[cfg(test)]
@@ -359,11 +482,11 @@ mod tests {
     fn the_opt_in_filters_lift_only_what_they_name() {
         let sep = Vouch {
             separators: true,
-            line_breaks: false,
+            ..Vouch::default()
         };
         let lines = Vouch {
-            separators: false,
             line_breaks: true,
+            ..Vouch::default()
         };
         assert!(Place::ListSetting.check("a, b", sep).is_ok());
         assert!(Place::ListSetting.check("a\nb", sep).is_err());
@@ -374,6 +497,59 @@ mod tests {
         assert!(Place::ActionPolicy.check("a\nb", lines).is_ok());
         assert!(Place::ActionPolicy.check("a b", lines).is_err());
         assert!(Place::OpaPolicy.check("a\"", sep).is_err());
+    }
+
+    #[test]
+    fn a_value_may_not_be_a_wildcard_or_pattern_in_a_policy() {
+        let none = Vouch::default();
+        for place in [Place::ActionPolicy, Place::OpaPolicy] {
+            for text in ["*", "/.*/", "/^choria=/", ".*", "**", ".+"] {
+                let e = place.check(text, none).unwrap_err();
+                assert!(
+                    e.to_string().contains("wildcard or a pattern"),
+                    "{place:?} {text:?}: {e}"
+                );
+            }
+            for text in ["web01.example.net", "choria=ops", "a*b", "/etc/x"] {
+                assert!(place.check(text, none).is_ok(), "{place:?} {text:?}");
+            }
+            let patterns = Vouch {
+                patterns: true,
+                ..Vouch::default()
+            };
+            assert!(place.check("*", patterns).is_ok());
+        }
+        assert!(Place::Setting.check("*", none).is_ok(), "only policies");
+        assert!(
+            Place::ActionPolicy.check("a\u{E000}b", none).is_err(),
+            "no marks"
+        );
+    }
+
+    #[test]
+    fn a_field_may_not_owe_its_wildcard_or_pattern_to_a_value() {
+        let m = |s: &str| s.replace('[', "\u{E000}").replace(']', "\u{E001}");
+        for (policy, ok) in [
+            ("allow\tchoria=[ops]\t*\t*\t*\n", true),
+            ("allow\t[choria=ops]\tstatus [restart]\t*\t*\n", true),
+            // The author's regex around a plain value.
+            ("allow\t/^choria=[ops]$/\t*\t*\t*\n", true),
+            ("allow\t/^choria=[ops.*]$/\t*\t*\t*\n", false),
+            // Slashes from two values make a regex.
+            ("allow\t[/]x[/]\t*\t*\t*\n", false),
+            ("allow\t[/]choria=ops/\t*\t*\t*\n", false),
+            // A fact's value: `dc=` then a pattern.
+            ("allow\t*\t*\tdc=[/]lon/\t*\n", false),
+            ("allow\t*\t*\tdc=/[lon]/\t*\n", true),
+            ("allow\t*\t*\tdc=[*]\t*\n", false),
+            ("allow\t*\t*\tdc=[lon]\t*\n", true),
+        ] {
+            let r = check_policy_fields(&m(policy));
+            assert_eq!(r.is_ok(), ok, "{policy:?}: {r:?}");
+            if let Ok(text) = r {
+                assert_eq!(text, policy.replace(['[', ']'], ""), "the marks are gone");
+            }
+        }
     }
 
     #[test]

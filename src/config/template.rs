@@ -53,11 +53,42 @@ pub const UPGRADE: &str = "upgrade";
 /// A template that does not compile, named as in the file
 /// (`configuration.identity`).
 #[derive(Debug, thiserror::Error)]
-#[error("{name}: {source}")]
+#[error("{name}: {reason}")]
 pub struct TemplateSyntaxError {
     pub name: String,
-    #[source]
-    pub source: minijinja::Error,
+    pub reason: SyntaxProblem,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyntaxProblem {
+    #[error("{0}")]
+    Template(#[source] minijinja::Error),
+    /// `{% include %}`, `{% import %}`, `{% from %}` or `{% extends %}`:
+    /// another template's text would be rendered under this one's checks
+    /// (or this one's under another's), so each stands alone.
+    #[error("{{% {0} %}} is not supported: each setting and policy is rendered on its own, and checked for where it lands")]
+    Reference(&'static str),
+}
+
+/// The tags that bring in another template.
+const REFERENCES: [&str; 4] = ["include", "import", "from", "extends"];
+
+/// The first tag of `source` that would bring in another template.
+fn reference(source: &str) -> Option<&'static str> {
+    let mut rest = source;
+    while let Some(i) = rest.find("{%") {
+        let tag = rest[i + 2..]
+            .trim_start_matches(['-', '+', '~'])
+            .trim_start();
+        if let Some(r) = REFERENCES.iter().find(|r| {
+            tag.strip_prefix(**r)
+                .is_some_and(|after| !after.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+        }) {
+            return Some(r);
+        }
+        rest = &rest[i + 2..];
+    }
+    None
 }
 
 /// The environment's name of one template: `section.key`.
@@ -88,27 +119,42 @@ impl ConfigurationTemplate {
             .chain(self.upgrade.iter().map(|v| (UPGRADE, "", v.as_str())))
     }
 
-    /// Compiles every template into one environment, each under
-    /// [`template_name`]. Strict about undefined values; no HTML escaping
-    /// (these are configuration values, not pages); a trailing newline is
-    /// kept, as policy files end with one.
-    pub fn environment(&self) -> Result<Environment<'static>, TemplateSyntaxError> {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::Strict);
-        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .keep_trailing_newline(true)
-                .build()
-                .expect("the default delimiters are valid"),
-        );
-        super::interpolation::install(&mut env);
+    /// Compiles every template, each into an environment of its own under
+    /// [`template_name`]: one template cannot include or import another
+    /// (its text would be rendered under the other's checks for where it
+    /// lands), and a tag that tries is refused here. Strict about undefined
+    /// values; no HTML escaping (these are configuration values, not
+    /// pages); a trailing newline is kept, as policy files end with one.
+    pub fn environments(
+        &self,
+    ) -> Result<BTreeMap<String, Environment<'static>>, TemplateSyntaxError> {
+        let mut out = BTreeMap::new();
         for (section, key, source) in self.templates() {
             let name = template_name(section, key);
+            if let Some(tag) = reference(source) {
+                return Err(TemplateSyntaxError {
+                    name,
+                    reason: SyntaxProblem::Reference(tag),
+                });
+            }
+            let mut env = Environment::new();
+            env.set_undefined_behavior(UndefinedBehavior::Strict);
+            env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+            env.set_syntax(
+                minijinja::syntax::SyntaxConfig::builder()
+                    .keep_trailing_newline(true)
+                    .build()
+                    .expect("the default delimiters are valid"),
+            );
+            super::interpolation::install(&mut env);
             env.add_template_owned(name.clone(), source.to_string())
-                .map_err(|source| TemplateSyntaxError { name, source })?;
+                .map_err(|e| TemplateSyntaxError {
+                    name: name.clone(),
+                    reason: SyntaxProblem::Template(e),
+                })?;
+            out.insert(name, env);
         }
-        Ok(env)
+        Ok(out)
     }
 }
 
@@ -124,9 +170,8 @@ mod tests {
             upgrade: Some("0.30.{{ 1 + 1 }}".into()),
             ..Default::default()
         };
-        let env = t.environment().unwrap();
-        let mut names: Vec<&str> = env.templates().map(|(n, _)| n).collect();
-        names.sort_unstable();
+        let envs = t.environments().unwrap();
+        let names: Vec<&str> = envs.keys().map(String::as_str).collect();
         assert_eq!(
             names,
             [
@@ -135,7 +180,11 @@ mod tests {
                 "upgrade"
             ]
         );
-        let out = env
+        for (name, env) in &envs {
+            let inside: Vec<&str> = env.templates().map(|(n, _)| n).collect();
+            assert_eq!(inside, [name.as_str()], "each template alone");
+        }
+        let out = envs["opa_policies.default.rego"]
             .get_template("opa_policies.default.rego")
             .unwrap()
             .render(())
@@ -153,10 +202,50 @@ mod tests {
             .into(),
             ..Default::default()
         };
-        let e = t.environment().unwrap_err();
+        let e = t.environments().unwrap_err();
         assert_eq!(e.name, "configuration.plugin.choria.middleware_hosts");
         assert!(e
             .to_string()
             .starts_with("configuration.plugin.choria.middleware_hosts: "));
+    }
+
+    #[test]
+    fn a_template_that_brings_in_another_is_refused() {
+        for (source, tag) in [
+            ("{% include 'configuration.identity' %}", "include"),
+            ("{%- include \"x\" -%}", "include"),
+            (
+                "{% import 'configuration.identity' as m %}{{ m.x() }}",
+                "import",
+            ),
+            ("{%+ from 'x' import y %}", "from"),
+            ("{% extends 'x' %}", "extends"),
+        ] {
+            let t = ConfigurationTemplate {
+                configuration: [
+                    ("identity".to_string(), "{{ identity }}".to_string()),
+                    ("collectives".to_string(), source.to_string()),
+                ]
+                .into(),
+                ..Default::default()
+            };
+            let e = t.environments().unwrap_err();
+            assert_eq!(e.name, "configuration.collectives", "{source}");
+            assert!(
+                matches!(e.reason, SyntaxProblem::Reference(t) if t == tag),
+                "{source}: {e}"
+            );
+        }
+        // Words that merely start like one are fine.
+        let t = ConfigurationTemplate {
+            configuration: [(
+                "x".to_string(),
+                "{% set included = 1 %}{% set imports = 2 %}{{ included }}{{ imports }}"
+                    .to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        t.environments().unwrap();
     }
 }

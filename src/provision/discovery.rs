@@ -1,6 +1,6 @@
 //! Broadcast discovery: at start, on the interval, and on a trigger (a won
 //! election, a broker reconnect, a resume). Each name found is offered to
-//! the registry and, when new, to the confirmation stage.
+//! the registry, which queues it in the discovery lane when it is new.
 //!
 //! A round ends when no reply came for `discovery_window`, or at
 //! `discovery_timeout`. A fleet too large to answer within the timeout
@@ -9,11 +9,10 @@
 //! follows at once instead of at the next interval, up to
 //! [`MAX_FOLLOW_UPS`] times.
 
-use super::registry::{Offered, Ticket, PENDING_CAPACITY};
+use super::registry::{Offered, PENDING_CAPACITY};
 use super::Handle;
 use crate::choria::client::{ChoriaClient, Discovered, DiscoveryOptions};
 use crate::choria::filter::Filter;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +33,6 @@ pub async fn run(
     opts: DiscoveryOptions,
     interval: Duration,
     trigger: &mut mpsc::Receiver<()>,
-    confirm: &mpsc::Sender<Arc<Ticket>>,
     shutdown: &CancellationToken,
 ) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -54,7 +52,7 @@ pub async fn run(
             let round = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                r = discover(client, handle, opts, confirm) => r,
+                r = discover(client, handle, opts) => r,
             };
             let more = round.is_some_and(|(d, offered)| d.cut_short && offered > 0);
             if !more || follow_up == MAX_FOLLOW_UPS {
@@ -68,13 +66,10 @@ pub async fn run(
     }
 }
 
-/// Waits until the nodes found are mostly confirmed and worked; false on
-/// shutdown.
+/// Waits until the nodes found are mostly worked; false on shutdown.
 async fn drained(handle: &Handle, within: Duration, shutdown: &CancellationToken) -> bool {
     let until = tokio::time::Instant::now() + within;
-    while handle.registry.pending() + handle.registry.queued() > DRAINED
-        && tokio::time::Instant::now() < until
-    {
+    while handle.registry.pending() > DRAINED && tokio::time::Instant::now() < until {
         tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -92,21 +87,13 @@ pub fn options(timeout: Duration, window: Duration) -> DiscoveryOptions {
     }
 }
 
-/// Offers one discovered name to the registry and the confirmation stage;
-/// true when it was new.
-fn offer(handle: &Handle, confirm: &mpsc::Sender<Arc<Ticket>>, node: &str) -> bool {
+/// Offers one discovered name to the registry; true when it was new.
+fn offer(handle: &Handle, node: &str) -> bool {
     match handle
         .registry
         .offer(node, super::registry::Source::Discovery)
     {
-        Offered::Pending(ticket) => match confirm.try_send(ticket) {
-            Ok(()) => true,
-            Err(e) => {
-                handle.registry.unconfirmed(&e.into_inner());
-                handle.metrics.dropped_discovery();
-                false
-            }
-        },
+        Offered::Queued(_) => true,
         Offered::Full => {
             handle.metrics.dropped_discovery();
             false
@@ -122,7 +109,6 @@ async fn discover(
     client: &ChoriaClient,
     handle: &Handle,
     opts: DiscoveryOptions,
-    confirm: &mpsc::Sender<Arc<Ticket>>,
 ) -> Option<(Discovered, usize)> {
     if let Err(e) = handle.gate.check() {
         warn!(reason = %e, "skipping discovery");
@@ -135,7 +121,7 @@ async fn discover(
     let found = client
         .discover_each(&Filter::with_agent("choria_provision"), opts, |node| {
             if handle.ownership.owns(node) {
-                offered += usize::from(offer(handle, confirm, node));
+                offered += usize::from(offer(handle, node));
             }
         })
         .await;

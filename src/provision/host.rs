@@ -8,6 +8,13 @@
 //! is retried with Go's backoff up to the per-action tries, and the pause gate
 //! is read before the call and before every attempt, so pausing stops a node
 //! at its next attempt boundary. Errors name the node and the step.
+//!
+//! A sequence waits without a worker: it takes one of the `workers` slots
+//! only for its work (the template and helper, the server JWT and key
+//! encryption). Its first request confirms the name; a name that never
+//! answers ends in [`ProvisionError::Unconfirmed`], logged at debug only,
+//! and a failed attempt moves the sequence to the suspect lane (see
+//! `dispatch`).
 
 use super::certmanager::{SignError, Signer};
 use super::gate::{PauseGate, Paused};
@@ -64,6 +71,12 @@ pub struct Context {
     pub ownership: super::ownership::Ownership,
     /// Our name in the election or the shards, for the records.
     pub replica: String,
+    /// The `workers` slots: a sequence holds one only while it works.
+    pub slots: Arc<tokio::sync::Semaphore>,
+    /// Per-node warnings and errors at a bounded rate: whoever holds the
+    /// fleet's provisioning JWT can make up names that answer and then
+    /// stall, as many as they like.
+    pub logs: Arc<super::suspects::LogLimiter>,
 }
 
 /// How a node's sequence ended without error.
@@ -89,6 +102,14 @@ pub enum ProvisionError {
     Abandoned,
     #[error("{rpc} failed after {tries} {}: {last}", if *.tries == 1 { "try" } else { "tries" })]
     Rpc {
+        rpc: &'static str,
+        tries: u32,
+        last: String,
+    },
+    /// The first request never got an answer in the node's name: nothing
+    /// confirms the name exists.
+    #[error("{rpc} got no answer in {tries} {}, so nothing confirms the node: {last}", if *.tries == 1 { "try" } else { "tries" })]
+    Unconfirmed {
         rpc: &'static str,
         tries: u32,
         last: String,
@@ -141,7 +162,7 @@ impl ProvisionError {
     /// The step, for logs (`choria_provision#jwt`, `helper`...).
     pub fn step(&self) -> &'static str {
         match self {
-            ProvisionError::Rpc { rpc, .. } => rpc,
+            ProvisionError::Rpc { rpc, .. } | ProvisionError::Unconfirmed { rpc, .. } => rpc,
             ProvisionError::Paused(_) | ProvisionError::Abandoned => "pause",
             ProvisionError::Stale(_) => "queue",
             ProvisionError::Jwt(_) | ProvisionError::TokenMismatch => "choria_provision#jwt",
@@ -220,6 +241,18 @@ pub struct HostSequence {
     /// The leadership term this sequence belongs to: once it is over, the
     /// sequence stops at its next checkpoint (see [`PauseGate`]).
     term: u64,
+    /// Its place in its lane's in-flight budget.
+    place: std::sync::Mutex<super::dispatch::LanePlace>,
+    /// Where its name came from, once dispatched (metrics).
+    source: Option<super::registry::Source>,
+    /// Set once any request got the node's own answer: the name is real.
+    answered: std::sync::atomic::AtomicBool,
+}
+
+/// A `workers` slot held while a sequence works.
+struct Working<'a> {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _busy: crate::provision::metrics::BusyWorker<'a>,
 }
 
 impl HostSequence {
@@ -234,15 +267,72 @@ impl HostSequence {
             got: Gathered::default(),
             finishing: false,
             pending: Vec::new(),
+            place: std::sync::Mutex::new(super::dispatch::LanePlace::unbounded()),
+            source: None,
+            answered: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Runs in a lane's budget, for a name that came from `source`.
+    pub fn in_lane(
+        mut self,
+        place: super::dispatch::LanePlace,
+        source: super::registry::Source,
+    ) -> Self {
+        self.place = std::sync::Mutex::new(place);
+        self.source = Some(source);
+        self
+    }
+
+    fn is_answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes a `workers` slot for the work that follows (released when the
+    /// guard goes). Waits for one, but never past shutdown's abandon.
+    async fn working(&self) -> Result<Working<'_>, ProvisionError> {
+        let slot = tokio::select! {
+            s = self.ctx.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned)?,
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        };
+        Ok(Working {
+            _slot: slot,
+            _busy: self.ctx.metrics.busy_worker(),
+        })
+    }
+
+    /// The first answer in the node's own name: counted where it came
+    /// from, and from now on the sequence logs at info.
+    fn confirmed(&self) {
+        if self
+            .answered
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        match self.source {
+            Some(super::registry::Source::Discovery) => self.ctx.metrics.discovered(),
+            Some(super::registry::Source::Event) => {
+                self.ctx.metrics.event_discovered();
+                info!(
+                    node = &*self.identity,
+                    "adding node after its startup event"
+                );
+            }
+            None => {}
+        }
+        info!(node = &*self.identity, "provisioning");
     }
 
     /// Runs the whole sequence inline. `waiting` is how long the node sat
     /// in the queue.
     pub async fn run(mut self, waiting: Duration) -> Result<Outcome, ProvisionError> {
-        self.gather(waiting).await?;
+        // The two parts on the heap, each only while it runs: thousands of
+        // sequences wait out their reply windows at once (in `settle`), and
+        // then cost little more than the sequence itself.
+        Box::pin(self.gather(waiting)).await?;
         self.settle().await?;
-        self.finish().await
+        Box::pin(self.finish()).await
     }
 
     /// The first part: what the node tells about itself (JWT, ed25519 key,
@@ -337,15 +427,23 @@ impl HostSequence {
             self.sign_with_cert_manager(&mut response).await?;
         }
 
-        let server_jwt = if cfg.features.ed25519 {
-            self.sign_server_jwt(&response)?
-        } else {
-            String::new()
-        };
-        let (key, provisioner_ecdh_public) = if response.key.is_empty() {
-            (String::new(), String::new())
-        } else {
-            self.encrypt_key(&response.key)?
+        let (server_jwt, key, provisioner_ecdh_public) = {
+            let _working = if cfg.features.ed25519 || !response.key.is_empty() {
+                Some(self.working().await?)
+            } else {
+                None
+            };
+            let server_jwt = if cfg.features.ed25519 {
+                self.sign_server_jwt(&response)?
+            } else {
+                String::new()
+            };
+            let (key, ecdh) = if response.key.is_empty() {
+                (String::new(), String::new())
+            } else {
+                self.encrypt_key(&response.key)?
+            };
+            (server_jwt, key, ecdh)
         };
 
         if cfg.features.upgrades && !response.upgrade.is_empty() {
@@ -455,6 +553,7 @@ impl HostSequence {
         let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
         self.gate_check()?;
         let mut last = String::new();
+        let mut tried = 0;
         let client = &self.ctx.client;
         let opts = RpcOptions {
             timeout: self
@@ -466,6 +565,7 @@ impl HostSequence {
         for attempt in 1..=tries {
             // Pausing mid-sequence stops the node here, at an attempt boundary.
             self.gate_check()?;
+            tried = attempt;
             debug!(node = &*self.identity, rpc, attempt, tries, "calling");
             let started = Instant::now();
             let request = client.request(&self.identity, agent, action, data, opts);
@@ -475,6 +575,7 @@ impl HostSequence {
             };
             self.ctx.metrics.observe_rpc(rpc, started.elapsed());
             if let Ok((r, _)) = &result {
+                self.confirmed();
                 if is_lock_refusal(r) {
                     // Another provisioner holds this node (go-choria's
                     // per-node lock): not a failure to retry in a storm;
@@ -492,12 +593,38 @@ impl HostSequence {
             };
             match outcome {
                 Ok(value) => return Ok(value),
+                Err(e) if self.is_answered() => {
+                    if let super::suspects::Allow::Yes { suppressed } =
+                        self.ctx.logs.check("rpc attempt", Instant::now())
+                    {
+                        warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
+                    }
+                    last = e;
+                }
+                // Nothing says the name is real yet: a made-up one must not
+                // cost a log line per attempt.
                 Err(e) => {
-                    warn!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+                    debug!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
                     last = e;
                 }
             }
+            // A name that never answered is not asked again now: one
+            // request is what a made-up name costs (a real node that
+            // missed it is found again by the next discovery).
+            if !self.is_answered() {
+                break;
+            }
             if attempt < tries {
+                // Retried behind the names that have not failed, or at the
+                // next discovery when there is no room for that now.
+                let demoted = self
+                    .place
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .demote();
+                if !demoted {
+                    break;
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff(attempt)) => {}
                     _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
@@ -505,6 +632,10 @@ impl HostSequence {
             }
         }
         self.ctx.metrics.rpc_error(rpc);
+        let tries = tried;
+        if !self.is_answered() {
+            return Err(ProvisionError::Unconfirmed { rpc, tries, last });
+        }
         Err(ProvisionError::Rpc { rpc, tries, last })
     }
 
@@ -523,6 +654,15 @@ impl HostSequence {
         Ok(())
     }
 
+    /// A step's log line: info once the name is confirmed, debug before.
+    fn step(&self, what: &'static str) {
+        if self.is_answered() {
+            info!(node = &*self.identity, "{what}");
+        } else {
+            debug!(node = &*self.identity, "{what}");
+        }
+    }
+
     fn token_data(&self) -> TokenOnly<'_> {
         TokenOnly {
             token: self.token.expose(),
@@ -537,7 +677,7 @@ impl HostSequence {
             #[serde(default)]
             ecdh_public: String,
         }
-        info!(node = &*self.identity, "fetching JWT");
+        self.step("fetching JWT");
         let token = self.token.expose().to_string();
         let (jwt, ecdh) = self
             .call_trusted(
@@ -585,7 +725,7 @@ impl HostSequence {
             token: &'t str,
         }
         let nonce = crate::choria::ids::v1_request_id();
-        info!(node = &*self.identity, "fetching ED25519 public key");
+        self.step("fetching ED25519 public key");
         let token = self.token.expose().to_string();
         let reply = self
             .call_trusted(
@@ -617,7 +757,7 @@ impl HostSequence {
     async fn fetch_inventory(&mut self) -> Result<(), ProvisionError> {
         #[derive(Serialize)]
         struct Empty {}
-        info!(node = &*self.identity, "fetching inventory");
+        self.step("fetching inventory");
         let (inventory, version, upgradable) = self
             .call("rpcutil#inventory", 5, &Empty {}, |r| {
                 require_ok(r)?;
@@ -655,7 +795,7 @@ impl HostSequence {
             cn: &'t str,
             token: &'t str,
         }
-        info!(node = &*self.identity, "fetching CSR");
+        self.step("fetching CSR");
         let token = self.token.expose().to_string();
         let identity = self.identity.clone();
         let reply = self
@@ -700,6 +840,8 @@ impl HostSequence {
     }
 
     async fn decide(&self) -> Result<HelperResponse, ProvisionError> {
+        self.gate_check()?;
+        let _working = self.working().await?;
         self.gate_check()?;
         let input = HelperInput {
             identity: &self.identity,

@@ -240,7 +240,10 @@ mod tests {
         assert!(!h.gate.is_paused(), "the winner works");
         assert_eq!(m("choria_provisioner_leader"), 1.0);
         assert_eq!(m("choria_provisioner_leadership_transitions"), 1.0);
-        h.registry.add("node-1.example.net");
+        h.registry.offer(
+            "node-1.example.net",
+            crate::provision::registry::Source::Discovery,
+        );
         assert_eq!(h.registry.queued(), 1);
 
         h.lost("me", &LossReason::RenewDeadline(Duration::from_secs(3)));

@@ -76,6 +76,8 @@ pub struct Metrics {
     renewals_stranded: IntGauge,
     records_refused: IntCounterVec,
     shard_records_refused: IntCounterVec,
+    ignored_shutdowns: IntCounter,
+    sequences: IntGauge,
 }
 
 /// Labels of `choria_provisioner_shard_records_refused{reason}`.
@@ -329,6 +331,14 @@ impl Metrics {
                 "choria_provisioner_renewals_stranded",
                 "Nodes on record that renewal will not ask to reprovision because they could not come back: their provisioning JWT expires before they would be provisioned again",
             ),
+            sequences: gauge(
+                "choria_provisioner_sequences",
+                "Node sequences in flight (waiting for replies or working); the busy_workers among them hold a workers slot",
+            ),
+            ignored_shutdowns: counter(
+                "choria_provisioner_ignored_shutdowns",
+                "Shutdown events not acted on: the node's shutdown was taken within the last two discovery intervals (a shutdown event is a hint anyone can publish)",
+            ),
             shard_records_refused: labelled(
                 "choria_provisioner_shard_records_refused",
                 "Shard membership records (heartbeats, member Leases) ignored, by reason: not sealed, a seal that is not ours, malformed, an old record again, or more members than are counted",
@@ -403,6 +413,18 @@ impl Metrics {
     /// `outcome`: `sent`, `refused` or `failed`.
     pub fn renewal(&self, outcome: &str) {
         self.renewals.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts a sequence in flight while the guard lives.
+    pub fn sequence(&self) -> GaugeGuard<'_> {
+        self.sequences.inc();
+        GaugeGuard {
+            gauge: &self.sequences,
+        }
+    }
+
+    pub fn ignored_shutdown(&self) {
+        self.ignored_shutdowns.inc();
     }
 
     pub fn shard_record_refused(&self, reason: &str) {

@@ -1,24 +1,26 @@
 //! The provisioner: discovery and startup events offer nodes to the
-//! registry; a node that answers its confirmation ping enters the work
-//! queue; workers run each node's [`host::HostSequence`]; the pause gate
-//! decides whether any of it may talk to nodes.
+//! registry; each waits in its lane until the dispatcher starts its
+//! [`host::HostSequence`] in a task of its own (its first request confirms
+//! the name); a sequence takes one of the `workers` slots only while it
+//! works; the pause gate decides whether any of it may talk to nodes.
 //!
 //! ```text
-//! discovery (interval, trigger) ─┐             pending          work queue
-//!                                ├─> Registry ─(confirm: ping)─> (50,000) ─> workers ─> HostSequence ─> RPC / helper
-//! startup events ────────────────┘      ^                                       │
-//!                                       └──────────── finisher <────────────────┘ (forget now, or after 60 s)
+//! discovery (interval, trigger) ─┐            lanes (in flight)              slots (`workers`)
+//!                                ├─> Registry ─ events (1,024) ──┐
+//! startup events ────────────────┘      ^     discovery (4,096) ─┼─> HostSequence ─> template, helper, signing
+//!                                       │     suspect (1,024) ───┘        │ waits: RPC replies, reply windows (timers)
+//!                                       └──────────── finisher <─────────┘ (forget now, or after 60 s)
 //! ```
 //!
 //! One file per stage: `broker` (connecting, following the connection),
-//! `discovery`, `events`, `confirm`, `workers` (the pool and what a
-//! sequence's outcome does); this file wires them and stops them.
+//! `discovery`, `events`, `dispatch` (the lanes' budgets, the slots, and
+//! what a sequence's outcome does); this file wires them and stops them.
 
 mod broker;
 pub mod certmanager;
-pub mod confirm;
 pub mod credentials;
 mod discovery;
+pub mod dispatch;
 mod events;
 pub mod gate;
 mod grants;
@@ -34,7 +36,6 @@ pub mod resource;
 mod suspects;
 pub mod template;
 pub mod version;
-mod workers;
 
 use crate::choria::client::{self, ChoriaClient, ClientError};
 use crate::choria::lifecycle::{Event, EventType};
@@ -46,10 +47,9 @@ use host::Context;
 use registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 /// The component name in our own lifecycle events.
@@ -59,8 +59,6 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// The longest a shutdown takes from the signal, whatever the broker or
 /// the API server do: the grace, releasing the election, stopping tasks.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_millis(1500);
-/// Nodes waiting out their reply windows at once (each a small task).
-pub const CONFIRMING_LIMIT: usize = 4096;
 /// The longest the final flush of published messages may wait.
 const FLUSH_AT_SHUTDOWN: Duration = Duration::from_millis(300);
 
@@ -359,6 +357,7 @@ impl Provisioner {
         let abandon = CancellationToken::new();
         let credentials = Arc::new(credentials::Credentials::load(cfg.clone()));
         tasks.spawn(credentials.clone().watch(stop_tasks.clone()));
+        let pool = dispatch::Pool::new(cfg.workers);
         let ctx = Arc::new(context(
             &cfg,
             &client,
@@ -367,11 +366,11 @@ impl Provisioner {
             &abandon,
             &credentials,
             &me,
+            &pool,
         )?);
-        let confirm_discovered = start_intake(
+        start_intake(
             &nats,
             &cfg,
-            &client,
             &handle,
             &suspects,
             Intake {
@@ -414,7 +413,7 @@ impl Provisioner {
             ));
         }
 
-        let (pool, workers) = start_workers(&cfg, &ctx, &handle);
+        let dispatchers = start_dispatchers(&ctx, &handle, &pool);
         let opts = discovery::options(cfg.discovery_timeout, cfg.discovery_window);
         discovery::run(
             &client,
@@ -422,7 +421,6 @@ impl Provisioner {
             opts,
             cfg.interval,
             &mut trigger_rx,
-            &confirm_discovered,
             &shutdown,
         )
         .await;
@@ -432,7 +430,7 @@ impl Provisioner {
             handle,
             ctx,
             pool,
-            workers,
+            dispatchers,
             abandon,
             election,
             election_stop,
@@ -509,6 +507,7 @@ async fn announce(
 }
 
 /// What every node's sequence shares.
+#[allow(clippy::too_many_arguments)]
 fn context(
     cfg: &Arc<ProvisionerConfig>,
     client: &ChoriaClient,
@@ -517,6 +516,7 @@ fn context(
     abandon: &CancellationToken,
     credentials: &Arc<credentials::Credentials>,
     me: &str,
+    pool: &dispatch::Pool,
 ) -> Result<Context, RunError> {
     let argv = cfg.helper_command()?;
     let helper =
@@ -527,7 +527,7 @@ fn context(
                 &cfg.file,
                 None,
                 format!("configuration_template.{}", e.name),
-                e.source.to_string(),
+                e.reason.to_string(),
             )
         })?),
         None => None,
@@ -551,6 +551,8 @@ fn context(
         credentials: credentials.clone(),
         ownership: handle.ownership.clone(),
         replica: me.to_string(),
+        slots: pool.slots.clone(),
+        logs: Arc::new(suspects::LogLimiter::default()),
     })
 }
 
@@ -560,61 +562,29 @@ struct Intake {
     finisher: FinisherRx,
 }
 
-/// Starts what feeds the work queue besides discovery — lifecycle events,
-/// both confirmation stages — and what follows the broker and forgets
-/// finished nodes. Returns where discovery offers its names.
+/// Starts what feeds the lanes besides discovery — lifecycle events — and
+/// what follows the broker and forgets finished nodes.
 #[allow(clippy::too_many_arguments)]
 async fn start_intake(
     nats: &async_nats::Client,
     cfg: &ProvisionerConfig,
-    client: &ChoriaClient,
     handle: &Handle,
     suspects: &suspects::Suspects,
     intake: Intake,
     stop: &CancellationToken,
     tasks: &mut JoinSet<()>,
-) -> Result<mpsc::Sender<Arc<registry::Ticket>>, RunError> {
-    // Startup events add nodes; shutdown events drop waiting ones.
+) -> Result<(), RunError> {
+    // Startup events add nodes; shutdown events are hints about waiting ones.
     let startups =
         client::subscribe_events(nats, EventType::Startup, &cfg.lifecycle_component).await?;
     let shutdowns =
         client::subscribe_events(nats, EventType::Shutdown, &cfg.lifecycle_component).await?;
-    let timeout = cfg.rpc_timeout.unwrap_or(confirm::PING_TIMEOUT);
-    let (event_tx, event_rx) = mpsc::channel(confirm::EVENT_QUEUE);
-    let (discovered_tx, discovered_rx) = mpsc::channel(registry::PENDING_CAPACITY);
     tasks.spawn(events::listen(
         futures::stream::select(startups, shutdowns),
         handle.clone(),
         suspects.clone(),
-        event_tx,
         stop.clone(),
     ));
-    for (stage, rx) in [
-        (
-            confirm::Stage {
-                source: registry::Source::Event,
-                pings: confirm::EVENT_PINGS,
-                timeout,
-            },
-            event_rx,
-        ),
-        (
-            confirm::Stage {
-                source: registry::Source::Discovery,
-                pings: confirm::DISCOVERY_PINGS,
-                timeout,
-            },
-            discovered_rx,
-        ),
-    ] {
-        tasks.spawn(confirm::run(
-            stage,
-            rx,
-            client.clone(),
-            handle.clone(),
-            stop.clone(),
-        ));
-    }
     tasks.spawn(broker::watch_broker(
         intake.broker_events,
         handle.clone(),
@@ -626,38 +596,29 @@ async fn start_intake(
             .clone()
             .run_finisher(intake.finisher, stop.clone()),
     );
-    Ok(discovered_tx)
+    Ok(())
 }
 
-/// `workers` workers on the work queue.
-fn start_workers(
-    cfg: &ProvisionerConfig,
-    ctx: &Arc<Context>,
-    handle: &Handle,
-) -> (workers::Pool, JoinSet<()>) {
-    let pool = workers::Pool {
-        slots: Arc::new(Semaphore::new(cfg.workers)),
-        confirming: Arc::new(Semaphore::new(CONFIRMING_LIMIT)),
-        parked: TaskTracker::new(),
-    };
+/// A dispatcher per lane.
+fn start_dispatchers(ctx: &Arc<Context>, handle: &Handle, pool: &dispatch::Pool) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    for n in 1..=cfg.workers {
-        set.spawn(workers::worker(
-            n,
+    for lane in registry::Lane::ALL {
+        set.spawn(dispatch::run(
+            lane,
             ctx.clone(),
             handle.clone(),
             pool.clone(),
         ));
     }
-    (pool, set)
+    set
 }
 
 /// What [`stop`] winds down.
 struct Stopping {
     handle: Handle,
     ctx: Arc<Context>,
-    pool: workers::Pool,
-    workers: JoinSet<()>,
+    pool: dispatch::Pool,
+    dispatchers: JoinSet<()>,
     abandon: CancellationToken,
     election: Option<tokio::task::JoinHandle<()>>,
     election_stop: CancellationToken,
@@ -674,7 +635,7 @@ async fn stop(s: Stopping) {
         handle,
         ctx,
         pool,
-        mut workers,
+        mut dispatchers,
         abandon,
         election,
         election_stop,
@@ -687,26 +648,23 @@ async fn stop(s: Stopping) {
     handle.registry.close_queue();
     let dropped = handle.registry.clear();
     debug!(dropped, "dropped queued nodes");
-    pool.parked.close();
-    let graceful = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while workers.join_next().await.is_some() {}
-        pool.parked.wait().await;
-    })
-    .await;
+    // A dispatcher may wait for room in its lane's budget: it has nothing
+    // to finish.
+    dispatchers.abort_all();
+    info!(
+        in_flight = pool.tracker.len(),
+        "stopping the node sequences in flight at their next checkpoint"
+    );
+    while dispatchers.join_next().await.is_some() {}
+    pool.tracker.close();
+    let graceful = tokio::time::timeout(SHUTDOWN_GRACE, pool.tracker.wait()).await;
     if graceful.is_err() {
         warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
         abandon.cancel();
         // Abandoned sequences stop at their next await; a helper still
-        // running is killed when its future is dropped.
-        if tokio::time::timeout_at(deadline, async {
-            while workers.join_next().await.is_some() {}
-            pool.parked.wait().await;
-        })
-        .await
-        .is_err()
-        {
-            workers.abort_all();
-        }
+        // running is killed when its future is dropped (the runtime drops
+        // what is left when the process ends).
+        let _ = tokio::time::timeout_at(deadline, pool.tracker.wait()).await;
     }
     // Only now, with our workers stopped, may a standby take over. The
     // release gets what is left of the limit (a Lease is released through

@@ -1,36 +1,40 @@
-//! The host registry, the bounded work queue, and the names waiting to be
-//! confirmed.
+//! The host registry and the lanes nodes wait in for their sequence.
 //!
-//! Discovery and startup events *offer* hosts; an offered host waits,
-//! [`State::Pending`], until it answers a directed ping in its own name (the
-//! `confirm` stage), and only then enters the work queue that workers take
-//! hosts from. Anyone on the provisioning collective can answer a discovery
-//! or publish an event under any name, and a name nobody answers for would
-//! otherwise hold a worker for every RPC timeout of its sequence.
+//! Discovery and startup events *offer* hosts. An offered host is
+//! registered, [`State::Pending`], and waits in a lane until the dispatcher
+//! (`dispatch`) starts its sequence; the sequence's first request is what
+//! confirms the name (a name nobody answers for costs that request's timer,
+//! never a worker). Lanes, each bounded and each with an in-flight budget of
+//! its own:
 //!
-//! Pending names cost little (an entry here, a name in the confirmation
-//! stage) and are bounded by [`PENDING_CAPACITY`], so a fleet larger than
-//! the work queue is found in one discovery and fed to the queue as it
-//! drains, and a flood of made-up names costs memory up to the bound and
-//! one ping each.
+//! * [`Lane::Events`]: names from `startup` events;
+//! * [`Lane::Discovery`]: names from discovery replies;
+//! * [`Lane::Suspect`]: names that failed within [`FAILURE_MEMORY`], from
+//!   either source, so a name that answers and then stalls is retried
+//!   behind the names that have not failed, never ahead of a real node.
+//!
+//! Anyone on the provisioning collective can answer a discovery, or publish
+//! an event, under any name, so registrations are bounded: at most
+//! [`PENDING_CAPACITY`] names wait at once (the largest fleet one discovery
+//! feeds in one pass), events at most [`EVENT_QUEUE`] of them.
 //!
 //! The registry follows the Go provisioner's rules: a host seen again within
-//! one `interval` of being added is ignored; an older *queued* entry is
+//! one `interval` of being added is ignored; an older waiting entry is
 //! replaced. A provisioned host stays registered for [`HOLD_AFTER_SUCCESS`]
 //! from its success so the burst of events around its restart does not queue
-//! it again; a failed host is forgotten at once so the next discovery retries
-//! it.
+//! it again; a failed host is forgotten at once (and remembered as failed)
+//! so the next discovery retries it.
 //!
 //! Unlike Go, a host that is being worked on, or held after success, is
 //! never replaced, however long ago it was added: Go replaces any entry older
 //! than `interval`, so a node whose wait plus sequence outlasts one interval
-//! and is discovered again runs on two workers at once (two helper runs, two
+//! and is discovered again runs twice at once (two helper runs, two
 //! certificates, interleaved `configure`).
 //!
-//! Unlike Go, each registration gets a generation number and a queued ticket
-//! is only current while its generation is the registered one: after the
-//! registry was emptied (lost leadership) and the host added again, the old
-//! ticket still in the queue is rejected instead of provisioning twice.
+//! Unlike Go, each registration gets a generation number and a waiting
+//! ticket is only current while its generation is the registered one: after
+//! the registry was emptied (lost leadership) and the host added again, the
+//! old ticket still in a lane is rejected instead of provisioning twice.
 
 use crate::provision::metrics::Metrics;
 use crate::provision::suspects::{Allow, LogLimiter};
@@ -41,11 +45,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-/// Work queue capacity (Go: 50,000).
-pub const QUEUE_CAPACITY: usize = 50_000;
-/// Names waiting for confirmation (or, confirmed, for room in the work
-/// queue) at most: the largest fleet one discovery feeds in one pass.
+/// Names waiting for their sequence, at most, over every lane: the largest
+/// fleet one discovery feeds in one pass.
 pub const PENDING_CAPACITY: usize = 500_000;
+/// Names from startup events waiting, at most (more are dropped and
+/// counted: discovery finds real nodes later).
+pub const EVENT_QUEUE: usize = 10_000;
 /// How long a provisioned host stays registered (Go: 60 s).
 pub const HOLD_AFTER_SUCCESS: Duration = Duration::from_secs(60);
 /// How long a host that announced its shutdown is not offered again: it
@@ -53,15 +58,18 @@ pub const HOLD_AFTER_SUCCESS: Duration = Duration::from_secs(60);
 /// discovery in the splay before it goes (2 s after `restart`, up to 12 s
 /// after `reprovision`).
 pub const HOLD_AFTER_SHUTDOWN: Duration = Duration::from_secs(15);
+/// How long a failed name is remembered, and offered in the suspect lane.
+pub const FAILURE_MEMORY: Duration = Duration::from_secs(3600);
 
 /// One registration of a host.
 #[derive(Debug)]
 pub struct Ticket {
     pub identity: String,
     pub generation: u64,
-    /// When it was registered; a worker skips it when it waited too long.
+    /// When it was registered; its sequence stops when it waited too long.
     pub added: Instant,
     pub source: Source,
+    pub lane: Lane,
 }
 
 /// Where a host came from (for logs and metrics).
@@ -71,30 +79,37 @@ pub enum Source {
     Event,
 }
 
-/// Result of [`Registry::add`] and [`Registry::confirmed`].
+/// The lane a host waits in (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Added {
-    Queued,
-    /// Registered less than one interval ago, or held after success.
-    Recent,
-    /// A worker is provisioning it right now.
-    Busy,
-    /// The work queue is full; the host was not registered.
-    QueueFull,
-    /// The registration was replaced or dropped while it waited.
-    Stale,
+pub enum Lane {
+    Events,
+    Discovery,
+    Suspect,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 3] = [Lane::Events, Lane::Discovery, Lane::Suspect];
+
+    fn index(self) -> usize {
+        match self {
+            Lane::Events => 0,
+            Lane::Discovery => 1,
+            Lane::Suspect => 2,
+        }
+    }
 }
 
 /// Result of [`Registry::offer`].
 #[derive(Debug)]
 pub enum Offered {
-    /// Registered as pending: confirm it, then [`Registry::confirmed`].
-    Pending(Arc<Ticket>),
-    /// Registered less than one interval ago, pending, or held after success.
+    /// Registered and waiting in this lane.
+    Queued(Lane),
+    /// Registered less than one interval ago, or held after success or
+    /// a shutdown.
     Recent,
-    /// A worker is provisioning it right now.
+    /// A sequence is working on it right now.
     Busy,
-    /// [`PENDING_CAPACITY`] names are pending already; not registered.
+    /// Its lane, or the registry, is full; not registered.
     Full,
 }
 
@@ -108,11 +123,9 @@ struct Entry {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Offered, waiting to answer its confirmation ping.
+    /// Offered, waiting in its lane.
     Pending,
-    /// In the work queue.
-    Queued,
-    /// A worker took it.
+    /// Its sequence runs.
     Working,
     /// Done; held so repeated events do not queue it again.
     Held,
@@ -121,15 +134,19 @@ enum State {
     Restarting,
 }
 
+type LaneChannel = (
+    async_channel::Sender<Arc<Ticket>>,
+    async_channel::Receiver<Arc<Ticket>>,
+);
+
 pub struct Registry {
     hosts: Mutex<Hosts>,
     next_generation: AtomicU64,
-    queue_tx: async_channel::Sender<Arc<Ticket>>,
-    queue_rx: async_channel::Receiver<Arc<Ticket>>,
+    lanes: [LaneChannel; 3],
     finisher: mpsc::UnboundedSender<(Arc<Ticket>, Duration)>,
     interval: Duration,
     metrics: Arc<Metrics>,
-    /// Per-node warnings (queue or pending set full) at a bounded rate.
+    /// Per-node warnings (a lane full) at a bounded rate.
     limiter: LogLimiter,
     capacity: Capacity,
 }
@@ -137,15 +154,17 @@ pub struct Registry {
 /// How much the registry holds at most.
 #[derive(Clone, Copy, Debug)]
 pub struct Capacity {
-    pub queue: usize,
+    /// Names waiting over every lane (and holds, and memories).
     pub pending: usize,
+    /// Names from events waiting.
+    pub events: usize,
 }
 
 impl Default for Capacity {
     fn default() -> Self {
         Capacity {
-            queue: QUEUE_CAPACITY,
             pending: PENDING_CAPACITY,
+            events: EVENT_QUEUE,
         }
     }
 }
@@ -155,6 +174,12 @@ impl Default for Capacity {
 struct Hosts {
     entries: HashMap<String, Entry>,
     pending: usize,
+    /// When a `shutdown` event was last taken for each node: one is a
+    /// hint taken at most once per [`Registry::hint_window`] (anyone may
+    /// publish them, as often as they like).
+    hinted: HashMap<String, Instant>,
+    /// When each name last failed (within [`FAILURE_MEMORY`]).
+    failed: HashMap<String, Instant>,
 }
 
 impl Hosts {
@@ -201,6 +226,44 @@ impl Hosts {
         self.pending = 0;
         n
     }
+
+    /// Takes a shutdown hint for `identity` at `now`, unless one was taken
+    /// within `window` or too many are remembered; whether it was taken.
+    fn hint(&mut self, identity: &str, now: Instant, window: Duration, limit: usize) -> bool {
+        if remembered(&self.hinted, identity, now, window) {
+            return false;
+        }
+        remember(&mut self.hinted, identity, now, window, limit)
+    }
+
+    fn failed_recently(&self, identity: &str, now: Instant) -> bool {
+        remembered(&self.failed, identity, now, FAILURE_MEMORY)
+    }
+}
+
+/// Whether `map` holds `key` from within `window` of `now`.
+fn remembered(map: &HashMap<String, Instant>, key: &str, now: Instant, window: Duration) -> bool {
+    map.get(key)
+        .is_some_and(|t| now.saturating_duration_since(*t) < window)
+}
+
+/// Remembers `key` at `now` in a map of at most `limit` (older than
+/// `window` make room first); whether there was room.
+fn remember(
+    map: &mut HashMap<String, Instant>,
+    key: &str,
+    now: Instant,
+    window: Duration,
+    limit: usize,
+) -> bool {
+    if map.len() >= limit && !map.contains_key(key) {
+        map.retain(|_, t| now.saturating_duration_since(*t) < window);
+        if map.len() >= limit {
+            return false;
+        }
+    }
+    map.insert(key.to_string(), now);
+    true
 }
 
 impl Registry {
@@ -219,13 +282,15 @@ impl Registry {
         metrics: Arc<Metrics>,
         capacity: Capacity,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<(Arc<Ticket>, Duration)>) {
-        let (queue_tx, queue_rx) = async_channel::bounded(capacity.queue);
         let (finisher, finisher_rx) = mpsc::unbounded_channel();
         let registry = Arc::new(Registry {
             hosts: Mutex::new(Hosts::default()),
             next_generation: AtomicU64::new(1),
-            queue_tx,
-            queue_rx,
+            lanes: [
+                async_channel::bounded(capacity.events.max(1)),
+                async_channel::bounded(capacity.pending.max(1)),
+                async_channel::bounded(capacity.pending.max(1)),
+            ],
             finisher,
             interval,
             metrics,
@@ -244,44 +309,57 @@ impl Registry {
 
     /// Why an existing registration keeps `identity` from a new one, if it
     /// does (Go's dedupe rule; see the module docs).
-    fn blocked(&self, entry: Option<&Entry>, source: Source) -> Option<Added> {
-        match entry?.state {
+    fn blocked(&self, entry: Option<&Entry>, source: Source) -> Option<Offered> {
+        let entry = entry?;
+        match entry.state {
             State::Restarting if source == Source::Event => None,
-            State::Restarting => Some(Added::Recent),
-            State::Working => Some(Added::Busy),
-            State::Held | State::Pending => Some(Added::Recent),
-            State::Queued if entry?.added.elapsed() < self.interval => Some(Added::Recent),
-            // Go's rule: an old queued entry is replaced (the stale ticket
-            // still in the queue is then skipped).
-            State::Queued => None,
+            State::Restarting | State::Held => Some(Offered::Recent),
+            State::Working => Some(Offered::Busy),
+            State::Pending if entry.added.elapsed() < self.interval => Some(Offered::Recent),
+            // Go's rule: an old waiting entry is replaced (the stale
+            // ticket still in its lane is then skipped).
+            State::Pending => None,
         }
     }
 
-    fn ticket(&self, identity: &str, source: Source) -> Arc<Ticket> {
+    fn ticket(&self, identity: &str, source: Source, lane: Lane) -> Arc<Ticket> {
         Arc::new(Ticket {
             identity: identity.to_string(),
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
             added: Instant::now(),
             source,
+            lane,
         })
     }
 
-    /// Registers `identity` as pending confirmation unless it is registered
-    /// already (see [`Registry::add`] for the rule) or the pending set is
-    /// full.
+    /// Registers `identity` and queues it in its lane, unless it is
+    /// registered already (see the module docs for the rule) or its lane or
+    /// the registry is full.
     pub fn offer(&self, identity: &str, source: Source) -> Offered {
         let mut hosts = self.lock();
-        match self.blocked(hosts.entries.get(identity), source) {
-            Some(Added::Busy) => return Offered::Busy,
-            Some(_) => return Offered::Recent,
-            None => {}
+        if let Some(blocked) = self.blocked(hosts.entries.get(identity), source) {
+            return blocked;
         }
         if hosts.pending >= self.capacity.pending {
             drop(hosts);
             self.warn_full("pending", self.capacity.pending, identity);
             return Offered::Full;
         }
-        let ticket = self.ticket(identity, source);
+        let lane = match source {
+            _ if hosts.failed_recently(identity, Instant::now()) => Lane::Suspect,
+            Source::Event => Lane::Events,
+            Source::Discovery => Lane::Discovery,
+        };
+        let ticket = self.ticket(identity, source, lane);
+        if self.lanes[lane.index()].0.try_send(ticket.clone()).is_err() {
+            drop(hosts);
+            self.warn_full(
+                "lane",
+                self.lanes[lane.index()].0.capacity().unwrap_or(0),
+                identity,
+            );
+            return Offered::Full;
+        }
         hosts.insert(
             identity,
             Entry {
@@ -291,66 +369,7 @@ impl Registry {
             },
         );
         self.update_gauges(&hosts);
-        Offered::Pending(ticket)
-    }
-
-    /// A pending host answered its confirmation: into the work queue,
-    /// waiting for room there (the pending set holds the rest of a large
-    /// fleet meanwhile).
-    pub async fn confirmed(&self, ticket: Arc<Ticket>) -> Added {
-        {
-            let mut hosts = self.lock();
-            if !hosts.set_state(&ticket.identity, ticket.generation, State::Queued) {
-                return Added::Stale;
-            }
-            self.update_gauges(&hosts);
-        }
-        let identity = ticket.identity.clone();
-        if self.queue_tx.send(ticket).await.is_err() {
-            // Closed: shutting down.
-            self.lock().remove(&identity);
-            return Added::Stale;
-        }
-        self.metrics.set_work_queue_entries(self.queue_rx.len());
-        Added::Queued
-    }
-
-    /// A pending host did not answer its confirmation: forgotten, so the
-    /// next discovery or event offers it again.
-    pub fn unconfirmed(&self, ticket: &Ticket) {
-        self.remove(ticket);
-    }
-
-    /// Registers and queues a host at once, without confirmation, unless it
-    /// was registered recently.
-    pub fn add(&self, identity: &str) -> Added {
-        let mut hosts = self.lock();
-        if let Some(blocked) = self.blocked(hosts.entries.get(identity), Source::Discovery) {
-            return blocked;
-        }
-        let ticket = self.ticket(identity, Source::Discovery);
-        let result = match self.queue_tx.try_send(ticket.clone()) {
-            Ok(()) => {
-                hosts.insert(
-                    identity,
-                    Entry {
-                        generation: ticket.generation,
-                        added: ticket.added,
-                        state: State::Queued,
-                    },
-                );
-                Added::Queued
-            }
-            Err(_) => {
-                hosts.remove(identity);
-                self.update_gauges(&hosts);
-                drop(hosts);
-                self.warn_full("work", self.capacity.queue, identity);
-                return Added::QueueFull;
-            }
-        };
-        self.update_gauges(&hosts);
-        result
+        Offered::Queued(lane)
     }
 
     /// One warning per kind and window (a flood must not flood the logs).
@@ -361,7 +380,7 @@ impl Registry {
                 capacity,
                 which,
                 suppressed_before = suppressed,
-                "a queue is full, not adding the node; a later discovery retries it"
+                "too many nodes waiting, not adding the node; a later discovery retries it"
             );
         }
     }
@@ -372,6 +391,27 @@ impl Registry {
             .entries
             .get(&ticket.identity)
             .is_some_and(|e| e.generation == ticket.generation)
+    }
+
+    /// The next ticket of `lane`, current or not (see [`Registry::start`]);
+    /// `None` once the lanes are closed.
+    pub async fn next(&self, lane: Lane) -> Option<Arc<Ticket>> {
+        let ticket = self.lanes[lane.index()].1.recv().await.ok()?;
+        self.metrics.set_work_queue_entries(self.queued());
+        Some(ticket)
+    }
+
+    /// Its sequence starts: whether `ticket` is still the host's waiting
+    /// registration (a replaced or dropped one is skipped).
+    pub fn start(&self, ticket: &Ticket) -> bool {
+        let mut hosts = self.lock();
+        let started = hosts
+            .entries
+            .get(&ticket.identity)
+            .is_some_and(|e| e.generation == ticket.generation && e.state == State::Pending)
+            && hosts.set_state(&ticket.identity, ticket.generation, State::Working);
+        self.update_gauges(&hosts);
+        started
     }
 
     /// Forgets the host now, if `ticket` is still its registration.
@@ -387,22 +427,64 @@ impl Registry {
         self.update_gauges(&hosts);
     }
 
+    /// The host failed: forgotten now, so the next discovery offers it
+    /// again, and remembered as failed, so it waits in the suspect lane
+    /// then, behind names that have not failed.
+    pub fn failed(&self, ticket: &Ticket) {
+        let mut hosts = self.lock();
+        if hosts
+            .entries
+            .get(&ticket.identity)
+            .is_some_and(|e| e.generation == ticket.generation)
+        {
+            hosts.remove(&ticket.identity);
+        }
+        let limit = self.capacity.pending;
+        remember(
+            &mut hosts.failed,
+            &ticket.identity,
+            Instant::now(),
+            FAILURE_MEMORY,
+            limit,
+        );
+        self.update_gauges(&hosts);
+    }
+
     /// A node announced its shutdown: forgets it when it is still waiting
-    /// (see [`Registry::forget_waiting`]) and, when it is not being worked
-    /// or held already, holds it for [`HOLD_AFTER_SHUTDOWN`] so a discovery
-    /// during its restart splay does not offer it again (another replica,
-    /// or a previous leader, just provisioned it). Holds are bounded like
-    /// the pending set, so a flood of made-up shutdowns costs a bounded
-    /// amount of memory and delays real nodes by one hold at most.
+    /// and, when it is not being worked or held already, holds it for
+    /// [`HOLD_AFTER_SHUTDOWN`] so a discovery during its restart splay does
+    /// not offer it again (another replica, or a previous leader, just
+    /// provisioned it).
+    ///
+    /// Anyone may publish a `shutdown` event in any node's name, as often
+    /// as they like, so one is a hint, taken at most once per node every
+    /// [`Registry::hint_window`] (two discovery intervals): a forger
+    /// repeating it cannot keep a node out, and the next discovery after
+    /// the hold offers it again (a delay of one interval at most). Hints
+    /// remembered and holds are bounded like the pending set. Whether the
+    /// hint was taken.
     pub fn shut_down(&self, identity: &str) -> bool {
-        let forgot = self.forget_waiting(identity);
         let ticket = {
             let mut hosts = self.lock();
-            if hosts.entries.contains_key(identity) || hosts.entries.len() >= self.capacity.pending
-            {
-                return forgot;
+            let limit = self.capacity.pending;
+            if !hosts.hint(identity, Instant::now(), self.hint_window(), limit) {
+                drop(hosts);
+                self.metrics.ignored_shutdown();
+                return false;
             }
-            let ticket = self.ticket(identity, Source::Event);
+            if hosts
+                .entries
+                .get(identity)
+                .is_some_and(|e| e.state == State::Pending)
+            {
+                hosts.remove(identity);
+                debug!(node = %identity, "dropped a waiting node that shut down");
+            }
+            if hosts.entries.contains_key(identity) || hosts.entries.len() >= limit {
+                self.update_gauges(&hosts);
+                return true;
+            }
+            let ticket = self.ticket(identity, Source::Event, Lane::Events);
             hosts.insert(
                 identity,
                 Entry {
@@ -421,7 +503,14 @@ impl Registry {
         {
             self.remove(&ticket);
         }
-        forgot
+        true
+    }
+
+    /// How long a node's shutdown hint stands: two discovery intervals, so
+    /// a discovery always falls between the end of one hold and the next
+    /// hint that could be taken.
+    pub fn hint_window(&self) -> Duration {
+        self.interval * 2
     }
 
     /// Forgets a node held after its success (or restart): we asked it to
@@ -439,16 +528,14 @@ impl Registry {
         }
     }
 
-    /// Forgets a node still waiting (pending or queued): it announced its
-    /// shutdown (e.g. restarted by a previous leader), so working it would
-    /// only wait for replies that never come. A node being worked (our own
+    /// Forgets a node still waiting in a lane; a node being worked (our own
     /// restart makes it announce a shutdown) or held stays.
     pub fn forget_waiting(&self, identity: &str) -> bool {
         let mut hosts = self.lock();
         let forget = hosts
             .entries
             .get(identity)
-            .is_some_and(|e| matches!(e.state, State::Queued | State::Pending));
+            .is_some_and(|e| e.state == State::Pending);
         if forget {
             hosts.remove(identity);
             self.update_gauges(&hosts);
@@ -456,38 +543,37 @@ impl Registry {
         forget
     }
 
-    /// Forgets the host after `delay` (the finisher does it).
+    /// Done: forgets the host after `delay` (the finisher does it), and
+    /// that it ever failed.
     pub fn remove_later(&self, ticket: Arc<Ticket>, delay: Duration) {
-        self.lock()
-            .set_state(&ticket.identity, ticket.generation, State::Held);
+        {
+            let mut hosts = self.lock();
+            hosts.set_state(&ticket.identity, ticket.generation, State::Held);
+            hosts.failed.remove(&ticket.identity);
+            self.update_gauges(&hosts);
+        }
         if self.finisher.send((ticket.clone(), delay)).is_err() {
             self.remove(&ticket);
         }
     }
 
-    /// Empties the registry and drains the queue (leadership lost). Workers
-    /// holding a ticket, and confirmations under way, find theirs no longer
-    /// current.
+    /// Empties the registry and drains the lanes (leadership lost).
+    /// Sequences under way find their ticket no longer current.
     pub fn clear(&self) -> usize {
         let mut hosts = self.lock();
         let dropped = hosts.clear();
-        while self.queue_rx.try_recv().is_ok() {}
+        for (_, rx) in &self.lanes {
+            while rx.try_recv().is_ok() {}
+        }
         self.update_gauges(&hosts);
         dropped
     }
 
-    /// The next queued ticket; `None` once the queue is closed.
-    pub async fn next(&self) -> Option<Arc<Ticket>> {
-        let ticket = self.queue_rx.recv().await.ok()?;
-        self.lock()
-            .set_state(&ticket.identity, ticket.generation, State::Working);
-        self.metrics.set_work_queue_entries(self.queue_rx.len());
-        Some(ticket)
-    }
-
-    /// Wakes workers waiting in [`Registry::next`] with `None`.
+    /// Wakes every [`Registry::next`] with `None` (shutting down).
     pub fn close_queue(&self) {
-        self.queue_tx.close();
+        for (tx, _) in &self.lanes {
+            tx.close();
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -498,11 +584,12 @@ impl Registry {
         self.len() == 0
     }
 
+    /// Tickets in the lanes (stale ones included until they are taken).
     pub fn queued(&self) -> usize {
-        self.queue_rx.len()
+        self.lanes.iter().map(|(_, rx)| rx.len()).sum()
     }
 
-    /// Hosts waiting for confirmation (or for room in the work queue).
+    /// Hosts waiting for their sequence.
     pub fn pending(&self) -> usize {
         self.lock().pending
     }
@@ -510,7 +597,7 @@ impl Registry {
     fn update_gauges(&self, hosts: &Hosts) {
         self.metrics.set_waiting_nodes(hosts.entries.len());
         self.metrics.set_pending_nodes(hosts.pending);
-        self.metrics.set_work_queue_entries(self.queue_rx.len());
+        self.metrics.set_work_queue_entries(self.queued());
     }
 
     /// Removes hosts when their hold time is up; ends when the registry is
@@ -539,233 +626,4 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn registry(interval: Duration) -> Arc<Registry> {
-        Registry::new(interval, Arc::new(Metrics::new("t"))).0
-    }
-
-    #[tokio::test]
-    async fn a_host_seen_again_within_the_interval_is_not_queued_twice() {
-        let r = registry(Duration::from_secs(60));
-        assert_eq!(r.add("n1"), Added::Queued);
-        assert_eq!(r.add("n1"), Added::Recent);
-        assert_eq!(r.queued(), 1);
-        assert_eq!(r.len(), 1);
-    }
-
-    #[tokio::test]
-    async fn an_old_queued_registration_is_replaced_and_its_ticket_goes_stale() {
-        let r = registry(Duration::from_millis(10));
-        assert_eq!(r.add("n1"), Added::Queued);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(r.add("n1"), Added::Queued);
-        let first = r.next().await.unwrap();
-        let second = r.next().await.unwrap();
-        assert!(!r.is_current(&first), "replaced registration is stale");
-        assert!(r.is_current(&second));
-        // Removing with the stale ticket leaves the new registration alone.
-        r.remove(&first);
-        assert!(r.is_current(&second));
-    }
-
-    #[tokio::test]
-    async fn a_host_being_worked_or_held_is_never_replaced_however_old() {
-        // Keep the finisher's receiver: without it held nodes go at once.
-        let (r, _finisher) = Registry::new(Duration::from_millis(10), Arc::new(Metrics::new("t")));
-        assert_eq!(r.add("n1"), Added::Queued);
-        let working = r.next().await.unwrap();
-        // The sequence outlasts the interval and the node is seen again.
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        assert_eq!(r.add("n1"), Added::Busy);
-        assert_eq!(r.queued(), 0, "not queued a second time");
-        assert!(r.is_current(&working));
-        // Done: held from its success, however long ago it was added.
-        r.remove_later(working, HOLD_AFTER_SUCCESS);
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        assert_eq!(r.add("n1"), Added::Recent);
-        assert_eq!(r.queued(), 0);
-    }
-
-    #[tokio::test]
-    async fn clear_empties_the_registry_and_drains_the_queue() {
-        let r = registry(Duration::from_secs(60));
-        for i in 0..5 {
-            r.add(&format!("n{i}"));
-        }
-        let taken = r.next().await.unwrap();
-        assert_eq!(r.clear(), 5);
-        assert_eq!(r.queued(), 0);
-        assert!(r.is_empty());
-        assert!(
-            !r.is_current(&taken),
-            "a worker's ticket is rejected after clear"
-        );
-        // After clearing, the host can be added again at once.
-        assert_eq!(r.add("n0"), Added::Queued);
-    }
-
-    #[tokio::test]
-    async fn a_node_that_shut_down_is_forgotten_only_while_queued() {
-        // Keep the finisher's receiver: without it held nodes go at once.
-        let (r, _finisher) = Registry::new(Duration::from_secs(60), Arc::new(Metrics::new("t")));
-        r.add("working");
-        r.add("done");
-        r.add("waiting");
-        let _w = r.next().await.unwrap();
-        let d = r.next().await.unwrap();
-        r.remove_later(d, HOLD_AFTER_SUCCESS);
-        assert!(r.forget_waiting("waiting"));
-        assert!(!r.forget_waiting("working"), "a node being worked stays");
-        assert!(!r.forget_waiting("done"), "a provisioned node stays held");
-        assert!(!r.forget_waiting("unknown"));
-        assert_eq!(r.len(), 2);
-    }
-
-    fn small(queue: usize, pending: usize) -> Arc<Registry> {
-        Registry::with_capacity(
-            Duration::from_secs(60),
-            Arc::new(Metrics::new("t")),
-            Capacity { queue, pending },
-        )
-        .0
-    }
-
-    fn pending(offered: Offered) -> Arc<Ticket> {
-        match offered {
-            Offered::Pending(t) => t,
-            other => panic!("not pending: {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn an_offered_host_waits_for_its_confirmation_before_the_queue() {
-        let r = small(10, 10);
-        let t = pending(r.offer("n1", Source::Discovery));
-        assert!(matches!(r.offer("n1", Source::Event), Offered::Recent));
-        assert_eq!(r.add("n1"), Added::Recent, "pending counts as registered");
-        assert_eq!((r.pending(), r.queued()), (1, 0));
-        assert_eq!(r.confirmed(t).await, Added::Queued);
-        assert_eq!((r.pending(), r.queued()), (0, 1));
-        // A name nobody answers for is forgotten, and offered again later.
-        let t = pending(r.offer("ghost", Source::Discovery));
-        r.unconfirmed(&t);
-        assert_eq!(r.pending(), 0);
-        assert!(matches!(
-            r.offer("ghost", Source::Discovery),
-            Offered::Pending(_)
-        ));
-    }
-
-    #[tokio::test]
-    async fn the_pending_set_is_bounded_and_a_full_one_registers_nothing() {
-        let r = small(10, 3);
-        for i in 0..3 {
-            pending(r.offer(&format!("n{i}"), Source::Discovery));
-        }
-        assert!(matches!(r.offer("n3", Source::Discovery), Offered::Full));
-        assert_eq!(r.len(), 3);
-    }
-
-    #[tokio::test]
-    async fn a_confirmed_host_waits_for_room_in_a_full_queue() {
-        let r = small(2, 10);
-        let tickets: Vec<_> = (0..3)
-            .map(|i| pending(r.offer(&format!("n{i}"), Source::Discovery)))
-            .collect();
-        let mut tickets = tickets.into_iter();
-        assert_eq!(r.confirmed(tickets.next().unwrap()).await, Added::Queued);
-        assert_eq!(r.confirmed(tickets.next().unwrap()).await, Added::Queued);
-        let third = tokio::spawn({
-            let r = r.clone();
-            let t = tickets.next().unwrap();
-            async move { r.confirmed(t).await }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!third.is_finished(), "waits while the queue is full");
-        assert_eq!(r.next().await.unwrap().identity, "n0");
-        assert_eq!(
-            third.await.unwrap(),
-            Added::Queued,
-            "not lost: queued once there is room"
-        );
-        assert_eq!(r.queued(), 2);
-    }
-
-    #[tokio::test]
-    async fn a_confirmation_after_clear_or_shutdown_is_stale() {
-        let r = small(10, 10);
-        let t = pending(r.offer("n1", Source::Event));
-        r.clear();
-        assert_eq!(r.confirmed(t).await, Added::Stale);
-        assert_eq!(r.queued(), 0);
-        let t = pending(r.offer("n2", Source::Event));
-        assert!(
-            r.forget_waiting("n2"),
-            "a pending node that shut down is forgotten"
-        );
-        assert_eq!(r.confirmed(t).await, Added::Stale);
-        assert_eq!(r.pending(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_node_that_shut_down_is_not_offered_again_during_its_restart() {
-        let (r, rx) = Registry::with_capacity(
-            Duration::from_secs(60),
-            Arc::new(Metrics::new("t")),
-            Capacity {
-                queue: 10,
-                pending: 3,
-            },
-        );
-        let stop = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(r.clone().run_finisher(rx, stop.clone()));
-        // Provisioned by another replica: we never registered it.
-        assert!(!r.shut_down("restarting"));
-        assert!(matches!(
-            r.offer("restarting", Source::Discovery),
-            Offered::Recent
-        ));
-        // A waiting one is forgotten and held too.
-        pending(r.offer("queued", Source::Discovery));
-        assert!(r.shut_down("queued"));
-        assert!(matches!(
-            r.offer("queued", Source::Discovery),
-            Offered::Recent
-        ));
-        // Its startup event (it came back into provisioning: an upgrade, a
-        // restart without provision=false) offers it at once.
-        assert!(matches!(
-            r.offer("queued", Source::Event),
-            Offered::Pending(_)
-        ));
-        // Holds are bounded.
-        pending(r.offer("x", Source::Discovery));
-        assert!(!r.shut_down("flood-1"));
-        assert_eq!(r.len(), 3, "no hold beyond the bound");
-        tokio::time::sleep(HOLD_AFTER_SHUTDOWN + Duration::from_secs(1)).await;
-        assert!(matches!(
-            r.offer("restarting", Source::Discovery),
-            Offered::Pending(_)
-        ));
-        stop.cancel();
-        task.await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_finisher_forgets_a_host_after_its_hold_time() {
-        let (r, rx) = Registry::new(Duration::from_secs(60), Arc::new(Metrics::new("t")));
-        let stop = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(r.clone().run_finisher(rx, stop.clone()));
-        r.add("n1");
-        let t = r.next().await.unwrap();
-        r.remove_later(t, HOLD_AFTER_SUCCESS);
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        assert_eq!(r.len(), 1, "held during the hold time");
-        tokio::time::sleep(Duration::from_secs(31)).await;
-        assert_eq!(r.len(), 0, "forgotten after it");
-        stop.cancel();
-        task.await.unwrap();
-    }
-}
+mod tests;

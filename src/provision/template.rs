@@ -42,7 +42,8 @@ pub struct TemplateError {
 
 /// `configuration_template`, compiled once for every node.
 pub struct NodeTemplate {
-    env: Environment<'static>,
+    /// Each template in an environment of its own, by name.
+    envs: std::collections::BTreeMap<String, Environment<'static>>,
     template: ConfigurationTemplate,
     site: String,
 }
@@ -58,7 +59,7 @@ impl std::fmt::Debug for NodeTemplate {
 impl NodeTemplate {
     pub fn new(template: &ConfigurationTemplate, site: &str) -> Result<Self, TemplateSyntaxError> {
         Ok(NodeTemplate {
-            env: template.environment()?,
+            envs: template.environments()?,
             template: template.clone(),
             site: site.to_string(),
         })
@@ -74,14 +75,28 @@ impl NodeTemplate {
                 message,
                 refused: None,
             };
-            let out = self
-                .env
+            let env = self
+                .envs
+                .get(&name)
+                .expect("every template has its environment");
+            let out = env
                 .get_template(&name)
                 .and_then(|t| t.render(&ctx))
                 .map_err(|e| TemplateError {
                     refused: interpolation::refusal(&e).map(|r| r.place),
                     ..fail(clean(&e.to_string()))
                 })?;
+            // Interpolated values are marked in a policy: whether one made
+            // a rule's field a wildcard or a pattern is only seen whole.
+            let out = match Place::of(&name) {
+                Place::ActionPolicy => {
+                    interpolation::check_policy_fields(&out).map_err(|r| TemplateError {
+                        refused: Some(r.place),
+                        ..fail(clean(&r.to_string()))
+                    })?
+                }
+                _ => out,
+            };
             if out.len() > MAX_RENDERED {
                 return Err(fail(format!(
                     "rendered to {} bytes, more than {MAX_RENDERED}",
@@ -527,5 +542,73 @@ mod tests {
         );
         assert_eq!(m.upgrade, "0.31.0");
         assert!(m.defer);
+    }
+
+    #[test]
+    fn a_fact_cannot_make_a_policy_field_a_wildcard_or_pattern() {
+        // Before, a fact of `*` or `/.*/` filled the caller field and let
+        // every caller through.
+        let t = |policy: &str| ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            action_policies: [("rpcutil.policy".to_string(), policy.to_string())].into(),
+            ..Default::default()
+        };
+        let plain = NodeTemplate::new(
+            &t("policy default deny\nallow\t{{ inventory.facts.role }}\t*\t*\t*\n"),
+            "",
+        )
+        .unwrap();
+        let pair = NodeTemplate::new(
+            &t("policy default deny\nallow\t{{ inventory.facts.a }}x{{ inventory.facts.b }}\t*\t*\t*\n"),
+            "",
+        )
+        .unwrap();
+        let regex = NodeTemplate::new(
+            &t("policy default deny\nallow\t/^choria={{ inventory.facts.role }}$/\t*\t*\t*\n"),
+            "",
+        )
+        .unwrap();
+        for (n, facts) in [
+            (&plain, r#"{"facts":{"role":"*"}}"#),
+            (&plain, r#"{"facts":{"role":"/.*/"}}"#),
+            (&pair, r#"{"facts":{"a":"/","b":"/"}}"#),
+            (&regex, r#"{"facts":{"role":".*"}}"#),
+        ] {
+            let e = n.render(&input("n1", facts)).unwrap_err();
+            assert_eq!(e.refused, Some(Place::ActionPolicy), "{facts}: {e}");
+        }
+        let r = regex
+            .render(&input("n1", r#"{"facts":{"role":"web"}}"#))
+            .unwrap();
+        assert_eq!(
+            r.action_policies["rpcutil.policy"],
+            "policy default deny\nallow\t/^choria=web$/\t*\t*\t*\n",
+            "the author's own pattern and wildcards stay, the marks are gone"
+        );
+        // The author may vouch for a value of their own.
+        let mut vouched =
+            t("policy default deny\nallow\t{{ values.admins | allow_patterns }}\t*\t*\t*\n");
+        vouched.values = [("admins".to_string(), json!("/^choria=ops\\./"))].into();
+        let r = NodeTemplate::new(&vouched, "")
+            .unwrap()
+            .render(&input("n1", INVENTORY))
+            .unwrap();
+        assert!(r.action_policies["rpcutil.policy"].contains("/^choria=ops\\./"));
+        // Rego: a wildcard value is refused there too.
+        let rego = ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            opa_policies: [(
+                "default.rego".to_string(),
+                "allow { glob.match(\"{{ inventory.facts.role }}\", [], input.agent) }\n"
+                    .to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let e = NodeTemplate::new(&rego, "")
+            .unwrap()
+            .render(&input("n1", r#"{"facts":{"role":"*"}}"#))
+            .unwrap_err();
+        assert_eq!(e.refused, Some(Place::OpaPolicy), "{e}");
     }
 }

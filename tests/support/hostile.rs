@@ -33,6 +33,22 @@ pub enum Mode {
     Echo,
     /// Answers broadcast discovery under each of these names (invalid ones).
     BadDiscoveryNames(Vec<String>),
+    /// Answers broadcast discovery under each of `names`, and directed
+    /// requests to them in their name — a `discovery` ping always, and the
+    /// requests named in `answers` (`agent#action`, with `jwt` as the
+    /// provisioning JWT) — and nothing else: made-up names that look alive
+    /// and then stall.
+    Stalling {
+        names: Arc<HashSet<String>>,
+        answers: Vec<&'static str>,
+        jwt: String,
+    },
+    /// Publishes a `shutdown` event for each of `victims`, `per_second`
+    /// times a second, as long as it lives.
+    ForgedShutdowns {
+        victims: Vec<String>,
+        per_second: u32,
+    },
 }
 
 /// A directed request the actor saw (for "what reached whom").
@@ -63,12 +79,44 @@ impl Actor {
         let nats = async_nats::connect(nats_url)
             .await
             .expect("hostile connect");
+        if let Mode::ForgedShutdowns {
+            victims,
+            per_second,
+        } = &mode
+        {
+            let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let (victims, counter) = (victims.clone(), published.clone());
+            let period = Duration::from_secs_f64(1.0 / f64::from((*per_second).max(1)));
+            let task = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                loop {
+                    tick.tick().await;
+                    for v in &victims {
+                        publish_event(&nats, EventType::Shutdown, v).await;
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let _ = nats.flush().await;
+                }
+            });
+            return Actor {
+                task,
+                seen: Default::default(),
+                published,
+            };
+        }
         let subject = match &mode {
             Mode::Echo => "provisioning.reply.>",
             Mode::BadDiscoveryNames(_) => "provisioning.broadcast.agent.discovery",
             _ => "provisioning.node.>",
         };
-        let mut sub = nats.subscribe(subject.to_string()).await.unwrap();
+        let mut sub = nats.subscribe(subject.to_string()).await.unwrap().boxed();
+        if let Mode::Stalling { .. } = &mode {
+            let broadcast = nats
+                .subscribe("provisioning.broadcast.agent.discovery")
+                .await
+                .unwrap();
+            sub = futures::stream::select(sub, broadcast).boxed();
+        }
         nats.flush().await.unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -120,6 +168,24 @@ impl Actor {
                         .iter()
                         .map(|n| (n.clone(), req.id.clone(), b"pong".to_vec()))
                         .collect(),
+                    Mode::Stalling { names, .. } if m.subject.contains(".broadcast.") => names
+                        .iter()
+                        .map(|n| (n.clone(), req.id.clone(), b"pong".to_vec()))
+                        .collect(),
+                    Mode::Stalling {
+                        names,
+                        answers,
+                        jwt,
+                    } if names.contains(&node)
+                        && (req.agent == "discovery"
+                            || answers.contains(&format!("{}#{action}", req.agent).as_str())) =>
+                    {
+                        vec![(
+                            node.clone(),
+                            req.id.clone(),
+                            fake_body(&req, &action, &node, Some(jwt), &ecdh, &csr_key),
+                        )]
+                    }
                     _ => Vec::new(),
                 };
                 for (sender, id, body) in replies {
@@ -195,15 +261,15 @@ fn now_nanos() -> i64 {
 
 /// A provisioning-mode server's `startup` event for `identity`.
 async fn publish_startup(nats: &async_nats::Client, identity: &str) {
-    let event = Event::new(
-        EventType::Startup,
-        identity,
-        "provision_mode_server",
-        Some("0.30.2"),
-    );
+    publish_event(nats, EventType::Startup, identity).await
+}
+
+/// A provisioning-mode server's lifecycle event of `kind` for `identity`.
+async fn publish_event(nats: &async_nats::Client, kind: EventType, identity: &str) {
+    let event = Event::new(kind, identity, "provision_mode_server", Some("0.30.2"));
     let _ = nats
         .publish(
-            lifecycle::subject(EventType::Startup, "provision_mode_server"),
+            lifecycle::subject(kind, "provision_mode_server"),
             event.to_choria_json().into(),
         )
         .await;

@@ -443,12 +443,12 @@ fn configuration_template(
         server_claims,
         upgrade,
     };
-    if let Err(e) = template.environment() {
+    if let Err(e) = template.environments() {
         return Err(ConfigError::invalid(
             file,
             None,
             format!("{prefix}{}", e.name),
-            format!("not a valid template: {}", e.source),
+            format!("not a valid template: {}", e.reason),
         ));
     }
     if template.configuration.is_empty() && !sec.is_set("helper") {
