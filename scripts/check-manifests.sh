@@ -261,7 +261,15 @@ NEEDED = DELEGATED + [
     ("rbac.authorization.k8s.io", "roles", {"get", "list", "watch", "create", "patch"}),
     ("rbac.authorization.k8s.io", "rolebindings", {"get", "list", "watch", "create", "patch"}),
     ("events.k8s.io", "events", {"create", "patch"}),
+    # The signing key Secret of a Provisioner whose spec names none: create
+    # only, never read.
+    ("", "secrets", {"create"}),
 ]
+# The ClusterRole for the admission policy bounding provisioner pods'
+# CertificateRequests (src/operator/admission.rs): create, and get/patch of
+# exactly that policy and its binding.
+ADMISSION_SUFFIX = "-pod-certificaterequests"
+ADMISSION_RESOURCES = ["validatingadmissionpolicies", "validatingadmissionpolicybindings"]
 # The ClusterRoles the operator binds to provisioner pods (suffix of the release's
 # full name -> the one rule they hold), holding only `bind` on them by name.
 POD_CLUSTER_ROLES = {
@@ -322,6 +330,18 @@ def rbac_problems(docs):
                 problems.append(f"ClusterRole {name} holds {have}, want exactly {want}")
             if args and f"{POD_ROLE_FLAGS[suffix]}={name}" not in args:
                 problems.append(f"the operator is not told {POD_ROLE_FLAGS[suffix]}={name}: {args}")
+        name = fullname + ADMISSION_SUFFIX
+        found = find(docs, "ClusterRole", name)
+        want = [
+            {"apiGroups": ["admissionregistration.k8s.io"], "resources": ADMISSION_RESOURCES, "verbs": ["create"]},
+            {"apiGroups": ["admissionregistration.k8s.io"], "resources": ADMISSION_RESOURCES,
+             "resourceNames": [name], "verbs": ["get", "patch"]},
+        ]
+        have = [dict(r, verbs=sorted(r.get("verbs", []))) for r in found[0]["rules"]] if found else None
+        if have != want:
+            problems.append(f"ClusterRole {name} holds {have}, want exactly {want}")
+        if args and f"--admission-policy={name}" not in args:
+            problems.append(f"the operator is not told --admission-policy={name}: {args}")
     for role in find(docs, "Role"):
         r = role["rules"]
         own_lease = [x for x in r if LEASE in x.get("resourceNames", [])]
@@ -389,7 +409,7 @@ def dashboard_problems(docs, label="grafana_dashboard", value="1", namespace=NAM
 
 RULE_ALERTS = ["ChoriaProvisionerNoLeader", "ChoriaProvisionerElectionErrors",
                "ChoriaProvisionerHelperErrors", "ChoriaProvisionerProvisionErrors",
-               "ChoriaProvisionerRenewalFailing"]
+               "ChoriaProvisionerRenewalFailing", "ChoriaProvisionerRenewalStranded"]
 
 
 def rule_problems(docs, alerts=RULE_ALERTS, labels=None, expr_has=None):
@@ -457,8 +477,9 @@ VARIANTS = [
          "ChoriaProvisionerHelperErrors": ["increase(choria_provisioner_helper_errors[15m])"],
          "ChoriaProvisionerRenewalFailing": ["choria_provisioner_renewals_due) > 0",
                                              'increase(choria_provisioner_renewals{outcome!="sent"}[30m])',
-                                             'unless on', 'increase(choria_provisioner_renewals{outcome="sent"}[30m])']}),
-         "prometheusRule: a PrometheusRule with the five alerts over our metrics")),
+                                             'unless on', 'increase(choria_provisioner_renewals{outcome="sent"}[30m])'],
+         "ChoriaProvisionerRenewalStranded": ["choria_provisioner_renewals_stranded) > 0"]}),
+         "prometheusRule: a PrometheusRule with the six alerts over our metrics")),
     ("prometheusRule-scoped", {"watchNamespace": "choria", "prometheusRule": {"enabled": True, "alerts": {
         "noLeader": {"enabled": False}, "helperErrors": {"window": "30m", "threshold": 3}}}},
      lambda d: no_problems(rule_problems(d, RULE_ALERTS[1:], expr_has={
@@ -466,7 +487,8 @@ VARIANTS = [
          "ChoriaProvisionerHelperErrors": ['helper_errors{namespace="choria"}[30m]', "> 3"],
          "ChoriaProvisionerProvisionErrors": ['provision_errors{namespace="choria"}[15m]'],
          "ChoriaProvisionerRenewalFailing": ['renewals_due{namespace="choria"}',
-                                             'renewals{namespace="choria",outcome!="sent"}[30m]']}),
+                                             'renewals{namespace="choria",outcome!="sent"}[30m]'],
+         "ChoriaProvisionerRenewalStranded": ['renewals_stranded{namespace="choria"}']}),
          "prometheusRule-scoped: queries limited to watchNamespace, noLeader off, helper threshold 3 over 30m")),
     ("policy", {"policy": {"allowedImages": ["registry.example.net/choria-provisioner:*"],
                            "allowedClusterIssuers": ["corp-ca", "AWSPCAClusterIssuer.awspca.cert-manager.io/pca"],
@@ -492,12 +514,14 @@ VARIANTS = [
     ("pdb-off", {"podDisruptionBudget": {"enabled": False}},
      lambda d: check(not find(d, "PodDisruptionBudget"), "pdb-off: no PDB")),
     ("watchNamespace", {"watchNamespace": "choria"},
-     lambda d: check(not find(d, "ClusterRoleBinding")
+     lambda d: check([b["metadata"]["name"] for b in find(d, "ClusterRoleBinding")]
+                     == ["choria-provisioner-operator" + ADMISSION_SUFFIX]
                      and any(b["metadata"].get("namespace") == "choria" and b["roleRef"]["kind"] == "ClusterRole"
                              for b in find(d, "RoleBinding"))
                      and "--namespace=choria" in deployment_args(d)
                      and [r["metadata"]["namespace"] for r in find(d, "Role")] == ["choria"],
-                     "watchNamespace: RoleBinding in 'choria' instead of a ClusterRoleBinding, "
+                     "watchNamespace: RoleBinding in 'choria' instead of a ClusterRoleBinding (but the "
+                     "admission policy's, cluster-scoped), "
                      "--namespace=choria, Lease Role in 'choria' (the operator keeps its Lease there)")),
     ("crds-off", {"crds": {"install": False}},
      lambda d: check(not find(d, "CustomResourceDefinition"), "crds-off: no CRD")),

@@ -43,6 +43,10 @@ const KNOWN: &[(&str, &str)] = &[
         "provisioned-counts-nodes",
         "Go counts a node the helper shut down, and a node upgraded before being provisioned, in provisioned; ours counts nodes configured and restarted, once",
     ),
+    (
+        "unconfirmed-names",
+        "a node whose first request gets no answer it can read in its own name is asked once a cycle, not three times, and counted as unconfirmed, not discovered or failed",
+    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -439,6 +443,25 @@ fn compare(sc: &Scenario, go: &Outcome, ours: &Outcome) -> Vec<Difference> {
 
 /// The id of a known difference, if `d` is one.
 fn classify(d: &Difference) -> Option<&'static str> {
+    // Nodes whose first request gets no answer our codec reads in their
+    // own name (the scenario's malformed replies) are unconfirmed: one
+    // request a cycle instead of Go's three, never counted as discovered or
+    // as provisioning errors, and again at the next discovery.
+    let unconfirmed = d.scenario == "failing-nodes";
+    if d.what == "calls" && unconfirmed {
+        let (go, ours): (Vec<&str>, Vec<&str>) = (
+            d.go.split_whitespace().collect(),
+            d.ours.split_whitespace().collect(),
+        );
+        let failed = |c: &&str| c.starts_with("choria_provision#jwt:") && !c.ends_with(":ok");
+        if !ours.is_empty()
+            && ours.len() < go.len()
+            && go.iter().all(failed)
+            && ours.iter().all(failed)
+        {
+            return Some("unconfirmed-names");
+        }
+    }
     if d.what != "metric" {
         return None;
     }
@@ -459,6 +482,16 @@ fn classify(d: &Difference) -> Option<&'static str> {
         {
             Some("provisioned-counts-nodes")
         }
+        (
+            "choria_provisioner_discovered"
+            | "choria_provisioner_provision_errors"
+            | "choria_provisioner_rpc_time_count"
+            | "choria_provisioner_rpc_time_sum"
+            | "choria_provisioner_rpc_errors"
+            | "choria_provisioner_waiting_nodes",
+            _,
+            _,
+        ) if unconfirmed => Some("unconfirmed-names"),
         _ => None,
     }
 }

@@ -15,6 +15,7 @@ use choria_provisioner::fleet::ca::CertificateAuthority;
 use choria_provisioner::fleet::FleetOptions;
 use choria_provisioner::provision::dispatch::IN_FLIGHT;
 use choria_provisioner::provision::registry::{Lane, EVENT_QUEUE};
+use choria_provisioner::provision::suspects::NODE_LOG_BURST;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,8 @@ struct Scene {
     /// The hostile actors of `Setup::actors`, in order.
     actors: Vec<Actor>,
     p: ProvisionerProcess,
+    /// When the provisioner was started.
+    started: Instant,
 }
 
 /// What the actors of a scene may know before the provisioner starts.
@@ -155,6 +158,7 @@ impl Scene {
             nats.url()
         );
         let p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+        let started = Instant::now();
         let fleet = match (fleet, setup.fleet_after) {
             (Some(f), _) => f,
             (None, after) => {
@@ -168,6 +172,7 @@ impl Scene {
             fleet: Some(fleet),
             actors,
             p,
+            started,
         }
     }
 
@@ -783,6 +788,7 @@ async fn made_up_names_that_answer_and_then_stall_cannot_hold_up_real_nodes() {
         "the helper ran {helper_runs} times for {REAL} real nodes: a made-up name reached it"
     );
     assert!(asked_jwt > 0, "the replaying names were asked and answered");
+    let ran = scene.started.elapsed();
     let (journal, logs) = scene.finish().await;
     assert_provisioned_once(&journal, &nodes);
     assert_never_disconnected(&logs);
@@ -800,9 +806,11 @@ async fn made_up_names_that_answer_and_then_stall_cannot_hold_up_real_nodes() {
         .lines()
         .filter(|l| l.contains("replayed-") && (l.contains("WARN") || l.contains("ERROR")))
         .count();
+    // Two kinds (attempts, failures), each NODE_LOG_BURST per ten seconds.
+    let allowed = 2 * NODE_LOG_BURST as usize * (ran.as_secs() as usize / 10 + 1);
     assert!(
-        warned < 100,
-        "{warned} warnings and errors name made-up nodes: they are rate-limited"
+        warned <= allowed,
+        "{warned} warnings and errors name made-up nodes in {ran:?}, more than the limit's {allowed}"
     );
 }
 

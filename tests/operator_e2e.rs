@@ -1284,12 +1284,21 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
         cp.kubectl_ok(&["create", "namespace", ns]);
     }
     let docs = render_chart(&json!({"watchNamespace": NS}));
-    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-    assert!(!kinds.contains(&"ClusterRoleBinding"), "{kinds:?}");
+    // Cluster-wide only the admission policy's binding (that policy and its
+    // binding are cluster-scoped); the rest is bound in the namespace.
+    let cluster_bindings: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cluster_bindings,
+        ["choria-provisioner-operator-pod-certificaterequests"]
+    );
     for d in docs.iter().filter(|d| {
         matches!(
             d["kind"].as_str(),
-            Some("ServiceAccount" | "ClusterRole" | "Role" | "RoleBinding")
+            Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding")
         )
     }) {
         apply(&cp, &d.to_string());

@@ -817,6 +817,182 @@ fn upgrade(c: &mut Cluster) {
     assert_eq!(again["spec"], before["spec"]);
 }
 
+/// A CertificateRequest for `issuer` (`kind` `Issuer` or `ClusterIssuer`)
+/// with `usages` and `is_ca`, as YAML.
+fn certificate_request(
+    name: &str,
+    issuer: &str,
+    kind: &str,
+    usages: &[&str],
+    is_ca: bool,
+) -> String {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "CertificateRequest",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "issuerRef": {"name": issuer, "kind": kind, "group": "cert-manager.io"},
+            "usages": usages,
+            "isCA": is_ca,
+            "request": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0K",
+        },
+    })
+    .to_string()
+}
+
+/// What a Provisioner's pods may ask cert-manager for is bounded at the API
+/// server, not only in its spec: with its ServiceAccount's token (which a
+/// helper in the pod can read), a CertificateRequest is refused for another
+/// issuer, a usage the spec or the admin does not allow, `isCA`, and an
+/// issuer the admin does not allow even when the spec names it (a spec the
+/// operator refused leaves the old pods running under their ServiceAccount).
+/// Before the policy, each of these was admitted.
+fn pods_bounded_at_admission(c: &Cluster) {
+    let Some(cm) = support::certmanager::available() else {
+        return;
+    };
+    wait_for(
+        "the operator's admission policy",
+        Duration::from_secs(30),
+        || {
+            (c.operator
+                .metric("choria_provisioner_operator_admission_policy")
+                == 1.0)
+                .then_some(())
+        },
+    );
+    let out = c.cp.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &cm.crds.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/certificaterequests.cert-manager.io",
+        "--timeout=60s",
+    ]);
+    let spec = json!({"helper": null, "features": {"pki": true},
+                      "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+                      "pki": {"certManager": {"issuerRef": {"name": "fleet-ca"}, "usages": ["client auth", "server auth"]}}});
+    apply(&c.cp, &provisioner_with("bounded", spec).to_string());
+    let token = wait_for("the pods' ServiceAccount", Duration::from_secs(30), || {
+        try_get(&c.cp, "serviceaccount", NS, "bounded")?;
+        Some(create_token(&c.cp, NS, "bounded"))
+    });
+    let pod = c.cp.kubeconfig(&token);
+    wait_allowed(
+        &c.cp,
+        &pod,
+        &["create", "certificaterequests.cert-manager.io", "-n", NS],
+    );
+    let create = |name: &str, yaml: String| -> Result<(), String> {
+        let out = c.cp.kubectl_with(&pod, &["create", "-f", "-"], Some(&yaml));
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+        .map_err(|e| format!("{name}: {e}"))
+    };
+    create(
+        "allowed",
+        certificate_request("ok", "fleet-ca", "Issuer", &["client auth"], false),
+    )
+    .expect("its own issuer and usages are admitted");
+    for (name, yaml, why) in [
+        (
+            "ca",
+            certificate_request("ca", "fleet-ca", "Issuer", &["client auth"], true),
+            "isCA",
+        ),
+        (
+            "other-issuer",
+            certificate_request("other", "other-ca", "Issuer", &["client auth"], false),
+            "may only name the issuer of its spec",
+        ),
+        (
+            "cluster-issuer",
+            certificate_request(
+                "cluster",
+                "fleet-ca",
+                "ClusterIssuer",
+                &["client auth"],
+                false,
+            ),
+            "may only name the issuer of its spec",
+        ),
+        (
+            "usage",
+            certificate_request("usage", "fleet-ca", "Issuer", &["code signing"], false),
+            "key usages",
+        ),
+        (
+            "spec-usage",
+            certificate_request(
+                "spec-usage",
+                "fleet-ca",
+                "Issuer",
+                &["digital signature"],
+                false,
+            ),
+            "key usages",
+        ),
+    ] {
+        let e = create(name, yaml).expect_err(name);
+        assert!(
+            e.contains("CertificateRequests of Provisioner bounded") && e.contains(why),
+            "{name}: {e}"
+        );
+    }
+    // The spec changed to a ClusterIssuer the admin does not allow: refused
+    // by the operator, and its old pods' account by the policy.
+    patch_spec(
+        &c.cp,
+        "bounded",
+        json!({"pki": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}),
+    );
+    let e = wait_for(
+        "the policy to follow the spec",
+        Duration::from_secs(10),
+        || {
+            create(
+                "corp",
+                certificate_request("corp", "corp-ca", "ClusterIssuer", &["client auth"], false),
+            )
+            .err()
+            .filter(|e| e.contains("--allowed-cluster-issuer"))
+        },
+    );
+    assert!(
+        e.contains("CertificateRequests of Provisioner bounded"),
+        "{e}"
+    );
+    // Anyone else is left alone (the admin here).
+    let out = c.cp.kubectl_stdin(
+        &["create", "-f", "-"],
+        &certificate_request(
+            "admin",
+            "anything",
+            "ClusterIssuer",
+            &["code signing"],
+            true,
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.cp.kubectl_ok(&["delete", "provisioner", "bounded", "-n", NS, "--wait=false"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_lifecycle_on_a_real_apiserver() {
     let Some(bins) = ControlPlane::available() else {
@@ -837,6 +1013,10 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     for (spec, message) in &messages {
         println!("  {spec}\n    {message}");
     }
+
+    let t = Instant::now();
+    pods_bounded_at_admission(&c);
+    stage("pods bounded at admission", t);
 
     let t = Instant::now();
     let idle_pods = idle_cost(&c, &nats);

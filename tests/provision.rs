@@ -672,6 +672,7 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
     let helper_errors = p.metric("choria_provisioner_helper_errors");
     let rpc_errors = p.metric("choria_provisioner_rpc_errors");
     let provision_errors = p.metric("choria_provisioner_provision_errors");
+    let unconfirmed = p.metric("choria_provisioner_unconfirmed_discoveries");
     let f = run.finish().await;
 
     let finals = f.finals();
@@ -717,15 +718,18 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
             "{node} was not retried on a later cycle: jwt at {t:?}"
         );
     }
-    // Nodes answering with errors or garbage: RPC errors, retried next cycle.
-    for node in finals
-        .iter()
-        .filter(|(_, v)| v["injected_failure"] == "error" || v["injected_failure"] == "malformed")
-        .map(|(k, _)| k)
-    {
-        assert_ne!(finals[node]["state"], "provisioned", "{node}");
-        let t = times.get(node).map(Vec::len).unwrap_or(0);
-        // 3 tries per cycle, two cycles.
+    // Nodes answering with errors: RPC errors, 3 tries per cycle, retried
+    // next cycle, logged.
+    let injected_as = |kind: &str| {
+        finals
+            .iter()
+            .filter(|(_, v)| v["injected_failure"] == kind)
+            .map(|(k, _)| k.clone())
+            .collect::<Vec<String>>()
+    };
+    for node in injected_as("error") {
+        assert_ne!(finals[&node]["state"], "provisioned", "{node}");
+        let t = times.get(&node).map(Vec::len).unwrap_or(0);
         assert!(t >= 6, "{node} saw {t} jwt requests");
         assert!(
             f.logs
@@ -734,13 +738,26 @@ async fn failing_nodes_and_helpers_are_logged_counted_and_retried() {
             "no jwt failure logged for {node}"
         );
     }
+    // Nodes whose replies do not verify (anyone could have sent those):
+    // unconfirmed, one request a cycle, retried next cycle.
+    for node in injected_as("malformed") {
+        assert_ne!(finals[&node]["state"], "provisioned", "{node}");
+        let t = times.get(&node).map(Vec::len).unwrap_or(0);
+        assert!(t >= 2, "{node} saw {t} jwt requests");
+    }
+    assert!(
+        unconfirmed >= injected_as("malformed").len() as f64,
+        "unconfirmed_discoveries {unconfirmed}"
+    );
     assert!(
         rpc_errors >= 2.0 * 0.04 * N as f64 * 0.5,
         "rpc_errors {rpc_errors}"
     );
+    // Every failed RPC ended its node: a provisioning error, or (never
+    // answered) an unconfirmed name.
     assert!(
-        provision_errors >= rpc_errors,
-        "provision_errors {provision_errors}"
+        provision_errors + unconfirmed >= rpc_errors,
+        "provision_errors {provision_errors} + unconfirmed {unconfirmed} < rpc_errors {rpc_errors}"
     );
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::election::choria_like_broker;
-use support::provisioner::ProvisionerProcess;
+use support::provisioner::{binary, ProvisionerProcess};
 use support::{NatsServer, RunningFleet};
 
 /// Membership timings of these tests: a member counts 6 s without
@@ -52,6 +52,8 @@ pub struct Replicas<'a> {
     env: Vec<(String, String)>,
     /// Extra command-line arguments of every replica.
     args: Vec<String>,
+    /// Extra lines of every replica's provisioner.yaml.
+    extra: String,
 }
 
 impl<'a> Replicas<'a> {
@@ -66,6 +68,7 @@ impl<'a> Replicas<'a> {
             election: STREAMS,
             env: Vec::new(),
             args: Vec::new(),
+            extra: String::new(),
         }
     }
 
@@ -85,13 +88,17 @@ impl<'a> Replicas<'a> {
         let p = ProvisionerProcess::start_with_env(
             self.dir,
             &name,
-            &yaml(
-                self.workers,
-                &format!(
-                    "{}  signing_key: {}\n",
-                    self.election,
-                    self.dir.join("signing.seed").display()
+            &format!(
+                "{}{}",
+                yaml(
+                    self.workers,
+                    &format!(
+                        "{}  signing_key: {}\n",
+                        self.election,
+                        self.dir.join("signing.seed").display()
+                    ),
                 ),
+                self.extra
             ),
             &format!(
                 "identity = provisioner.shards.example.net\nplugin.choria.middleware_hosts = {}\n",
@@ -409,9 +416,14 @@ async fn share_then_kill(
 async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
     let dir = tempfile::tempdir().unwrap();
     let nats = choria_like_broker();
-    // Two workers each and slow-ish nodes, so the run is still going when
-    // the third replica joins.
+    // Two workers each and a helper that takes 50 ms, so the run is still
+    // going when the third replica joins (slow nodes no longer slow a run
+    // down: their replies are waited for without a worker).
     let mut r = Replicas::new(dir.path(), &nats, 2);
+    r.extra = format!(
+        "helper: sh -c 'sleep 0.05; exec {} fleet-helper'\n",
+        binary()
+    );
     r.start();
     r.start();
     r.settled(2, Duration::from_secs(30)).await;
@@ -451,4 +463,153 @@ async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
         assert!(p.wait_exit(Duration::from_secs(5)).success());
         logs.push_str(&format!("--- {name}\n{}\n", p.logs_tail(8)));
     }
+}
+
+/// Anyone who may publish on the membership subject can send heartbeats.
+/// Before they were sealed, a forged `leaving` for a working member made
+/// the others drop it and take its nodes while it went on working them: two
+/// owners, and with jwt, ed25519 and pki off nothing before `configure`
+/// stops the helper running twice (the provisioning lock does not cover
+/// `rpcutil#inventory`). Here forged leaves for each member, unsealed and
+/// sealed with a key of the forger's own, go out every 200 ms for a minute
+/// while 300 nodes arrive: each is configured once and the helper runs once
+/// for each, the forgeries are counted, and the membership never changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_leaves_change_no_membership_and_no_node_is_worked_twice() {
+    use choria_provisioner::choria::security::seal::{Purpose, SealKey};
+    use futures::StreamExt;
+    const WAVES: usize = 6;
+    const PER_WAVE: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = choria_like_broker();
+    // Each helper run keeps its input in a file of its own (concurrent
+    // appends to one file could interleave).
+    let runs = dir.path().join("helper-runs");
+    std::fs::create_dir(&runs).unwrap();
+    let mut r = Replicas::new(dir.path(), &nats, 8);
+    r.extra = format!(
+        "helper: sh -c 'tee \"$(mktemp -p {} run.XXXXXXXX)\" | exec {} fleet-helper'\n",
+        runs.display(),
+        binary()
+    );
+    r.start();
+    r.start();
+    r.settled(2, Duration::from_secs(30)).await;
+    let transitions = |r: &Replicas| -> Vec<f64> {
+        r.running
+            .iter()
+            .map(|(_, p)| p.metric("choria_provisioner_leadership_transitions"))
+            .collect()
+    };
+    let before = transitions(&r);
+
+    // The forger learns the members from their own heartbeats.
+    let subject = "choria.provisioner.shards.shards-test";
+    let forger = async_nats::connect(nats.url().replace("nats://", "nats://prov:prov@"))
+        .await
+        .unwrap();
+    let mut heard = forger.subscribe(subject).await.unwrap();
+    let mut members = std::collections::BTreeSet::new();
+    while members.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), heard.next())
+            .await
+            .expect("heartbeats")
+            .unwrap();
+        let envelope: Value = serde_json::from_slice(&m.payload).unwrap();
+        let beat: Value = serde_json::from_str(envelope["beat"].as_str().unwrap()).unwrap();
+        members.insert(beat["member"].as_str().unwrap().to_string());
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let forging = tokio::spawn({
+        let (stop, members, forger) = (stop.clone(), members.clone(), forger.clone());
+        async move {
+            let key = SealKey::generate();
+            let mut sent = 0u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                for m in &members {
+                    sent += 1;
+                    let beat = serde_json::json!({"member": m, "seq": 1_000_000 + sent, "view": [], "leaving": true}).to_string();
+                    let seal = key.seal(
+                        Purpose::Heartbeat,
+                        &[subject.as_bytes(), m.as_bytes(), beat.as_bytes()],
+                    );
+                    let sealed = serde_json::json!({"beat": beat, "seal": seal}).to_string();
+                    for body in [beat.clone(), sealed] {
+                        let _ = forger.publish(subject, body.into()).await;
+                    }
+                }
+            }
+            sent
+        }
+    });
+    // Nodes keep arriving while the forgery goes on (a minute).
+    let mut fleets = Vec::new();
+    for wave in 0..WAVES {
+        fleets.push(fleet(&nats, dir.path(), &format!("w{wave}-"), PER_WAVE).await);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    for wave in 0..WAVES {
+        wait_provisioned(
+            &dir.path().join(format!("w{wave}-journal.jsonl")),
+            PER_WAVE,
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+    stop.cancel();
+    let sent = forging.await.unwrap();
+    let refused: f64 = r
+        .running
+        .iter()
+        .map(|(_, p)| p.metric("choria_provisioner_shard_records_refused"))
+        .sum();
+    let members_seen: Vec<f64> = r
+        .running
+        .iter()
+        .map(|(_, p)| p.metric("choria_provisioner_shard_members"))
+        .collect();
+    let after = transitions(&r);
+    let mut journal = Vec::new();
+    for f in fleets {
+        journal.extend(f.finish().await.1);
+    }
+    let helper_runs: Vec<String> = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            serde_json::from_str::<Value>(&text).unwrap()["identity"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for id in &helper_runs {
+        *per_node.entry(id).or_default() += 1;
+    }
+    println!(
+        "forged leaves: {sent} sent (each unsealed and sealed with another key), {refused} refused; \
+         {} nodes, {} helper runs, members seen {members_seen:?}",
+        WAVES * PER_WAVE,
+        helper_runs.len()
+    );
+    assert_configured_once(&journal, WAVES * PER_WAVE);
+    let twice: Vec<_> = per_node.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "the helper ran more than once for {twice:?}"
+    );
+    assert_eq!(
+        per_node.len(),
+        WAVES * PER_WAVE,
+        "the helper ran for every node"
+    );
+    assert!(
+        refused >= sent as f64,
+        "every forgery refused by each replica: {refused} of {sent}"
+    );
+    assert_eq!(members_seen, [2.0, 2.0]);
+    assert_eq!(before, after, "no replica stopped or started working");
 }

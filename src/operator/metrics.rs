@@ -12,6 +12,7 @@ pub struct Metrics {
     failures: IntCounterVec,
     invalid: IntCounter,
     leader: IntGauge,
+    admission_policy: IntGauge,
 }
 
 impl Default for Metrics {
@@ -47,16 +48,23 @@ impl Metrics {
             "1 while this operator replica leads",
         ))
         .expect("valid metric");
+        let admission_policy = IntGauge::with_opts(Opts::new(
+            "choria_provisioner_operator_admission_policy",
+            "1 once this leader applied the ValidatingAdmissionPolicy that bounds Provisioner pods' CertificateRequests; 0 while it could not (or none is configured)",
+        ))
+        .expect("valid metric");
         for c in [
             Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(failures.clone()),
             Box::new(invalid.clone()),
             Box::new(leader.clone()),
+            Box::new(admission_policy.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
         Metrics {
             registry,
+            admission_policy,
             reconciliations,
             failures,
             invalid,
@@ -74,6 +82,10 @@ impl Metrics {
 
     pub fn invalid_spec(&self) {
         self.invalid.inc();
+    }
+
+    pub fn set_admission_policy(&self, applied: bool) {
+        self.admission_policy.set(i64::from(applied));
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -18,6 +18,7 @@
 //! starts from a fresh watch anyway, and an exit would only add a restart
 //! with its back-off.
 
+pub mod admission;
 pub mod build;
 pub mod metrics;
 pub mod policy;
@@ -96,6 +97,11 @@ pub struct OperatorArgs {
         default_values_t = crate::config::provisioner::DEFAULT_CERT_MANAGER_USAGES.map(String::from)
     )]
     pub allowed_usages: Vec<String>,
+    /// The ValidatingAdmissionPolicy (and binding) bounding the
+    /// CertificateRequests a Provisioner's pods may make, applied when the
+    /// operator leads; empty: none (then only the spec is bounded).
+    #[arg(long, default_value = admission::DEFAULT_POLICY_NAME)]
+    pub admission_policy: String,
     /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
     /// its pods when they elect through a Lease.
     #[arg(long, default_value = build::DEFAULT_LEASE_CLUSTER_ROLE)]
@@ -313,6 +319,7 @@ pub async fn run_with(
         },
         metrics: metrics.clone(),
         settings,
+        admission_policy: args.admission_policy.clone(),
     };
     let shutting_down = CancellationToken::new();
     let signal = shutting_down.clone();
@@ -384,6 +391,48 @@ struct Shared {
     reporter: Reporter,
     metrics: Arc<Metrics>,
     settings: build::Settings,
+    /// The admission policy's name; empty: none.
+    admission_policy: String,
+}
+
+/// Aborts its task when dropped (the term it belongs to ended).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Applies the admission policy for this term, retrying every 30 s until
+/// it lands (an API server without admissionregistration.k8s.io/v1, or an
+/// operator without the RBAC for it, is told in the log each time).
+async fn keep_admission_policy(
+    client: Client,
+    name: String,
+    policy: policy::Policy,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+) {
+    if name.is_empty() {
+        warn!("no admission policy (--admission-policy is empty): a Provisioner's pods may ask cert-manager for any issuer, usage or a CA certificate");
+        metrics.set_admission_policy(false);
+        return;
+    }
+    loop {
+        match admission::apply(&client, &name, &policy, namespace.as_deref()).await {
+            Ok(()) => {
+                info!(policy = %name, "CertificateRequests of Provisioner pods are bounded by the admission policy");
+                metrics.set_admission_policy(true);
+                return;
+            }
+            Err(e) => {
+                metrics.set_admission_policy(false);
+                error!(policy = %name, error = %describe(&e), "cannot apply the admission policy bounding Provisioner pods' CertificateRequests (needs Kubernetes 1.30 and the chart's RBAC); retrying in 30 s");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
 }
 
 /// How long the controller waits for more triggers of one Provisioner
@@ -447,6 +496,13 @@ async fn lead(
     shutdown: CancellationToken,
 ) {
     let client = &shared.client;
+    let _admission = AbortOnDrop(tokio::spawn(keep_admission_policy(
+        client.clone(),
+        shared.admission_policy.clone(),
+        shared.settings.policy.clone(),
+        namespace.map(str::to_string),
+        shared.metrics.clone(),
+    )));
     let (service_accounts, sa) = owned_watch::<ServiceAccount>(client, namespace);
     let (roles, role) = owned_watch::<Role>(client, namespace);
     let (role_bindings, rb) = owned_watch::<RoleBinding>(client, namespace);
@@ -737,6 +793,7 @@ mod tests {
             reporter: Reporter::from(FIELD_MANAGER),
             metrics: Arc::new(Metrics::new()),
             settings: fixtures::settings(),
+            admission_policy: String::new(),
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({

@@ -104,6 +104,13 @@ impl std::str::FromStr for IssuerPattern {
     }
 }
 
+impl IssuerPattern {
+    /// Kind, group, and the name's `*` pattern.
+    pub fn parts(&self) -> (&str, &str, &str) {
+        (&self.kind, &self.group, &self.name.0)
+    }
+}
+
 impl std::fmt::Display for IssuerPattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.kind == "ClusterIssuer" && self.group == CERT_MANAGER_GROUP {

@@ -33,19 +33,20 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info};
 
-/// Sequences in flight at once per lane: events, discovery, suspects. Each
-/// is a task, a subscription and a timer while it waits (~30 KiB with its
-/// buffers, measured): 2,048 of them carry a node's reply window (500 ms)
-/// at ~200,000 nodes a minute, more than 2 cores provision, and work
-/// through 20,000 made-up names that never answer in ten request timeouts
-/// (event-announced nodes meanwhile go through their own lane). Events get
-/// fewer: a flood of made-up `startup` events then costs no more requests
-/// a second than 256 per timeout, and the rest are dropped at the lane's
-/// bound.
+/// Sequences exchanging requests at once per lane: events, discovery,
+/// suspects. A sequence waiting out its reply windows gives its place back
+/// (that wait is pure waiting, and bounded by itself: the sequences that
+/// enter it in one window), so these bound the requests in flight, and so
+/// the queueing a reply meets on a busy machine: with thousands in flight a
+/// debug build on 2 cores answered late enough for `rpc_timeout` to call
+/// real nodes' replies lost. 512 made-up names that never answer are worked
+/// through per request timeout (event-announced nodes meanwhile go through
+/// their own lane); a flood of made-up `startup` events costs no more than
+/// 256 requests per timeout, the rest are dropped at the lane's bound.
 pub const IN_FLIGHT: [(Lane, usize); 3] = [
     (Lane::Events, 256),
-    (Lane::Discovery, 2048),
-    (Lane::Suspect, 1024),
+    (Lane::Discovery, 512),
+    (Lane::Suspect, 512),
 ];
 
 /// The budgets sequences run under.
@@ -83,25 +84,51 @@ impl Pool {
 pub struct LanePlace {
     permit: Option<OwnedSemaphorePermit>,
     lane: Lane,
+    /// The budget of the lane it is in now.
+    budget: Arc<Semaphore>,
     suspect: Arc<Semaphore>,
 }
 
 impl LanePlace {
-    pub(super) fn new(permit: OwnedSemaphorePermit, lane: Lane, suspect: Arc<Semaphore>) -> Self {
+    pub(super) fn new(
+        permit: OwnedSemaphorePermit,
+        lane: Lane,
+        budget: Arc<Semaphore>,
+        suspect: Arc<Semaphore>,
+    ) -> Self {
         LanePlace {
             permit: Some(permit),
             lane,
+            budget,
             suspect,
         }
     }
 
     /// A place outside any budget (a sequence run on its own, as in tests).
     pub fn unbounded() -> Self {
+        let none = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
         LanePlace {
             permit: None,
             lane: Lane::Suspect,
-            suspect: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            budget: none.clone(),
+            suspect: none,
         }
+    }
+
+    /// Gives the place back while the sequence only waits (its reply
+    /// windows); [`LanePlace::budget`] is where it takes one again.
+    pub fn release(&mut self) {
+        self.permit = None;
+    }
+
+    /// The budget of its lane, to take a place in again.
+    pub fn budget(&self) -> Arc<Semaphore> {
+        self.budget.clone()
+    }
+
+    /// Holds `permit` (of [`LanePlace::budget`]) again.
+    pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        self.permit = Some(permit);
     }
 
     /// A request went unanswered: the place in the names' own lane goes to
@@ -116,6 +143,7 @@ impl LanePlace {
             Ok(permit) => {
                 self.permit = Some(permit);
                 self.lane = Lane::Suspect;
+                self.budget = self.suspect.clone();
                 true
             }
             Err(_) => false,
@@ -144,7 +172,12 @@ pub(super) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Poo
             debug!(node = %ticket.identity, "skipping a stale entry");
             continue;
         }
-        let place = LanePlace::new(permit, lane, pool.lane(Lane::Suspect).clone());
+        let place = LanePlace::new(
+            permit,
+            lane,
+            pool.lane(lane).clone(),
+            pool.lane(Lane::Suspect).clone(),
+        );
         let (ctx, handle) = (ctx.clone(), handle.clone());
         pool.tracker.spawn(async move {
             let _in_flight = ctx.metrics.sequence();
@@ -206,13 +239,21 @@ fn record(
             debug!(node = %ticket.identity, rpc, tries, last = %last, "the node never answered; not provisioned");
             handle.registry.failed(&ticket);
         }
-        Err(e) => {
+        Err(e @ ProvisionError::Rpc { .. }) => {
+            // A node that answered and then stopped answering: whoever has
+            // the fleet's provisioning JWT can make up any number of those,
+            // so these lines come at a bounded rate (the metric counts all).
             ctx.metrics.provision_error();
             if let super::suspects::Allow::Yes { suppressed } =
                 ctx.logs.check("provision error", std::time::Instant::now())
             {
                 error!(node = %ticket.identity, step = %e.step(), error = %e, suppressed_before = suppressed, "could not provision the node");
             }
+            handle.registry.failed(&ticket);
+        }
+        Err(e) => {
+            ctx.metrics.provision_error();
+            error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
             handle.registry.failed(&ticket);
         }
     }

@@ -73,9 +73,10 @@ pub struct Context {
     pub replica: String,
     /// The `workers` slots: a sequence holds one only while it works.
     pub slots: Arc<tokio::sync::Semaphore>,
-    /// Per-node warnings and errors at a bounded rate: whoever holds the
-    /// fleet's provisioning JWT can make up names that answer and then
-    /// stall, as many as they like.
+    /// Per-node warnings and errors at a bounded rate
+    /// ([`super::suspects::NODE_LOG_BURST`] per kind every ten seconds):
+    /// whoever holds the fleet's provisioning JWT can make up names that
+    /// answer and then stall, as many as they like.
     pub logs: Arc<super::suspects::LogLimiter>,
 }
 
@@ -327,11 +328,31 @@ impl HostSequence {
     /// Runs the whole sequence inline. `waiting` is how long the node sat
     /// in the queue.
     pub async fn run(mut self, waiting: Duration) -> Result<Outcome, ProvisionError> {
-        // The two parts on the heap, each only while it runs: thousands of
+        // The two parts on the heap, each only while it runs: many
         // sequences wait out their reply windows at once (in `settle`), and
         // then cost little more than the sequence itself.
         Box::pin(self.gather(waiting)).await?;
-        self.settle().await?;
+        if !self.is_settled() {
+            // Waiting out the reply windows is pure waiting: the lane's
+            // place goes to another sequence meanwhile.
+            let budget = {
+                let mut place = self
+                    .place
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                place.release();
+                place.budget()
+            };
+            self.settle().await?;
+            let permit = tokio::select! {
+                p = budget.acquire_owned() => p.map_err(|_| ProvisionError::Abandoned)?,
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            self.place
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .hold(permit);
+        }
         Box::pin(self.finish()).await
     }
 
@@ -574,8 +595,12 @@ impl HostSequence {
                 _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             self.ctx.metrics.observe_rpc(rpc, started.elapsed());
-            if let Ok((r, _)) = &result {
+            // An answer in the node's own name confirms it, even one whose
+            // body is not what we asked for.
+            if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
                 self.confirmed();
+            }
+            if let Ok((r, _)) = &result {
                 if is_lock_refusal(r) {
                     // Another provisioner holds this node (go-choria's
                     // per-node lock): not a failure to retry in a storm;

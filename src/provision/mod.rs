@@ -33,7 +33,7 @@ pub mod recorder;
 pub mod registry;
 pub mod renewal;
 pub mod resource;
-mod suspects;
+pub mod suspects;
 pub mod template;
 pub mod version;
 
@@ -552,7 +552,7 @@ fn context(
         ownership: handle.ownership.clone(),
         replica: me.to_string(),
         slots: pool.slots.clone(),
-        logs: Arc::new(suspects::LogLimiter::default()),
+        logs: Arc::new(suspects::LogLimiter::with_burst(suspects::NODE_LOG_BURST)),
     })
 }
 

@@ -16,11 +16,22 @@ use tracing::warn;
 pub const LOG_WINDOW: Duration = Duration::from_secs(10);
 /// Lines per kind and window.
 pub const LOG_BURST: u32 = 5;
+/// Lines per kind and window about nodes that answered and then failed:
+/// enough for every node of a real fleet's bad minute, not for every
+/// made-up name of a flood.
+pub const NODE_LOG_BURST: u32 = 50;
 
-/// Allows [`LOG_BURST`] lines per kind per [`LOG_WINDOW`].
-#[derive(Default)]
+/// Allows [`LOG_BURST`] (or its own burst) lines per kind per
+/// [`LOG_WINDOW`].
 pub struct LogLimiter {
     kinds: Mutex<HashMap<&'static str, Window>>,
+    burst: u32,
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::with_burst(LOG_BURST)
+    }
 }
 
 struct Window {
@@ -40,6 +51,14 @@ pub enum Allow {
 }
 
 impl LogLimiter {
+    /// `burst` lines per kind and window.
+    pub fn with_burst(burst: u32) -> Self {
+        LogLimiter {
+            kinds: Mutex::default(),
+            burst,
+        }
+    }
+
     pub fn check(&self, kind: &'static str, now: Instant) -> Allow {
         let mut kinds = self
             .kinds
@@ -59,7 +78,7 @@ impl LogLimiter {
             };
             return Allow::Yes { suppressed };
         }
-        if w.logged < LOG_BURST {
+        if w.logged < self.burst {
             w.logged += 1;
             Allow::Yes { suppressed: 0 }
         } else {

@@ -77,6 +77,14 @@ them): Leases for the Lease election, CertificateRequests for cert-manager.
 {{- printf "%s-certificaterequests" (include "cpo.fullname" .) }}
 {{- end }}
 
+{{/*
+The ValidatingAdmissionPolicy (and its binding) the operator applies to bound
+what provisioner pods may ask cert-manager for.
+*/}}
+{{- define "cpo.admissionPolicy" -}}
+{{- printf "%s-pod-certificaterequests" (include "cpo.fullname" .) }}
+{{- end }}
+
 {{- define "cpo.leaseNamespace" -}}
 {{- default .Release.Namespace .Values.watchNamespace }}
 {{- end }}
