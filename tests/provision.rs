@@ -74,7 +74,11 @@ fn s(p: &Path) -> String {
 
 impl Run {
     async fn start(opts: Options) -> Run {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("provision-run-")
+            .disable_cleanup(std::env::var_os("PROVISION_KEEP").is_some())
+            .tempdir()
+            .unwrap();
         let nats = if opts.protocol == Version::V2 {
             NatsServer::start_tls_available()
         } else {

@@ -184,7 +184,8 @@ pub fn table(listed: &[Listed], now: i64) -> String {
         };
         out.push_str(&format!(
             "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
-            shown(&r.identity),
+            // Its key in the bucket: an unverified record may name another.
+            shown(&l.key),
             shown(&r.time),
             shown(&r.replica),
             shown(&r.mode),

@@ -290,12 +290,13 @@ pub(crate) fn records(
     };
     for (i, k) in cfg.verify_keys.iter().enumerate() {
         if crate::choria::security::parse_public_key_hex(k).is_err() {
+            // Not echoed: a seed pasted here by mistake is a secret.
             return Err(r.item_error(
                 "verify_keys",
                 i,
                 format!(
-                    "{:?} is not an ed25519 public key (64 hex characters)",
-                    k.chars().take(80).collect::<String>()
+                    "not an ed25519 public key (64 hex characters; {} given)",
+                    k.chars().count()
                 ),
             ));
         }

@@ -148,6 +148,9 @@ pub struct ElectionConfig {
     /// Shards: the ed25519 seed file membership records are sealed with
     /// (the replicas share it); required in `mode: shards`.
     pub signing_key: Option<std::path::PathBuf>,
+    /// Shards: public keys (hex) whose seals are trusted besides
+    /// `signing_key`'s (the previous key, during a rotation).
+    pub verify_keys: Vec<String>,
 }
 
 impl Default for ElectionConfig {
@@ -166,6 +169,7 @@ impl Default for ElectionConfig {
             renew_deadline: DEFAULT_RENEW_DEADLINE,
             retry_period: DEFAULT_RETRY_PERIOD,
             signing_key: None,
+            verify_keys: Vec::new(),
         }
     }
 }
@@ -207,6 +211,7 @@ impl ElectionConfig {
             backend: Some(self.backend.as_str().to_string()),
             mode: (self.mode != ElectionMode::Leader).then(|| self.mode.as_str().to_string()),
             signing_key: self.signing_key.as_ref().map(|p| p.display().to_string()),
+            verify_keys: (!self.verify_keys.is_empty()).then(|| self.verify_keys.clone()),
             ..Default::default()
         };
         match self.backend {
@@ -325,9 +330,27 @@ impl ElectionConfig {
             (false, Some(_)) => warnings.push(sec.warning("signing_key", "ignored in mode leader")),
             (false, None) => {}
         }
+        let verify_keys = sec.string_list("verify_keys")?.unwrap_or_default();
+        for (i, k) in verify_keys.iter().enumerate() {
+            if crate::choria::security::parse_public_key_hex(k).is_err() {
+                return Err(sec.item_error(
+                    "verify_keys",
+                    i,
+                    format!(
+                        "not an ed25519 public key (64 hex characters; {} given)",
+                        k.chars().count()
+                    ),
+                ));
+            }
+        }
+        if cfg.sharded() {
+            cfg.verify_keys = verify_keys;
+        } else if sec.is_set("verify_keys") {
+            warnings.push(sec.warning("verify_keys", "ignored in mode leader"));
+        }
         for key in unused
             .iter()
-            .filter(|k| !matches!(**k, "backend" | "mode" | "signing_key"))
+            .filter(|k| !matches!(**k, "backend" | "mode" | "signing_key" | "verify_keys"))
         {
             if sec.is_set(key) {
                 warnings.push(sec.warning(

@@ -89,10 +89,43 @@ pub const ALLOW_LINE_BREAKS: &str = "allow_line_breaks";
 pub const ALLOW_PATTERNS: &str = "allow_patterns";
 
 /// Where an interpolated value begins and ends in a rendered action
-/// policy, until [`check_policy_fields`] has looked at its fields (private
-/// use characters, refused in the values themselves).
+/// policy, until [`check_policy_fields`] has looked at its fields: a
+/// private use character, a nonce of this process, and another (so no
+/// value can forge one; private use characters are refused in values).
 const MARK_OPEN: char = '\u{E000}';
 const MARK_CLOSE: char = '\u{E001}';
+const MARK_END: char = '\u{E002}';
+
+/// The open and close tokens of this process.
+fn tokens() -> &'static (String, String) {
+    static TOKENS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    TOKENS.get_or_init(|| {
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        (
+            format!("{MARK_OPEN}{nonce}{MARK_END}"),
+            format!("{MARK_CLOSE}{nonce}{MARK_END}"),
+        )
+    })
+}
+
+fn is_mark(c: char) -> bool {
+    matches!(c, MARK_OPEN | MARK_CLOSE | MARK_END)
+}
+
+/// Whether `text` carries our tokens (the output of a template block that
+/// captured marked values, such as `{% set x %}…{% endset %}`) and no mark
+/// character outside them.
+fn carries_tokens(text: &str) -> bool {
+    let (open, close) = tokens();
+    if !text.contains(open.as_str()) && !text.contains(close.as_str()) {
+        return false;
+    }
+    !text
+        .replace(open.as_str(), "")
+        .replace(close.as_str(), "")
+        .chars()
+        .any(is_mark)
+}
 /// What a regular expression gives meaning to.
 const REGEX_META: &[char] = &[
     '.', '^', '$', '*', '+', '?', '(', ')', '[', ']', '{', '}', '|', '\\',
@@ -152,7 +185,7 @@ impl Place {
     fn forbids(self, c: char, vouched: Vouch) -> Option<&'static str> {
         let line_break = c == '\n' || c == '\r';
         let policy = matches!(self, Place::ActionPolicy | Place::OpaPolicy);
-        if policy && (c == MARK_OPEN || c == MARK_CLOSE) {
+        if policy && is_mark(c) {
             return Some("private use characters have no place in a policy");
         }
         if c.is_control() {
@@ -242,9 +275,14 @@ pub struct Vouch {
 /// pattern characters of a `/…/`, to a value. Returns the policy without
 /// the marks.
 pub fn check_policy_fields(rendered: &str) -> Result<String, Refused> {
-    if !rendered.contains(MARK_OPEN) {
+    let (open, close) = tokens();
+    if !rendered.contains(open.as_str()) {
         return Ok(rendered.to_string());
     }
+    // The tokens as one character each; values hold no mark characters.
+    let rendered = rendered
+        .replace(open.as_str(), &MARK_OPEN.to_string())
+        .replace(close.as_str(), &MARK_CLOSE.to_string());
     // Each character of the current field, and whether a value put it there.
     let mut field: Vec<(char, bool)> = Vec::new();
     let mut inside = false;
@@ -262,7 +300,7 @@ pub fn check_policy_fields(rendered: &str) -> Result<String, Refused> {
             c => field.push((c, inside)),
         }
     }
-    Ok(rendered.replace([MARK_OPEN, MARK_CLOSE], ""))
+    Ok(rendered.replace([MARK_OPEN, MARK_CLOSE, MARK_END], ""))
 }
 
 /// One field (or a fact's value) of an action policy rule.
@@ -413,14 +451,23 @@ fn format_checked(out: &mut Output, state: &mut State, value: &Value) -> Result<
         None => (value.to_string(), Vouch::default()),
     };
     let place = Place::of(state.name());
+    if place == Place::ActionPolicy && carries_tokens(&text) {
+        // What a block of this template captured: its values were checked
+        // and marked as they were written into it, the rest is the
+        // template's own text.
+        return out.write_str(&text).map_err(Error::from);
+    }
     place
         .check(&text, vouched)
         .map_err(|r| Error::new(ErrorKind::InvalidOperation, r.to_string()).with_source(r))?;
-    if place == Place::ActionPolicy && !vouched.patterns {
-        // Marked for check_policy_fields, which removes the marks.
-        fmt::Write::write_char(out, MARK_OPEN).map_err(Error::from)?;
+    // A block of rules the author vouched for (`allow_line_breaks`) is the
+    // author's text, wildcards included; every other value is marked for
+    // check_policy_fields, which removes the marks.
+    if place == Place::ActionPolicy && !vouched.patterns && !vouched.line_breaks {
+        let (open, close) = tokens();
+        out.write_str(open).map_err(Error::from)?;
         out.write_str(&text).map_err(Error::from)?;
-        fmt::Write::write_char(out, MARK_CLOSE).map_err(Error::from)
+        out.write_str(close).map_err(Error::from)
     } else {
         out.write_str(&text).map_err(Error::from)
     }
@@ -528,7 +575,8 @@ mod tests {
 
     #[test]
     fn a_field_may_not_owe_its_wildcard_or_pattern_to_a_value() {
-        let m = |s: &str| s.replace('[', "\u{E000}").replace(']', "\u{E001}");
+        let (open, close) = tokens();
+        let m = |s: &str| s.replace('[', open).replace(']', close);
         for (policy, ok) in [
             ("allow\tchoria=[ops]\t*\t*\t*\n", true),
             ("allow\t[choria=ops]\tstatus [restart]\t*\t*\n", true),

@@ -351,6 +351,10 @@ file_section! {
         /// (it may be `records.signing_key`'s file). Required in shards
         /// mode.
         signing_key: String,
+        /// `mode: shards`: public keys (64 hex characters each) whose seals
+        /// are trusted too: the previous key while the replicas change to a
+        /// new one.
+        verify_keys: Vec<String>,
     }
 }
 
@@ -379,7 +383,7 @@ mod tests {
         assert_eq!(yaml, "workers: 1\nfeatures:\n  pki: true\n");
         assert!(ProvisionerFile::KEYS.contains(&"broker_provisioning_password_file"));
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
-        assert_eq!(ElectionFile::KEYS.len(), 13);
+        assert_eq!(ElectionFile::KEYS.len(), 14);
         assert_eq!(ElectionFile::KEYS[0], "mode");
         assert_eq!(ElectionFile::FIELDS[0].key, "mode");
         assert_eq!(FeaturesFile::FIELDS[0].ty, "bool");

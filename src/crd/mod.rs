@@ -206,6 +206,12 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing_key_secret: Option<SecretKeyRef>,
 
+    /// Public keys (64 hex characters each) whose seals the pods trust
+    /// besides their signing key's: the previous key's, while records and
+    /// replicas sealed with it remain (a key rotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signing_verify_keys: Vec<String>,
+
     /// The helper that decides each node's configuration; optional when
     /// `nodeConfiguration` configures the nodes (then its answer is merged
     /// over the templates').

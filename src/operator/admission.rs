@@ -111,7 +111,11 @@ pub fn certificate_request_policy(
         cel_list(DEFAULT_CERT_MANAGER_USAGES)
     );
     let spec = ValidatingAdmissionPolicySpec {
-        failure_policy: Some("Fail".into()),
+        // Ignore, not Fail: with the Provisioner CRD gone (its parameter
+        // kind) a failing policy would deny every CertificateRequest of every
+        // ServiceAccount in the cluster, cert-manager's own included. The
+        // checks below are written so they cannot fail to evaluate.
+        failure_policy: Some("Ignore".into()),
         param_kind: Some(ParamKind {
             api_version: Some(API_VERSION.into()),
             kind: Some(KIND.into()),
@@ -138,9 +142,10 @@ pub fn certificate_request_policy(
             ),
             var("kind", ISSUER_KIND),
             var("group", ISSUER_GROUP),
+            // No usages asks for the issuer's (cert-manager's) defaults.
             var(
                 "usages",
-                "has(object.spec.usages) ? object.spec.usages : []",
+                "has(object.spec.usages) && size(object.spec.usages) > 0 ? object.spec.usages : ['digital signature', 'key encipherment']",
             ),
         ]),
         validations: Some(vec![
@@ -151,8 +156,8 @@ pub fn certificate_request_policy(
             check(
                 format!(
                     "{has_cm} && object.spec.issuerRef.name == {spec_cm}.issuerRef.name \
-                     && variables.kind == (has({spec_cm}.issuerRef.kind) ? {spec_cm}.issuerRef.kind : 'Issuer') \
-                     && variables.group == (has({spec_cm}.issuerRef.group) ? {spec_cm}.issuerRef.group : 'cert-manager.io')"
+                     && variables.kind == (has({spec_cm}.issuerRef.kind) && {spec_cm}.issuerRef.kind != '' ? {spec_cm}.issuerRef.kind : 'Issuer') \
+                     && variables.group == (has({spec_cm}.issuerRef.group) && {spec_cm}.issuerRef.group != '' ? {spec_cm}.issuerRef.group : 'cert-manager.io')"
                 ),
                 "may only name the issuer of its spec.pki.certManager.issuerRef",
             ),
@@ -287,7 +292,7 @@ mod tests {
             spec.param_kind.unwrap().kind.as_deref(),
             Some("Provisioner")
         );
-        assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(spec.failure_policy.as_deref(), Some("Ignore"));
         // Every check lets everyone but the Provisioner's own account by.
         for v in spec.validations.unwrap() {
             assert!(

@@ -404,9 +404,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Applies the admission policy for this term, retrying every 30 s until
-/// it lands (an API server without admissionregistration.k8s.io/v1, or an
-/// operator without the RBAC for it, is told in the log each time).
+/// Keeps the admission policy applied for this term: looks every 5
+/// minutes (a read; it writes only what differs), every 30 s while it fails
+/// (an API server without admissionregistration.k8s.io/v1, or an operator
+/// without the RBAC for it, is told in the log each time).
 async fn keep_admission_policy(
     client: Client,
     name: String,
@@ -419,19 +420,25 @@ async fn keep_admission_policy(
         metrics.set_admission_policy(false);
         return;
     }
+    let mut told = false;
     loop {
-        match admission::apply(&client, &name, &policy, namespace.as_deref()).await {
+        let wait = match admission::apply(&client, &name, &policy, namespace.as_deref()).await {
             Ok(()) => {
-                info!(policy = %name, "CertificateRequests of Provisioner pods are bounded by the admission policy");
+                if !told {
+                    info!(policy = %name, "CertificateRequests of Provisioner pods are bounded by the admission policy");
+                    told = true;
+                }
                 metrics.set_admission_policy(true);
-                return;
+                Duration::from_secs(300)
             }
             Err(e) => {
                 metrics.set_admission_policy(false);
+                told = false;
                 error!(policy = %name, error = %describe(&e), "cannot apply the admission policy bounding Provisioner pods' CertificateRequests (needs Kubernetes 1.30 and the chart's RBAC); retrying in 30 s");
+                Duration::from_secs(30)
             }
-        }
-        tokio::time::sleep(Duration::from_secs(30)).await;
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -8,10 +8,10 @@
 //! work. What bounds the waits is each lane's in-flight budget
 //! ([`IN_FLIGHT`]): names from events and from discovery have their own, so
 //! a flood of one cannot delay the other, and names that failed before (the
-//! suspect lane) have a small one of their own, so they are retried behind
-//! names that have not failed. A sequence whose request goes unanswered
-//! gives its lane's place up and finishes its retries in the suspect
-//! lane's, or, when that is full, ends there and is offered again at the
+//! suspect lane) have one of their own, so they are retried behind names
+//! that have not failed. A sequence whose attempt fails gives its lane's
+//! place up and finishes its retries in the suspect lane's, or, when that
+//! is full, ends there and is offered again at the
 //! next discovery (behind the names that have not failed): a made-up name
 //! that answers a discovery (or a ping, or the `jwt` request, with the
 //! fleet's shared provisioning JWT) and then stalls costs its timeouts in
@@ -31,7 +31,7 @@ use super::{registry, Handle};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 /// Sequences exchanging requests at once per lane: events, discovery,
 /// suspects. A sequence waiting out its reply windows gives its place back
@@ -42,7 +42,8 @@ use tracing::{debug, error, info};
 /// real nodes' replies lost. 512 made-up names that never answer are worked
 /// through per request timeout (event-announced nodes meanwhile go through
 /// their own lane); a flood of made-up `startup` events costs no more than
-/// 256 requests per timeout, the rest are dropped at the lane's bound.
+/// 256 requests per timeout (the events lane holds 10,000 more; past that
+/// they are dropped and counted).
 pub const IN_FLIGHT: [(Lane, usize); 3] = [
     (Lane::Events, 256),
     (Lane::Discovery, 512),
@@ -181,13 +182,41 @@ pub(super) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Poo
         let (ctx, handle) = (ctx.clone(), handle.clone());
         pool.tracker.spawn(async move {
             let _in_flight = ctx.metrics.sequence();
+            // A sequence that never ends (a panic, an abort at shutdown)
+            // must not leave its node registered as worked for ever.
+            let lost = Lost {
+                handle: handle.clone(),
+                ticket: Some(ticket.clone()),
+            };
             let seq = HostSequence::new(ctx.clone(), Arc::from(ticket.identity.as_str()), term)
                 .in_lane(place, ticket.source);
             let result = seq.run(ticket.added.elapsed()).await;
+            lost.defuse();
             record(&ctx, &handle, ticket, result);
         });
     }
     debug!(?lane, "dispatcher stopped");
+}
+
+/// Forgets its node when dropped before [`Lost::defuse`].
+struct Lost {
+    handle: Handle,
+    ticket: Option<Arc<Ticket>>,
+}
+
+impl Lost {
+    fn defuse(mut self) {
+        self.ticket = None;
+    }
+}
+
+impl Drop for Lost {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            error!(node = %ticket.identity, "a node's sequence ended without an outcome; forgetting the node so a later discovery retries it");
+            self.handle.registry.remove(&ticket);
+        }
+    }
 }
 
 /// What a node's sequence ended with: metrics, the log line, and what the
@@ -229,6 +258,22 @@ fn record(
             // its holder does not finish it (the lock lasts two minutes).
             info!(node = %ticket.identity, reason = %e, "left the node to the provisioner holding it");
             handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::Stale(_)) => {
+            // It waited too long before its sequence started: nothing is
+            // known of it, not even that it exists.
+            debug!(node = %ticket.identity, reason = %e, "not provisioning the node");
+            handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::DeniedIdentity(_)) => {
+            // Anyone can offer names that match the deny list.
+            ctx.metrics.provision_error();
+            if let super::suspects::Allow::Yes { suppressed } =
+                ctx.logs.check("denied identity", std::time::Instant::now())
+            {
+                warn!(node = %ticket.identity, error = %e, suppressed_before = suppressed, "not provisioning the node");
+            }
+            handle.registry.failed(&ticket);
         }
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.

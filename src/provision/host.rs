@@ -10,8 +10,8 @@
 //! at its next attempt boundary. Errors name the node and the step.
 //!
 //! A sequence waits without a worker: it takes one of the `workers` slots
-//! only for its work (the template and helper, the server JWT and key
-//! encryption). Its first request confirms the name; a name that never
+//! only for its work (the template and helper, cert-manager's signing, the
+//! server JWT and key encryption). Its first request confirms the name; a name that never
 //! answers ends in [`ProvisionError::Unconfirmed`], logged at debug only,
 //! and a failed attempt moves the sequence to the suspect lane (see
 //! `dispatch`).
@@ -332,7 +332,11 @@ impl HostSequence {
         // sequences wait out their reply windows at once (in `settle`), and
         // then cost little more than the sequence itself.
         Box::pin(self.gather(waiting)).await?;
-        if !self.is_settled() {
+        if self.is_settled() {
+            // Every window closed already: their outcomes are read, nothing
+            // is waited for.
+            self.settle().await?;
+        } else {
             // Waiting out the reply windows is pure waiting: the lane's
             // place goes to another sequence meanwhile.
             let budget = {
@@ -424,7 +428,11 @@ impl HostSequence {
     /// key encryption, upgrade, configure and restart.
     pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
         let cfg = self.ctx.cfg.clone();
-        debug_assert!(self.pending.is_empty(), "settle() before finish()");
+        // Every trusted answer's window must have been read: an unread one
+        // could hold a second answer in the node's name.
+        if !self.pending.is_empty() {
+            self.settle().await?;
+        }
         let mut response = self.decide().await?;
         super::grants::check_configuration(&response.configuration).map_err(|e| self.refused(e))?;
         if response.defer {
@@ -915,6 +923,9 @@ impl HostSequence {
             return Ok(());
         };
         self.gate_check()?;
+        // Signing is work: `workers` bounds the requests cert-manager has
+        // in hand from us at once.
+        let _working = self.working().await?;
         let started = Instant::now();
         match signer
             .sign(&self.identity, &csr.csr, &self.ctx.gate, &self.ctx.abandon)

@@ -140,7 +140,12 @@ async fn shards(
     loop {
         let set_up = async {
             let key = signing_key(&cfg)?;
-            let verifier = key.verifier();
+            let mut verifier = key.verifier();
+            for k in &cfg.verify_keys {
+                verifier = verifier
+                    .trusting(k)
+                    .map_err(|e| ElectionError::Other(format!("election.verify_keys: {e}")))?;
+            }
             match cfg.backend {
                 ElectionBackend::Lease => LeaseMembership::connect(&cfg, &me, key, verifier)
                     .await
@@ -151,6 +156,7 @@ async fn shards(
                     &me,
                     key,
                     verifier,
+                    timings.ttl,
                     timings.renew_period * 3 / 4,
                 )
                 .await

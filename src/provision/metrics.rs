@@ -81,8 +81,14 @@ pub struct Metrics {
 }
 
 /// Labels of `choria_provisioner_shard_records_refused{reason}`.
-pub const SHARD_REFUSED_REASONS: [&str; 5] =
-    ["unsigned", "signature", "invalid", "replayed", "too_many"];
+pub const SHARD_REFUSED_REASONS: [&str; 6] = [
+    "unsigned",
+    "signature",
+    "invalid",
+    "replayed",
+    "stale",
+    "too_many",
+];
 
 /// Labels of `choria_provisioner_renewals{outcome}`.
 pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
@@ -275,11 +281,11 @@ impl Metrics {
             ),
             unconfirmed_events: counter(
                 "choria_provisioner_unconfirmed_events",
-                "Startup events whose node did not answer a directed ping, so it was not queued",
+                "Names from startup events whose first request got no answer in their own name, so nothing confirms they exist (asked again at the next discovery)",
             ),
             dropped_events: counter(
                 "choria_provisioner_dropped_events",
-                "Startup events dropped because the confirmation queue was full",
+                "Startup events dropped because the events lane was full",
             ),
             confirming_nodes: gauge(
                 "choria_provisioner_confirming_nodes",
@@ -287,15 +293,15 @@ impl Metrics {
             ),
             unconfirmed_discoveries: counter(
                 "choria_provisioner_unconfirmed_discoveries",
-                "Names from discovery replies that did not answer a directed ping, so they were not queued",
+                "Names from discovery replies whose first request got no answer in their own name, so nothing confirms they exist (asked again at the next discovery)",
             ),
             dropped_discoveries: counter(
                 "choria_provisioner_dropped_discoveries",
-                "Names from discovery replies dropped because the pending set was full",
+                "Names from discovery replies dropped because the registry was full",
             ),
             pending_nodes: gauge(
                 "choria_provisioner_pending_nodes",
-                "Nodes found by discovery or events waiting to answer their confirmation ping, or confirmed and waiting for room in the work queue",
+                "Nodes found by discovery or events waiting in their lane for their sequence to start",
             ),
             lock_refusals: counter(
                 "choria_provisioner_lock_refusals",
@@ -341,7 +347,7 @@ impl Metrics {
             ),
             shard_records_refused: labelled(
                 "choria_provisioner_shard_records_refused",
-                "Shard membership records (heartbeats, member Leases) ignored, by reason: not sealed, a seal that is not ours, malformed, an old record again, or more members than are counted",
+                "Shard membership records (heartbeats, member Leases) ignored, by reason: not sealed, a seal that is not ours, malformed, an old record again, older than lease_duration and the clock skew allowed, or more members than are counted",
                 "reason",
                 &SHARD_REFUSED_REASONS,
             ),

@@ -6,9 +6,9 @@
 //!
 //! ```text
 //! discovery (interval, trigger) ─┐            lanes (in flight)              slots (`workers`)
-//!                                ├─> Registry ─ events (1,024) ──┐
-//! startup events ────────────────┘      ^     discovery (4,096) ─┼─> HostSequence ─> template, helper, signing
-//!                                       │     suspect (1,024) ───┘        │ waits: RPC replies, reply windows (timers)
+//!                                ├─> Registry ─ events (256) ────┐
+//! startup events ────────────────┘      ^     discovery (512) ───┼─> HostSequence ─> template, helper, signing
+//!                                       │     suspect (512) ─────┘        │ waits: RPC replies, reply windows (timers)
 //!                                       └──────────── finisher <─────────┘ (forget now, or after 60 s)
 //! ```
 //!

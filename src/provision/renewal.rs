@@ -61,14 +61,19 @@ const FIRST_BACKOFF: i64 = 30;
 /// answer in its collective yet.
 pub const SETTLE_AFTER_PROVISIONING: i64 = 15;
 
+/// How long before its provisioning JWT stops it from coming back a node
+/// is asked at the latest (besides `renewal.retry`).
+const RETURN_MARGIN: i64 = 60;
+
 /// When each node is due, pure: every call takes `now` (Unix seconds).
 #[derive(Debug, Default)]
 pub struct Schedule {
     nodes: HashMap<String, Due>,
     by_time: BTreeSet<(i64, String)>,
-    /// The newest record time seen for each node: an older record is a
-    /// replay of an earlier revision.
-    newest: HashMap<String, i64>,
+    /// The newest record seen for each node, as its time and a digest of
+    /// it: an older one is a replay of an earlier revision, the same one
+    /// again changes nothing.
+    newest: HashMap<String, (i64, u64)>,
     /// Nodes that could not come back from a `reprovision`; not due again
     /// until a newer record arrives.
     stranded: HashSet<String>,
@@ -107,6 +112,19 @@ pub enum Upserted {
     NothingExpires,
     /// Older than a record of the node already seen: ignored.
     Replayed,
+    /// The record already seen, again (written again, or read again after
+    /// a reconnect): nothing changes, not even a wait for a retry.
+    Same,
+}
+
+/// A digest of a record, to tell the same one from another of its time.
+fn digest(record: &Record) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(record)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
 }
 
 /// How a renewal request ended.
@@ -142,15 +160,13 @@ fn jitter_share(identity: &str) -> f64 {
 impl Schedule {
     /// Takes a node's newest record: its due time follows its expiry.
     pub fn upsert(&mut self, record: &Record, cfg: &RenewalConfig) -> Upserted {
-        if self
-            .newest
-            .get(&record.identity)
-            .is_some_and(|t| *t > record.time_unix)
-        {
-            return Upserted::Replayed;
+        let seen = (record.time_unix, digest(record));
+        match self.newest.get(&record.identity) {
+            Some(last) if last.0 > seen.0 => return Upserted::Replayed,
+            Some(last) if *last == seen => return Upserted::Same,
+            _ => {}
         }
-        self.newest
-            .insert(record.identity.clone(), record.time_unix);
+        self.newest.insert(record.identity.clone(), seen);
         self.stranded.remove(&record.identity);
         self.remove(&record.identity);
         let Some((issued, expires)) = record.expiry() else {
@@ -166,7 +182,13 @@ impl Schedule {
             lead = lifetime / 2.0;
             upserted = Upserted::Shortened;
         }
-        let at = (expires - lead.round() as i64).max(record.time_unix + SETTLE_AFTER_PROVISIONING);
+        let mut at = expires - lead.round() as i64;
+        // A node must be asked while it can still come back: before its
+        // provisioning JWT expires, with `retry` to spare.
+        if let Some(until) = record.provisioning_jwt_expires_unix {
+            at = at.min(until - cfg.retry.as_secs() as i64 - RETURN_MARGIN);
+        }
+        let at = at.max(record.time_unix + SETTLE_AFTER_PROVISIONING);
         self.insert(
             record.identity.clone(),
             Due {
@@ -407,6 +429,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
         limit: RateLimit::per_minute(r.cfg.rate, std::time::Instant::now()),
         in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
         sending: HashSet::new(),
+        superseded: HashSet::new(),
         logs: LogLimiter::default(),
     };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
@@ -427,6 +450,9 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
             Some((identity, outcome)) = done_rx.recv() => {
                 state.sending.remove(&identity);
                 handle.metrics.renewal(outcome.label());
+                if state.superseded.remove(&identity) {
+                    continue;
+                }
                 let now = chrono::Utc::now().timestamp();
                 match outcome {
                     RenewalOutcome::Sent => {
@@ -462,6 +488,8 @@ struct Loop {
     in_flight: Arc<Semaphore>,
     /// Requests under way.
     sending: HashSet<String>,
+    /// Requests under way whose node has a newer record since.
+    superseded: HashSet<String>,
     /// Refused records and stranded nodes, logged at a bounded rate.
     logs: LogLimiter,
 }
@@ -472,8 +500,13 @@ impl Loop {
         let (key, why) = match read {
             Read::Verified(record) => match self.schedule.upsert(&record, cfg) {
                 Upserted::Replayed => (record.identity, Refusal::Replayed),
+                Upserted::Same => return,
                 upserted => {
-                    self.sending.remove(&record.identity);
+                    // A request still under way was for the old record: its
+                    // outcome must not move the new record's due time.
+                    if self.sending.remove(&record.identity) {
+                        self.superseded.insert(record.identity.clone());
+                    }
                     if upserted == Upserted::Shortened {
                         self.warn(
                                 "shortened",
@@ -533,10 +566,15 @@ impl Loop {
             if !can_return(node.returns_until, now, r.cfg.retry) {
                 self.schedule.strand(&node.identity);
                 handle.metrics.renewal(RenewalOutcome::CannotReturn.label());
-                error!(
-                    node = %node.identity,
-                    "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
-                );
+                // A fleet shares its provisioning JWT: its expiry strands
+                // them all at once.
+                if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {
+                    error!(
+                        node = %node.identity,
+                        suppressed_before = suppressed,
+                        "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
+                    );
+                }
                 continue;
             }
             let collective = node.collective.as_deref().unwrap_or(&r.cfg.collective);

@@ -611,4 +611,53 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.refused, Some(Place::OpaPolicy), "{e}");
     }
+
+    #[test]
+    fn captured_blocks_and_vouched_rule_blocks_render_in_a_policy() {
+        let t = |policy: &str| ConfigurationTemplate {
+            configuration: [("a".to_string(), "b".to_string())].into(),
+            action_policies: [("rpcutil.policy".to_string(), policy.to_string())].into(),
+            values: [(
+                "rules".to_string(),
+                json!("allow\tchoria=ops\t*\t*\t*\nallow\tchoria=dev\tping\t*\t*"),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        // A block capture: its values were checked (and marked) inside it.
+        let captured = NodeTemplate::new(
+            &t("{% set who %}choria={{ inventory.facts.role }}{% endset %}policy default deny\nallow\t{{ who }}\t*\t*\t*\n"),
+            "",
+        )
+        .unwrap();
+        let r = captured
+            .render(&input("n1", r#"{"facts":{"role":"web"}}"#))
+            .unwrap();
+        assert_eq!(
+            r.action_policies["rpcutil.policy"],
+            "policy default deny\nallow\tchoria=web\t*\t*\t*\n"
+        );
+        let e = captured
+            .render(&input("n1", r#"{"facts":{"role":"/.*/"}}"#))
+            .unwrap_err();
+        assert_eq!(e.refused, Some(Place::ActionPolicy), "{e}");
+        // A block of the author's own rules.
+        let block = NodeTemplate::new(
+            &t("policy default deny\n{{ values.rules | allow_line_breaks | allow_separators }}\n"),
+            "",
+        )
+        .unwrap();
+        let r = block.render(&input("n1", INVENTORY)).unwrap();
+        assert!(r.action_policies["rpcutil.policy"].contains("allow\tchoria=ops\t*\t*\t*"));
+        assert!(!r.action_policies["rpcutil.policy"]
+            .chars()
+            .any(|c| ('\u{E000}'..='\u{E002}').contains(&c)));
+        // A value carrying a forged mark is refused.
+        let plain =
+            NodeTemplate::new(&t("allow\t{{ inventory.facts.role }}\t*\t*\t*\n"), "").unwrap();
+        let e = plain
+            .render(&input("n1", r#"{"facts":{"role":"x\uE001*"}}"#))
+            .unwrap_err();
+        assert_eq!(e.refused, Some(Place::ActionPolicy), "{e}");
+    }
 }

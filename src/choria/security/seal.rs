@@ -22,11 +22,12 @@ use std::path::{Path, PathBuf};
 /// What a seal is for: each purpose signs a different message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Purpose {
-    /// A record in the records bucket (parts: bucket, key, payload).
+    /// A record in the records bucket (parts: bucket, key, site, record).
     Record,
-    /// A shard membership heartbeat (parts: group, member, payload).
+    /// A shard membership heartbeat (parts: subject, member, heartbeat).
     Heartbeat,
-    /// A member's Lease in shards mode (parts: lease, member, payload).
+    /// A member's Lease in shards mode (parts: Lease, holder, view,
+    /// `<sequence>@<time>`).
     MemberLease,
 }
 

@@ -17,10 +17,12 @@
 //! worked while it seems alive), a forged leave of a working member gives
 //! its nodes to a second owner. So every heartbeat is sealed with the key
 //! the replicas share ([`crate::choria::security::seal`]), bound to the
-//! subject and the member; one that is not, or whose sequence does not grow
-//! (a recorded heartbeat sent again), is ignored and counted. A recorded
-//! heartbeat of a member that stopped can make a member that never saw it
-//! count it alive once, for `lease_duration` at most.
+//! subject and the member, with the time it was sent; one that is not,
+//! whose sequence does not grow, or that is older than `lease_duration`
+//! and [`MAX_CLOCK_SKEW`] (a recording sent again) is ignored and counted.
+//! So the members' clocks must agree within [`MAX_CLOCK_SKEW`]; a recording
+//! of a member that stopped keeps it alive for a member that never saw it
+//! no longer than that.
 
 use super::{Membership, Sighting, MAX_MEMBERS};
 use crate::choria::security::seal::{Purpose, Seal, SealKey, SealVerifier};
@@ -40,10 +42,25 @@ pub fn subject(name: &str) -> String {
 struct Beat {
     member: String,
     seq: u64,
+    /// When it was sent (Unix milliseconds, the sender's clock).
+    #[serde(default)]
+    time_ms: i64,
     #[serde(default)]
     view: Vec<String>,
     #[serde(default)]
     leaving: bool,
+}
+
+/// How far apart the members' clocks may be: a sealed heartbeat older than
+/// `lease_duration` and this, by our clock, is refused as `stale` (a
+/// recording sent again), as is one from further in the future.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 /// What goes on the wire: the heartbeat's exact text and its seal.
@@ -61,7 +78,7 @@ const MAX_HEARTBEAT: usize = 64 * 1024;
 const REMEMBERED: usize = 10_000;
 
 /// Why a heartbeat was ignored (the `reason` label).
-pub const REFUSED_REASONS: [&str; 4] = ["unsigned", "signature", "invalid", "replayed"];
+pub const REFUSED_REASONS: [&str; 5] = ["unsigned", "signature", "invalid", "replayed", "stale"];
 
 pub struct Heartbeats {
     nats: async_nats::Client,
@@ -83,6 +100,8 @@ struct Reader {
     subject: String,
     me: String,
     verifier: SealVerifier,
+    /// How old a heartbeat may be: `lease_duration` and [`MAX_CLOCK_SKEW`].
+    max_age_ms: i64,
     /// Our own highest sequence seen back.
     echoed: u64,
     /// Each member's highest sequence seen.
@@ -101,6 +120,7 @@ fn seal_beat(
     let beat = serde_json::to_string(&Beat {
         member: me.to_string(),
         seq,
+        time_ms: now_ms(),
         view: view.to_vec(),
         leaving,
     })
@@ -149,6 +169,13 @@ impl Reader {
             self.echoed = self.echoed.max(beat.seq);
             return Ok(None);
         }
+        // A recording of a member that stopped, sent to a member that never
+        // saw it, must not keep it alive past its lease.
+        let skew = MAX_CLOCK_SKEW.as_millis() as i64;
+        let age = now_ms() - beat.time_ms;
+        if age > self.max_age_ms || age < -skew {
+            return Err("stale");
+        }
         if self
             .last_seq
             .get(&beat.member)
@@ -171,14 +198,16 @@ impl Reader {
 
 impl Heartbeats {
     /// Subscribes to `name`'s subject as member `me`; heartbeats are
-    /// sealed with `key` and trusted when `verifier` opens them; a renewal
-    /// waits `echo_wait` for our own heartbeat to come back.
+    /// sealed with `key` and trusted when `verifier` opens them and they
+    /// are younger than `ttl` (plus [`MAX_CLOCK_SKEW`]); a renewal waits
+    /// `echo_wait` for our own heartbeat to come back.
     pub async fn connect(
         nats: async_nats::Client,
         name: &str,
         me: &str,
         key: SealKey,
         verifier: SealVerifier,
+        ttl: Duration,
         echo_wait: Duration,
     ) -> Result<Self, ElectionError> {
         let subject = subject(name);
@@ -197,6 +226,7 @@ impl Heartbeats {
                 subject,
                 me: me.to_string(),
                 verifier,
+                max_age_ms: (ttl + MAX_CLOCK_SKEW).as_millis() as i64,
                 echoed: 0,
                 last_seq: HashMap::new(),
             },
@@ -307,6 +337,7 @@ mod tests {
             subject: subject("g"),
             me: me.into(),
             verifier: key.verifier(),
+            max_age_ms: 10_000,
             echoed: 0,
             last_seq: HashMap::new(),
         }
@@ -350,6 +381,32 @@ mod tests {
         // Our own heartbeat is the echo, not a sighting.
         assert!(r.open(&beat(&key, "me-1", 5, false)).unwrap().is_none());
         assert_eq!(r.echoed, 5);
+    }
+
+    #[test]
+    fn a_recording_older_than_the_lease_is_stale() {
+        let key = SealKey::generate();
+        let mut r = reader("me-1", &key);
+        let at = |member: &str, seq: u64, time_ms: i64| {
+            let beat = serde_json::to_string(&Beat {
+                member: member.into(),
+                seq,
+                time_ms,
+                view: vec![],
+                leaving: false,
+            })
+            .unwrap();
+            let seal = key.seal(
+                Purpose::Heartbeat,
+                &[subject("g").as_bytes(), member.as_bytes(), beat.as_bytes()],
+            );
+            serde_json::to_vec(&Envelope { beat, seal }).unwrap()
+        };
+        let now = now_ms();
+        assert!(r.open(&at("m-2", 1, now - 5_000)).unwrap().is_some());
+        assert_eq!(r.open(&at("m-3", 1, now - 11_000)).unwrap_err(), "stale");
+        let future = now + MAX_CLOCK_SKEW.as_millis() as i64 + 5_000;
+        assert_eq!(r.open(&at("m-4", 1, future)).unwrap_err(), "stale");
     }
 
     #[test]

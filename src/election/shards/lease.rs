@@ -5,9 +5,10 @@
 //!
 //! * renew: GET our Lease and PUT it back with a new `renewTime` and our
 //!   view of the members in an annotation (create it the first time);
-//! * read: LIST the group's Leases by label; a Lease's `resourceVersion` is
-//!   its stamp, so expiry is judged from when we saw it change, never from
-//!   the holder's clock;
+//! * read: LIST the group's Leases by label; a record's sealed sequence is
+//!   its stamp, so expiry is judged from when we saw it grow (the sealed
+//!   time only refuses recordings older than the lease and the clock skew
+//!   allowed);
 //! * leave: DELETE our Lease.
 //!
 //! Pods need `get`, `list`, `create`, `update` and `delete` on Leases in
@@ -16,9 +17,9 @@
 //! Whoever else may write Leases there could make up a member or keep a
 //! stopped one alive, so each record is sealed with the key the replicas
 //! share ([`crate::choria::security::seal`]) over its Lease name, holder,
-//! view and a sequence that grows with each renewal; a record that is not
-//! ours, or whose sequence does not grow, is ignored and counted, and its
-//! `resourceVersion` no longer counts as a renewal.
+//! view, a sequence that grows with each renewal and the time; a record
+//! that is not ours, whose sequence went back, or that is stale is ignored
+//! and counted, and one whose sequence did not grow is no renewal.
 
 use super::{Membership, Sighting, MAX_MEMBERS};
 use crate::choria::security::seal::{Purpose, Seal, SealKey, SealVerifier};
@@ -43,6 +44,9 @@ pub const SEAL_ANNOTATION: &str = "provisioning.choria.io/member-seal";
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Sealed {
     seq: u64,
+    /// When it was renewed (Unix milliseconds, the member's clock).
+    #[serde(default)]
+    time_ms: i64,
     seal: Seal,
 }
 
@@ -59,16 +63,28 @@ pub struct LeaseMembership {
     /// Each member's highest sequence seen.
     last_seq: std::collections::HashMap<String, u64>,
     refused: Vec<&'static str>,
+    /// How old a record may be: `lease_duration` and the clock skew allowed.
+    max_age_ms: i64,
 }
 
-/// The parts a member record's seal covers.
-fn sealed_parts<'a>(lease: &'a str, holder: &'a str, view: &'a str, seq: &'a str) -> [&'a [u8]; 4] {
+/// The parts a member record's seal covers: its Lease, holder, view, and
+/// `<sequence>@<time>`.
+fn sealed_parts<'a>(
+    lease: &'a str,
+    holder: &'a str,
+    view: &'a str,
+    stamp: &'a str,
+) -> [&'a [u8]; 4] {
     [
         lease.as_bytes(),
         holder.as_bytes(),
         view.as_bytes(),
-        seq.as_bytes(),
+        stamp.as_bytes(),
     ]
+}
+
+fn now_ms() -> i64 {
+    Timestamp::now().as_millisecond()
 }
 
 impl LeaseMembership {
@@ -94,6 +110,7 @@ impl LeaseMembership {
             seq: Timestamp::now().as_millisecond().max(0) as u64,
             last_seq: Default::default(),
             refused: Vec::new(),
+            max_age_ms: (cfg.lease_duration + super::heartbeats::MAX_CLOCK_SKEW).as_millis() as i64,
         }
     }
 
@@ -135,11 +152,12 @@ impl LeaseMembership {
         };
         let sealed: Sealed = serde_json::from_str(sealed).map_err(|_| "invalid")?;
         let seq = sealed.seq.to_string();
+        let stamp = format!("{}@{}", sealed.seq, sealed.time_ms);
         self.verifier
             .verify(
                 Some(&sealed.seal),
                 Purpose::MemberLease,
-                &sealed_parts(&name, &holder, &view_text, &seq),
+                &sealed_parts(&name, &holder, &view_text, &stamp),
             )
             .map_err(|_| "signature")?;
         let view: Vec<String> = view_text
@@ -157,8 +175,16 @@ impl LeaseMembership {
         if holder == self.me {
             return Ok(None);
         }
+        let age = now_ms() - sealed.time_ms;
+        let skew = super::heartbeats::MAX_CLOCK_SKEW.as_millis() as i64;
+        if age > self.max_age_ms || age < -skew {
+            return Err("stale");
+        }
         match self.last_seq.get(&holder) {
             Some(last) if *last > sealed.seq => return Err("replayed"),
+            // Seen already (a list between two renewals): nothing new, and
+            // no renewal, even for a member the roster forgot.
+            Some(last) if *last == sealed.seq => return Ok(None),
             _ => {}
         }
         self.last_seq.insert(holder.clone(), sealed.seq);
@@ -182,13 +208,15 @@ impl LeaseMembership {
     fn record(&mut self, view: &[String]) -> (ObjectMeta, LeaseSpec) {
         self.seq += 1;
         let view_text = view.join(",");
-        let seq = self.seq.to_string();
+        let time_ms = now_ms();
+        let stamp = format!("{}@{time_ms}", self.seq);
         let seal = self.key.seal(
             Purpose::MemberLease,
-            &sealed_parts(&self.name, &self.me, &view_text, &seq),
+            &sealed_parts(&self.name, &self.me, &view_text, &stamp),
         );
         let sealed = serde_json::to_string(&Sealed {
             seq: self.seq,
+            time_ms,
             seal,
         })
         .unwrap_or_default();

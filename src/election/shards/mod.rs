@@ -141,8 +141,16 @@ impl Roster {
             self.seen.remove(&s.member);
             return true;
         }
-        if !self.seen.contains_key(&s.member) && self.seen.len() >= MAX_MEMBERS {
-            return false;
+        if !self.seen.contains_key(&s.member) {
+            let ttl = self.timings.ttl;
+            let live = self
+                .seen
+                .values()
+                .filter(|v| now.saturating_duration_since(v.changed_at) < ttl)
+                .count();
+            if live >= MAX_MEMBERS {
+                return false;
+            }
         }
         match self.seen.get_mut(&s.member) {
             Some(seen) if seen.stamp == s.stamp => seen.view = s.view,

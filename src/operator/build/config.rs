@@ -55,6 +55,8 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             signing_key: signing_key_ref(&p.name_any(), s)
                 .filter(|_| shards)
                 .map(|r| ref_path(&r)),
+            verify_keys: (shards && !s.signing_verify_keys.is_empty())
+                .then(|| s.signing_verify_keys.clone()),
             ..Default::default()
         }),
         configuration_template: s
@@ -86,10 +88,12 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             }),
             None => None,
         },
-        records: s
-            .records
-            .as_ref()
-            .map(|r| records_file(r, signing_key_ref(&p.name_any(), s))),
+        records: s.records.as_ref().map(|r| {
+            let mut file = records_file(r, signing_key_ref(&p.name_any(), s));
+            file.verify_keys =
+                (!s.signing_verify_keys.is_empty()).then(|| s.signing_verify_keys.clone());
+            file
+        }),
         renewal: s.renewal.as_ref().map(renewal_file),
         ..Default::default()
     };

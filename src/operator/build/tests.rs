@@ -803,11 +803,18 @@ fn a_signing_key_is_made_once_for_records_and_shards_and_mounted() {
     assert!(!text.contains(seed.as_str()));
 
     // Shards: the same key seals the membership.
+    let previous = "58".to_string() + &"66".repeat(31);
     let shards = provisioner(json!({
         "replicas": 2,
         "election": {"mode": "Shards", "backend": "lease"},
         "signingKeySecret": {"name": "mine", "key": "k"},
+        "signingVerifyKeys": [previous],
     }));
+    assert_eq!(
+        config(&shards).election.verify_keys,
+        vec![previous.clone()],
+        "a rotation's old key"
+    );
     assert!(
         signing_key_secret(&shards).unwrap().is_none(),
         "the spec names its own"

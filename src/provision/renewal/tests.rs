@@ -220,3 +220,39 @@ fn members_share_the_fleets_rate() {
         "{total} a minute for a third of 600"
     );
 }
+
+#[test]
+fn the_same_record_again_changes_nothing_not_even_a_retry_wait() {
+    // Written again by anyone who may write the bucket, it used to reset
+    // the wait after a request, and the node was asked again at once.
+    let c = cfg(Before::Duration(Duration::from_secs(100)), 0);
+    let mut s = Schedule::default();
+    let r = record("a", 1_000, 10_000);
+    assert_eq!(s.upsert(&r, &c), Upserted::Scheduled);
+    s.asked("a", 9_900, Duration::from_secs(600));
+    assert_eq!(s.upsert(&r, &c), Upserted::Same);
+    assert_eq!(s.due_at("a"), Some(10_500), "still waiting for its retry");
+    let mut other = r.clone();
+    other.config_sha256 = "changed".into();
+    assert_eq!(
+        s.upsert(&other, &c),
+        Upserted::Scheduled,
+        "same time, another record"
+    );
+}
+
+#[test]
+fn a_node_is_asked_while_its_provisioning_jwt_still_lets_it_come_back() {
+    let c = cfg(Before::Duration(Duration::from_secs(100)), 0);
+    let mut s = Schedule::default();
+    let mut r = record("a", 0, 100_000);
+    r.provisioning_jwt_expires_unix = Some(50_000);
+    s.upsert(&r, &c);
+    // Due 600 s (retry) and a minute before the JWT expires, not at 99,900.
+    assert_eq!(s.due_at("a"), Some(50_000 - 600 - 60));
+    assert!(can_return(
+        r.provisioning_jwt_expires_unix,
+        50_000 - 660,
+        c.retry
+    ));
+}
