@@ -197,22 +197,57 @@ impl Run {
         let journal = self.path("journal.jsonl");
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let done = support::read_journal_so_far(&journal)
+            let entries = support::read_journal_so_far(&journal);
+            let back: std::collections::BTreeSet<&str> = entries
                 .iter()
                 .filter(|e| {
                     e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"
                 })
-                .count();
-            if done >= n {
+                .filter_map(|e| e["node"].as_str())
+                .collect();
+            if back.len() >= n {
                 return;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {done} of {n} nodes came back provisioned within {timeout:?}; log tail:\n{}",
-                self.provisioner().logs_tail(20)
-            );
+            if std::time::Instant::now() >= deadline {
+                panic!(
+                    "only {} of {n} nodes came back provisioned within {timeout:?}\n{}",
+                    back.len(),
+                    self.missing_history(&entries, &back)
+                );
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// For a failure: the nodes that did not come back, with what the
+    /// journal and the provisioner's log say about each (at most 3 nodes).
+    fn missing_history(
+        &mut self,
+        entries: &[serde_json::Value],
+        back: &std::collections::BTreeSet<&str>,
+    ) -> String {
+        let missing: std::collections::BTreeSet<&str> = entries
+            .iter()
+            .filter_map(|e| e["node"].as_str())
+            .filter(|n| !back.contains(n))
+            .collect();
+        let logs = self.provisioner().logs();
+        let mut out = format!("missing: {missing:?}\n");
+        for node in missing.iter().take(3) {
+            let needle = format!("node={node}");
+            let journal: Vec<String> = entries
+                .iter()
+                .filter(|e| e["node"].as_str() == Some(node))
+                .map(|e| e.to_string())
+                .collect();
+            let lines: Vec<&str> = logs.lines().filter(|l| l.contains(&needle)).collect();
+            out += &format!(
+                "--- {node}: journal (last 15)\n{}\n--- {node}: provisioner log (last 40)\n{}\n",
+                journal[journal.len().saturating_sub(15)..].join("\n"),
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        out + "--- log tail\n" + &self.provisioner().logs_tail(20)
     }
 
     /// Stops the provisioner (SIGTERM, must exit 0) and the fleet; returns

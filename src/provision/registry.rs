@@ -60,6 +60,11 @@ pub const HOLD_AFTER_SUCCESS: Duration = Duration::from_secs(60);
 pub const HOLD_AFTER_SHUTDOWN: Duration = Duration::from_secs(15);
 /// How long a failed name is remembered, and offered in the suspect lane.
 pub const FAILURE_MEMORY: Duration = Duration::from_secs(3600);
+/// A registration older than this (and three intervals) that blocks a name
+/// found again is worth a warning: no hold lasts that long, and a sequence
+/// starts within two intervals of its offer and only runs longer than one
+/// when thousands wait for a slow helper.
+const LONG_HELD: Duration = Duration::from_secs(120);
 
 /// One registration of a host.
 #[derive(Debug)]
@@ -338,6 +343,9 @@ impl Registry {
     pub fn offer(&self, identity: &str, source: Source) -> Offered {
         let mut hosts = self.lock();
         if let Some(blocked) = self.blocked(hosts.entries.get(identity), source) {
+            if let Some(e) = hosts.entries.get(identity) {
+                self.note_long_held(identity, e);
+            }
             return blocked;
         }
         if hosts.pending >= self.capacity.pending {
@@ -370,6 +378,32 @@ impl Registry {
         );
         self.update_gauges(&hosts);
         Offered::Queued(lane)
+    }
+
+    /// A name found again while its registration is older than any
+    /// sequence or hold should be: said at a bounded rate, with its state,
+    /// so a sequence that never ends shows in the log rather than as a node
+    /// that is silently never provisioned.
+    fn note_long_held(&self, identity: &str, entry: &Entry) {
+        let age = entry.added.elapsed();
+        let state = match entry.state {
+            State::Working => "worked",
+            State::Held => "held after success",
+            State::Restarting => "held after a shutdown",
+            State::Pending => return,
+        };
+        if age < LONG_HELD.max(self.interval * 3) {
+            return;
+        }
+        if let Allow::Yes { suppressed } = self.limiter.check("long held", Instant::now()) {
+            warn!(
+                node = %crate::choria::identity::shown(identity),
+                state,
+                since = ?age,
+                suppressed_before = suppressed,
+                "a node found again is still registered long after its sequence should have ended"
+            );
+        }
     }
 
     /// One warning per kind and window (a flood must not flood the logs).
