@@ -214,6 +214,7 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
     let broker = bench.broker.choria();
     assert_registered(broker, "provisioner", "provisioning");
     assert_no_violation(broker);
+    forged_record_through_the_broker(&bench, id).await;
 
     // Back with its new certificate in the broker's choria account, serving
     // mcollective; a real client whose certificate the CA signed is served.
@@ -221,6 +222,69 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
     let client_cfg = bench.x509_admin_config();
     assert_serves_cli(&bench, &client_cfg, id, "mcollective").await;
     bench.stop_and_check_log(p);
+}
+
+/// What the broker lets a holder of any certificate its CA signed (every
+/// node we provisioned has one) do to the records bucket: write it. The
+/// forger rewrites the node's record unsealed (provisioned an hour ago,
+/// expiring in 30 s) and adds one for a made-up node in collective `evil`
+/// sealed with its own key; the broker takes both, and neither is taken
+/// for ours: `nodes` shows both unverified (renewal reads through the same
+/// check: tests/renewal.rs).
+async fn forged_record_through_the_broker(bench: &Bench, id: &str) {
+    use choria_provisioner::choria::security::seal::SealKey;
+    use choria_provisioner::records::sealed::Sealer;
+    use serde_json::Value;
+    let broker = bench.broker.choria();
+    let opts = ConnectOptions {
+        servers: vec![broker.url()],
+        name: "forger".into(),
+        tls: broker.tls(Some(broker.client_cert("forger", "forger.example.net"))),
+        ..Default::default()
+    };
+    let writer = client::connect(&opts).await.expect("the broker admits the forger");
+    let kv = async_nats::jetstream::new(writer)
+        .get_key_value("BROKER_RECORDS")
+        .await
+        .expect("the forger opens the records bucket");
+    let sealed: Value = serde_json::from_slice(&kv.get(id).await.unwrap().unwrap()).unwrap();
+    let mut record: Value = serde_json::from_str(sealed["record"].as_str().unwrap()).unwrap();
+    let now = chrono::Utc::now().timestamp();
+    record["time_unix"] = (now - 3600).into();
+    record["certificate"]["not_before_unix"] = (now - 3600).into();
+    record["certificate"]["not_after_unix"] = (now + 30).into();
+    kv.put(id, serde_json::to_vec(&record).unwrap().into())
+        .await
+        .expect("the broker lets the forger write a record");
+    let mut ghost = record.clone();
+    ghost["identity"] = "ghost.example.net".into();
+    ghost["certificate"] = Value::Null;
+    ghost["server_jwt"] = serde_json::json!({
+        "jti": "x", "issued_unix": now - 3600, "expires_unix": now + 30, "collectives": ["evil"]
+    });
+    let theirs = SealKey::generate();
+    let site = record["site"].as_str().unwrap_or_default().to_string();
+    let forged = Sealer::new(theirs.clone(), theirs.verifier(), "BROKER_RECORDS", &site)
+        .seal(&serde_json::from_value(ghost).unwrap())
+        .unwrap();
+    kv.put("ghost.example.net", forged.into()).await.unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["nodes", "--json", "--config"])
+        .arg(bench.path("provisioner/provisioner.yaml"))
+        .output()
+        .unwrap();
+    let listed: BTreeMap<String, Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["identity"].as_str().unwrap().to_string(), v))
+        .collect();
+    assert!(
+        out.status.success() && listed.len() == 2,
+        "{listed:?}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(listed[id]["verified"], false, "{:?}", listed[id]);
+    assert_eq!(listed["ghost.example.net"]["verified"], false);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
