@@ -242,7 +242,9 @@ async fn forged_record_through_the_broker(bench: &Bench, id: &str) {
         tls: broker.tls(Some(broker.client_cert("forger", "forger.example.net"))),
         ..Default::default()
     };
-    let writer = client::connect(&opts).await.expect("the broker admits the forger");
+    let writer = client::connect(&opts)
+        .await
+        .expect("the broker admits the forger");
     let kv = async_nats::jetstream::new(writer)
         .get_key_value("BROKER_RECORDS")
         .await
