@@ -126,6 +126,13 @@ pub enum ClientError {
     Flush(#[from] async_nats::client::FlushError),
 }
 
+/// How long after the connection was last seen up a directed request may
+/// still be handed to the NATS client (see `publish_awaiting`): well inside
+/// the margin between a cut-off leader's pause and a standby's first
+/// request (1.2 s and more in tests/faults.rs), far above what a send takes
+/// when the client keeps up (microseconds).
+const SEND_WITHIN: Duration = Duration::from_millis(500);
+
 /// Opens a NATS connection the way a Choria client or server does.
 pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, ClientError> {
     connect_observed(opts, None).await
@@ -598,24 +605,48 @@ impl ChoriaClient {
         // the node seconds later, possibly after this replica paused and
         // another took the node over. A request that cannot go now fails now
         // (an attempt failure, retried behind the pause gate).
-        if self.nats.connection_state() != async_nats::connection::State::Connected {
+        //
+        // The check and the send are apart, and the client queues what it is
+        // handed while it has not yet noticed a connection is gone: with
+        // hundreds of sequences in flight the queue can be full, and a send
+        // waiting for room can outlast the outage. So the request goes only
+        // if it can within SEND_WITHIN of the check, on the same connection
+        // (no reconnect in between); otherwise it is not sent at all (a send
+        // not yet queued is dropped with its future), and the attempt fails.
+        let connects = || {
+            self.nats
+                .statistics()
+                .connects
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let connected = || self.nats.connection_state() == async_nats::connection::State::Connected;
+        let before = connects();
+        if !connected() {
             return Err(ClientError::NotConnected { subject: target });
         }
-        let sub = self
-            .nats
-            .subscribe(reply_to.to_string())
+        let deadline = tokio::time::Instant::now() + SEND_WITHIN;
+        let not_sent = |target: String| ClientError::NotConnected { subject: target };
+        let sub = match tokio::time::timeout_at(deadline, self.nats.subscribe(reply_to.to_string()))
             .await
-            .map_err(|source| ClientError::Subscribe {
+        {
+            Ok(sub) => sub.map_err(|source| ClientError::Subscribe {
                 subject: reply_to.to_string(),
                 source,
-            })?;
-        self.nats
-            .publish(target.clone(), msg.into())
-            .await
-            .map_err(|source| ClientError::Publish {
+            })?,
+            Err(_) => return Err(not_sent(target)),
+        };
+        if !connected() || connects() != before {
+            // Dropping the subscriber unsubscribes it.
+            return Err(not_sent(target));
+        }
+        match tokio::time::timeout_at(deadline, self.nats.publish(target.clone(), msg.into())).await
+        {
+            Ok(sent) => sent.map_err(|source| ClientError::Publish {
                 subject: target,
                 source,
-            })?;
+            })?,
+            Err(_) => return Err(not_sent(target)),
+        }
         Ok(sub)
     }
 
