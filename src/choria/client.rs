@@ -135,15 +135,19 @@ const SEND_WITHIN: Duration = Duration::from_millis(500);
 
 /// Opens a NATS connection the way a Choria client or server does.
 pub async fn connect(opts: &ConnectOptions) -> Result<async_nats::Client, ClientError> {
-    connect_observed(opts, None).await
+    connect_observed(opts, None, None).await
 }
 
 /// [`connect`], handing connection events (disconnected, connected again, slow
 /// consumer...) to `events` so the caller can react, e.g. rediscover after the
 /// broker came back.
+///
+/// With a `fence`, reconnects wait as it says (see [`crate::choria::fence`])
+/// and it follows whether the connection is up.
 pub async fn connect_observed(
     opts: &ConnectOptions,
     events: Option<tokio::sync::mpsc::UnboundedSender<async_nats::Event>>,
+    fence: Option<crate::choria::fence::Fence>,
 ) -> Result<async_nats::Client, ClientError> {
     if opts.servers.is_empty() {
         return Err(ClientError::NoServers);
@@ -181,11 +185,26 @@ pub async fn connect_observed(
     if let Some(prefix) = &opts.inbox_prefix {
         o = o.custom_inbox_prefix(prefix);
     }
-    if let Some(tx) = events {
+    if let Some(fence) = &fence {
+        let f = fence.clone();
+        o = o
+            .reconnect_delay_callback(move |attempts| f.delay(attempts, std::time::Instant::now()));
+    }
+    if events.is_some() || fence.is_some() {
         o = o.event_callback(move |event| {
-            let tx = tx.clone();
+            let tx = events.clone();
+            let fence = fence.clone();
             async move {
-                let _ = tx.send(event);
+                if let Some(f) = &fence {
+                    match event {
+                        async_nats::Event::Disconnected => f.set_connected(false),
+                        async_nats::Event::Connected => f.set_connected(true),
+                        _ => {}
+                    }
+                }
+                if let Some(tx) = tx {
+                    let _ = tx.send(event);
+                }
             }
         });
     }
@@ -323,6 +342,8 @@ pub struct ChoriaClient {
     pub discovery_timeout: Duration,
     /// Told about replies that were not the answer and identities refused.
     observer: Option<Arc<dyn ReplyObserver>>,
+    /// Told the TTL of every request (see [`crate::choria::fence`]).
+    fence: Option<crate::choria::fence::Fence>,
 }
 
 /// How one directed request waits for its answer.
@@ -344,7 +365,15 @@ impl ChoriaClient {
             ttl: 60,
             discovery_timeout: Duration::from_secs(2),
             observer: None,
+            fence: None,
         }
+    }
+
+    /// Tells `fence` the TTL of every request sent (the connection must
+    /// have been made with the same fence, see [`connect_observed`]).
+    pub fn with_fence(mut self, fence: crate::choria::fence::Fence) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// The same client speaking in `collective` (the provisioning collective
@@ -429,7 +458,13 @@ impl ChoriaClient {
             caller: &self.me.caller,
             collective: &self.collective,
             agent,
-            ttl: self.ttl_for(timeout),
+            ttl: {
+                let ttl = self.ttl_for(timeout);
+                if let Some(f) = &self.fence {
+                    f.sent(ttl);
+                }
+                ttl
+            },
             time_nanos: now_nanos(),
             filter,
             payload,

@@ -2,6 +2,7 @@
 //! crypto that provisioning needs.
 
 pub mod client;
+pub mod fence;
 pub mod filter;
 pub mod identity;
 pub mod ids;

@@ -16,12 +16,15 @@ use tracing::{debug, error, info, warn};
 pub(super) async fn connect_until_up(
     setup: &ClientSetup,
     events: mpsc::UnboundedSender<async_nats::Event>,
+    fence: &crate::choria::fence::Fence,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> Result<Option<async_nats::Client>, RunError> {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     loop {
-        match client::connect_observed(&setup.connect, Some(events.clone())).await {
+        match client::connect_observed(&setup.connect, Some(events.clone()), Some(fence.clone()))
+            .await
+        {
             Ok(nats) => {
                 health.set("broker", Ok(()));
                 return Ok(Some(nats));

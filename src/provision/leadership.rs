@@ -34,6 +34,13 @@ impl Steer for Handle {
         self.metrics.set_leader(false);
         warn!(identity = me, %reason, "lost leadership; pausing and dropping queued nodes");
         self.pause(PauseReason::Election, true);
+        if let Some(hold) = self.fence.lost_leadership(std::time::Instant::now()) {
+            warn!(
+                identity = me,
+                hold = ?hold,
+                "lost leadership while disconnected from the broker: not reconnecting until every request queued before has expired (nodes refuse them then)"
+            );
+        }
     }
 
     fn failed(&self, error: &str) {

@@ -176,6 +176,8 @@ pub struct Handle {
     pub ownership: ownership::Ownership,
     /// Where records of provisionings go (nowhere without `records:`).
     pub recorder: recorder::Recorder,
+    /// Holds reconnects after a loss of leadership while disconnected.
+    pub fence: crate::choria::fence::Fence,
     trigger: mpsc::Sender<()>,
 }
 
@@ -262,6 +264,7 @@ impl Provisioner {
                 leader,
                 ownership,
                 recorder,
+                fence: crate::choria::fence::Fence::default(),
                 trigger,
             },
             records_rx,
@@ -310,7 +313,8 @@ impl Provisioner {
 
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let Some(nats) =
-            broker::connect_until_up(&setup, events_tx, &handle.health, &shutdown).await?
+            broker::connect_until_up(&setup, events_tx, &handle.fence, &handle.health, &shutdown)
+                .await?
         else {
             stop_tasks.cancel();
             while tasks.join_next().await.is_some() {}
@@ -318,7 +322,8 @@ impl Provisioner {
         };
         let suspects = suspects::Suspects::new(handle.metrics.clone());
         let mut client = ChoriaClient::new(nats.clone(), sender(&setup, &cfg, &me))
-            .with_observer(Arc::new(suspects.clone()));
+            .with_observer(Arc::new(suspects.clone()))
+            .with_fence(handle.fence.clone());
         client.discovery_timeout = Duration::from_secs(2);
         announce(&client, &cfg, &setup, &version, &nats).await;
 

@@ -307,7 +307,12 @@ pub fn assert_no_overlap(journal: &[Value]) {
             for (other, start, end) in &spans {
                 assert!(
                     other == sender || !(*start < *t && *t < *end),
-                    "{node}: {sender} sent {action} at {t} inside {other}'s sequence {start}..{end}"
+                    "{node}: {sender} sent {action} at {t} inside {other}'s sequence {start}..{end}; its calls:\n{}",
+                    calls
+                        .iter()
+                        .map(|(s, t, a)| format!("  {t} {s} {a}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
                 );
             }
         }
