@@ -365,6 +365,15 @@ async fn a_leader_cut_off_from_the_broker_stops_before_a_standby_wins() {
         h.paused, h.took_over
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // It lost leadership while disconnected: what its NATS client still
+    // had queued must not reach a node once the cut heals.
+    assert!(
+        c.replicas[l]
+            .p
+            .logs()
+            .contains("lost leadership while disconnected from the broker"),
+        "the cut-off leader did not fence its reconnect"
+    );
     c.replicas[l].proxy.heal();
     c.finish().await;
 }
