@@ -501,6 +501,18 @@ impl Registry {
         let ticket = {
             let mut hosts = self.lock();
             let limit = self.capacity.pending;
+            // Worked or held after success: the hint changes nothing, so
+            // nothing is remembered (every node we restart announces its
+            // shutdown: a hint per node would cost ~100 bytes each for two
+            // intervals). A repeat while held after a shutdown is ignored
+            // as before (its hint is remembered).
+            if hosts
+                .entries
+                .get(identity)
+                .is_some_and(|e| matches!(e.state, State::Working | State::Held))
+            {
+                return true;
+            }
             if !hosts.hint(identity, Instant::now(), self.hint_window(), limit) {
                 drop(hosts);
                 self.metrics.ignored_shutdown();

@@ -270,3 +270,19 @@ fn gauges_follow_the_lanes() {
     assert_eq!(m.value("choria_provisioner_pending_nodes"), Some(2.0));
     assert_eq!(m.value("choria_provisioner_waiting_nodes"), Some(2.0));
 }
+
+#[tokio::test]
+async fn a_worked_nodes_own_shutdown_is_not_remembered_as_a_hint() {
+    // Every node we restart announces its shutdown; remembering each as a
+    // hint cost ~100 bytes per node for two intervals.
+    let (r, _rx) = Registry::new(Duration::from_secs(60), Arc::new(Metrics::new("t")));
+    r.offer("n", Source::Discovery);
+    let t = r.next(Lane::Discovery).await.unwrap();
+    assert!(r.start(&t));
+    assert!(r.shut_down("n"), "our own restart");
+    r.remove(&t);
+    assert!(
+        r.shut_down("n"),
+        "a later hint is taken: the first was not remembered"
+    );
+}
