@@ -818,7 +818,9 @@ async fn made_up_names_that_answer_and_then_stall_cannot_hold_up_real_nodes() {
 /// twice a second for 20 of 200 waiting nodes kept all 20 unprovisioned
 /// past a whole discovery interval (97 s), while the other 180 were
 /// provisioned. Now a shutdown is a hint taken once per node every two
-/// intervals: the victims are provisioned by the next discovery.
+/// intervals: the victims are provisioned by the next discovery. Whether
+/// the forgeries find the victims waiting (delayed) or already worked
+/// (undelayed) depends on timing; either way the repeats are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_shutdown_events_delay_waiting_nodes_by_one_discovery_interval_at_most() {
     const INTERVAL: Duration = Duration::from_secs(60);

@@ -343,7 +343,7 @@ impl Metrics {
             ),
             ignored_shutdowns: counter(
                 "choria_provisioner_ignored_shutdowns",
-                "Shutdown events not acted on: the node's shutdown was taken within the last two discovery intervals (a shutdown event is a hint anyone can publish)",
+                "Shutdown events not acted on: the node's shutdown was taken within the last two discovery intervals, or announced already while it was worked or held (a shutdown event is a hint anyone can publish)",
             ),
             shard_records_refused: labelled(
                 "choria_provisioner_shard_records_refused",

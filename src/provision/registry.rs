@@ -124,7 +124,15 @@ struct Entry {
     generation: u64,
     added: Instant,
     state: State,
+    /// A shutdown was announced while it was worked or held (our own
+    /// restart announces one): a second is a repeat, ignored and counted.
+    /// Kept here rather than as a hint, in the entry's padding: free.
+    shutdown_seen: bool,
 }
+
+// The flag above lives in padding: an entry stays 32 bytes on 64-bit Linux.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -374,6 +382,7 @@ impl Registry {
                 generation: ticket.generation,
                 added: ticket.added,
                 state: State::Pending,
+                shutdown_seen: false,
             },
         );
         self.update_gauges(&hosts);
@@ -502,16 +511,20 @@ impl Registry {
             let mut hosts = self.lock();
             let limit = self.capacity.pending;
             // Worked or held after success: the hint changes nothing, so
-            // nothing is remembered (every node we restart announces its
+            // no hint is remembered (every node we restart announces its
             // shutdown: a hint per node would cost ~100 bytes each for two
-            // intervals). A repeat while held after a shutdown is ignored
-            // as before (its hint is remembered).
-            if hosts
+            // intervals). The entry notes the first; a repeat is counted.
+            if let Some(e) = hosts
                 .entries
-                .get(identity)
-                .is_some_and(|e| matches!(e.state, State::Working | State::Held))
+                .get_mut(identity)
+                .filter(|e| matches!(e.state, State::Working | State::Held))
             {
-                return true;
+                let repeat = std::mem::replace(&mut e.shutdown_seen, true);
+                drop(hosts);
+                if repeat {
+                    self.metrics.ignored_shutdown();
+                }
+                return !repeat;
             }
             if !hosts.hint(identity, Instant::now(), self.hint_window(), limit) {
                 drop(hosts);
@@ -537,6 +550,7 @@ impl Registry {
                     generation: ticket.generation,
                     added: ticket.added,
                     state: State::Restarting,
+                    shutdown_seen: false,
                 },
             );
             self.update_gauges(&hosts);

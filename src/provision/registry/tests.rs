@@ -280,6 +280,16 @@ async fn a_worked_nodes_own_shutdown_is_not_remembered_as_a_hint() {
     let t = r.next(Lane::Discovery).await.unwrap();
     assert!(r.start(&t));
     assert!(r.shut_down("n"), "our own restart");
+    assert_eq!(
+        r.metrics.value("choria_provisioner_ignored_shutdowns"),
+        Some(0.0)
+    );
+    // A forger repeating it while the node is worked or held is counted.
+    assert!(!r.shut_down("n"), "a repeat changes nothing");
+    assert_eq!(
+        r.metrics.value("choria_provisioner_ignored_shutdowns"),
+        Some(1.0)
+    );
     r.remove(&t);
     assert!(
         r.shut_down("n"),
