@@ -24,6 +24,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY benches ./benches
 COPY src ./src
+COPY crates ./crates
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin choria-provisioner \

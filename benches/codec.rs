@@ -1,11 +1,11 @@
 //! Codec and simulator micro-benchmarks: encode+decode time per message layer,
 //! and how many replies per second one core of the simulator produces.
 
-use choria_provisioner::choria::filter::Filter;
-use choria_provisioner::choria::lifecycle::{self, Event, EventType};
-use choria_provisioner::choria::protocol::{self, ReplySpec, RequestSigner, RequestSpec, Version};
-use choria_provisioner::choria::security::csr::RsaKeyPool;
-use choria_provisioner::fleet::node::{FleetShared, Node, Response};
+use choria_fleet::node::{FleetShared, Node, Response};
+use choria_wire::filter::Filter;
+use choria_wire::lifecycle::{self, Event, EventType};
+use choria_wire::protocol::{self, ReplySpec, RequestSigner, RequestSpec, Version};
+use choria_wire::security::csr::RsaKeyPool;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -26,8 +26,8 @@ fn signer(version: Version) -> RequestSigner {
 
 fn request(version: Version, payload: &[u8], agent: &str, now: i64) -> Vec<u8> {
     let id = match version {
-        Version::V1 => choria_provisioner::choria::ids::v1_request_id(),
-        Version::V2 => choria_provisioner::choria::ids::v2_request_id(),
+        Version::V1 => choria_wire::ids::v1_request_id(),
+        Version::V2 => choria_wire::ids::v2_request_id(),
     };
     let filter = Filter::with_agent(agent);
     signer(version)
@@ -48,7 +48,7 @@ fn request(version: Version, payload: &[u8], agent: &str, now: i64) -> Vec<u8> {
 }
 
 fn codec(c: &mut Criterion) {
-    let now = choria_provisioner::choria::client::now_nanos();
+    let now = choria_wire::client::now_nanos();
     for version in [Version::V1, Version::V2] {
         let mut g = c.benchmark_group(format!("codec_{version}"));
         g.throughput(Throughput::Elements(1));
@@ -130,7 +130,7 @@ fn simulator(c: &mut Criterion) {
     ] {
         g.bench_function(name, |b| {
             b.iter(|| {
-                let now = choria_provisioner::choria::client::now_nanos();
+                let now = choria_wire::client::now_nanos();
                 let bytes = request(Version::V1, payload, agent, now);
                 let req = protocol::decode_request(&bytes, Version::V1).unwrap();
                 let handled = node.handle(&req, now);

@@ -14,17 +14,17 @@
 //!
 //! `cargo bench --bench crypto`
 
-use choria_provisioner::choria::security::csr::{
+use choria_fleet::ca::CertificateAuthority;
+use choria_wire::security::csr::{
     self, default_deny_list, make_csr, parse_csr, validate_csr_names, CsrSubject,
 };
-use choria_provisioner::choria::security::ecdh::EcdhKeyPair;
-use choria_provisioner::choria::security::ed25519::{verify_nonce, Ed25519KeyPair};
-use choria_provisioner::choria::security::pem_crypt::encrypt_private_key;
-use choria_provisioner::choria::security::tokens::{
+use choria_wire::security::ecdh::EcdhKeyPair;
+use choria_wire::security::ed25519::{verify_nonce, Ed25519KeyPair};
+use choria_wire::security::pem_crypt::encrypt_private_key;
+use choria_wire::security::tokens::{
     parse_provisioning_token, ClientIdClaims, ProvisioningClaims, ServerClaims, TokenSigningKey,
     TokenVerifyKey, PROVISIONER_ISSUER,
 };
-use choria_provisioner::fleet::ca::CertificateAuthority;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ed25519_dalek::SigningKey;
 use rsa::pkcs8::EncodePublicKey;

@@ -159,7 +159,7 @@ fi
 cp "$BIN" "$WORK/choria-provisioner"
 BIN="$WORK/choria-provisioner"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
+if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- src crates Cargo.toml Cargo.lock 2>/dev/null)" ]; then
   COMMIT="$COMMIT+dirty"
 fi
 

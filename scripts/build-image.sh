@@ -85,8 +85,8 @@ die() { log "build-image: $*"; exit 1; }
 # shellcheck disable=SC1091 # the machine's own file
 RELEASE="$(. /etc/os-release && [ "${ID:-}" = debian ] && printf '%s' "${VERSION_CODENAME:-}")" || true
 [ -n "$RELEASE" ] || die "this machine is not Debian (/etc/os-release): the root filesystem must be its release so that glibc matches the binary"
-VERSION="$(sed -n '/^\[package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
-[ -n "$VERSION" ] || die "no package version in Cargo.toml"
+VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+[ -n "$VERSION" ] || die "no workspace.package version in Cargo.toml"
 TAG="$IMAGE_NAME:$VERSION"
 
 ensure_image_tools

@@ -426,14 +426,14 @@ def rule_problems(docs, alerts=RULE_ALERTS, labels=None, expr_has=None):
     if [r.get("alert") for r in got] != alerts:
         problems.append(f"{kn(pr)} alerts {[r.get('alert') for r in got]}, want {alerts}")
     # The provisioner's metric names, as src/provision/metrics.rs registers them.
-    ours = set(re.findall(r'"(choria_provisioner_[a-z_]+)"', read(os.path.join(ROOT, "src", "provision", "metrics.rs"))))
+    ours = set(re.findall(r'"(choria_provisioner_[a-z_]+)"', read(os.path.join(ROOT, "crates", "core", "src", "provision", "metrics.rs"))))
     for r in got:
         expr = str(r.get("expr") or "").strip()
         used = set(re.findall(r"choria_provisioner_[a-z_]+", expr))
         if not used:
             problems.append(f"{r.get('alert')}: expr {expr!r} reads none of our metrics")
         elif used - ours:
-            problems.append(f"{r.get('alert')}: {sorted(used - ours)} are not metrics of src/provision/metrics.rs")
+            problems.append(f"{r.get('alert')}: {sorted(used - ours)} are not metrics of crates/core/src/provision/metrics.rs")
         for part in (expr_has or {}).get(r.get("alert"), []):
             if part not in expr:
                 problems.append(f"{r.get('alert')}: expr {expr!r} lacks {part!r}")
@@ -764,7 +764,7 @@ def check_image_contract(cmds, final):
         agree(f"label org.opencontainers.image.{label}", have, c[key])
     # The version: Cargo.toml's (build-image.sh labels and tags with it), the
     # Dockerfile's ARG VERSION default, and the image the manifests name.
-    cargo = re.search(r'^\[package\]\n(?:[^\[].*\n)*?version\s*=\s*"([^"]+)"', read(os.path.join(ROOT, "Cargo.toml")), re.M)
+    cargo = re.search(r'^\[workspace\.package\]\n(?:[^\[].*\n)*?version\s*=\s*"([^"]+)"', read(os.path.join(ROOT, "Cargo.toml")), re.M)
     cargo = cargo.group(1) if cargo else None
     args = [v for x in final if x.cmd == "ARG" for v in x.value if v.startswith("VERSION=")]
     check(labels.get("org.opencontainers.image.version") == "${VERSION}" and args == [f"VERSION={cargo}"],

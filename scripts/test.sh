@@ -105,11 +105,11 @@ cargo fmt --all -- --check
 # profile is a release build of its own, ~4 min after a source change) is
 # left to scripts/bench.sh.
 log "cargo clippy (every target, benchmarks included)"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 log "cargo test"
 results="$CACHE_DIR/test-results.txt"
 set +e
-cargo test --no-fail-fast --lib --bins --tests 2>&1 | tee "$results"
+cargo test --workspace --no-fail-fast --lib --bins --tests 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary, so the outcome is read at a glance.

@@ -1,16 +1,7 @@
-//! choria-provisioner: provisioning service, Kubernetes operator and
-//! provisioning-mode fleet simulator for Choria.
+//! choria-provisioner: the command line over the workspace's crates. Each
+//! subcommand is a file in [`cmd`] that owns its `clap` options and turns
+//! them into one call into a library crate: `choria-core` (the provisioner),
+//! `choria-operator`, `choria-fleet` (the simulator).
 
-pub mod backoff;
-pub mod choria;
 pub mod cmd;
-pub mod config;
-pub mod crd;
-pub mod election;
-pub mod fleet;
-pub mod k8s;
-pub mod monitor;
-pub mod operator;
-pub mod provision;
-pub mod records;
 pub mod telemetry;

@@ -5,8 +5,8 @@
 //! pipe, a stuck log collector) must not stall the workers that log. When
 //! the buffer is full, lines are dropped rather than waited for.
 
-use crate::config::LogTarget;
 use anyhow::{Context, Result};
+use choria_config::LogTarget;
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 
 /// How log lines are written.

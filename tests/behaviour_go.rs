@@ -16,8 +16,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -105,7 +105,7 @@ const METRICS: &[&str] = &[
 /// public key): (private key file, public key file).
 fn jwt_signer(dir: &Path) -> (PathBuf, PathBuf) {
     use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
-    let key = choria_provisioner::choria::security::csr::generate_rsa_key(2048).unwrap();
+    let key = choria_wire::security::csr::generate_rsa_key(2048).unwrap();
     let private = dir.join("signer.key");
     let public = dir.join("signer.pub");
     std::fs::write(
@@ -125,7 +125,7 @@ fn jwt_signer(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// A CA for the pki scenario, as PEM files: (cert, key).
 fn ca_files(dir: &Path) -> (PathBuf, PathBuf) {
-    let ca = choria_provisioner::fleet::ca::CertificateAuthority::generate("Diff CA").unwrap();
+    let ca = choria_fleet::ca::CertificateAuthority::generate("Diff CA").unwrap();
     let cert = dir.join("ca.pem");
     let key = dir.join("ca.key");
     std::fs::write(&cert, ca.cert_pem()).unwrap();
@@ -275,7 +275,7 @@ async fn run(which: Impl, bin: &Path, sc: &Scenario, root: &Path) -> Outcome {
         let seed = dir.join("server-signer.seed");
         std::fs::write(
             &seed,
-            choria_provisioner::choria::security::ed25519::Ed25519KeyPair::generate().seed_hex(),
+            choria_wire::security::ed25519::Ed25519KeyPair::generate().seed_hex(),
         )
         .unwrap();
         features.push_str(&format!("jwt_signing_key: {}\n", seed.display()));

@@ -22,13 +22,13 @@ mod crd;
 #[path = "book/render.rs"]
 mod render;
 
-use choria_provisioner::cmd::Cli;
-use choria_provisioner::config::schema::{
+use choria_config::schema::{
     CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, Field, ProvisionerFile,
     RecordsFile, RenewalFile,
 };
-use choria_provisioner::config::{parse_duration, ProvisionerConfig};
-use choria_provisioner::monitor::Exposition;
+use choria_config::{parse_duration, ProvisionerConfig};
+use choria_core::monitor::Exposition;
+use choria_provisioner::cmd::Cli;
 use clap::CommandFactory;
 use render::{cell, code, diff, generated_notice, one_line};
 use std::collections::{BTreeMap, BTreeSet};
@@ -508,9 +508,9 @@ fn metrics_table(p: &mut String, families: &[&Family], constant: &[&str]) {
 }
 
 fn metrics_page() -> String {
-    let provisioner = choria_provisioner::provision::metrics::Metrics::new("SITE");
+    let provisioner = choria_core::provision::metrics::Metrics::new("SITE");
     let provisioner = families(provisioner.registry(), &provisioner.registry().gather());
-    let operator = choria_provisioner::operator::metrics::Metrics::new();
+    let operator = choria_operator::metrics::Metrics::new();
     let before = operator.registry().gather();
     // Counted by label values that occur at run time: one observation
     // makes the family and its label names visible.
@@ -610,7 +610,7 @@ fn every_example_file_loads_with_the_projects_parsers() {
         if name.ends_with(".yaml") {
             check_yaml_file(&rel, &text);
         } else if name.ends_with(".cfg") {
-            let cfg = choria_provisioner::config::ChoriaClientConfig::load(path)
+            let cfg = choria_config::ChoriaClientConfig::load(path)
                 .unwrap_or_else(|e| panic!("{rel}: {e}"));
             no_warnings(&rel, &cfg.warnings);
         } else {
@@ -647,7 +647,7 @@ fn check_provisioner_yaml(rel: &str, text: &str) {
 }
 
 /// An example is written to load cleanly: a warning is a mistake in it.
-fn no_warnings(rel: &str, warnings: &[choria_provisioner::config::ConfigWarning]) {
+fn no_warnings(rel: &str, warnings: &[choria_config::ConfigWarning]) {
     let text: Vec<String> = warnings.iter().map(|w| w.to_string()).collect();
     assert!(text.is_empty(), "{rel}: warnings: {text:?}");
 }

@@ -19,9 +19,9 @@
 
 mod support;
 
-use choria_provisioner::choria::client::{self, BrokerArgs, ConnectOptions};
-use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::{self, BrokerArgs, ConnectOptions};
+use choria_wire::security::ed25519::Ed25519KeyPair;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -232,8 +232,8 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
 /// for ours: `nodes` shows both unverified (renewal reads through the same
 /// check: tests/renewal.rs).
 async fn forged_record_through_the_broker(bench: &Bench, id: &str) {
-    use choria_provisioner::choria::security::seal::SealKey;
-    use choria_provisioner::records::sealed::Sealer;
+    use choria_core::records::sealed::Sealer;
+    use choria_wire::security::seal::SealKey;
     use serde_json::Value;
     let broker = bench.broker.choria();
     let opts = ConnectOptions {

@@ -19,9 +19,9 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::ca as pki;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::ca as pki;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;

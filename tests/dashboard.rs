@@ -10,8 +10,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use promql::{Matcher, Op, Selector};
 use regex::Regex;
 use serde_json::Value;

@@ -1,10 +1,10 @@
 //! Property tests: no decoder panics on arbitrary input, every failure is a typed
 //! error, and valid messages survive an encode/decode round trip.
 
-use choria_provisioner::choria::filter::Filter;
-use choria_provisioner::choria::lifecycle;
-use choria_provisioner::choria::mcorpc::RpcReply;
-use choria_provisioner::choria::protocol::{self, ReplySpec, RequestSigner, RequestSpec, Version};
+use choria_wire::filter::Filter;
+use choria_wire::lifecycle;
+use choria_wire::mcorpc::RpcReply;
+use choria_wire::protocol::{self, ReplySpec, RequestSigner, RequestSpec, Version};
 use proptest::prelude::*;
 
 fn arbitrary_json_like() -> impl Strategy<Value = Vec<u8>> {
@@ -62,9 +62,9 @@ proptest! {
     ) {
         let (signer, id) = if v2 {
             (RequestSigner::V2 { seed: Box::new(ed25519_dalek::SigningKey::from_bytes(&[3; 32])), jwt: "j.w.t".into() },
-             choria_provisioner::choria::ids::v2_request_id())
+             choria_wire::ids::v2_request_id())
         } else {
-            (RequestSigner::V1Insecure, choria_provisioner::choria::ids::v1_request_id())
+            (RequestSigner::V1Insecure, choria_wire::ids::v1_request_id())
         };
         let filter = Filter { identity: identities, ..Filter::with_agent(&agent) };
         let time_nanos = secs * 1_000_000_000;

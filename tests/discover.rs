@@ -6,11 +6,11 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::protocol::Version;
-use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
-use choria_provisioner::choria::security::tokens::TokenSigningKey;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
+use choria_wire::protocol::Version;
+use choria_wire::security::ed25519::Ed25519KeyPair;
+use choria_wire::security::tokens::TokenSigningKey;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;

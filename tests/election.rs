@@ -10,8 +10,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::election::{assert_no_overlap, choria_like_broker, create_bucket, Watch};
@@ -488,10 +488,8 @@ async fn a_forged_release_announcement_never_gives_two_working_leaders() {
             .map(|(n, p)| (n.clone(), p.monitor_port))
             .collect(),
     );
-    let subject = choria_provisioner::election::streams::release_subject(
-        "CHORIA_LEADER_ELECTION",
-        "provisioner",
-    );
+    let subject =
+        choria_core::election::streams::release_subject("CHORIA_LEADER_ELECTION", "provisioner");
     let mut takeovers = 0;
     for round in 0..10 {
         let before = replicas.leader(TTL * 3).await;

@@ -8,10 +8,10 @@
 
 mod support;
 
-use choria_provisioner::config::ElectionConfig;
-use choria_provisioner::election::machine::Outcome;
-use choria_provisioner::election::streams::{release_subject, StreamsBackend, StreamsError};
-use choria_provisioner::election::Backend;
+use choria_config::ElectionConfig;
+use choria_core::election::machine::Outcome;
+use choria_core::election::streams::{release_subject, StreamsBackend, StreamsError};
+use choria_core::election::Backend;
 use futures::StreamExt;
 use serde_json::Value;
 use std::time::Duration;
@@ -211,7 +211,7 @@ async fn a_release_leaves_an_announced_marker_that_a_standby_claims() {
     assert_eq!(campaign(&mut b).await, Outcome::Leading);
     assert_eq!(
         b.settle(),
-        choria_provisioner::election::streams::ANNOUNCED_HOLD_OFF,
+        choria_core::election::streams::ANNOUNCED_HOLD_OFF,
         "a win on an announcement, which anyone could forge, holds off before working"
     );
     assert_eq!(b.settle(), Duration::ZERO, "once");

@@ -10,8 +10,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -610,8 +610,8 @@ async fn soak_of_forced_failovers_of_every_kind() {
 /// later, inside the new leader's sequence).
 #[tokio::test]
 async fn a_request_made_while_disconnected_fails_at_once_and_is_never_sent_later() {
-    use choria_provisioner::choria::client::{ChoriaClient, ClientError, Identity};
-    use choria_provisioner::choria::protocol::RequestSigner;
+    use choria_wire::client::{ChoriaClient, ClientError, Identity};
+    use choria_wire::protocol::RequestSigner;
     use futures::StreamExt;
 
     let nats = NatsServer::start();

@@ -2,16 +2,16 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
-use choria_provisioner::choria::filter::Filter;
-use choria_provisioner::choria::lifecycle::{self, EventType};
-use choria_provisioner::choria::mcorpc::StatusCode;
-use choria_provisioner::choria::protocol::{RequestSigner, RequestSpec, Version};
-use choria_provisioner::choria::replies::Ignored;
-use choria_provisioner::choria::security::{csr, ecdh::EcdhKeyPair, ed25519, pem_crypt, tokens};
-use choria_provisioner::choria::{ids, subjects};
-use choria_provisioner::fleet::{self, Directed, FleetOptions};
+use choria_fleet::{self as fleet, Directed, FleetOptions};
+use choria_wire::client::BrokerArgs;
+use choria_wire::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
+use choria_wire::filter::Filter;
+use choria_wire::lifecycle::{self, EventType};
+use choria_wire::mcorpc::StatusCode;
+use choria_wire::protocol::{RequestSigner, RequestSpec, Version};
+use choria_wire::replies::Ignored;
+use choria_wire::security::{csr, ecdh::EcdhKeyPair, ed25519, pem_crypt, tokens};
+use choria_wire::{ids, subjects};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;

@@ -3,10 +3,8 @@
 //! tests/gopeers/RECIPE.md). Every message must decode with our codec, and what
 //! we encode from the decoded fields must equal Go's bytes.
 
-use choria_provisioner::choria::lifecycle;
-use choria_provisioner::choria::protocol::{
-    self, v1, v2, ReplySpec, RequestSigner, RequestSpec, Version,
-};
+use choria_wire::lifecycle;
+use choria_wire::protocol::{self, v1, v2, ReplySpec, RequestSigner, RequestSpec, Version};
 
 struct Captured {
     subject: String,
@@ -210,7 +208,7 @@ fn real_v2_requests_re_encode_byte_for_byte_with_the_callers_seed() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/gopeers/captures/provisioning-v2-client.seed"
     );
-    let seed = choria_provisioner::choria::security::ed25519::parse_seed_hex(
+    let seed = choria_wire::security::ed25519::parse_seed_hex(
         std::fs::read_to_string(seed_path).unwrap().trim(),
     )
     .unwrap();

@@ -7,15 +7,15 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::protocol::Version;
-use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
-use choria_provisioner::choria::security::tokens::{ProvisioningClaims, TokenSigningKey};
-use choria_provisioner::fleet::ca::CertificateAuthority;
-use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::provision::dispatch::IN_FLIGHT;
-use choria_provisioner::provision::registry::{Lane, EVENT_QUEUE};
-use choria_provisioner::provision::suspects::NODE_LOG_BURST;
+use choria_core::provision::dispatch::IN_FLIGHT;
+use choria_core::provision::registry::{Lane, EVENT_QUEUE};
+use choria_core::provision::suspects::NODE_LOG_BURST;
+use choria_fleet::ca::CertificateAuthority;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
+use choria_wire::protocol::Version;
+use choria_wire::security::ed25519::Ed25519KeyPair;
+use choria_wire::security::tokens::{ProvisioningClaims, TokenSigningKey};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -107,10 +107,10 @@ impl Scene {
         let ca = CertificateAuthority::generate("hostile test CA").unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
         std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
-        let key = choria_provisioner::choria::security::csr::generate_rsa_key(1024).unwrap();
+        let key = choria_wire::security::csr::generate_rsa_key(1024).unwrap();
         std::fs::write(
             dir.path().join("node.key"),
-            choria_provisioner::choria::security::csr::private_key_pkcs1_pem(&key).unwrap(),
+            choria_wire::security::csr::private_key_pkcs1_pem(&key).unwrap(),
         )
         .unwrap();
         let mut opts = FleetOptions {
@@ -124,7 +124,7 @@ impl Scene {
         };
         (setup.fleet)(&mut opts);
         let identities: Vec<String> = (0..opts.nodes)
-            .map(|i| choria_provisioner::fleet::identity_for(&opts, i))
+            .map(|i| choria_fleet::identity_for(&opts, i))
             .collect();
         let fleet = match setup.fleet_after {
             None => Some(RunningFleet::start(opts.clone()).await),
@@ -845,6 +845,7 @@ async fn forged_shutdowns_for_nodes_waiting_in_a_lane_delay_them_one_interval_at
     );
 }
 
+#[derive(Clone, Copy)]
 enum Pick {
     First,
     Last,
@@ -862,7 +863,7 @@ async fn forged_shutdowns(nodes: usize, pick: Pick) -> (Duration, Duration) {
             Pick::Last => ids.iter().rev().take(20).cloned().collect(),
         }
     };
-    let choose2 = choose.clone();
+    let choose2 = choose;
     let mut scene = Scene::start(Setup {
         nodes,
         actors: Box::new(move |p| {

@@ -17,15 +17,15 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::client::{self, ChoriaClient, DiscoveryOptions, Identity};
-use choria_provisioner::choria::filter::Filter;
-use choria_provisioner::choria::lifecycle::{self, EventType};
-use choria_provisioner::choria::mcorpc::{self, RpcRequest, StatusCode};
-use choria_provisioner::choria::protocol::{self, RequestSigner, RequestSpec, Version};
-use choria_provisioner::choria::security::{ed25519, tokens};
-use choria_provisioner::choria::{ids, subjects};
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
+use choria_wire::client::{self, ChoriaClient, DiscoveryOptions, Identity};
+use choria_wire::filter::Filter;
+use choria_wire::lifecycle::{self, EventType};
+use choria_wire::mcorpc::{self, RpcRequest, StatusCode};
+use choria_wire::protocol::{self, RequestSigner, RequestSpec, Version};
+use choria_wire::security::{ed25519, tokens};
+use choria_wire::{ids, subjects};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -1036,7 +1036,7 @@ impl Case {
         if self.action == "gencsr" {
             data["cn"] = json!(target);
         }
-        choria_provisioner::choria::json::to_vec(&RpcRequest {
+        choria_wire::json::to_vec(&RpcRequest {
             agent: self.agent,
             action: self.action,
             data: &data,

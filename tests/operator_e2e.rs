@@ -23,9 +23,9 @@
 
 mod support;
 
-use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG};
-use choria_provisioner::operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
+use choria_fleet::FleetOptions;
+use choria_operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG};
+use choria_operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -1567,7 +1567,7 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
         let cert = f["certificate"]
             .as_str()
             .unwrap_or_else(|| panic!("{node}: no certificate"));
-        choria_provisioner::fleet::ca::verify_issued_by(cert, &cm.ca.cert_pem())
+        choria_fleet::ca::verify_issued_by(cert, &cm.ca.cert_pem())
             .unwrap_or_else(|e| panic!("{node}: not from the Issuer's CA: {e}"));
         assert_eq!(f["config_values"]["identity"], node);
         assert_eq!(

@@ -3,14 +3,14 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::client::{self, EventFormat};
-use choria_provisioner::choria::lifecycle::{Event, EventType};
-use choria_provisioner::config::{ChoriaClientConfig, Environment, ProvisionerConfig};
-use choria_provisioner::fleet::FleetOptions;
-use choria_provisioner::monitor::Exposition;
-use choria_provisioner::provision::gate::PauseReason;
-use choria_provisioner::provision::{Handle, Provisioner};
+use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
+use choria_core::monitor::Exposition;
+use choria_core::provision::gate::PauseReason;
+use choria_core::provision::{Handle, Provisioner};
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
+use choria_wire::client::{self, EventFormat};
+use choria_wire::lifecycle::{Event, EventType};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};

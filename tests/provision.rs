@@ -6,13 +6,13 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::choria::protocol::Version;
-use choria_provisioner::choria::security::csr;
-use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
-use choria_provisioner::choria::security::tokens::{self, ClientIdClaims, TokenSigningKey};
-use choria_provisioner::fleet::ca as pki;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::ca as pki;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
+use choria_wire::protocol::Version;
+use choria_wire::security::csr;
+use choria_wire::security::ed25519::Ed25519KeyPair;
+use choria_wire::security::tokens::{self, ClientIdClaims, TokenSigningKey};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

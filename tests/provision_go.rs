@@ -17,11 +17,11 @@
 
 mod support;
 
-use choria_provisioner::choria::client::{ChoriaClient, Identity};
-use choria_provisioner::choria::protocol::{RequestSigner, Version};
-use choria_provisioner::choria::security::ed25519::{self, Ed25519KeyPair};
-use choria_provisioner::choria::security::tokens;
-use choria_provisioner::fleet::ca as pki;
+use choria_fleet::ca as pki;
+use choria_wire::client::{ChoriaClient, Identity};
+use choria_wire::protocol::{RequestSigner, Version};
+use choria_wire::security::ed25519::{self, Ed25519KeyPair};
+use choria_wire::security::tokens;
 use std::path::Path;
 use support::discover_provisionable;
 use support::gopeers::{choria_tool, s};

@@ -7,8 +7,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         "jetstream {{ store_dir: \"{}\" }}\n",
         store.path().display()
     ));
-    let ca = choria_provisioner::fleet::ca::CertificateAuthority::generate("renewal CA").unwrap();
+    let ca = choria_fleet::ca::CertificateAuthority::generate("renewal CA").unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
     std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
     let journal = dir.path().join("journal.jsonl");
@@ -227,8 +227,8 @@ fn refused(p: &ProvisionerProcess, reason: &str) -> f64 {
 /// unverified; a deleted key changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_records_in_the_bucket_drive_no_renewal() {
-    use choria_provisioner::choria::security::seal::SealKey;
-    use choria_provisioner::records::sealed::Sealer;
+    use choria_core::records::sealed::Sealer;
+    use choria_wire::security::seal::SealKey;
     use futures::StreamExt;
     const FLEET: usize = 12;
     let dir = tempfile::tempdir().unwrap();
@@ -237,7 +237,7 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
         "jetstream {{ store_dir: \"{}\" }}\n",
         store.path().display()
     ));
-    let ca = choria_provisioner::fleet::ca::CertificateAuthority::generate("forged CA").unwrap();
+    let ca = choria_fleet::ca::CertificateAuthority::generate("forged CA").unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
     std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
     let journal = dir.path().join("journal.jsonl");

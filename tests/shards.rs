@@ -11,8 +11,8 @@
 
 mod support;
 
-use choria_provisioner::choria::client::BrokerArgs;
-use choria_provisioner::fleet::FleetOptions;
+use choria_fleet::FleetOptions;
+use choria_wire::client::BrokerArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -476,7 +476,7 @@ async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
 /// for each, the forgeries are counted, and the membership never changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_leaves_change_no_membership_and_no_node_is_worked_twice() {
-    use choria_provisioner::choria::security::seal::{Purpose, SealKey};
+    use choria_wire::security::seal::{Purpose, SealKey};
     use futures::StreamExt;
     const WAVES: usize = 6;
     const PER_WAVE: usize = 50;

@@ -5,8 +5,8 @@
 
 mod support;
 
-use choria_provisioner::choria::lifecycle::{self, EventType};
-use choria_provisioner::choria::protocol::Version;
+use choria_wire::lifecycle::{self, EventType};
+use choria_wire::protocol::Version;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

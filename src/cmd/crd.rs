@@ -3,6 +3,6 @@
 use std::process::ExitCode;
 
 pub fn run() -> ExitCode {
-    print!("{}", crate::crd::crd_yaml());
+    print!("{}", choria_k8s::crd::crd_yaml());
     ExitCode::SUCCESS
 }

@@ -1,13 +1,13 @@
 //! `choria-provisioner discover`: broadcast discovery of provisioning-mode
 //! servers, as the provisioner does it, and optionally their inventory.
 
-use crate::choria::client::{
+use anyhow::{Context, Result};
+use choria_wire::client::{
     self, BrokerArgs, ChoriaClient, ConnectOptions, DiscoveryOptions, Identity,
 };
-use crate::choria::filter::Filter;
-use crate::choria::protocol::RequestSigner;
-use crate::choria::security::{ed25519::parse_seed_hex, tokens};
-use anyhow::{Context, Result};
+use choria_wire::filter::Filter;
+use choria_wire::protocol::RequestSigner;
+use choria_wire::security::{ed25519::parse_seed_hex, tokens};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! `choria-provisioner fleet`: simulated provisioning-mode servers.
 
-use crate::fleet::{self, FleetOptions};
 use anyhow::Result;
+use choria_fleet::{self as fleet, FleetOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct FleetArgs {

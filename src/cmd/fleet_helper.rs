@@ -1,9 +1,9 @@
 //! `choria-provisioner fleet-helper`: the reference helper, run once per node
 //! (no async runtime, nothing logged on stdout).
 
-pub use crate::fleet::helper::FleetHelperArgs;
+pub use choria_fleet::helper::FleetHelperArgs;
 use std::process::ExitCode;
 
 pub fn run(args: &FleetHelperArgs) -> ExitCode {
-    crate::fleet::helper::main_with_stdio(args)
+    choria_fleet::helper::main_with_stdio(args)
 }

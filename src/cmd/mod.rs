@@ -60,7 +60,7 @@ impl GlobalArgs {
         telemetry::init(
             self.log_format,
             &self.filter("info"),
-            &crate::config::LogTarget::Stderr,
+            &choria_config::LogTarget::Stderr,
         )
     }
 

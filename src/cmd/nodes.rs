@@ -3,13 +3,13 @@
 //! Records whose seal is not ours are listed as unverified, with why, and
 //! never counted as expiring.
 
-use crate::config::duration::parse_duration;
-use crate::config::ProvisionerConfig;
-use crate::provision::renewal::{can_return, Schedule};
-use crate::records::sealed::Read;
-use crate::records::store::{sealer, RecordStore};
-use crate::records::Record;
 use anyhow::{bail, Context, Result};
+use choria_config::duration::parse_duration;
+use choria_config::ProvisionerConfig;
+use choria_core::provision::renewal::{can_return, Schedule};
+use choria_core::records::sealed::Read;
+use choria_core::records::store::{sealer, RecordStore};
+use choria_core::records::Record;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ pub struct Listed {
 impl Listed {
     pub fn new(
         read: Read,
-        renewal: Option<&crate::config::day_two::RenewalConfig>,
+        renewal: Option<&choria_config::day_two::RenewalConfig>,
         now: i64,
     ) -> Self {
         match read {
@@ -118,7 +118,7 @@ impl Listed {
 }
 
 /// When renewal asks the node, or why it never will.
-fn renewal_state(r: &Record, cfg: &crate::config::day_two::RenewalConfig, now: i64) -> String {
+fn renewal_state(r: &Record, cfg: &choria_config::day_two::RenewalConfig, now: i64) -> String {
     let mut s = Schedule::default();
     s.upsert(r, cfg);
     let Some(at) = s.due_at(&r.identity) else {
@@ -154,7 +154,7 @@ pub fn table(listed: &[Listed], now: i64) -> String {
         let Some(r) = &l.record else {
             out.push_str(&format!(
                 "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
-                crate::provision::one_line(&l.key, 60),
+                choria_core::provision::one_line(&l.key, 60),
                 "-",
                 "-",
                 "-",
@@ -179,7 +179,7 @@ pub fn table(listed: &[Listed], now: i64) -> String {
             if l.verified {
                 s.to_string()
             } else {
-                crate::provision::one_line(s, 60)
+                choria_core::provision::one_line(s, 60)
             }
         };
         out.push_str(&format!(

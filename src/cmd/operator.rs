@@ -1,8 +1,8 @@
 //! `choria-provisioner operator`: the Kubernetes operator.
 
-pub use crate::operator::OperatorArgs;
 use anyhow::Result;
+pub use choria_operator::OperatorArgs;
 
 pub async fn run(args: OperatorArgs) -> Result<()> {
-    Ok(crate::operator::run(args, super::shutdown_signal()).await?)
+    Ok(choria_operator::run(args, super::shutdown_signal()).await?)
 }

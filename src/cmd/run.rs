@@ -2,11 +2,11 @@
 //! options (`--config`, `--choria-config`, `--pid`, `--debug`), and `--check`.
 
 use super::GlobalArgs;
-use crate::config::{self, Environment};
-use crate::monitor::Exposition;
-use crate::provision::{self, Prepared, Provisioner};
 use crate::telemetry;
 use anyhow::{Context, Result};
+use choria_config::{self as config, Environment};
+use choria_core::monitor::Exposition;
+use choria_core::provision::{self, Prepared, Provisioner};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

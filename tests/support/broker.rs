@@ -13,9 +13,9 @@
 //!   signed by the issuer, RSA ones still by the signer certificate.
 
 use super::gopeers::{choria_tool, s, Signers, TestCa};
-use choria_provisioner::choria::client::{self, ConnectOptions};
-use choria_provisioner::choria::security::ed25519::Ed25519KeyPair;
-use choria_provisioner::choria::tls::TlsSettings;
+use choria_wire::client::{self, ConnectOptions};
+use choria_wire::security::ed25519::Ed25519KeyPair;
+use choria_wire::tls::TlsSettings;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;

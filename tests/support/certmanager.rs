@@ -3,7 +3,7 @@
 //! `scripts/build-kube-peers.sh cert-manager` (tests/gopeers/certmanager).
 
 use super::kube::ControlPlane;
-use choria_provisioner::fleet::ca::CertificateAuthority;
+use choria_fleet::ca::CertificateAuthority;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,7 @@
 //! its own UTS namespace, and a nats-server whose TLS certificate a throwaway
 //! CA signed (tests/gopeers/RECIPE.md §3).
 
-use choria_provisioner::choria::protocol::Version;
+use choria_wire::protocol::Version;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

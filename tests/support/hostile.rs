@@ -4,11 +4,11 @@
 //! reply subject, the broadcast subjects) and publishes what a hostile one
 //! would. They use the crate's own codecs, so their lies are well formed.
 
-use choria_provisioner::choria::lifecycle::{self, Event, EventType};
-use choria_provisioner::choria::mcorpc::{self, StatusCode};
-use choria_provisioner::choria::protocol::{self, ReplySpec, Request, Version};
-use choria_provisioner::choria::security::csr::{self, CsrSubject};
-use choria_provisioner::choria::security::ecdh::EcdhKeyPair;
+use choria_wire::lifecycle::{self, Event, EventType};
+use choria_wire::mcorpc::{self, StatusCode};
+use choria_wire::protocol::{self, ReplySpec, Request, Version};
+use choria_wire::security::csr::{self, CsrSubject};
+use choria_wire::security::ecdh::EcdhKeyPair;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::HashSet;

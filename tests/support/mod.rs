@@ -2,13 +2,11 @@
 //! simulated fleet in-process, and RPC helpers that say what failed.
 #![allow(dead_code)]
 
-use choria_provisioner::choria::client::{
-    self, ChoriaClient, ConnectOptions, DiscoveryOptions, RpcResult,
-};
-use choria_provisioner::choria::filter::Filter;
-use choria_provisioner::choria::mcorpc::StatusCode;
-use choria_provisioner::choria::security::csr::{self, CsrInfo};
-use choria_provisioner::fleet::{self, FleetOptions, FleetSummary};
+use choria_fleet::{self as fleet, FleetOptions, FleetSummary};
+use choria_wire::client::{self, ChoriaClient, ConnectOptions, DiscoveryOptions, RpcResult};
+use choria_wire::filter::Filter;
+use choria_wire::mcorpc::StatusCode;
+use choria_wire::security::csr::{self, CsrInfo};
 use serde_json::Value;
 use std::io::Write;
 use std::net::TcpListener;
@@ -200,7 +198,7 @@ impl NatsServer {
 #[allow(dead_code)]
 pub fn signing_key(dir: &Path) -> PathBuf {
     let path = dir.join("signing.seed");
-    let key = choria_provisioner::choria::security::seal::SealKey::generate();
+    let key = choria_wire::security::seal::SealKey::generate();
     std::fs::write(&path, key.seed_hex()).unwrap();
     path
 }

@@ -7,7 +7,7 @@ use super::kube::{expect_ok, Bins, ControlPlane};
 use super::provisioner::{binary, http_get, metric_sum};
 use super::{free_port, NatsServer};
 use base64::Engine as _;
-use choria_provisioner::operator::build::{CONFIG_DIR, PROVISIONER_YAML};
+use choria_operator::build::{CONFIG_DIR, PROVISIONER_YAML};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -737,9 +737,9 @@ pub fn fleet_options(
     nats: &NatsServer,
     nodes: usize,
     journal: &Path,
-) -> choria_provisioner::fleet::FleetOptions {
-    choria_provisioner::fleet::FleetOptions {
-        broker: choria_provisioner::choria::client::BrokerArgs::at([nats.url()]),
+) -> choria_fleet::FleetOptions {
+    choria_fleet::FleetOptions {
+        broker: choria_wire::client::BrokerArgs::at([nats.url()]),
         nodes,
         token: TOKEN.into(),
         journal: Some(journal.to_path_buf()),

@@ -1,0 +1,283 @@
+//! The CertificateRequests a signer made, followed through one watch: a
+//! node waiting for its request wakes when cert-manager writes it (no GET
+//! per node and per look), and every request is deleted when it is due —
+//! after use, or `keep` after — by one task that also deletes, when the
+//! process stops, every request still waiting for its time. Run as a
+//! Provisioner's pod, the first list also schedules what an earlier process
+//! left behind (crashed before its deletions), for when it would have
+//! been deleted.
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+/// How many deletions run at once when the process stops.
+const FINAL_DELETIONS: usize = 16;
+
+/// The requests and their deletions. Dropping it stops its tasks (what is
+/// due then is left to [`Requests::finish`]).
+pub struct Requests {
+    api: Api<DynamicObject>,
+    store: Store<DynamicObject>,
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Who waits for which request.
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// When each request is to be deleted.
+    due: Mutex<HashMap<String, Instant>>,
+    /// A new, earlier deletion.
+    scheduled: Notify,
+}
+
+impl Shared {
+    fn wake(&self, name: &str) {
+        if let Some(n) = self.waiters.lock().expect("never poisoned").get(name) {
+            n.notify_one();
+        }
+    }
+
+    fn schedule(&self, name: &str, at: Instant) {
+        let mut due = self.due.lock().expect("never poisoned");
+        let at = due.get(name).map_or(at, |t| (*t).min(at));
+        due.insert(name.to_string(), at);
+        self.scheduled.notify_one();
+    }
+
+    /// The names due by `now`, taken off the schedule, and when the next
+    /// one is.
+    fn take_due(&self, now: Instant) -> (Vec<String>, Option<Instant>) {
+        let mut due = self.due.lock().expect("never poisoned");
+        let ready: Vec<String> = due
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &ready {
+            due.remove(n);
+        }
+        (ready, due.values().min().copied())
+    }
+}
+
+/// A registration to be woken when a request changes; unregisters on drop.
+pub struct Waiter {
+    name: String,
+    notify: Arc<Notify>,
+    shared: Arc<Shared>,
+}
+
+impl Waiter {
+    /// Returns when the request changed since the last call (or since the
+    /// registration).
+    pub async fn changed(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.shared
+            .waiters
+            .lock()
+            .expect("never poisoned")
+            .remove(&self.name);
+    }
+}
+
+impl Requests {
+    /// Watches the requests matching `selector` through `api`. `leftovers`:
+    /// how long after its creation a request found on the first list is
+    /// deleted (`None`: only what this process made is deleted).
+    pub fn start(api: Api<DynamicObject>, selector: &str, leftovers: Option<Duration>) -> Self {
+        let shared = Arc::new(Shared::default());
+        let resource = super::api_resource();
+        let writer = reflector::store::Writer::new(resource);
+        let store = writer.as_reader();
+        let config = watcher::Config::default().labels(selector);
+        let events = watcher(api.clone(), config)
+            .default_backoff()
+            .reflect(writer);
+        let tasks = vec![
+            tokio::spawn(follow(events, shared.clone(), leftovers)),
+            tokio::spawn(delete_when_due(api.clone(), shared.clone())),
+        ];
+        Requests {
+            api,
+            store,
+            shared,
+            tasks,
+        }
+    }
+
+    /// The request as last seen.
+    pub fn get(&self, name: &str) -> Option<Arc<DynamicObject>> {
+        let key = ObjectRef::new_with(name, super::api_resource())
+            .within(self.api.namespace().unwrap_or_default());
+        self.store.get(&key)
+    }
+
+    /// Registers interest in `name`: look at [`Requests::get`] after this,
+    /// then wait for [`Waiter::changed`].
+    pub fn waiter(&self, name: &str) -> Waiter {
+        let notify = Arc::new(Notify::new());
+        self.shared
+            .waiters
+            .lock()
+            .expect("never poisoned")
+            .insert(name.to_string(), notify.clone());
+        Waiter {
+            name: name.to_string(),
+            notify,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Deletes `name` `after` from now.
+    pub fn delete_after(&self, name: &str, after: Duration) {
+        self.shared.schedule(name, Instant::now() + after);
+    }
+
+    /// How many deletions are waiting for their time.
+    pub fn pending(&self) -> usize {
+        self.shared.due.lock().expect("never poisoned").len()
+    }
+
+    /// Stops following, and deletes every request still scheduled, now.
+    pub async fn finish(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let names: Vec<String> = {
+            let mut due = self.shared.due.lock().expect("never poisoned");
+            due.drain().map(|(n, _)| n).collect()
+        };
+        futures::stream::iter(names)
+            .for_each_concurrent(FINAL_DELETIONS, |n| delete(&self.api, n))
+            .await;
+    }
+}
+
+impl Drop for Requests {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Passes every change on to its waiter, and schedules what the first
+/// list finds when `leftovers` says so.
+async fn follow(
+    events: impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>,
+    shared: Arc<Shared>,
+    leftovers: Option<Duration>,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                shared.wake(&o.metadata.name.clone().unwrap_or_default())
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                if let Some(after) = leftovers {
+                    shared.schedule(&name, due_after_creation(&o, after));
+                }
+                shared.wake(&name);
+            }
+            Ok(_) => {}
+            // The watcher backs off and retries by itself; a waiter's
+            // deadline bounds what a broken watch costs it.
+            Err(e) => warn!(error = %e, "watching the CertificateRequests failed; retrying"),
+        }
+    }
+}
+
+/// When a request found on the first list is due: `after` its creation.
+fn due_after_creation(o: &DynamicObject, after: Duration) -> Instant {
+    let age = o
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default();
+    Instant::now() + after.saturating_sub(age)
+}
+
+/// Deletes each request when it is due.
+async fn delete_when_due(api: Api<DynamicObject>, shared: Arc<Shared>) {
+    loop {
+        let (ready, next) = shared.take_due(Instant::now());
+        for name in ready {
+            delete(&api, name).await;
+        }
+        let scheduled = shared.scheduled.notified();
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = scheduled => {}
+                }
+            }
+            None => scheduled.await,
+        }
+    }
+}
+
+async fn delete(api: &Api<DynamicObject>, name: String) {
+    match api.delete(&name, &DeleteParams::background()).await {
+        Ok(_) => debug!(request = %name, "CertificateRequest deleted"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            warn!(request = %name, error = %choria_k8s::describe_error(&e), "could not delete the CertificateRequest")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn deletions_come_due_in_time_and_earliest_wins() {
+        let s = Shared::default();
+        let t = Instant::now();
+        s.schedule("a", t + Duration::from_secs(10));
+        s.schedule("b", t + Duration::from_secs(5));
+        s.schedule("a", t + Duration::from_secs(20));
+        let (ready, next) = s.take_due(t);
+        assert!(ready.is_empty());
+        assert_eq!(next, Some(t + Duration::from_secs(5)));
+        let (ready, next) = s.take_due(t + Duration::from_secs(10));
+        let mut ready = ready;
+        ready.sort();
+        assert_eq!(ready, ["a", "b"], "the earlier time of a kept");
+        assert_eq!(next, None);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_woken_for_its_request_only() {
+        let s = Arc::new(Shared::default());
+        let n = Arc::new(Notify::new());
+        s.waiters.lock().unwrap().insert("a".into(), n.clone());
+        s.wake("b");
+        s.wake("a");
+        // The wake before the wait is kept.
+        tokio::time::timeout(Duration::from_secs(1), n.notified())
+            .await
+            .expect("woken");
+    }
+}

@@ -1,0 +1,305 @@
+//! The dispatcher: takes offered nodes off their lane and runs each one's
+//! [`HostSequence`] in a task of its own, then records how it ended.
+//!
+//! Waiting costs nothing but a timer. A sequence spends most of its life
+//! waiting for a node's replies (and the reply windows after them); only
+//! its work — the template, the helper, signing — takes one of the
+//! `workers` slots, so thousands of waits in flight never hold up the
+//! work. What bounds the waits is each lane's in-flight budget
+//! ([`IN_FLIGHT`]): names from events and from discovery have their own, so
+//! a flood of one cannot delay the other, and names that failed before (the
+//! suspect lane) have one of their own, so they are retried behind names
+//! that have not failed. A sequence whose attempt fails gives its lane's
+//! place up and finishes its retries in the suspect lane's, or, when that
+//! is full, ends there and is offered again at the
+//! next discovery (behind the names that have not failed): a made-up name
+//! that answers a discovery (or a ping, or the `jwt` request, with the
+//! fleet's shared provisioning JWT) and then stalls costs its timeouts in
+//! timers and one attempt in the budget of the names that came with it,
+//! never a worker, and the sequences alive at once are bounded by the
+//! lanes' budgets.
+//!
+//! There is no separate confirmation round trip: a sequence's first
+//! request is what confirms the name (it must answer in its own name, see
+//! [`choria_wire::replies`]); until it does, nothing about the name is
+//! logged above debug, and a first request nobody answers is not retried:
+//! the name is offered again at the next discovery, in the suspect lane.
+
+use super::host::{Context, HostSequence, Outcome, ProvisionError};
+use super::registry::{Lane, Ticket};
+use super::{registry, Handle};
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, error, info, warn};
+
+/// Sequences exchanging requests at once per lane: events, discovery,
+/// suspects. A sequence waiting out its reply windows gives its place back
+/// (that wait is pure waiting, and bounded by itself: the sequences that
+/// enter it in one window), so these bound the requests in flight, and so
+/// the queueing a reply meets on a busy machine: with thousands in flight a
+/// debug build on 2 cores answered late enough for `rpc_timeout` to call
+/// real nodes' replies lost. 512 made-up names that never answer are worked
+/// through per request timeout (event-announced nodes meanwhile go through
+/// their own lane); a flood of made-up `startup` events costs no more than
+/// 256 requests per timeout (the events lane holds 10,000 more; past that
+/// they are dropped and counted).
+pub const IN_FLIGHT: [(Lane, usize); 3] = [
+    (Lane::Events, 256),
+    (Lane::Discovery, 512),
+    (Lane::Suspect, 512),
+];
+
+/// The budgets sequences run under.
+#[derive(Clone)]
+pub(super) struct Pool {
+    /// The `workers` setting: sequences working (not waiting) at once.
+    pub(super) slots: Arc<Semaphore>,
+    /// Each lane's in-flight budget, by [`Lane::ALL`] order.
+    pub(super) lanes: Arc<[Arc<Semaphore>; 3]>,
+    pub(super) tracker: TaskTracker,
+}
+
+impl Pool {
+    pub(super) fn new(workers: usize) -> Self {
+        let budget = |lane: Lane| {
+            let n = IN_FLIGHT
+                .iter()
+                .find(|(l, _)| *l == lane)
+                .map_or(1, |(_, n)| *n);
+            Arc::new(Semaphore::new(n))
+        };
+        Pool {
+            slots: Arc::new(Semaphore::new(workers.max(1))),
+            lanes: Arc::new(Lane::ALL.map(budget)),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    pub(super) fn lane(&self, lane: Lane) -> &Arc<Semaphore> {
+        &self.lanes[Lane::ALL.iter().position(|l| *l == lane).unwrap_or(0)]
+    }
+}
+
+/// A place in a lane's in-flight budget, held by one sequence.
+pub struct LanePlace {
+    permit: Option<OwnedSemaphorePermit>,
+    lane: Lane,
+    /// The budget of the lane it is in now.
+    budget: Arc<Semaphore>,
+    suspect: Arc<Semaphore>,
+}
+
+impl LanePlace {
+    pub(super) fn new(
+        permit: OwnedSemaphorePermit,
+        lane: Lane,
+        budget: Arc<Semaphore>,
+        suspect: Arc<Semaphore>,
+    ) -> Self {
+        LanePlace {
+            permit: Some(permit),
+            lane,
+            budget,
+            suspect,
+        }
+    }
+
+    /// A place outside any budget (a sequence run on its own, as in tests).
+    pub fn unbounded() -> Self {
+        let none = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+        LanePlace {
+            permit: None,
+            lane: Lane::Suspect,
+            budget: none.clone(),
+            suspect: none,
+        }
+    }
+
+    /// Gives the place back while the sequence only waits (its reply
+    /// windows); [`LanePlace::budget`] is where it takes one again.
+    pub fn release(&mut self) {
+        self.permit = None;
+    }
+
+    /// The budget of its lane, to take a place in again.
+    pub fn budget(&self) -> Arc<Semaphore> {
+        self.budget.clone()
+    }
+
+    /// Holds `permit` (of [`LanePlace::budget`]) again.
+    pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        self.permit = Some(permit);
+    }
+
+    /// A request went unanswered: the place in the names' own lane goes to
+    /// the next name, and the rest runs in a place among the suspects —
+    /// if one is free; false when none is (the sequence ends, and the name
+    /// is retried at the next discovery).
+    pub fn demote(&mut self) -> bool {
+        if self.lane == Lane::Suspect {
+            return true;
+        }
+        match self.suspect.clone().try_acquire_owned() {
+            Ok(permit) => {
+                self.permit = Some(permit);
+                self.lane = Lane::Suspect;
+                self.budget = self.suspect.clone();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Takes `lane`'s tickets until the lanes close, and starts each one's
+/// sequence once the lane has room for it.
+pub(super) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Pool) {
+    debug!(?lane, "dispatcher starting");
+    while let Some(ticket) = handle.registry.next(lane).await {
+        let Ok(permit) = pool.lane(lane).clone().acquire_owned().await else {
+            break;
+        };
+        // The term first, then whether the ticket is current: a loss
+        // between the two leaves the sequence in a term that is over.
+        let term = handle.gate.term();
+        // A lane can hold registrations since replaced or dropped (lost
+        // leadership, a shutdown), or nodes no longer ours: skip those.
+        if !handle.ownership.owns(&ticket.identity) {
+            handle.registry.remove(&ticket);
+            continue;
+        }
+        if !handle.registry.start(&ticket) {
+            debug!(node = %ticket.identity, "skipping a stale entry");
+            continue;
+        }
+        let place = LanePlace::new(
+            permit,
+            lane,
+            pool.lane(lane).clone(),
+            pool.lane(Lane::Suspect).clone(),
+        );
+        let (ctx, handle) = (ctx.clone(), handle.clone());
+        pool.tracker.spawn(async move {
+            let _in_flight = ctx.metrics.sequence();
+            // A sequence that never ends (a panic, an abort at shutdown)
+            // must not leave its node registered as worked for ever.
+            let lost = Lost {
+                handle: handle.clone(),
+                ticket: Some(ticket.clone()),
+            };
+            let seq = HostSequence::new(ctx.clone(), Arc::from(ticket.identity.as_str()), term)
+                .in_lane(place, ticket.source);
+            let result = seq.run(ticket.added.elapsed()).await;
+            lost.defuse();
+            record(&ctx, &handle, ticket, result);
+        });
+    }
+    debug!(?lane, "dispatcher stopped");
+}
+
+/// Forgets its node when dropped before [`Lost::defuse`].
+struct Lost {
+    handle: Handle,
+    ticket: Option<Arc<Ticket>>,
+}
+
+impl Lost {
+    fn defuse(mut self) {
+        self.ticket = None;
+    }
+}
+
+impl Drop for Lost {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            error!(node = %ticket.identity, "a node's sequence ended without an outcome; forgetting the node so a later discovery retries it");
+            self.handle.registry.remove(&ticket);
+        }
+    }
+}
+
+/// What a node's sequence ended with: metrics, the log line, and what the
+/// registry does with the node.
+fn record(
+    ctx: &Context,
+    handle: &Handle,
+    ticket: Arc<Ticket>,
+    result: Result<Outcome, ProvisionError>,
+) {
+    match result {
+        Ok(Outcome::Provisioned(record)) => {
+            ctx.metrics.provisioned();
+            info!(node = %ticket.identity, "provisioned");
+            if let Some(record) = record {
+                handle.recorder.record(*record);
+            }
+            handle
+                .registry
+                .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+        }
+        Ok(Outcome::Shutdown) => {
+            handle
+                .registry
+                .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
+        }
+        Ok(Outcome::Upgrading { to }) => {
+            info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
+            handle.registry.remove(&ticket);
+        }
+        Err(e) if e.is_pause() => {
+            // Thousands may be in flight (waiting): one line each would
+            // bury the pause's own.
+            debug!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
+            handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::Locked { .. }) => {
+            // Not ours to work now; a later discovery finds it again if
+            // its holder does not finish it (the lock lasts two minutes).
+            info!(node = %ticket.identity, reason = %e, "left the node to the provisioner holding it");
+            handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::Stale(_)) => {
+            // It waited too long before its sequence started: nothing is
+            // known of it, not even that it exists.
+            debug!(node = %ticket.identity, reason = %e, "not provisioning the node");
+            handle.registry.remove(&ticket);
+        }
+        Err(e @ ProvisionError::DeniedIdentity(_)) => {
+            // Anyone can offer names that match the deny list.
+            ctx.metrics.provision_error();
+            if let super::suspects::Allow::Yes { suppressed } =
+                ctx.logs.check("denied identity", std::time::Instant::now())
+            {
+                warn!(node = %ticket.identity, error = %e, suppressed_before = suppressed, "not provisioning the node");
+            }
+            handle.registry.failed(&ticket);
+        }
+        Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
+            // Nobody answered in its name: a made-up name, or a node gone.
+            match ticket.source {
+                registry::Source::Discovery => ctx.metrics.unconfirmed_discovery(),
+                registry::Source::Event => ctx.metrics.unconfirmed_event(),
+            }
+            debug!(node = %ticket.identity, rpc, tries, last = %last, "the node never answered; not provisioned");
+            handle.registry.failed(&ticket);
+        }
+        Err(e @ ProvisionError::Rpc { .. }) => {
+            // A node that answered and then stopped answering: whoever has
+            // the fleet's provisioning JWT can make up any number of those,
+            // so these lines come at a bounded rate (the metric counts all).
+            ctx.metrics.provision_error();
+            if let super::suspects::Allow::Yes { suppressed } =
+                ctx.logs.check("provision error", std::time::Instant::now())
+            {
+                error!(node = %ticket.identity, step = %e.step(), error = %e, suppressed_before = suppressed, "could not provision the node");
+            }
+            handle.registry.failed(&ticket);
+        }
+        Err(e) => {
+            ctx.metrics.provision_error();
+            error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
+            handle.registry.failed(&ticket);
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! Running the user's helper for one node, with the same contract as the Go
+//! provisioner: the node's details as JSON on stdin, a JSON response on
+//! stdout, exit status 0, at most 10 seconds.
+//!
+//! The input is byte-compatible with Go's `json.Marshal` of its `Host`, and
+//! the response is decoded as leniently as Go's `json.Unmarshal` decodes its
+//! `ConfigResponse` (unknown keys ignored, keys matched case-insensitively,
+//! `null` leaves the default), so existing helpers keep working unchanged.
+//!
+//! A helper is someone else's program run once per node, so it is fenced in:
+//! it runs in a process group of its own, and that whole group is killed when
+//! it runs over its time, when the node's work is abandoned, and after it
+//! exits (anything it left running in the background goes too); its output
+//! is capped at [`MAX_OUTPUT`]; what it wrote to stderr reaches our logs and
+//! errors cut short and without control characters. Grandchildren that
+//! escape the group (a helper that calls `setsid`) are reparented to PID 1:
+//! the image runs an init (tini) that reaps them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tracing::debug;
+
+use choria_wire::security::tokens::{ProvisioningClaims, ServerClaims};
+
+/// How long a helper may run, as in Go.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much of the helper's stderr is kept for error messages and logs.
+const STDERR_TAIL: usize = 2048;
+/// The most a helper may print on stdout; a response is a few KiB.
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+/// The longest stderr line quoted in an error.
+const MAX_QUOTED_LINE: usize = 300;
+
+/// The node's `choria_provision#gencsr` reply (go-choria `CSRReply`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CsrReply {
+    /// PEM CSR made by the node.
+    pub csr: String,
+    /// PEM public key of the node's private key.
+    pub public_key: String,
+    /// Where the node keeps its key and will store the certificate.
+    pub ssldir: String,
+}
+
+/// The node's `choria_provision#gen25519` reply (go-choria `ED25519Reply`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Ed25519Reply {
+    /// Hex ed25519 public key.
+    pub public_key: String,
+    /// Where the node keeps its seed and will store its JWT.
+    pub directory: String,
+    /// Hex signature over the request nonce.
+    pub signature: String,
+}
+
+/// What the helper reads on stdin. Field order and names are Go's `Host`.
+#[derive(Debug, Serialize)]
+pub struct HelperInput<'a> {
+    /// The node's identity.
+    pub identity: &'a str,
+    /// Present with the `pki` feature.
+    pub csr: Option<&'a CsrReply>,
+    /// Present with the `ed25519` feature.
+    pub ed25519_pubkey: Option<&'a Ed25519Reply>,
+    /// The node's `rpcutil#inventory` reply as a JSON document, sent as a
+    /// string (not an object) like Go does.
+    pub inventory: &'a str,
+    /// The verified provisioning token's claims, with the `jwt` feature.
+    pub jwt: Option<&'a ProvisioningClaims>,
+}
+
+impl HelperInput<'_> {
+    /// The exact bytes Go's `json.Marshal` would send to the helper.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Only strings, bools, options and JSON values are serialized into a
+        // Vec, none of which can fail.
+        choria_wire::json::to_vec(self).expect("helper input always serializes")
+    }
+}
+
+/// The helper's reply (Go `ConfigResponse`).
+#[derive(Default, Clone)]
+pub struct HelperResponse {
+    /// Try the node again later.
+    pub defer: bool,
+    /// Tell the node to shut down instead of provisioning it.
+    pub shutdown: bool,
+    /// Why it was deferred or shut down.
+    pub msg: String,
+    /// Optional PEM private key for the node. Secret: never logged.
+    pub key: String,
+    /// PEM certificate for the node.
+    pub certificate: String,
+    /// PEM CA certificate(s).
+    pub ca: String,
+    /// Where the node should store key, certificate and CA.
+    pub ssldir: String,
+    /// Claims to base the node's server JWT on (ed25519 feature).
+    pub server_claims: Option<ServerClaims>,
+    /// Server configuration settings.
+    pub configuration: BTreeMap<String, String>,
+    /// Action policies by agent name.
+    pub action_policies: BTreeMap<String, String>,
+    /// Open Policy Agent policies by agent name (or `default`).
+    pub opa_policies: BTreeMap<String, String>,
+    /// Version to upgrade the node to before configuring it.
+    pub upgrade: String,
+}
+
+impl fmt::Debug for HelperResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `key` is a private key; configuration values may hold passwords or
+        // tokens, so only their names are shown.
+        let key = if self.key.is_empty() {
+            ""
+        } else {
+            "<redacted>"
+        };
+        f.debug_struct("HelperResponse")
+            .field("defer", &self.defer)
+            .field("shutdown", &self.shutdown)
+            .field("msg", &self.msg)
+            .field("key", &key)
+            .field("certificate", &self.certificate)
+            .field("ca", &self.ca)
+            .field("ssldir", &self.ssldir)
+            .field("server_claims", &self.server_claims)
+            .field("configuration_keys", &self.configuration.keys())
+            .field("action_policies", &self.action_policies)
+            .field("opa_policies", &self.opa_policies)
+            .field("upgrade", &self.upgrade)
+            .finish()
+    }
+}
+
+impl HelperResponse {
+    /// Decodes a helper's output the way Go's `json.Unmarshal` fills a
+    /// `ConfigResponse` (see the module docs).
+    pub fn from_json(data: &[u8]) -> Result<Self, serde_json::Error> {
+        // Go replaces invalid UTF-8 inside strings with U+FFFD instead of
+        // failing; outside strings it is a syntax error either way.
+        match std::str::from_utf8(data) {
+            Ok(s) => serde_json::from_str(s),
+            Err(_) => serde_json::from_str(&String::from_utf8_lossy(data)),
+        }
+    }
+}
+
+/// The response's keys, for Go-style case-insensitive matching.
+#[derive(Clone, Copy)]
+enum Field {
+    Defer,
+    Shutdown,
+    Msg,
+    Key,
+    Certificate,
+    Ca,
+    Ssldir,
+    ServerClaims,
+    Configuration,
+    ActionPolicies,
+    OpaPolicies,
+    Upgrade,
+}
+
+impl Field {
+    /// Matches a key like Go's decoder: case-insensitively, where the
+    /// Kelvin sign and long s also fold to `k` and `s`.
+    fn lookup(key: &str) -> Option<Field> {
+        let mut folded = String::with_capacity(key.len());
+        for c in key.chars() {
+            folded.push(match c {
+                '\u{212A}' => 'k',
+                '\u{017F}' => 's',
+                c if c.is_ascii() => c.to_ascii_lowercase(),
+                // No other character folds to the ASCII field names.
+                _ => return None,
+            });
+        }
+        Some(match folded.as_str() {
+            "defer" => Field::Defer,
+            "shutdown" => Field::Shutdown,
+            "msg" => Field::Msg,
+            "key" => Field::Key,
+            "certificate" => Field::Certificate,
+            "ca" => Field::Ca,
+            "ssldir" => Field::Ssldir,
+            "server_claims" => Field::ServerClaims,
+            "configuration" => Field::Configuration,
+            "action_policies" => Field::ActionPolicies,
+            "opa_policies" => Field::OpaPolicies,
+            "upgrade" => Field::Upgrade,
+            _ => return None,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for HelperResponse {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ResponseVisitor)
+    }
+}
+
+struct ResponseVisitor;
+
+impl<'de> Visitor<'de> for ResponseVisitor {
+    type Value = HelperResponse;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    // Go accepts a bare `null` and leaves every field at its zero value.
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(HelperResponse::default())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut r = HelperResponse::default();
+        // Keys are applied in order, so a repeated key wins like in Go.
+        while let Some(key) = map.next_key::<String>()? {
+            let Some(field) = Field::lookup(&key) else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            match field {
+                Field::Defer => set(&mut r.defer, map.next_value()?),
+                Field::Shutdown => set(&mut r.shutdown, map.next_value()?),
+                Field::Msg => set(&mut r.msg, map.next_value()?),
+                Field::Key => set(&mut r.key, map.next_value()?),
+                Field::Certificate => set(&mut r.certificate, map.next_value()?),
+                Field::Ca => set(&mut r.ca, map.next_value()?),
+                Field::Ssldir => set(&mut r.ssldir, map.next_value()?),
+                Field::Upgrade => set(&mut r.upgrade, map.next_value()?),
+                // Go sets a pointer to nil on `null`.
+                Field::ServerClaims => r.server_claims = map.next_value()?,
+                Field::Configuration => map.next_value_seed(StringMap {
+                    name: "configuration",
+                    map: &mut r.configuration,
+                })?,
+                Field::ActionPolicies => map.next_value_seed(StringMap {
+                    name: "action_policies",
+                    map: &mut r.action_policies,
+                })?,
+                Field::OpaPolicies => map.next_value_seed(StringMap {
+                    name: "opa_policies",
+                    map: &mut r.opa_policies,
+                })?,
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Go leaves a bool or string untouched when it reads `null`.
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}
+
+/// Decodes a Go `map[string]string` into an existing map: a repeated object
+/// adds to it, `null` clears it, `null` values become `""`, and any other
+/// non-string value is an error naming the key.
+struct StringMap<'m> {
+    name: &'static str,
+    map: &'m mut BTreeMap<String, String>,
+}
+
+impl<'de> DeserializeSeed<'de> for StringMap<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringMap<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{} as an object of strings", self.name)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.map.clear();
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            match map.next_value::<MapValue>()? {
+                MapValue::Str(v) => {
+                    self.map.insert(key, v);
+                }
+                MapValue::Null => {
+                    self.map.insert(key, String::new());
+                }
+                MapValue::Other(kind) => {
+                    return Err(de::Error::custom(format!(
+                        "{}[{key:?}] must be a string, not {kind}",
+                        self.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A map value, classified without failing so the error can name its key.
+enum MapValue {
+    Str(String),
+    Null,
+    Other(&'static str),
+}
+
+impl<'de> Deserialize<'de> for MapValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MapValueVisitor)
+    }
+}
+
+struct MapValueVisitor;
+
+impl<'de> Visitor<'de> for MapValueVisitor {
+    type Value = MapValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<MapValue, E> {
+        Ok(MapValue::Str(v.to_string()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<MapValue, E> {
+        Ok(MapValue::Str(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<MapValue, E> {
+        Ok(MapValue::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a boolean"))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<MapValue, E> {
+        Ok(MapValue::Other("a number"))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<MapValue, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(MapValue::Other("an array"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MapValue, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(MapValue::Other("an object"))
+    }
+}
+
+/// Why running the helper failed. Every message names the helper command.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The command could not be started (missing, not executable...).
+    #[error("could not start helper {command}: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The helper ran too long and was killed.
+    #[error("helper {command} did not finish within {timeout:?} and was killed")]
+    Timeout { command: String, timeout: Duration },
+    /// The helper exited unsuccessfully; `stderr_tail` is the end of what
+    /// it wrote to stderr, the message shows its last line.
+    #[error("helper {command} {}{}", describe_status(.status), last_line_suffix(.stderr_tail))]
+    Exit {
+        command: String,
+        status: ExitStatus,
+        stderr_tail: String,
+    },
+    /// The helper exited 0 without printing anything.
+    #[error("helper {command} exited successfully but printed nothing{}", last_line_suffix(.stderr_tail))]
+    EmptyOutput {
+        command: String,
+        stderr_tail: String,
+    },
+    /// The helper printed more than [`MAX_OUTPUT`] bytes; it was killed.
+    #[error("helper {command} printed more than {} bytes and was killed (a response is a JSON object of a few KiB)", MAX_OUTPUT)]
+    OutputTooLarge { command: String },
+    /// The output is not a valid response.
+    #[error("helper {command} printed an invalid response: {source}")]
+    Decode {
+        command: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Talking to the helper over its pipes failed.
+    #[error("helper {command}: could not {action}: {source}")]
+    Io {
+        command: String,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn describe_status(status: &ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("was killed by signal {signal}");
+        }
+    }
+    format!("failed: {status}")
+}
+
+fn last_line_suffix(stderr: &str) -> String {
+    match stderr.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(line) => format!(": {}", sanitize_line(line)),
+        None => String::new(),
+    }
+}
+
+/// A line from the helper made safe to quote: control characters (escape
+/// sequences, carriage returns that would forge log lines) dropped, cut to
+/// [`MAX_QUOTED_LINE`] characters.
+fn sanitize_line(line: &str) -> String {
+    let mut out: String = line
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_QUOTED_LINE)
+        .collect();
+    if line.chars().filter(|c| !c.is_control()).count() > MAX_QUOTED_LINE {
+        out.push('…');
+    }
+    out
+}
+
+/// Kills the helper's whole process group when dropped: whatever it left
+/// running, on every way out of [`Helper::run`] (done, timed out, abandoned).
+struct GroupKiller(Option<u32>);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        if let Some(pgid) = self
+            .0
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 1)
+        {
+            // SAFETY: kill(2) with a negative pid signals that process group;
+            // it touches no memory. The group is the helper's own (made by
+            // `process_group(0)`), never ours.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A helper command and how long it may run.
+#[derive(Clone, Debug)]
+pub struct Helper {
+    argv: Vec<String>,
+    timeout: Duration,
+}
+
+impl Helper {
+    /// `argv` is the already split command line (see
+    /// `choria_config::split_command_line`); the timeout is 10 seconds.
+    pub fn new(argv: Vec<String>) -> Self {
+        Helper {
+            argv,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Overrides the time limit (tests, simulations).
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Helper { timeout, ..self }
+    }
+
+    /// The command line, shell-quoted, for messages.
+    pub fn command_line(&self) -> String {
+        shell_words::join(&self.argv)
+    }
+
+    /// Runs the helper once for `input`.
+    ///
+    /// Dropping the returned future (e.g. on shutdown) kills the helper;
+    /// tokio reaps it in the background.
+    pub async fn run(&self, input: &HelperInput<'_>) -> Result<HelperResponse, HelperError> {
+        let command = self.command_line();
+        let Some((program, args)) = self.argv.split_first() else {
+            return Err(HelperError::Spawn {
+                command,
+                source: io::Error::new(io::ErrorKind::InvalidInput, "empty command line"),
+            });
+        };
+
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| HelperError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        let _group = GroupKiller(child.id());
+
+        let io_err = |action: &'static str| {
+            let command = command.clone();
+            move |source| HelperError::Io {
+                command,
+                action,
+                source,
+            }
+        };
+
+        let input = input.to_json();
+        // All three pipes are serviced at once: a helper that writes while
+        // we are still feeding it a large input must not deadlock.
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let exchange = async {
+            let write = async {
+                if let Some(mut stdin) = stdin {
+                    match stdin.write_all(&input).await {
+                        // A helper may stop reading early; only its output
+                        // and exit status matter.
+                        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                        other => other?,
+                    }
+                    // Dropping stdin here closes it so the helper sees EOF.
+                }
+                Ok::<(), io::Error>(())
+            };
+            let read = async {
+                let mut out = Vec::new();
+                if let Some(stdout) = stdout {
+                    // One byte more than allowed tells "too much" from "just enough".
+                    stdout
+                        .take(MAX_OUTPUT as u64 + 1)
+                        .read_to_end(&mut out)
+                        .await?;
+                }
+                Ok::<_, io::Error>(out)
+            };
+            let (written, out, err) = tokio::join!(write, read, read_tail(stderr));
+            written.map_err(io_err("write its input"))?;
+            let out = out.map_err(io_err("read its output"))?;
+            if out.len() > MAX_OUTPUT {
+                return Err(HelperError::OutputTooLarge {
+                    command: command.clone(),
+                });
+            }
+            let status = child.wait().await.map_err(io_err("wait for it"))?;
+            Ok::<_, HelperError>((status, out, err))
+        };
+
+        // Bound first so the exchange, which borrows the child, is dropped
+        // before the child is killed.
+        let finished = tokio::time::timeout(self.timeout, exchange).await;
+        let (status, out, stderr_tail) = match finished {
+            Ok(done) => done?,
+            Err(_) => {
+                // kill() also waits, so no zombie is left behind; it can only
+                // fail if the child is already gone.
+                if let Err(e) = child.kill().await {
+                    debug!(helper = %command, error = %e, "could not kill the timed out helper");
+                }
+                return Err(HelperError::Timeout {
+                    command,
+                    timeout: self.timeout,
+                });
+            }
+        };
+
+        if !stderr_tail.is_empty() {
+            let last = stderr_tail
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| !l.is_empty());
+            debug!(helper = %command, stderr_last_line = %sanitize_line(last.unwrap_or_default()), "helper wrote to stderr");
+        }
+        if !status.success() {
+            return Err(HelperError::Exit {
+                command,
+                status,
+                stderr_tail,
+            });
+        }
+        if out.iter().all(u8::is_ascii_whitespace) {
+            return Err(HelperError::EmptyOutput {
+                command,
+                stderr_tail,
+            });
+        }
+        HelperResponse::from_json(&out).map_err(|source| HelperError::Decode { command, source })
+    }
+}
+
+/// Reads a pipe to its end keeping only the last [`STDERR_TAIL`] bytes.
+/// Read errors just end the capture: stderr is only diagnostics.
+async fn read_tail(pipe: Option<impl AsyncRead + Unpin>) -> String {
+    let Some(mut pipe) = pipe else {
+        return String::new();
+    };
+    let mut tail = Vec::with_capacity(STDERR_TAIL);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        // Trim in batches rather than on every read.
+        if tail.len() > 2 * STDERR_TAIL {
+            tail.drain(..tail.len() - STDERR_TAIL);
+        }
+    }
+    if tail.len() > STDERR_TAIL {
+        tail.drain(..tail.len() - STDERR_TAIL);
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests;

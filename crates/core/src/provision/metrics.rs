@@ -1,0 +1,727 @@
+//! Prometheus metrics under the Go provisioner's exact names, so existing
+//! dashboards and alerts keep working against this rebuild.
+//!
+//! Every series carries the `site` label and exists from the start at 0:
+//! dashboards then show zeros instead of gaps before the first event.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// Every RPC the provisioner performs, as `agent#action`; the `rpc`-labelled
+/// series are pre-created for each of them.
+pub const RPC_NAMES: [&str; 8] = [
+    "choria_provision#jwt",
+    "choria_provision#gen25519",
+    "rpcutil#inventory",
+    "choria_provision#gencsr",
+    "choria_provision#configure",
+    "choria_provision#restart",
+    "choria_provision#shutdown",
+    "choria_provision#release_update",
+];
+
+const SITE: &str = "site";
+const RPC: &str = "rpc";
+
+/// All metrics of one provisioner process, labelled with its `site`.
+///
+/// Each instance owns its registry, so several can live in one process
+/// (tests, the demo) without clashing in the global default registry.
+pub struct Metrics {
+    site: String,
+    registry: Registry,
+    rpc_time: Summary,
+    helper_time: Summary,
+    rpc_errors: IntCounterVec,
+    helper_errors: IntCounter,
+    template_errors: IntCounter,
+    cert_manager_requests: IntCounterVec,
+    helper_shutdowns: IntCounter,
+    discovered: IntCounter,
+    event_discovered: IntCounter,
+    discover_cycles: IntCounter,
+    discovery_errors: IntCounter,
+    provision_errors: IntCounter,
+    provisioned: IntCounter,
+    paused: IntGauge,
+    busy_workers: IntGauge,
+    work_queue_entries: IntGauge,
+    waiting_nodes: IntGauge,
+    election_errors: IntCounter,
+    leader: IntGauge,
+    leadership_transitions: IntCounter,
+    ignored_replies: IntCounterVec,
+    conflicting_replies: IntCounter,
+    rejected_identities: IntCounterVec,
+    rejected_csrs: IntCounterVec,
+    unconfirmed_events: IntCounter,
+    dropped_events: IntCounter,
+    confirming_nodes: IntGauge,
+    unconfirmed_discoveries: IntCounter,
+    dropped_discoveries: IntCounter,
+    pending_nodes: IntGauge,
+    refused_values: IntCounterVec,
+    lock_refusals: IntCounter,
+    shard_members: IntGauge,
+    records_written: IntCounter,
+    record_errors: IntCounter,
+    records_dropped: IntCounter,
+    records: IntGauge,
+    renewals_due: IntGauge,
+    renewals: IntCounterVec,
+    renewals_stranded: IntGauge,
+    records_refused: IntCounterVec,
+    shard_records_refused: IntCounterVec,
+    ignored_shutdowns: IntCounter,
+    sequences: IntGauge,
+}
+
+/// Labels of `choria_provisioner_shard_records_refused{reason}`.
+pub const SHARD_REFUSED_REASONS: [&str; 6] = [
+    "unsigned",
+    "signature",
+    "invalid",
+    "replayed",
+    "stale",
+    "too_many",
+];
+
+/// Labels of `choria_provisioner_renewals{outcome}`.
+pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
+
+/// Labels of `choria_provisioner_rejected_identities{source}`.
+pub const IDENTITY_SOURCES: [&str; 2] = ["discovery", "event"];
+/// Labels of `choria_provisioner_refused_values{place}`: where a value from
+/// a node (through a template or the helper) would have landed.
+pub const REFUSED_PLACES: [&str; 8] = [
+    "setting",
+    "list_setting",
+    "action_policy",
+    "opa_policy",
+    "version",
+    "collectives",
+    "main_collective",
+    "pub_subjects",
+];
+/// Labels of `choria_provisioner_rejected_csrs{reason}`.
+pub const CSR_REASONS: [&str; 9] = [
+    "unparsable",
+    "unsupported_algorithm",
+    "bad_signature",
+    "common_name_count",
+    "common_name",
+    "foreign_dns_name",
+    "non_dns_san",
+    "denied_name",
+    "other",
+];
+
+impl Metrics {
+    pub fn new(site: &str) -> Self {
+        let registry = Registry::new();
+        crate::monitor::register_process_metrics(&registry);
+        // `site` is a constant label: it never varies within one process,
+        // and the hot paths then need no label lookup for it.
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label(SITE, site);
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::with_opts(opts(name, help)).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, c.clone());
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::with_opts(opts(name, help)).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, g.clone());
+            g
+        };
+        let summary = |name: &str, help: &str, labels: &[&str]| {
+            let s = Summary::new(name, help, site, labels).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, s.clone());
+            s
+        };
+
+        let rpc_time = summary(
+            "choria_provisioner_rpc_time",
+            "How long it took to perform RPC requests",
+            &[RPC],
+        );
+        let helper_time = summary(
+            "choria_provisioner_helper_time",
+            "How long it took to run the helper",
+            &[],
+        );
+        let rpc_errors_name = "choria_provisioner_rpc_errors";
+        let rpc_errors = IntCounterVec::new(
+            opts(
+                rpc_errors_name,
+                "How many rpc related errors were encountered",
+            ),
+            &[RPC],
+        )
+        .unwrap_or_else(|e| defect(rpc_errors_name, e));
+        register(&registry, rpc_errors_name, rpc_errors.clone());
+        for rpc in RPC_NAMES {
+            rpc_time.touch(&[rpc]);
+            rpc_errors.with_label_values(&[rpc]);
+        }
+        helper_time.touch(&[]);
+        let labelled = |name: &str, help: &str, label: &str, values: &[&str]| {
+            let v =
+                IntCounterVec::new(opts(name, help), &[label]).unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, v.clone());
+            for value in values {
+                v.with_label_values(&[value]);
+            }
+            v
+        };
+        let ignored_reasons: Vec<&str> = choria_wire::replies::Ignored::ALL
+            .iter()
+            .map(|r| r.reason())
+            .collect();
+
+        Metrics {
+            rpc_time,
+            helper_time,
+            rpc_errors,
+            helper_errors: counter(
+                "choria_provisioner_helper_errors",
+                "How many helper related errors were encountered",
+            ),
+            template_errors: counter(
+                "choria_provisioner_template_errors",
+                "How many nodes failed because configuration_template did not render for them",
+            ),
+            cert_manager_requests: labelled(
+                "choria_provisioner_cert_manager_requests",
+                "CertificateRequests made for nodes' CSRs, by how they ended",
+                "outcome",
+                &super::certmanager::OUTCOMES,
+            ),
+            helper_shutdowns: counter(
+                "choria_provisioner_helper_shutdown_requests",
+                // The Go provisioner's help text, typo included.
+                "Host many times the helper asked for a node to be shutdown and it succeeded",
+            ),
+            discovered: counter(
+                "choria_provisioner_discovered",
+                "How many nodes were found through discovery",
+            ),
+            event_discovered: counter(
+                "choria_provisioner_event_discovered",
+                "How many nodes were found through receiving an event about them",
+            ),
+            discover_cycles: counter(
+                "choria_provisioner_discover_cycles",
+                "How many discovery cycles were ran",
+            ),
+            discovery_errors: counter(
+                "choria_provisioner_discovery_errors",
+                "How many discovery related errors were encountered",
+            ),
+            provision_errors: counter(
+                "choria_provisioner_provision_errors",
+                "How many provision related errors were encountered",
+            ),
+            provisioned: counter(
+                "choria_provisioner_provisioned",
+                "How many nodes were successfully provisioned",
+            ),
+            paused: gauge(
+                "choria_provisioner_paused",
+                "Indicates if the provisioner is paused",
+            ),
+            busy_workers: gauge(
+                "choria_provisioner_busy_workers",
+                "How many workers are busy provisioning nodes",
+            ),
+            work_queue_entries: gauge(
+                "choria_provisioner_work_queue_entries",
+                "Number of nodes on the work queue waiting to be provisioned",
+            ),
+            waiting_nodes: gauge(
+                "choria_provisioner_waiting_nodes",
+                "The number of nodes currently waiting to be provisioned",
+            ),
+            election_errors: counter(
+                "choria_provisioner_election_errors",
+                "How many leader election errors were encountered",
+            ),
+            leader: gauge(
+                "choria_provisioner_leader",
+                "Indicates if this instance is the elected leader",
+            ),
+            leadership_transitions: counter(
+                "choria_provisioner_leadership_transitions",
+                "How many times leadership was gained or lost",
+            ),
+            ignored_replies: labelled(
+                "choria_provisioner_ignored_replies",
+                "Messages on a request's reply subject that were not its answer (another sender, another request, undecodable, a repeat, beyond the discovery limit)",
+                "reason",
+                &ignored_reasons,
+            ),
+            conflicting_replies: counter(
+                "choria_provisioner_conflicting_replies",
+                "Requests that got two different answers claiming to be the same node; the node was not provisioned that cycle",
+            ),
+            rejected_identities: labelled(
+                "choria_provisioner_rejected_identities",
+                "Node identities from discovery replies or lifecycle events refused as invalid",
+                "source",
+                &IDENTITY_SOURCES,
+            ),
+            rejected_csrs: labelled(
+                "choria_provisioner_rejected_csrs",
+                "Node CSRs refused, by reason",
+                "reason",
+                &CSR_REASONS,
+            ),
+            unconfirmed_events: counter(
+                "choria_provisioner_unconfirmed_events",
+                "Names from startup events whose first request got no answer in their own name, so nothing confirms they exist (asked again at the next discovery)",
+            ),
+            dropped_events: counter(
+                "choria_provisioner_dropped_events",
+                "Startup events dropped because the events lane was full",
+            ),
+            confirming_nodes: gauge(
+                "choria_provisioner_confirming_nodes",
+                "Nodes waiting for the reply window of their trusted answers to close",
+            ),
+            unconfirmed_discoveries: counter(
+                "choria_provisioner_unconfirmed_discoveries",
+                "Names from discovery replies whose first request got no answer in their own name, so nothing confirms they exist (asked again at the next discovery)",
+            ),
+            dropped_discoveries: counter(
+                "choria_provisioner_dropped_discoveries",
+                "Names from discovery replies dropped because the registry was full",
+            ),
+            pending_nodes: gauge(
+                "choria_provisioner_pending_nodes",
+                "Nodes found by discovery or events waiting in their lane for their sequence to start",
+            ),
+            lock_refusals: counter(
+                "choria_provisioner_lock_refusals",
+                "Requests a node refused because another provisioner holds its provisioning lock; the node was left to that provisioner",
+            ),
+            records_written: counter(
+                "choria_provisioner_records_written",
+                "Records of provisionings written to the records bucket",
+            ),
+            record_errors: counter(
+                "choria_provisioner_record_errors",
+                "Failed attempts to reach the records store or write a record (retried)",
+            ),
+            records_dropped: counter(
+                "choria_provisioner_records_dropped",
+                "Records dropped unwritten because too many were waiting for the records store",
+            ),
+            records: gauge(
+                "choria_provisioner_records",
+                "Nodes on record whose credentials expire (renewal: on)",
+            ),
+            renewals_due: gauge(
+                "choria_provisioner_renewals_due",
+                "Nodes whose credentials are due for renewal now (inside their renewal window, not yet renewed)",
+            ),
+            renewals: labelled(
+                "choria_provisioner_renewals",
+                "Renewal (reprovision) requests by how they ended",
+                "outcome",
+                &RENEWAL_OUTCOMES,
+            ),
+            renewals_stranded: gauge(
+                "choria_provisioner_renewals_stranded",
+                "Nodes on record that renewal will not ask to reprovision because they could not come back: their provisioning JWT expires before they would be provisioned again",
+            ),
+            sequences: gauge(
+                "choria_provisioner_sequences",
+                "Node sequences in flight (waiting for replies or working); the busy_workers among them hold a workers slot",
+            ),
+            ignored_shutdowns: counter(
+                "choria_provisioner_ignored_shutdowns",
+                "Shutdown events not acted on: the node's shutdown was taken within the last two discovery intervals, or announced already while it was worked or held (a shutdown event is a hint anyone can publish)",
+            ),
+            shard_records_refused: labelled(
+                "choria_provisioner_shard_records_refused",
+                "Shard membership records (heartbeats, member Leases) ignored, by reason: not sealed, a seal that is not ours, malformed, an old record again, older than lease_duration and the clock skew allowed, or more members than are counted",
+                "reason",
+                &SHARD_REFUSED_REASONS,
+            ),
+            records_refused: labelled(
+                "choria_provisioner_records_refused",
+                "Values in the records bucket not acted on, by reason: no seal, a seal that is not ours, sealed for another key or site, older than a record already seen, not a record, or a key deleted (the schedule keeps it)",
+                "reason",
+                &crate::records::sealed::Refusal::ALL.map(|r| r.reason()),
+            ),
+            shard_members: gauge(
+                "choria_provisioner_shard_members",
+                "Live members of the shards this replica works in (election.mode shards; 0 otherwise)",
+            ),
+            refused_values: labelled(
+                "choria_provisioner_refused_values",
+                "Nodes not provisioned because a value would have widened their grant: an interpolated template value refused for the place it lands, or an invalid collective or publish subject for the server JWT",
+                "place",
+                &REFUSED_PLACES,
+            ),
+            site: site.to_string(),
+            registry,
+        }
+    }
+
+    pub fn ignored_reply(&self, reason: &str) {
+        self.ignored_replies.with_label_values(&[reason]).inc();
+    }
+
+    pub fn conflicting_reply(&self) {
+        self.conflicting_replies.inc();
+    }
+
+    pub fn rejected_identity(&self, source: &str) {
+        self.rejected_identities.with_label_values(&[source]).inc();
+    }
+
+    pub fn rejected_csr(&self, reason: &str) {
+        self.rejected_csrs.with_label_values(&[reason]).inc();
+    }
+
+    pub fn unconfirmed_event(&self) {
+        self.unconfirmed_events.inc();
+    }
+
+    pub fn dropped_event(&self) {
+        self.dropped_events.inc();
+    }
+
+    pub fn unconfirmed_discovery(&self) {
+        self.unconfirmed_discoveries.inc();
+    }
+
+    pub fn dropped_discovery(&self) {
+        self.dropped_discoveries.inc();
+    }
+
+    pub fn set_pending_nodes(&self, n: usize) {
+        self.pending_nodes.set(n as i64);
+    }
+
+    pub fn set_records(&self, n: usize) {
+        self.records.set(n as i64);
+    }
+
+    pub fn set_renewals_due(&self, n: usize) {
+        self.renewals_due.set(n as i64);
+    }
+
+    /// `outcome`: `sent`, `refused` or `failed`.
+    pub fn renewal(&self, outcome: &str) {
+        self.renewals.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts a sequence in flight while the guard lives.
+    pub fn sequence(&self) -> GaugeGuard<'_> {
+        self.sequences.inc();
+        GaugeGuard {
+            gauge: &self.sequences,
+        }
+    }
+
+    pub fn ignored_shutdown(&self) {
+        self.ignored_shutdowns.inc();
+    }
+
+    pub fn shard_record_refused(&self, reason: &str) {
+        self.shard_records_refused
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    pub fn record_refused(&self, reason: &str) {
+        self.records_refused.with_label_values(&[reason]).inc();
+    }
+
+    pub fn set_renewals_stranded(&self, n: usize) {
+        self.renewals_stranded.set(saturating_i64(n));
+    }
+
+    pub fn record_written(&self) {
+        self.records_written.inc();
+    }
+
+    pub fn record_error(&self) {
+        self.record_errors.inc();
+    }
+
+    pub fn record_dropped(&self) {
+        self.records_dropped.inc();
+    }
+
+    pub fn lock_refusal(&self) {
+        self.lock_refusals.inc();
+    }
+
+    pub fn set_shard_members(&self, n: usize) {
+        self.shard_members.set(n as i64);
+    }
+
+    /// `place` is one of [`REFUSED_PLACES`].
+    pub fn refused_value(&self, place: &str) {
+        self.refused_values.with_label_values(&[place]).inc();
+    }
+
+    /// Counts a node waiting on its reply window until the guard drops.
+    pub fn confirming_node(&self) -> GaugeGuard<'_> {
+        self.confirming_nodes.inc();
+        GaugeGuard {
+            gauge: &self.confirming_nodes,
+        }
+    }
+
+    pub fn site(&self) -> &str {
+        &self.site
+    }
+
+    /// Records one RPC round trip; `rpc` is `agent#action`.
+    pub fn observe_rpc(&self, rpc: &str, took: Duration) {
+        self.rpc_time.observe(&[rpc], took.as_secs_f64());
+    }
+
+    pub fn rpc_error(&self, rpc: &str) {
+        self.rpc_errors.with_label_values(&[rpc]).inc();
+    }
+
+    pub fn observe_helper(&self, took: Duration) {
+        self.helper_time.observe(&[], took.as_secs_f64());
+    }
+
+    pub fn helper_error(&self) {
+        self.helper_errors.inc();
+    }
+
+    pub fn template_error(&self) {
+        self.template_errors.inc();
+    }
+
+    pub fn cert_manager_request(&self, outcome: &str) {
+        self.cert_manager_requests
+            .with_label_values(&[outcome])
+            .inc();
+    }
+
+    pub fn helper_shutdown(&self) {
+        self.helper_shutdowns.inc();
+    }
+
+    pub fn discovered(&self) {
+        self.discovered.inc();
+    }
+
+    pub fn event_discovered(&self) {
+        self.event_discovered.inc();
+    }
+
+    pub fn discover_cycle(&self) {
+        self.discover_cycles.inc();
+    }
+
+    pub fn discovery_error(&self) {
+        self.discovery_errors.inc();
+    }
+
+    pub fn provision_error(&self) {
+        self.provision_errors.inc();
+    }
+
+    pub fn provisioned(&self) {
+        self.provisioned.inc();
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.set(i64::from(paused));
+    }
+
+    /// Counts one busy worker until the returned guard drops, so an early
+    /// return or panic in the worker cannot leave the gauge too high.
+    pub fn busy_worker(&self) -> BusyWorker<'_> {
+        self.busy_workers.inc();
+        GaugeGuard {
+            gauge: &self.busy_workers,
+        }
+    }
+
+    pub fn set_work_queue_entries(&self, n: usize) {
+        self.work_queue_entries.set(saturating_i64(n));
+    }
+
+    pub fn set_waiting_nodes(&self, n: usize) {
+        self.waiting_nodes.set(saturating_i64(n));
+    }
+
+    pub fn election_error(&self) {
+        self.election_errors.inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub fn leadership_transition(&self) {
+        self.leadership_transitions.inc();
+    }
+}
+
+impl crate::monitor::Exposition for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+/// Counts a busy worker while alive.
+pub struct GaugeGuard<'a> {
+    gauge: &'a IntGauge,
+}
+
+/// The guard of [`Metrics::busy_worker`].
+pub type BusyWorker<'a> = GaugeGuard<'a>;
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+fn saturating_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The metric definitions are constants, so a failure to build or register
+/// one is a bug in this file (the tests construct every metric), not a
+/// runtime condition a caller could handle.
+fn defect(name: &str, e: prometheus::Error) -> ! {
+    panic!("metric {name} is defined wrongly: {e}")
+}
+
+fn register(registry: &Registry, name: &str, collector: impl Collector + 'static) {
+    registry
+        .register(Box::new(collector))
+        .unwrap_or_else(|e| defect(name, e));
+}
+
+/// A summary without quantiles, exported as `_sum` and `_count` only, like
+/// the Go provisioner's `NewSummaryVec` without objectives; the prometheus
+/// crate has no summary type of its own.
+#[derive(Clone)]
+struct Summary(Arc<SummaryCore>);
+
+struct SummaryCore {
+    desc: Desc,
+    // A handful of series per summary: a linear scan is as fast as hashing
+    // and looks up by `&[&str]` without allocating on the hot path.
+    series: Mutex<Vec<SummarySeries>>,
+}
+
+struct SummarySeries {
+    label_values: Vec<String>,
+    count: u64,
+    sum: f64,
+}
+
+impl Summary {
+    fn new(name: &str, help: &str, site: &str, labels: &[&str]) -> prometheus::Result<Self> {
+        let desc = Desc::new(
+            name.to_string(),
+            help.to_string(),
+            labels.iter().map(|l| l.to_string()).collect(),
+            [(SITE.to_string(), site.to_string())].into(),
+        )?;
+        Ok(Summary(Arc::new(SummaryCore {
+            desc,
+            series: Mutex::new(Vec::new()),
+        })))
+    }
+
+    fn observe(&self, label_values: &[&str], v: f64) {
+        self.with_series(label_values, |s| {
+            s.count += 1;
+            s.sum += v;
+        });
+    }
+
+    /// Creates the series at 0 if missing.
+    fn touch(&self, label_values: &[&str]) {
+        self.with_series(label_values, |_| {});
+    }
+
+    fn with_series(&self, label_values: &[&str], f: impl FnOnce(&mut SummarySeries)) {
+        debug_assert_eq!(label_values.len(), self.0.desc.variable_labels.len());
+        // The series hold plain numbers that no panic can leave half
+        // updated, so a poisoned lock is still fine to use.
+        let mut series = self.0.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let pos = series.iter().position(|s| {
+            s.label_values
+                .iter()
+                .map(String::as_str)
+                .eq(label_values.iter().copied())
+        });
+        let idx = pos.unwrap_or_else(|| {
+            series.push(SummarySeries {
+                label_values: label_values.iter().map(|v| v.to_string()).collect(),
+                count: 0,
+                sum: 0.0,
+            });
+            series.len() - 1
+        });
+        f(&mut series[idx]);
+    }
+}
+
+impl Collector for Summary {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let desc = &self.0.desc;
+        let series = self.0.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let metrics = series
+            .iter()
+            .map(|s| {
+                let mut labels: Vec<LabelPair> = desc
+                    .variable_labels
+                    .iter()
+                    .zip(&s.label_values)
+                    .map(|(name, value)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name(name.clone());
+                        pair.set_value(value.clone());
+                        pair
+                    })
+                    .chain(desc.const_label_pairs.iter().cloned())
+                    .collect();
+                // Sorted by name, as the crate's own metrics and Go export them.
+                labels.sort();
+                let mut summary = proto::Summary::default();
+                summary.set_sample_count(s.count);
+                summary.set_sample_sum(s.sum);
+                let mut metric = proto::Metric::default();
+                metric.set_label(labels);
+                metric.set_summary(summary);
+                metric
+            })
+            .collect();
+        drop(series);
+
+        let mut family = MetricFamily::default();
+        family.set_name(desc.fq_name.clone());
+        family.set_help(desc.help.clone());
+        family.set_field_type(MetricType::SUMMARY);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,645 @@
+//! Credentials renewed before they expire (`renewal:`).
+//!
+//! Every replica follows the records bucket (all current records, then each
+//! new one) and keeps when each node is due: the earliest expiry of what it
+//! was issued, less `renewal.before` (a duration or a share of the
+//! lifetime), less a stable share of `renewal.jitter` taken from the node's
+//! name (a fleet provisioned at once is not renewed at once). When a node is
+//! due, its owner — the leader, or in shards mode the member that owns it,
+//! checked right before the request — sends `choria_provision#reprovision`
+//! with the provisioning token to the node in its own collective, at most
+//! `renewal.rate` a minute for the whole fleet (each of N members sends a
+//! 1/N share). The node rewrites its configuration to provisioning mode
+//! and restarts (go-choria 0.30.2; it needs a provisioning JWT with
+//! `chpd`), comes back through provisioning, gets fresh credentials and a
+//! new record, which moves its due time.
+//!
+//! Only records sealed by us are acted on ([`crate::records::sealed`]):
+//! anyone who may write the bucket could otherwise choose whom we ask to
+//! reprovision, into which collective, and when. An older record of a node
+//! than one already seen (an old revision written again) is refused too, and
+//! a deleted key changes nothing: the schedule keeps what it knew.
+//!
+//! A node whose provisioning JWT expires before it could be provisioned
+//! again (`renewal.retry` from the request) is never asked: the broker
+//! would refuse it on its way back, and the node would be lost. It is
+//! counted (`outcome="cannot_return"`, `choria_provisioner_renewals_stranded`)
+//! and left on its current credentials.
+//!
+//! A node asked is asked again after `renewal.retry` if no new record came;
+//! a failed request is retried with backoff. Outcomes are counted in
+//! `choria_provisioner_renewals{outcome}`.
+
+use super::suspects::{Allow, LogLimiter};
+use super::Handle;
+use crate::records::sealed::{Read, Refusal, Sealer};
+use crate::records::store::RecordStore;
+use crate::records::Record;
+use choria_config::day_two::{RecordsConfig, RenewalConfig};
+use choria_config::Secret;
+use choria_wire::client::ChoriaClient;
+use futures::StreamExt;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// Renewal requests in flight at once.
+const IN_FLIGHT: usize = 32;
+/// How often due requests are sent (as permits and the rate allow).
+const SEND_TICK: Duration = Duration::from_millis(100);
+/// The gauges are refreshed every this many ticks (a second).
+const GAUGE_EVERY: u64 = 10;
+/// How long one `reprovision` request waits for its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first retry after a failed request; it doubles up to `retry`.
+const FIRST_BACKOFF: i64 = 30;
+/// A node is not asked within this many seconds of its provisioning: it is
+/// still restarting (go-choria's restart splay is up to 12 s) and would not
+/// answer in its collective yet.
+pub const SETTLE_AFTER_PROVISIONING: i64 = 15;
+
+/// How long before its provisioning JWT stops it from coming back a node
+/// is asked at the latest (besides `renewal.retry`).
+const RETURN_MARGIN: i64 = 60;
+
+/// When each node is due, pure: every call takes `now` (Unix seconds).
+#[derive(Debug, Default)]
+pub struct Schedule {
+    nodes: HashMap<String, Due>,
+    by_time: BTreeSet<(i64, String)>,
+    /// The newest record seen for each node, as its time and a digest of
+    /// it: an older one is a replay of an earlier revision, the same one
+    /// again changes nothing.
+    newest: HashMap<String, (i64, u64)>,
+    /// Nodes that could not come back from a `reprovision`; not due again
+    /// until a newer record arrives.
+    stranded: HashSet<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Due {
+    at: i64,
+    /// When the credential expires.
+    expires: i64,
+    collective: Option<String>,
+    /// When its provisioning JWT expires, if it does.
+    returns_until: Option<i64>,
+    /// Consecutive failed requests.
+    failures: u32,
+}
+
+/// A node due now, as [`Schedule::due`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueNode {
+    pub identity: String,
+    /// Its collective from its record; `None`: the configured default.
+    pub collective: Option<String>,
+    /// When its provisioning JWT expires, if it does.
+    pub returns_until: Option<i64>,
+}
+
+/// What [`Schedule::upsert`] did with a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upserted {
+    Scheduled,
+    /// Scheduled, at half its lifetime: `before` plus `jitter` is not
+    /// shorter than the lifetime (a short credential from a helper).
+    Shortened,
+    /// Nothing on it expires.
+    NothingExpires,
+    /// Older than a record of the node already seen: ignored.
+    Replayed,
+    /// The record already seen, again (written again, or read again after
+    /// a reconnect): nothing changes, not even a wait for a retry.
+    Same,
+}
+
+/// A digest of a record, to tell the same one from another of its time.
+fn digest(record: &Record) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(record)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// How a renewal request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewalOutcome {
+    /// The node accepted: it restarts into provisioning.
+    Sent,
+    /// The node answered with an error (not authorized, bad token, ...).
+    Refused,
+    /// No answer, or the request could not be made.
+    Failed,
+    /// Not sent: the node could not come back (its provisioning JWT
+    /// expires first).
+    CannotReturn,
+}
+
+impl RenewalOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            RenewalOutcome::Sent => "sent",
+            RenewalOutcome::Refused => "refused",
+            RenewalOutcome::Failed => "failed",
+            RenewalOutcome::CannotReturn => "cannot_return",
+        }
+    }
+}
+
+/// A stable share (0..1) of the jitter for `identity`.
+fn jitter_share(identity: &str) -> f64 {
+    (crate::election::shards::weight("renewal", identity) % 10_000) as f64 / 10_000.0
+}
+
+impl Schedule {
+    /// Takes a node's newest record: its due time follows its expiry.
+    pub fn upsert(&mut self, record: &Record, cfg: &RenewalConfig) -> Upserted {
+        let seen = (record.time_unix, digest(record));
+        match self.newest.get(&record.identity) {
+            Some(last) if last.0 > seen.0 => return Upserted::Replayed,
+            Some(last) if *last == seen => return Upserted::Same,
+            _ => {}
+        }
+        self.newest.insert(record.identity.clone(), seen);
+        self.stranded.remove(&record.identity);
+        self.remove(&record.identity);
+        let Some((issued, expires)) = record.expiry() else {
+            return Upserted::NothingExpires;
+        };
+        let lifetime = expires.saturating_sub(issued).max(0) as f64;
+        let mut lead = cfg.before.lead(issued, expires).as_secs_f64()
+            + cfg.jitter.as_secs_f64() * jitter_share(&record.identity);
+        let mut upserted = Upserted::Scheduled;
+        if lead >= lifetime {
+            // Due at issue would ask the node again as soon as it is back,
+            // for ever: renew at half its life instead.
+            lead = lifetime / 2.0;
+            upserted = Upserted::Shortened;
+        }
+        let mut at = expires - lead.round() as i64;
+        // A node must be asked while it can still come back: before its
+        // provisioning JWT expires, with `retry` to spare.
+        if let Some(until) = record.provisioning_jwt_expires_unix {
+            at = at.min(until - cfg.retry.as_secs() as i64 - RETURN_MARGIN);
+        }
+        let at = at.max(record.time_unix + SETTLE_AFTER_PROVISIONING);
+        self.insert(
+            record.identity.clone(),
+            Due {
+                at,
+                expires,
+                collective: record.collective().map(str::to_string),
+                returns_until: record.provisioning_jwt_expires_unix,
+                failures: 0,
+            },
+        );
+        upserted
+    }
+
+    /// The node cannot come back from a `reprovision`: not due again until
+    /// a newer record.
+    pub fn strand(&mut self, identity: &str) {
+        if self.remove(identity).is_some() {
+            self.stranded.insert(identity.to_string());
+        }
+    }
+
+    /// Nodes left on their credentials because they could not come back.
+    pub fn stranded(&self) -> usize {
+        self.stranded.len()
+    }
+
+    fn insert(&mut self, identity: String, due: Due) {
+        self.by_time.insert((due.at, identity.clone()));
+        self.nodes.insert(identity, due);
+    }
+
+    fn remove(&mut self, identity: &str) -> Option<Due> {
+        let due = self.nodes.remove(identity)?;
+        self.by_time.remove(&(due.at, identity.to_string()));
+        Some(due)
+    }
+
+    /// Nodes on record with something expiring.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Nodes due now (asked ones count again once their retry is up).
+    pub fn due_count(&self, now: i64) -> usize {
+        self.by_time.range(..(now + 1, String::new())).count()
+    }
+
+    /// The nodes due now, earliest first, at most `limit`.
+    pub fn due(&self, now: i64, limit: usize) -> Vec<DueNode> {
+        self.by_time
+            .range(..(now + 1, String::new()))
+            .take(limit)
+            .map(|(_, id)| {
+                let d = &self.nodes[id];
+                DueNode {
+                    identity: id.clone(),
+                    collective: d.collective.clone(),
+                    returns_until: d.returns_until,
+                }
+            })
+            .collect()
+    }
+
+    /// A request went out: wait `retry` for the node's new record.
+    pub fn asked(&mut self, identity: &str, now: i64, retry: Duration) {
+        if let Some(mut d) = self.remove(identity) {
+            d.at = now + retry.as_secs() as i64;
+            d.failures = 0;
+            self.insert(identity.to_string(), d);
+        }
+    }
+
+    /// A request failed: try again after a backoff that doubles, up to
+    /// `retry`.
+    pub fn failed(&mut self, identity: &str, now: i64, retry: Duration) {
+        if let Some(mut d) = self.remove(identity) {
+            d.failures += 1;
+            let wait = (FIRST_BACKOFF << (d.failures - 1).min(16)).min(retry.as_secs() as i64);
+            d.at = now + wait.max(1);
+            self.insert(identity.to_string(), d);
+        }
+    }
+
+    /// Not ours to renew (another member's share): look again after
+    /// `later` seconds.
+    pub fn later(&mut self, identity: &str, now: i64, later: i64) {
+        if let Some(mut d) = self.remove(identity) {
+            d.at = d.at.max(now + later);
+            self.insert(identity.to_string(), d);
+        }
+    }
+
+    /// When `identity` is due, for tests and the `nodes` listing.
+    pub fn due_at(&self, identity: &str) -> Option<i64> {
+        self.nodes.get(identity).map(|d| d.at)
+    }
+}
+
+/// At most `rate` a minute, in whole requests, refilled continuously.
+#[derive(Debug)]
+pub struct RateLimit {
+    per_second: f64,
+    capacity: f64,
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl RateLimit {
+    pub fn per_minute(rate: u32, now: std::time::Instant) -> Self {
+        // A burst of at most one second's worth (at least one).
+        let per_second = f64::from(rate) / 60.0;
+        let capacity = per_second.max(1.0);
+        RateLimit {
+            per_second,
+            capacity,
+            tokens: capacity,
+            at: now,
+        }
+    }
+
+    /// How many requests may go now; the caller takes them with [`take`].
+    pub fn available(&mut self, now: std::time::Instant) -> usize {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.capacity);
+        self.at = now;
+        self.tokens.floor() as usize
+    }
+
+    pub fn take(&mut self, n: usize) {
+        self.tokens -= n as f64;
+    }
+
+    /// A new rate from now on (a member's share changes with the members).
+    pub fn set_per_minute(&mut self, rate: u32, now: std::time::Instant) {
+        let per_second = f64::from(rate) / 60.0;
+        if per_second != self.per_second {
+            self.available(now);
+            self.per_second = per_second;
+            self.capacity = per_second.max(1.0);
+            self.tokens = self.tokens.min(self.capacity);
+        }
+    }
+}
+
+/// A member's share of the fleet's `rate`: `rate / members`, at least one
+/// a minute.
+pub fn share_of_rate(rate: u32, members: usize) -> u32 {
+    (rate / members.max(1) as u32).max(1)
+}
+
+/// Whether a node whose provisioning JWT expires at `returns_until` can
+/// come back from a `reprovision` sent at `now`: it must still be valid
+/// when the node is provisioned again, within `retry` of the request.
+pub fn can_return(returns_until: Option<i64>, now: i64, retry: Duration) -> bool {
+    returns_until.is_none_or(|t| t > now + retry.as_secs() as i64)
+}
+
+/// What the renewal loop needs.
+pub struct Renewal {
+    pub cfg: RenewalConfig,
+    pub records: RecordsConfig,
+    /// Opens the records (only ours are acted on).
+    pub sealer: Sealer,
+    /// How to reach the provisioned nodes (`renewal.choria_config`).
+    pub setup: choria_config::ClientSetup,
+    pub token: Secret,
+    pub name: String,
+    /// Our sender id in shards mode (see `provision::sender`).
+    pub sender: Option<String>,
+}
+
+/// Loads `renewal.choria_config` (at start-up: an error there is a
+/// configuration error).
+pub fn setup(
+    cfg: &RenewalConfig,
+    insecure: bool,
+    env: &choria_config::Environment,
+) -> Result<choria_config::ClientSetup, choria_config::ConfigError> {
+    choria_config::ChoriaClientConfig::load_with(&cfg.choria_config, env)?
+        .client_setup_for(insecure, None, env)
+}
+
+/// Connects to the provisioned nodes' network, retrying; `None` on stop.
+/// Requests are sent as `r.sender` (the replica's own name in shards
+/// mode, as for provisioning).
+async fn connect(r: &Renewal, stop: &CancellationToken) -> Option<ChoriaClient> {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        match choria_wire::client::connect(&r.setup.connect).await {
+            Ok(nats) => {
+                let mut me = r.setup.identity.clone();
+                if let Some(sender) = &r.sender {
+                    me.identity = sender.clone();
+                }
+                return Some(ChoriaClient::new(nats, me));
+            }
+            Err(e) => {
+                warn!(error = %e, "renewal cannot reach the provisioned nodes' broker; retrying");
+                if !backoff.wait(stop).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+type Done = (String, RenewalOutcome);
+
+/// Follows the records and renews what is due until `stop`.
+pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut records = loop {
+        let watched = async {
+            let store = RecordStore::connect(&r.records, r.sealer.clone(), &r.name).await?;
+            store.watch().await
+        };
+        match watched.await {
+            Ok(w) => break w,
+            Err(e) => {
+                handle.metrics.record_error();
+                warn!(error = %e, "renewal cannot read the records; retrying");
+                if !backoff.wait(&stop).await {
+                    return;
+                }
+            }
+        }
+    };
+    let Some(client) = connect(&r, &stop).await else {
+        return;
+    };
+    info!(before = ?r.cfg.before, rate = r.cfg.rate, "renewing credentials before they expire");
+    let mut state = Loop {
+        schedule: Schedule::default(),
+        limit: RateLimit::per_minute(r.cfg.rate, std::time::Instant::now()),
+        in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+        sending: HashSet::new(),
+        superseded: HashSet::new(),
+        logs: LogLimiter::default(),
+    };
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    // Requests go out every tick, at most the permits free: a tick of a
+    // second capped renewal at IN_FLIGHT a second (~1,900/min) whatever
+    // `rate` said. The gauges, which walk the schedule, every tenth tick.
+    let mut tick = tokio::time::interval(SEND_TICK);
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            read = records.next() => match read {
+                Some(read) => state.take(read, &r.cfg, &handle),
+                None => {
+                    error!("the records watch ended; renewal stops");
+                    return;
+                }
+            },
+            Some((identity, outcome)) = done_rx.recv() => {
+                state.sending.remove(&identity);
+                handle.metrics.renewal(outcome.label());
+                if state.superseded.remove(&identity) {
+                    continue;
+                }
+                let now = chrono::Utc::now().timestamp();
+                match outcome {
+                    RenewalOutcome::Sent => {
+                        state.schedule.asked(&identity, now, r.cfg.retry);
+                        // It comes back through provisioning at once: the
+                        // hold after its last success must not stop it.
+                        handle.registry.forget_done(&identity);
+                    }
+                    _ => state.schedule.failed(&identity, now, r.cfg.retry),
+                }
+            }
+            _ = tick.tick() => {
+                let now = chrono::Utc::now().timestamp();
+                if ticks.is_multiple_of(GAUGE_EVERY) {
+                    handle.metrics.set_records(state.schedule.len());
+                    handle.metrics.set_renewals_due(state.schedule.due_count(now));
+                    handle.metrics.set_renewals_stranded(state.schedule.stranded());
+                }
+                ticks += 1;
+                if !handle.gate.is_paused() {
+                    state.send_due(&r, &client, &handle, &done_tx, now);
+                }
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// The renewal loop's state between events.
+struct Loop {
+    schedule: Schedule,
+    limit: RateLimit,
+    in_flight: Arc<Semaphore>,
+    /// Requests under way.
+    sending: HashSet<String>,
+    /// Requests under way whose node has a newer record since.
+    superseded: HashSet<String>,
+    /// Refused records and stranded nodes, logged at a bounded rate.
+    logs: LogLimiter,
+}
+
+impl Loop {
+    /// One value from the records watch.
+    fn take(&mut self, read: Read, cfg: &RenewalConfig, handle: &Handle) {
+        let (key, why) = match read {
+            Read::Verified(record) => match self.schedule.upsert(&record, cfg) {
+                Upserted::Replayed => (record.identity, Refusal::Replayed),
+                Upserted::Same => return,
+                upserted => {
+                    // A request still under way was for the old record: its
+                    // outcome must not move the new record's due time.
+                    if self.sending.remove(&record.identity) {
+                        self.superseded.insert(record.identity.clone());
+                    }
+                    if upserted == Upserted::Shortened {
+                        self.warn(
+                                "shortened",
+                                &record.identity,
+                                "its credential lives no longer than renewal.before plus jitter; renewing it at half its lifetime",
+                            );
+                    }
+                    return;
+                }
+            },
+            Read::Refused { key, why, .. } => (key, why),
+        };
+        handle.metrics.record_refused(why.reason());
+        self.warn(why.reason(), &key, why.describe());
+    }
+
+    fn warn(&self, kind: &'static str, key: &str, what: &str) {
+        if let Allow::Yes { suppressed } = self.logs.check(kind, std::time::Instant::now()) {
+            warn!(
+                key = %choria_wire::identity::shown(key),
+                suppressed_before = suppressed,
+                "a record in the records bucket is not acted on: {what}"
+            );
+        }
+    }
+
+    /// Sends what is due, as the rate and the permits allow.
+    fn send_due(
+        &mut self,
+        r: &Renewal,
+        client: &ChoriaClient,
+        handle: &Handle,
+        done: &mpsc::UnboundedSender<Done>,
+        now: i64,
+    ) {
+        let instant = std::time::Instant::now();
+        if handle.ownership.sharded() {
+            // The fleet's rate, shared: each member sends its share.
+            let members = handle.ownership.members().len();
+            self.limit
+                .set_per_minute(share_of_rate(r.cfg.rate, members), instant);
+        }
+        let available = self.limit.available(instant);
+        let mut sent = 0;
+        for node in self.schedule.due(now, available + self.sending.len()) {
+            if sent == available {
+                break;
+            }
+            if self.sending.contains(&node.identity) {
+                continue;
+            }
+            // Ours to renew only while it is in our share.
+            if !handle.ownership.owns(&node.identity) {
+                self.schedule.later(&node.identity, now, 30);
+                continue;
+            }
+            if !can_return(node.returns_until, now, r.cfg.retry) {
+                self.schedule.strand(&node.identity);
+                handle.metrics.renewal(RenewalOutcome::CannotReturn.label());
+                // A fleet shares its provisioning JWT: its expiry strands
+                // them all at once.
+                if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {
+                    error!(
+                        node = %node.identity,
+                        suppressed_before = suppressed,
+                        "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
+                    );
+                }
+                continue;
+            }
+            let collective = node.collective.as_deref().unwrap_or(&r.cfg.collective);
+            if choria_wire::identity::validate(&node.identity).is_err()
+                || super::grants::check_collectives("collectives", &[collective.to_string()])
+                    .is_err()
+            {
+                // Records are ours, checked when granted: never here.
+                self.schedule.strand(&node.identity);
+                error!(key = %choria_wire::identity::shown(&node.identity), "a sealed record names an identity or collective that is not valid; not renewing it");
+                continue;
+            }
+            let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+                break;
+            };
+            sent += 1;
+            self.sending.insert(node.identity.clone());
+            let client = client.in_collective(collective);
+            let (token, done) = (r.token.clone(), done.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let outcome = reprovision(&client, &node.identity, &token).await;
+                let _ = done.send((node.identity, outcome));
+            });
+        }
+        self.limit.take(sent);
+    }
+}
+
+/// One `choria_provision#reprovision` request.
+async fn reprovision(client: &ChoriaClient, identity: &str, token: &Secret) -> RenewalOutcome {
+    #[derive(serde::Serialize)]
+    struct Args<'t> {
+        token: &'t str,
+    }
+    let args = Args {
+        token: token.expose(),
+    };
+    match client
+        .rpc_with_timeout(
+            identity,
+            "choria_provision",
+            "reprovision",
+            &args,
+            REQUEST_TIMEOUT,
+        )
+        .await
+    {
+        Ok(r) if r.body.is_ok() => {
+            info!(
+                node = identity,
+                "asked the node to renew its credentials (reprovision)"
+            );
+            RenewalOutcome::Sent
+        }
+        Ok(r) => {
+            warn!(node = identity, status = %super::one_line(&r.body.statusmsg, 200), "the node refused to reprovision");
+            RenewalOutcome::Refused
+        }
+        Err(e) => {
+            debug!(node = identity, error = %e, "reprovision request failed");
+            RenewalOutcome::Failed
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

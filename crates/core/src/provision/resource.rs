@@ -1,0 +1,673 @@
+//! The pod's link to its own `Provisioner` resource when the operator runs it
+//! (`run --provisioner NAMESPACE/NAME`):
+//!
+//! * it watches the resource and follows `spec.paused` — the operator never
+//!   restarts pods for a pause, and a mounted ConfigMap would take a minute
+//!   to change — pausing and resuming through the gate (a resume discovers
+//!   at once);
+//! * it keeps `status.leader`, `status.provisioned` and, with renewal,
+//!   `status.records` and `status.renewalsDue` true, with the pods' own
+//!   field manager next to the operator's fields (see [`Reporter`]);
+//! * in shards mode, each member keeps its own entry of `status.members`
+//!   under a field manager of its own, and the first member prunes the
+//!   entries of members that left (see [`Members`]).
+//!
+//! Kubernetes trouble is logged, counted nowhere else and retried: it never
+//! stops provisioning.
+
+use super::gate::PauseReason;
+use super::Handle;
+use crate::backoff::Backoff;
+use crate::monitor::Exposition;
+use choria_k8s::crd::{Member, Provisioner, API_VERSION, KIND};
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The field manager of the pods' status writes.
+pub const FIELD_MANAGER: &str = "choria-provisioner-pod";
+/// The most often the provisioned count is written: a busy leader writes
+/// it at most this often, an idle one never.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// How long a replica that is not named waits, seeing `status.leader` name
+/// someone other than the election's holder, before it corrects it: the
+/// holder writes its own name at once when it is one of ours, so a wrong
+/// name that lasts means the holder is not (a Go candidate, say) or it is
+/// gone.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// `NAMESPACE/NAME` of a Provisioner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ResourceRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ResourceRef {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
+impl std::fmt::Display for ResourceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl ResourceRef {
+    /// The Provisioners of its namespace.
+    pub fn api(&self, client: kube::Client) -> Api<Provisioner> {
+        Api::namespaced(client, &self.namespace)
+    }
+
+    /// The Provisioner as the owner of what its pods make (their Lease,
+    /// their CertificateRequests), so deleting it collects them.
+    pub async fn owner(&self, client: kube::Client) -> Result<OwnerReference, String> {
+        let p = self.api(client).get(&self.name).await.map_err(|e| {
+            format!(
+                "reading Provisioner {self}: {}",
+                choria_k8s::describe_error(&e)
+            )
+        })?;
+        owner_reference(&p).ok_or_else(|| format!("Provisioner {self} has no uid"))
+    }
+}
+
+/// Not its controller (the operator's objects have that), and not blocking
+/// its deletion (which would need `provisioners/finalizers` under the
+/// OwnerReferencesPermissionEnforcement admission plugin).
+pub fn owner_reference(p: &Provisioner) -> Option<OwnerReference> {
+    use kube::Resource;
+    let mut o = p.controller_owner_ref(&())?;
+    o.controller = Some(false);
+    o.block_owner_deletion = Some(false);
+    Some(o)
+}
+
+/// Who this replica is: `candidate` is the name it campaigns under (what
+/// `handle.leader` reports when it leads), `shown` the name status.leader
+/// gives it (the pod's, which `kubectl logs` takes).
+#[derive(Clone, Debug)]
+pub struct Me {
+    pub candidate: String,
+    pub shown: String,
+}
+
+/// Whether `shown` (status.leader) names the election's holder `holder`:
+/// the same name, or a pod's name and the holder its candidate name (the
+/// pod's name and six hex digits).
+pub fn names(shown: &str, holder: &str) -> bool {
+    shown == holder
+        || holder
+            .strip_prefix(shown)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|h| h.len() == 6 && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// One status write of the pods' fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Write {
+    pub leader: Option<String>,
+    pub provisioned: u64,
+    /// With renewal: nodes on record and nodes due, as this replica sees
+    /// the records (every replica follows all of them).
+    pub renewal: Option<RenewalCounts>,
+    /// This replica's own count the write includes.
+    pub counted: u64,
+    /// The resourceVersion it was computed from: the write is conditional
+    /// on it, so two replicas never lose each other's counts.
+    pub resource_version: Option<String>,
+}
+
+impl Write {
+    /// The server-side apply body. A field left out is removed (the pods'
+    /// field manager owns it), which is how a leader is cleared.
+    pub fn body(&self, name: &str) -> serde_json::Value {
+        let mut status = serde_json::json!({ "provisioned": self.provisioned });
+        if let Some(l) = &self.leader {
+            status["leader"] = l.clone().into();
+        }
+        if let Some(c) = self.renewal {
+            status["records"] = c.records.into();
+            status["renewalsDue"] = c.due.into();
+        }
+        let mut body = serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name},
+            "status": status,
+        });
+        if let Some(rv) = &self.resource_version {
+            body["metadata"]["resourceVersion"] = rv.clone().into();
+        }
+        body
+    }
+}
+
+/// `status.records` and `status.renewalsDue`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenewalCounts {
+    pub records: u64,
+    pub due: u64,
+}
+
+/// Decides this replica's status writes, from the resource as last seen,
+/// the election's holder and its own provisioned count:
+///
+/// * `status.leader` names the pod that leads: the leader writes its name
+///   when it is not there; a replica that stops leading while named
+///   replaces it at once by the election's holder (or removes it); any other
+///   replica corrects a name that is not the holder's after [`SETTLE`] (a
+///   Go candidate leads, or `choria election evict` left nobody);
+/// * `status.provisioned` counts every node the Provisioner's pods
+///   provisioned: each replica adds what it provisioned since its last
+///   write to what the status says, conditionally on the version it read,
+///   so a failover loses nothing a replica wrote; a replica writes its
+///   count at most every [`STATUS_REFRESH`], and at once when it stops
+///   leading;
+/// * with renewal, a working replica (the leader, or a member in shards
+///   mode) writes the counts of records and of renewals due when the status
+///   shows others, at most every [`STATUS_REFRESH`]; every write carries
+///   them, as the field manager's writes replace each other;
+/// * nothing changed, nothing written: an idle Provisioner costs no write.
+#[derive(Debug)]
+pub struct Reporter {
+    me: Me,
+    /// With renewal: the counts as this replica sees them now.
+    pub renewal: Option<RenewalCounts>,
+    /// This replica provisions now (leads, or works its shard).
+    pub working: bool,
+    last_renewal_write: Option<Instant>,
+    /// Our count as of our last successful write.
+    reported: u64,
+    last_count_write: Option<Instant>,
+    /// Since when the status has not named the holder.
+    wrong_since: Option<Instant>,
+    leading: bool,
+    /// Our term ended with a count not written yet.
+    flush: bool,
+}
+
+impl Reporter {
+    pub fn new(me: Me) -> Self {
+        Reporter {
+            me,
+            renewal: None,
+            working: false,
+            last_renewal_write: None,
+            reported: 0,
+            last_count_write: None,
+            wrong_since: None,
+            leading: false,
+            flush: false,
+        }
+    }
+
+    /// The write due now, if any.
+    pub fn decide(
+        &mut self,
+        p: &Provisioner,
+        holder: Option<&str>,
+        counted: u64,
+        now: Instant,
+    ) -> Option<Write> {
+        let leading = holder == Some(self.me.candidate.as_str());
+        if self.leading && !leading {
+            self.flush = true;
+        }
+        self.leading = leading;
+        let status = p.status.clone().unwrap_or_default();
+        let shown = status.leader.clone();
+        let want = if leading {
+            Some(self.me.shown.clone())
+        } else {
+            match holder {
+                Some(h) if shown.as_deref().is_some_and(|s| names(s, h)) => shown.clone(),
+                Some(h) => Some(h.to_string()),
+                None => None,
+            }
+        };
+        if want == shown {
+            self.wrong_since = None;
+        }
+        let correct = want != shown
+            && (leading
+                || shown.as_deref() == Some(self.me.shown.as_str())
+                || now.duration_since(*self.wrong_since.get_or_insert(now)) >= SETTLE);
+        let delta = counted.saturating_sub(self.reported);
+        let count_due = delta > 0
+            && (self.flush
+                || self
+                    .last_count_write
+                    .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH));
+        let shows = status
+            .records
+            .zip(status.renewals_due)
+            .map(|(r, d)| RenewalCounts {
+                records: r.max(0) as u64,
+                due: d.max(0) as u64,
+            });
+        let renewal_due = self.working
+            && self.renewal.is_some()
+            && self.renewal != shows
+            && self
+                .last_renewal_write
+                .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH);
+        if !correct && !count_due && !renewal_due {
+            return None;
+        }
+        Some(Write {
+            leader: if correct { want } else { shown },
+            provisioned: status.provisioned.unwrap_or(0).max(0) as u64 + delta,
+            renewal: self.renewal,
+            counted,
+            resource_version: p.metadata.resource_version.clone(),
+        })
+    }
+
+    /// `w` was written.
+    pub fn written(&mut self, w: &Write, now: Instant) {
+        if w.counted != self.reported {
+            self.last_count_write = Some(now);
+        }
+        if w.renewal.is_some() {
+            self.last_renewal_write = Some(now);
+        }
+        self.reported = w.counted;
+        self.flush = false;
+        self.wrong_since = None;
+    }
+}
+
+/// The field manager of one member's entry in `status.members`: each
+/// member owns its entry, so one member's write never removes another's.
+pub fn member_manager(member: &str) -> String {
+    format!("{FIELD_MANAGER}.{member}")
+}
+
+/// What a member writes of `status.members`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemberWrite {
+    /// Apply our own entry (under [`member_manager`]).
+    Entry(Member),
+    /// Keep only these entries, conditionally on the version read: the
+    /// others' members left the membership.
+    Prune {
+        kept: Vec<Member>,
+        resource_version: Option<String>,
+    },
+}
+
+impl MemberWrite {
+    /// The patch body: a server-side apply of our entry, or a merge patch
+    /// of the kept list (a merge patch replaces a list whole).
+    pub fn body(&self, name: &str) -> serde_json::Value {
+        match self {
+            MemberWrite::Entry(m) => serde_json::json!({
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": name},
+                "status": {"members": [m]},
+            }),
+            MemberWrite::Prune {
+                kept,
+                resource_version,
+            } => {
+                let members = if kept.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::json!(kept)
+                };
+                let mut body = serde_json::json!({"status": {"members": members}});
+                if let Some(rv) = resource_version {
+                    body["metadata"] = serde_json::json!({"resourceVersion": rv});
+                }
+                body
+            }
+        }
+    }
+}
+
+/// Decides a member's writes of `status.members` (shards mode), from the
+/// resource as last seen, the membership as this replica sees it and its
+/// own provisioned count:
+///
+/// * while it is a member, its entry is there with its count: written when
+///   missing (a prune by a member that had not seen it join yet removes it,
+///   and it comes back) or behind, at most every [`STATUS_REFRESH`];
+/// * the first member (by name) prunes entries whose members left (a
+///   `kill -9`, a lost membership): a member that stops cleanly removes its
+///   own entry, the others leave it behind;
+/// * in leader mode, the leader prunes them all (the mode changed).
+#[derive(Debug, Default)]
+pub struct Members {
+    last_write: Option<Instant>,
+}
+
+/// Where this replica stands now, for [`Members::decide`].
+#[derive(Clone, Copy, Debug)]
+pub struct Standing<'a> {
+    /// The membership as it sees it (empty in leader mode).
+    pub members: &'a [String],
+    pub sharded: bool,
+    /// Leads, or works its shard.
+    pub working: bool,
+    /// Nodes it provisioned since it started.
+    pub counted: u64,
+}
+
+impl Members {
+    pub fn decide(
+        &mut self,
+        p: &Provisioner,
+        me: &Me,
+        standing: Standing<'_>,
+        now: Instant,
+    ) -> Option<MemberWrite> {
+        let Standing {
+            members,
+            sharded,
+            working,
+            counted,
+        } = standing;
+        let entries = p
+            .status
+            .as_ref()
+            .map(|s| s.members.as_slice())
+            .unwrap_or(&[]);
+        let pruner = if sharded {
+            members.iter().min() == Some(&me.candidate)
+        } else {
+            working
+        };
+        let kept: Vec<Member> = entries
+            .iter()
+            .filter(|e| sharded && members.contains(&e.name))
+            .cloned()
+            .collect();
+        if pruner && kept.len() < entries.len() {
+            return Some(MemberWrite::Prune {
+                kept,
+                resource_version: p.metadata.resource_version.clone(),
+            });
+        }
+        if !sharded || !members.contains(&me.candidate) {
+            return None;
+        }
+        let mine = entries.iter().find(|e| e.name == me.candidate);
+        let behind = mine.is_none_or(|e| e.provisioned != counted as i64);
+        let missing = mine.is_none();
+        let rested = self
+            .last_write
+            .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH);
+        (missing || (behind && rested)).then(|| {
+            MemberWrite::Entry(Member {
+                name: me.candidate.clone(),
+                pod: Some(me.shown.clone()),
+                provisioned: counted as i64,
+            })
+        })
+    }
+
+    pub fn written(&mut self, now: Instant) {
+        self.last_write = Some(now);
+    }
+}
+
+/// Runs both duties until `stop`; gets the process's kube client first,
+/// retrying.
+pub async fn run(
+    resource: ResourceRef,
+    me: Me,
+    handle: Handle,
+    renewal: bool,
+    stop: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let client = loop {
+        match choria_k8s::client().await {
+            Ok(c) => break c,
+            Err(e) => {
+                warn!(error = %choria_k8s::describe_error(&e), "cannot reach Kubernetes to follow {resource}; retrying");
+                if !backoff.wait(&stop).await {
+                    return;
+                }
+            }
+        }
+    };
+    let api = resource.api(client);
+    let (seen_tx, seen) = watch::channel(None);
+    tokio::join!(
+        follow(
+            api.clone(),
+            resource.clone(),
+            handle.clone(),
+            seen_tx,
+            stop.clone()
+        ),
+        report(api, resource, me, handle, renewal, seen, stop),
+    );
+}
+
+/// Watches the resource: mirrors `spec.paused` into the pause gate and
+/// passes every version on to [`report`].
+async fn follow(
+    api: Api<Provisioner>,
+    resource: ResourceRef,
+    handle: Handle,
+    seen: watch::Sender<Option<Arc<Provisioner>>>,
+    stop: CancellationToken,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", resource.name));
+    let mut events = watcher(api, config).boxed();
+    let mut paused: Option<bool> = None;
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = stop.cancelled() => return,
+        };
+        let obj = match event {
+            Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => obj,
+            Some(Ok(watcher::Event::Delete(_))) => {
+                warn!(%resource, "the Provisioner was deleted; keeping the current pause state");
+                continue;
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => {
+                // The watcher retries by itself; say why it is not watching.
+                warn!(%resource, error = %e, "watching the Provisioner failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            None => return,
+        };
+        let want = obj.spec.paused;
+        seen.send_replace(Some(Arc::new(obj)));
+        if paused == Some(want) {
+            continue;
+        }
+        paused = Some(want);
+        if want {
+            info!(%resource, "paused by spec.paused");
+            handle.pause(PauseReason::Requested, false);
+        } else {
+            info!(%resource, "resumed by spec.paused");
+            handle.resume(PauseReason::Requested);
+        }
+    }
+}
+
+/// Keeps the pods' status fields true (see [`Reporter`]), looking again on
+/// every version of the resource, every leadership change and every
+/// [`STATUS_REFRESH`].
+async fn report(
+    api: Api<Provisioner>,
+    resource: ResourceRef,
+    me: Me,
+    handle: Handle,
+    renewal: bool,
+    mut seen: watch::Receiver<Option<Arc<Provisioner>>>,
+    stop: CancellationToken,
+) {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let member_params = PatchParams::apply(&member_manager(&me.candidate)).force();
+    let mut holder = handle.leader.clone();
+    let mut holder_open = true;
+    let mut members = Members::default();
+    let mut reporter = Reporter::new(me.clone());
+    let mut tick = tokio::time::interval(STATUS_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            // A leadership change first: at shutdown the election releases
+            // before the tasks are stopped, and the release is written.
+            biased;
+            // In shards mode nobody sends leaders: the sender is gone
+            // from the start, which ends only this arm.
+            r = holder.changed(), if holder_open => holder_open = r.is_ok(),
+            // Before the watch: the watch ends with the same stop, and its
+            // end must not skip our leaving.
+            _ = stop.cancelled() => {
+                leave(&api, &resource, &me, &member_params, &handle).await;
+                return;
+            }
+            r = seen.changed() => if r.is_err() {
+                leave(&api, &resource, &me, &member_params, &handle).await;
+                return;
+            },
+            _ = tick.tick() => {}
+        }
+        let Some(p) = seen.borrow().clone() else {
+            continue;
+        };
+        let value = |name: &str| handle.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
+        let counted = value("choria_provisioner_provisioned");
+        let working = value("choria_provisioner_leader") == 1;
+        let sharded = handle.ownership.sharded();
+        let roster = handle.ownership.members();
+        let standing = Standing {
+            members: &roster,
+            sharded,
+            working,
+            counted,
+        };
+        if let Some(w) = members.decide(&p, &me, standing, Instant::now()) {
+            if write_members(&api, &resource, &w, &member_params).await {
+                members.written(Instant::now());
+            }
+        }
+        reporter.working = working;
+        reporter.renewal = renewal.then(|| RenewalCounts {
+            records: value("choria_provisioner_records"),
+            due: value("choria_provisioner_renewals_due"),
+        });
+        let who = holder.borrow().clone();
+        let Some(write) = reporter.decide(&p, who.as_deref(), counted, Instant::now()) else {
+            continue;
+        };
+        match api
+            .patch_status(
+                &resource.name,
+                &params,
+                &Patch::Apply(write.body(&resource.name)),
+            )
+            .await
+        {
+            Ok(_) => {
+                debug!(%resource, leader = ?write.leader, provisioned = write.provisioned, "status updated");
+                reporter.written(&write, Instant::now());
+            }
+            // Someone wrote since we read: the watch brings that version,
+            // and the write is decided again from it.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(%resource, "the status changed under us; deciding again")
+            }
+            Err(e) => {
+                warn!(%resource, error = %choria_k8s::describe_error(&e), "could not update the Provisioner's status")
+            }
+        }
+    }
+}
+
+/// Writes `w`; whether it landed.
+async fn write_members(
+    api: &Api<Provisioner>,
+    resource: &ResourceRef,
+    w: &MemberWrite,
+    apply: &PatchParams,
+) -> bool {
+    let body = w.body(&resource.name);
+    let result = match w {
+        MemberWrite::Entry(_) => {
+            api.patch_status(&resource.name, apply, &Patch::Apply(body))
+                .await
+        }
+        MemberWrite::Prune { .. } => {
+            api.patch_status(&resource.name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+        }
+    };
+    match result {
+        Ok(_) => {
+            debug!(%resource, write = ?w, "status.members updated");
+            true
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(%resource, "the status changed under us; deciding the members again");
+            false
+        }
+        Err(e) => {
+            warn!(%resource, error = %choria_k8s::describe_error(&e), "could not update status.members");
+            false
+        }
+    }
+}
+
+/// A member stopping removes its own entry: an apply of nothing under its
+/// manager drops what that manager owned. Bounded, as the pod is stopping.
+async fn leave(
+    api: &Api<Provisioner>,
+    resource: &ResourceRef,
+    me: &Me,
+    apply: &PatchParams,
+    handle: &Handle,
+) {
+    if !handle.ownership.sharded() {
+        return;
+    }
+    let body = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": resource.name},
+        "status": {},
+    });
+    let patch = Patch::Apply(body);
+    let write = api.patch_status(&resource.name, apply, &patch);
+    match tokio::time::timeout(Duration::from_secs(2), write).await {
+        Ok(Ok(_)) => debug!(%resource, member = %me.candidate, "left status.members"),
+        Ok(Err(e)) => {
+            warn!(%resource, error = %choria_k8s::describe_error(&e), "could not remove our status.members entry")
+        }
+        Err(_) => warn!(%resource, "removing our status.members entry timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,608 @@
+//! A small certificate authority for tests, benchmarks and the example
+//! helper (`choria-provisioner fleet-helper`).
+//!
+//! It issues what a Choria deployment expects from its CA: RSA keys,
+//! SHA256WithRSA signatures, node certificates whose subject is the CSR's
+//! and whose SANs carry the node's name, usable for both TLS server and
+//! client authentication. It is not meant to run a production PKI: there is
+//! no revocation, no policy and no persistence beyond [`CertificateAuthority::cert_pem`]
+//! and [`CertificateAuthority::key_pem`].
+
+use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey, LineEnding};
+use rsa::pkcs1v15::{Signature as RsaSignature, SigningKey, VerifyingKey};
+use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
+use rsa::signature::{RandomizedSigner, SignatureEncoding, Verifier};
+use rsa::traits::PublicKeyParts;
+use rsa::{RsaPrivateKey, RsaPublicKey};
+use sha2::{Sha256, Sha384, Sha512};
+use std::fmt;
+use std::time::{Duration, SystemTime};
+use x509_cert::attr::AttributeTypeAndValue;
+use x509_cert::der::asn1::{
+    Any, AnyRef, BitString, GeneralizedTime, Ia5String, ObjectIdentifier, OctetString, SetOfVec,
+    UtcTime,
+};
+use x509_cert::der::referenced::OwnedToRef;
+use x509_cert::der::{Decode, Encode, SliceReader, Tag};
+use x509_cert::ext::pkix::name::GeneralName;
+use x509_cert::ext::pkix::{
+    AuthorityKeyIdentifier, BasicConstraints, ExtendedKeyUsage, KeyUsage, KeyUsages,
+    SubjectAltName, SubjectKeyIdentifier,
+};
+use x509_cert::ext::{AsExtension, Extension};
+use x509_cert::name::{Name, RdnSequence, RelativeDistinguishedName};
+use x509_cert::request::CertReq;
+use x509_cert::serial_number::SerialNumber;
+use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
+use x509_cert::time::{Time, Validity};
+use x509_cert::{Certificate, TbsCertificate, Version};
+
+use choria_wire::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
+use choria_wire::security::pem_crypt::{go_pem_encode, pem_error_text};
+
+const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
+const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
+const OID_SHA512_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
+const OID_KP_SERVER_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.1");
+const OID_KP_CLIENT_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.2");
+
+/// Size of the CA's RSA key.
+pub const CA_KEY_BITS: usize = 2048;
+/// How long a generated CA certificate is valid.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Certificates start this long before they are issued, so that nodes whose
+/// clocks are a little behind accept them straight away.
+const BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// Errors from the CA and certificate checks. Never contains key material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PkiError {
+    /// Key generation, CSR parsing or CSR signature problems.
+    #[error(transparent)]
+    Csr(#[from] CsrError),
+    /// The text is not a well-formed PEM block.
+    #[error("{what}: {reason}")]
+    BadPem {
+        /// What was being read.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// No PEM block with an acceptable label was found.
+    #[error("{what}: no {expected} PEM block found")]
+    MissingPemBlock {
+        /// What was being read.
+        what: &'static str,
+        /// The labels that would have been accepted.
+        expected: &'static str,
+    },
+    /// The CA key is encrypted; we only read plain keys.
+    #[error("CA private key: encrypted keys are not supported, decrypt it first")]
+    EncryptedKey,
+    /// DER that does not parse.
+    #[error("could not parse {what}: {reason}")]
+    Parse {
+        /// What was being parsed.
+        what: &'static str,
+        /// Library error text (never key bytes).
+        reason: String,
+    },
+    /// The CA key does not match the CA certificate.
+    #[error("the CA private key does not belong to the CA certificate")]
+    KeyMismatch,
+    /// DER encoding or signing failed.
+    #[error("could not encode {what}: {reason}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// Library error text.
+        reason: String,
+    },
+    /// A certificate signature algorithm we cannot verify.
+    #[error("certificate signature algorithm {0} is not supported (only SHA256/384/512 with RSA)")]
+    UnsupportedSignatureAlgorithm(String),
+    /// A CA key that is not RSA.
+    #[error("CA public key algorithm {0} is not supported (only RSA)")]
+    UnsupportedPublicKey(String),
+    /// The certificate names another issuer.
+    #[error("certificate was issued by {issuer:?}, not by the CA {ca:?}")]
+    IssuerMismatch {
+        /// The certificate's issuer.
+        issuer: String,
+        /// The CA's subject.
+        ca: String,
+    },
+    /// The certificate signature does not verify with the CA's key.
+    #[error("certificate signature does not verify with the CA's public key")]
+    InvalidSignature,
+    /// The certificate subject has no CN.
+    #[error("certificate subject has no common name")]
+    MissingCommonName,
+}
+
+fn enc_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
+    move |e| PkiError::Encode {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+fn parse_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
+    move |e| PkiError::Parse {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// A self-signed RSA CA that signs node CSRs.
+///
+/// `Debug` shows the CA's subject only; the private key is available solely
+/// through [`CertificateAuthority::key_pem`].
+pub struct CertificateAuthority {
+    cert: Certificate,
+    cert_pem: String,
+    signer: Signer,
+    /// The PKCS#1 PEM of the key, made once so `key_pem` cannot fail;
+    /// wiped from memory on drop.
+    key_pem: rsa::pkcs1::der::zeroize::Zeroizing<String>,
+    /// Put into issued certificates as their authority key id, so chain
+    /// builders (OpenSSL, Go) find this CA even when it was made elsewhere.
+    key_id: Vec<u8>,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("subject", &self.cert.tbs_certificate.subject.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertificateAuthority {
+    /// Makes a new CA: a 2048 bit RSA key and a self-signed certificate for
+    /// `CN=<common_name>`, valid for 10 years.
+    pub fn generate(common_name: &str) -> Result<Self, PkiError> {
+        Self::from_key(common_name, csr::generate_rsa_key(CA_KEY_BITS)?)
+    }
+
+    /// Like [`CertificateAuthority::generate`] with an existing key, for
+    /// callers that pre-generate keys (RSA generation is the slow part).
+    pub fn from_key(common_name: &str, key: RsaPrivateKey) -> Result<Self, PkiError> {
+        if common_name.is_empty() {
+            return Err(CsrError::MissingCommonName.into());
+        }
+        let subject = common_name_subject(common_name)?;
+        let spki = rsa_spki(&key.to_public_key())?;
+        let key_id = key_identifier(&spki)?;
+        let now = SystemTime::now();
+        let mut tbs = TbsCertificate {
+            version: Version::V3,
+            serial_number: random_serial()?,
+            signature: sha256_with_rsa(),
+            issuer: subject.clone(),
+            validity: validity(now - BACKDATE, now + CA_VALIDITY)?,
+            subject,
+            subject_public_key_info: spki,
+            issuer_unique_id: None,
+            subject_unique_id: None,
+            extensions: None,
+        };
+        let extensions = vec![
+            ext(
+                &BasicConstraints {
+                    ca: true,
+                    path_len_constraint: None,
+                },
+                &tbs,
+            )?,
+            ext(
+                &KeyUsage(
+                    KeyUsages::KeyCertSign | KeyUsages::CRLSign | KeyUsages::DigitalSignature,
+                ),
+                &tbs,
+            )?,
+            ext(
+                &SubjectKeyIdentifier(OctetString::new(key_id.clone()).map_err(enc_err("key id"))?),
+                &tbs,
+            )?,
+        ];
+        tbs.extensions = Some(extensions);
+        let signer = Signer::new(key)?;
+        let cert = sign_tbs(&signer, tbs)?;
+        Self::assemble(cert, signer, key_id)
+    }
+
+    /// Loads a CA from its certificate and its unencrypted RSA key, either
+    /// PKCS#1 (`RSA PRIVATE KEY`) or PKCS#8 (`PRIVATE KEY`). The first block
+    /// with a matching label is used, so bundles are fine.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let cert = parse_certificate(cert_pem, "CA certificate")?;
+        let key = parse_private_key(key_pem)?;
+        let spki = &cert.tbs_certificate.subject_public_key_info;
+        if spki.algorithm.oid != OID_RSA_ENCRYPTION {
+            return Err(PkiError::UnsupportedPublicKey(
+                spki.algorithm.oid.to_string(),
+            ));
+        }
+        if rsa_public_key(spki)? != key.to_public_key() {
+            return Err(PkiError::KeyMismatch);
+        }
+        // Prefer the CA's own subject key id: issuers differ in how they
+        // derive it, and the authority key id must match it exactly.
+        let key_id = match cert.tbs_certificate.get::<SubjectKeyIdentifier>() {
+            Ok(Some((_, ski))) => ski.0.as_bytes().to_vec(),
+            Ok(None) => key_identifier(spki)?,
+            Err(e) => return Err(parse_err("CA subject key identifier")(e)),
+        };
+        Self::assemble(cert, Signer::new(key)?, key_id)
+    }
+
+    fn assemble(cert: Certificate, signer: Signer, key_id: Vec<u8>) -> Result<Self, PkiError> {
+        let der = cert.to_der().map_err(enc_err("CA certificate"))?;
+        let key_pem = signer
+            .key
+            .as_ref()
+            .to_pkcs1_pem(LineEnding::LF)
+            .map_err(enc_err("CA private key"))?;
+        Ok(Self {
+            cert,
+            cert_pem: go_pem_encode("CERTIFICATE", &[], &der),
+            signer,
+            key_pem,
+            key_id,
+        })
+    }
+
+    /// The CA certificate as PEM.
+    pub fn cert_pem(&self) -> String {
+        self.cert_pem.clone()
+    }
+
+    /// The CA's private key as PKCS#1 `RSA PRIVATE KEY` PEM. Secret: the
+    /// caller decides where it goes and must not log it.
+    pub fn key_pem(&self) -> String {
+        self.key_pem.as_str().to_owned()
+    }
+
+    /// The CA's subject common name.
+    pub fn common_name(&self) -> Option<String> {
+        last_common_name(&self.cert.tbs_certificate.subject)
+    }
+
+    /// Issues a certificate for a PEM CSR, valid from now (less a few minutes
+    /// for clock skew) for `validity`, but never beyond the CA's own expiry.
+    ///
+    /// The CSR's signature is checked first (proof that the requester holds
+    /// the key). The certificate carries the CSR's subject and public key, the
+    /// CN and the CSR's DNS names as DNS SANs, and is usable for TLS server
+    /// and client authentication. Other CSR extensions are not copied.
+    pub fn sign_csr(&self, csr_pem: &str, validity_period: Duration) -> Result<String, PkiError> {
+        let info = csr::parse_csr(csr_pem)?;
+        info.verify_signature()?;
+        if info.common_name.is_empty() {
+            return Err(CsrError::MissingCommonName.into());
+        }
+        let req = CertReq::from_der(info.der()).map_err(parse_err("CSR"))?;
+
+        let mut names: Vec<&str> = vec![&info.common_name];
+        for name in &info.dns_names {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        let sans = names
+            .into_iter()
+            .map(|n| Ia5String::new(n).map(GeneralName::DnsName))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(enc_err("subjectAltName (DNS names must be ASCII)"))?;
+
+        let now = SystemTime::now();
+        let ca_expiry = self
+            .cert
+            .tbs_certificate
+            .validity
+            .not_after
+            .to_system_time();
+        let not_after = now
+            .checked_add(validity_period)
+            .map_or(ca_expiry, |t| t.min(ca_expiry));
+        let leaf_key_id = key_identifier(&req.info.public_key)?;
+        let mut tbs = TbsCertificate {
+            version: Version::V3,
+            serial_number: random_serial()?,
+            signature: sha256_with_rsa(),
+            issuer: self.cert.tbs_certificate.subject.clone(),
+            validity: validity(now - BACKDATE, not_after)?,
+            subject: req.info.subject,
+            subject_public_key_info: req.info.public_key,
+            issuer_unique_id: None,
+            subject_unique_id: None,
+            extensions: None,
+        };
+        let extensions = vec![
+            ext(
+                &BasicConstraints {
+                    ca: false,
+                    path_len_constraint: None,
+                },
+                &tbs,
+            )?,
+            ext(
+                &KeyUsage(KeyUsages::DigitalSignature | KeyUsages::KeyEncipherment),
+                &tbs,
+            )?,
+            ext(
+                &ExtendedKeyUsage(vec![OID_KP_SERVER_AUTH, OID_KP_CLIENT_AUTH]),
+                &tbs,
+            )?,
+            ext(&SubjectAltName(sans), &tbs)?,
+            ext(
+                &SubjectKeyIdentifier(OctetString::new(leaf_key_id).map_err(enc_err("key id"))?),
+                &tbs,
+            )?,
+            ext(
+                &AuthorityKeyIdentifier {
+                    key_identifier: Some(
+                        OctetString::new(self.key_id.clone()).map_err(enc_err("key id"))?,
+                    ),
+                    ..Default::default()
+                },
+                &tbs,
+            )?,
+        ];
+        tbs.extensions = Some(extensions);
+        let cert = sign_tbs(&self.signer, tbs)?;
+        let der = cert.to_der().map_err(enc_err("certificate"))?;
+        Ok(go_pem_encode("CERTIFICATE", &[], &der))
+    }
+}
+
+/// Checks that `cert_pem` was issued by the CA in `ca_cert_pem`: the
+/// certificate's issuer is the CA's subject and its signature over the TBS
+/// certificate verifies with the CA's RSA key. Validity dates, key usages
+/// and the CA's own trust are not checked.
+pub fn verify_issued_by(cert_pem: &str, ca_cert_pem: &str) -> Result<(), PkiError> {
+    let der = pem_block(cert_pem, "certificate", &["CERTIFICATE"])?.into_contents();
+    let cert = Certificate::from_der(&der).map_err(parse_err("certificate"))?;
+    let ca = parse_certificate(ca_cert_pem, "CA certificate")?;
+
+    let issuer = &cert.tbs_certificate.issuer;
+    let ca_subject = &ca.tbs_certificate.subject;
+    if issuer != ca_subject {
+        return Err(PkiError::IssuerMismatch {
+            issuer: issuer.to_string(),
+            ca: ca_subject.to_string(),
+        });
+    }
+
+    let spki = &ca.tbs_certificate.subject_public_key_info;
+    if spki.algorithm.oid != OID_RSA_ENCRYPTION {
+        return Err(PkiError::UnsupportedPublicKey(
+            spki.algorithm.oid.to_string(),
+        ));
+    }
+    let key = rsa_public_key(spki)?;
+    let sig_bytes = cert
+        .signature
+        .as_bytes()
+        .ok_or(PkiError::InvalidSignature)?;
+    let sig = RsaSignature::try_from(sig_bytes).map_err(|_| PkiError::InvalidSignature)?;
+    let tbs = raw_tbs(&der)?;
+    let verified = match cert.signature_algorithm.oid {
+        o if o == OID_SHA256_RSA => VerifyingKey::<Sha256>::new(key).verify(tbs, &sig),
+        o if o == OID_SHA384_RSA => VerifyingKey::<Sha384>::new(key).verify(tbs, &sig),
+        o if o == OID_SHA512_RSA => VerifyingKey::<Sha512>::new(key).verify(tbs, &sig),
+        o => return Err(PkiError::UnsupportedSignatureAlgorithm(o.to_string())),
+    };
+    verified.map_err(|_| PkiError::InvalidSignature)
+}
+
+/// The (last, like Go) subject CN of a PEM certificate.
+pub fn certificate_common_name(cert_pem: &str) -> Result<String, PkiError> {
+    let cert = parse_certificate(cert_pem, "certificate")?;
+    last_common_name(&cert.tbs_certificate.subject).ok_or(PkiError::MissingCommonName)
+}
+
+/// The signed bytes exactly as they appear in the certificate; re-encoding
+/// the parsed structure could differ from what the issuer signed.
+fn raw_tbs(cert_der: &[u8]) -> Result<&[u8], PkiError> {
+    let body = AnyRef::from_der(cert_der)
+        .map_err(parse_err("certificate"))?
+        .value();
+    let mut reader = SliceReader::new(body).map_err(parse_err("certificate"))?;
+    let tbs = AnyRef::decode(&mut reader).map_err(parse_err("certificate"))?;
+    let len = tbs
+        .encoded_len()
+        .and_then(usize::try_from)
+        .map_err(parse_err("certificate"))?;
+    Ok(&body[..len])
+}
+
+fn last_common_name(name: &Name) -> Option<String> {
+    name.0
+        .iter()
+        .flat_map(|rdn| rdn.0.iter())
+        .filter(|atv| atv.oid == OID_CN)
+        .filter_map(|atv| String::from_utf8(atv.value.value().to_vec()).ok())
+        .next_back()
+}
+
+fn common_name_subject(common_name: &str) -> Result<Name, PkiError> {
+    let atv = AttributeTypeAndValue {
+        oid: OID_CN,
+        value: Any::new(Tag::Utf8String, common_name.as_bytes()).map_err(enc_err("subject"))?,
+    };
+    let set = SetOfVec::try_from(vec![atv]).map_err(enc_err("subject"))?;
+    Ok(RdnSequence(vec![RelativeDistinguishedName(set)]))
+}
+
+fn sha256_with_rsa() -> AlgorithmIdentifierOwned {
+    AlgorithmIdentifierOwned {
+        oid: OID_SHA256_RSA,
+        parameters: Some(Any::null()),
+    }
+}
+
+/// 16 random bytes, top bit clear so the INTEGER stays positive without
+/// padding, and a set bit below it so it is never zero or shortened.
+fn random_serial() -> Result<SerialNumber, PkiError> {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    SerialNumber::new(&bytes).map_err(enc_err("serial number"))
+}
+
+/// RFC 5280: UTCTime through 2049, GeneralizedTime after.
+fn x509_time(t: SystemTime) -> Result<Time, PkiError> {
+    UtcTime::from_system_time(t)
+        .map(Time::UtcTime)
+        .or_else(|_| GeneralizedTime::from_system_time(t).map(Time::GeneralTime))
+        .map_err(enc_err("validity"))
+}
+
+fn validity(not_before: SystemTime, not_after: SystemTime) -> Result<Validity, PkiError> {
+    Ok(Validity {
+        not_before: x509_time(not_before)?,
+        not_after: x509_time(not_after)?,
+    })
+}
+
+fn ext<E: AsExtension>(e: &E, tbs: &TbsCertificate) -> Result<Extension, PkiError> {
+    // Criticality follows RFC 5280 as x509-cert encodes it (basic
+    // constraints and key usage critical, SAN critical only for an empty
+    // subject).
+    e.to_extension(&tbs.subject, &[])
+        .map_err(enc_err("extension"))
+}
+
+/// RFC 5280 method 1: SHA-1 of the subjectPublicKey bits, as OpenSSL and Go
+/// compute it.
+fn key_identifier(spki: &SubjectPublicKeyInfoOwned) -> Result<Vec<u8>, PkiError> {
+    let ski = SubjectKeyIdentifier::try_from(spki.owned_to_ref()).map_err(enc_err("key id"))?;
+    Ok(ski.0.as_bytes().to_vec())
+}
+
+fn rsa_spki(key: &RsaPublicKey) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+    let der = key.to_public_key_der().map_err(enc_err("public key"))?;
+    SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
+}
+
+fn rsa_public_key(spki: &SubjectPublicKeyInfoOwned) -> Result<RsaPublicKey, PkiError> {
+    let der = spki.to_der().map_err(parse_err("CA public key"))?;
+    RsaPublicKey::from_public_key_der(&der).map_err(parse_err("CA public key"))
+}
+
+/// The CA's key, signing SHA-256 PKCS#1 v1.5. `ring` signs several times
+/// faster than the `rsa` crate (this is most of what a helper process
+/// spends per certificate) but refuses keys under 2048 bits, which the
+/// `rsa` crate then signs; both give the same (deterministic) signature.
+struct Signer {
+    key: SigningKey<Sha256>,
+    ring: Option<ring::signature::RsaKeyPair>,
+}
+
+impl Signer {
+    fn new(key: RsaPrivateKey) -> Result<Self, PkiError> {
+        let der = key.to_pkcs1_der().map_err(enc_err("CA private key"))?;
+        let ring = ring::signature::RsaKeyPair::from_der(der.as_bytes()).ok();
+        Ok(Signer {
+            key: SigningKey::<Sha256>::new(key),
+            ring,
+        })
+    }
+
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, PkiError> {
+        match &self.ring {
+            Some(pair) => {
+                let mut sig = vec![0; pair.public().modulus_len()];
+                pair.sign(
+                    &ring::signature::RSA_PKCS1_SHA256,
+                    &ring::rand::SystemRandom::new(),
+                    message,
+                    &mut sig,
+                )
+                .map_err(enc_err("signature"))?;
+                Ok(sig)
+            }
+            // Randomized signing only blinds the RSA operation; PKCS#1 v1.5
+            // signatures themselves are deterministic.
+            None => Ok(self
+                .key
+                .sign_with_rng(&mut rand::rngs::OsRng, message)
+                .to_vec()),
+        }
+    }
+}
+
+fn sign_tbs(signer: &Signer, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
+    let der = tbs.to_der().map_err(enc_err("TBS certificate"))?;
+    let sig = signer.sign(&der)?;
+    Ok(Certificate {
+        signature_algorithm: tbs.signature.clone(),
+        tbs_certificate: tbs,
+        signature: BitString::from_bytes(&sig).map_err(enc_err("signature"))?,
+    })
+}
+
+/// The first PEM block in `text` whose label is one of `labels`.
+fn pem_block(
+    text: &str,
+    what: &'static str,
+    labels: &[&'static str],
+) -> Result<pem::Pem, PkiError> {
+    let blocks = pem::parse_many(text).map_err(|e| PkiError::BadPem {
+        what,
+        reason: pem_error_text(&e),
+    })?;
+    blocks
+        .into_iter()
+        .find(|b| labels.contains(&b.tag()))
+        .ok_or(PkiError::MissingPemBlock {
+            what,
+            expected: labels[0],
+        })
+}
+
+fn parse_certificate(text: &str, what: &'static str) -> Result<Certificate, PkiError> {
+    let block = pem_block(text, what, &["CERTIFICATE"])?;
+    Certificate::from_der(block.contents()).map_err(parse_err(what))
+}
+
+fn parse_private_key(text: &str) -> Result<RsaPrivateKey, PkiError> {
+    const WHAT: &str = "CA private key";
+    let block = pem::parse_many(text)
+        .map_err(|e| PkiError::BadPem {
+            what: WHAT,
+            reason: pem_error_text(&e),
+        })?
+        .into_iter()
+        .find(|b| {
+            matches!(
+                b.tag(),
+                "RSA PRIVATE KEY" | "PRIVATE KEY" | "ENCRYPTED PRIVATE KEY"
+            )
+        })
+        .ok_or(PkiError::MissingPemBlock {
+            what: WHAT,
+            expected: "RSA PRIVATE KEY or PRIVATE KEY",
+        })?;
+    if block.tag() == "ENCRYPTED PRIVATE KEY" || block.headers().get("Proc-Type").is_some() {
+        return Err(PkiError::EncryptedKey);
+    }
+    // The rsa crate's errors describe the structure, never the key bytes.
+    let key = if block.tag() == "RSA PRIVATE KEY" {
+        RsaPrivateKey::from_pkcs1_der(block.contents()).map_err(parse_err(WHAT))?
+    } else {
+        RsaPrivateKey::from_pkcs8_der(block.contents()).map_err(parse_err(WHAT))?
+    };
+    if key.n().bits() < 1024 {
+        return Err(PkiError::Parse {
+            what: WHAT,
+            reason: format!("a {} bit RSA key is too small", key.n().bits()),
+        });
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,360 @@
+use super::*;
+use choria_wire::security::csr::CsrSubject;
+use choria_wire::testing::test_key;
+use choria_wire::testing::{openssl, run_ok, skip_without_openssl};
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// One real (2048 bit) CA for the whole test run: key generation is slow.
+fn ca() -> &'static CertificateAuthority {
+    static CA: OnceLock<CertificateAuthority> = OnceLock::new();
+    CA.get_or_init(|| CertificateAuthority::generate("Test CA").unwrap())
+}
+
+fn node_csr(cn: &str) -> String {
+    csr::make_csr(test_key(), &CsrSubject::new(cn)).unwrap()
+}
+
+fn parse(cert_pem: &str) -> Certificate {
+    parse_certificate(cert_pem, "test certificate").unwrap()
+}
+
+fn dns_sans(cert: &Certificate) -> Vec<String> {
+    let (_, san) = cert
+        .tbs_certificate
+        .get::<SubjectAltName>()
+        .unwrap()
+        .expect("SAN extension");
+    san.0
+        .iter()
+        .map(|n| match n {
+            GeneralName::DnsName(s) => s.to_string(),
+            other => panic!("unexpected SAN {other:?}"),
+        })
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn ca_certificate_is_a_self_signed_ca() {
+    let ca = ca();
+    let pem_text = ca.cert_pem();
+    assert!(pem_text.starts_with("-----BEGIN CERTIFICATE-----\n"));
+    verify_issued_by(&pem_text, &pem_text).unwrap();
+    assert_eq!(certificate_common_name(&pem_text).unwrap(), "Test CA");
+    assert_eq!(ca.common_name().as_deref(), Some("Test CA"));
+
+    let cert = parse(&pem_text);
+    let tbs = &cert.tbs_certificate;
+    let (critical, bc) = tbs.get::<BasicConstraints>().unwrap().unwrap();
+    assert!(critical && bc.ca);
+    let (_, ku) = tbs.get::<KeyUsage>().unwrap().unwrap();
+    assert!(ku.0.contains(KeyUsages::KeyCertSign));
+    assert!(tbs.get::<SubjectKeyIdentifier>().unwrap().is_some());
+    let v = &tbs.validity;
+    let lifetime = v.not_after.to_unix_duration() - v.not_before.to_unix_duration();
+    assert_eq!(lifetime, CA_VALIDITY + BACKDATE);
+    assert_eq!(
+        rsa_public_key(&tbs.subject_public_key_info)
+            .unwrap()
+            .n()
+            .bits(),
+        CA_KEY_BITS
+    );
+}
+
+#[test]
+fn signs_a_csr_for_server_and_client_auth() {
+    let ca = ca();
+    let cert_pem = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    verify_issued_by(&cert_pem, &ca.cert_pem()).unwrap();
+    assert_eq!(
+        certificate_common_name(&cert_pem).unwrap(),
+        "node1.example.net"
+    );
+
+    let cert = parse(&cert_pem);
+    let tbs = &cert.tbs_certificate;
+    assert_eq!(
+        rsa_public_key(&tbs.subject_public_key_info).unwrap(),
+        test_key().to_public_key()
+    );
+    assert_eq!(dns_sans(&cert), vec!["node1.example.net"]);
+    let (_, eku) = tbs.get::<ExtendedKeyUsage>().unwrap().unwrap();
+    assert_eq!(eku.0, vec![OID_KP_SERVER_AUTH, OID_KP_CLIENT_AUTH]);
+    let (_, bc) = tbs.get::<BasicConstraints>().unwrap().unwrap();
+    assert!(!bc.ca);
+    let (_, aki) = tbs.get::<AuthorityKeyIdentifier>().unwrap().unwrap();
+    assert_eq!(aki.key_identifier.unwrap().as_bytes(), ca.key_id.as_slice());
+    let v = &tbs.validity;
+    assert_eq!(
+        v.not_after.to_unix_duration() - v.not_before.to_unix_duration(),
+        DAY + BACKDATE
+    );
+    // positive, 16 bytes, and fresh for every certificate
+    assert_eq!(tbs.serial_number.as_bytes().len(), 16);
+    let again = parse(&ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap());
+    assert_ne!(tbs.serial_number, again.tbs_certificate.serial_number);
+}
+
+#[test]
+fn csr_dns_names_become_sans_after_the_cn() {
+    use x509_cert::builder::{Builder, RequestBuilder};
+    let signer = SigningKey::<Sha256>::new(test_key().clone());
+    let subject = Name::from_str("CN=node1.example.net,O=Acme").unwrap();
+    let mut builder = RequestBuilder::new(subject.clone(), &signer).unwrap();
+    let names = ["alias.example.net", "node1.example.net"];
+    builder
+        .add_extension(&SubjectAltName(
+            names
+                .iter()
+                .map(|n| GeneralName::DnsName(Ia5String::new(n).unwrap()))
+                .collect(),
+        ))
+        .unwrap();
+    let req = builder
+        .build_with_rng::<RsaSignature>(&mut rand::rngs::OsRng)
+        .unwrap();
+    let csr_pem = go_pem_encode("CERTIFICATE REQUEST", &[], &req.to_der().unwrap());
+
+    let cert = parse(&ca().sign_csr(&csr_pem, DAY).unwrap());
+    assert_eq!(cert.tbs_certificate.subject, subject);
+    assert_eq!(
+        dns_sans(&cert),
+        vec!["node1.example.net", "alias.example.net"]
+    );
+}
+
+#[test]
+fn validity_never_outlives_the_ca() {
+    let ca = ca();
+    let ca_expiry = parse(&ca.cert_pem()).tbs_certificate.validity.not_after;
+    for long in [Duration::from_secs(100 * 365 * 24 * 3600), Duration::MAX] {
+        let cert = parse(&ca.sign_csr(&node_csr("n.example.net"), long).unwrap());
+        assert_eq!(cert.tbs_certificate.validity.not_after, ca_expiry);
+    }
+}
+
+#[test]
+fn certificates_from_another_ca_fail() {
+    let cert = ca().sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+    // A different name is caught by the issuer check...
+    let other = CertificateAuthority::from_key("Other CA", test_key().clone()).unwrap();
+    assert!(matches!(
+        verify_issued_by(&cert, &other.cert_pem()),
+        Err(PkiError::IssuerMismatch { .. })
+    ));
+    // ...the same name with another key by the signature.
+    let impostor = CertificateAuthority::from_key("Test CA", test_key().clone()).unwrap();
+    assert_eq!(
+        verify_issued_by(&cert, &impostor.cert_pem()),
+        Err(PkiError::InvalidSignature)
+    );
+    let forged = impostor.sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+    assert_eq!(
+        verify_issued_by(&forged, &ca().cert_pem()),
+        Err(PkiError::InvalidSignature)
+    );
+}
+
+#[test]
+fn tampered_certificate_fails() {
+    let cert_pem = ca().sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    let mut der = pem::parse(&cert_pem).unwrap().into_contents();
+    let pos = der.windows(5).position(|w| w == b"node1").unwrap();
+    der[pos] = b'm';
+    let tampered = go_pem_encode("CERTIFICATE", &[], &der);
+    assert_eq!(
+        certificate_common_name(&tampered).unwrap(),
+        "mode1.example.net"
+    );
+    assert_eq!(
+        verify_issued_by(&tampered, &ca().cert_pem()),
+        Err(PkiError::InvalidSignature)
+    );
+}
+
+#[test]
+fn tampered_csr_is_refused() {
+    let mut der = pem::parse(node_csr("node1.example.net"))
+        .unwrap()
+        .into_contents();
+    let pos = der.windows(5).position(|w| w == b"node1").unwrap();
+    der[pos] = b'm';
+    let tampered = go_pem_encode("CERTIFICATE REQUEST", &[], &der);
+    assert_eq!(
+        ca().sign_csr(&tampered, DAY),
+        Err(PkiError::Csr(CsrError::InvalidSignature))
+    );
+    assert!(matches!(
+        ca().sign_csr("not a csr", DAY),
+        Err(PkiError::Csr(CsrError::BadPem(_)))
+    ));
+}
+
+#[test]
+fn from_pem_round_trips_pkcs1_and_pkcs8_keys() {
+    use rsa::pkcs8::EncodePrivateKey;
+    let ca = ca();
+    let pkcs1 = ca.key_pem();
+    assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----\n"));
+    let pkcs8 = parse_private_key(&pkcs1)
+        .unwrap()
+        .to_pkcs8_pem(LineEnding::LF)
+        .unwrap();
+    for key in [pkcs1.as_str(), pkcs8.as_str()] {
+        let loaded = CertificateAuthority::from_pem(&ca.cert_pem(), key).unwrap();
+        assert_eq!(loaded.cert_pem(), ca.cert_pem());
+        assert_eq!(loaded.key_id, ca.key_id);
+        let cert = loaded.sign_csr(&node_csr("n.example.net"), DAY).unwrap();
+        verify_issued_by(&cert, &ca.cert_pem()).unwrap();
+    }
+}
+
+#[test]
+fn from_pem_refuses_bad_input() {
+    let ca = ca();
+    let cert = ca.cert_pem();
+    let other_key = csr::private_key_pkcs1_pem(test_key()).unwrap();
+    assert_eq!(
+        CertificateAuthority::from_pem(&cert, &other_key).unwrap_err(),
+        PkiError::KeyMismatch
+    );
+    let encrypted = choria_wire::security::encrypt_private_key(&ca.key_pem(), &[7; 32]).unwrap();
+    assert_eq!(
+        CertificateAuthority::from_pem(&cert, &encrypted).unwrap_err(),
+        PkiError::EncryptedKey
+    );
+    assert_eq!(
+        CertificateAuthority::from_pem(&cert, &cert).unwrap_err(),
+        PkiError::MissingPemBlock {
+            what: "CA private key",
+            expected: "RSA PRIVATE KEY or PRIVATE KEY"
+        }
+    );
+    assert_eq!(
+        CertificateAuthority::from_pem(&ca.key_pem(), &ca.key_pem())
+            .unwrap_err()
+            .to_string(),
+        "CA certificate: no CERTIFICATE PEM block found"
+    );
+    let err = CertificateAuthority::from_pem("garbage", &ca.key_pem()).unwrap_err();
+    assert!(matches!(err, PkiError::MissingPemBlock { .. }), "{err}");
+    let bad_base64 = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n";
+    assert_eq!(
+        CertificateAuthority::from_pem(bad_base64, &ca.key_pem()).unwrap_err(),
+        PkiError::BadPem {
+            what: "CA certificate",
+            reason: "PEM body is not valid base64"
+        }
+    );
+}
+
+#[test]
+fn debug_and_errors_never_show_the_key() {
+    let ca = ca();
+    let debug = format!("{ca:?}");
+    assert!(debug.contains("Test CA"), "{debug}");
+    assert!(!debug.contains("PRIVATE"), "{debug}");
+    let body: String = ca.key_pem().lines().nth(1).unwrap().into();
+    let err = CertificateAuthority::from_pem(&ca.cert_pem(), &ca.key_pem()[..200])
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains(&body[..20]), "{err}");
+}
+
+#[test]
+fn openssl_verifies_our_certificates() {
+    if skip_without_openssl("certificate chain check") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca();
+    let ca_file = write(dir.path(), "ca.pem", &ca.cert_pem());
+    let cert = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    let cert_file = write(dir.path(), "cert.pem", &cert);
+    for purpose in ["sslserver", "sslclient"] {
+        let out = run_ok(
+            openssl()
+                .args(["verify", "-purpose", purpose, "-CAfile"])
+                .arg(&ca_file)
+                .arg(&cert_file),
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+    }
+    // and refuses one from another CA
+    let other = CertificateAuthority::from_key("Test CA", test_key().clone()).unwrap();
+    let forged = write(
+        dir.path(),
+        "forged.pem",
+        &other.sign_csr(&node_csr("node1.example.net"), DAY).unwrap(),
+    );
+    let out = openssl()
+        .args(["verify", "-CAfile"])
+        .arg(&ca_file)
+        .arg(&forged)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn signs_with_an_openssl_made_ca() {
+    if skip_without_openssl("OpenSSL CA check") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("ca.key");
+    let ca_file = dir.path().join("ca.pem");
+    run_ok(
+        openssl()
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/O=Acme/CN=OpenSSL CA", "-keyout"])
+            .arg(&key_file)
+            .arg("-out")
+            .arg(&ca_file),
+    );
+    let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+    let key_pem = std::fs::read_to_string(&key_file).unwrap();
+    let ca = CertificateAuthority::from_pem(&ca_pem, &key_pem).unwrap();
+    let cert = ca
+        .sign_csr(&node_csr("node1.example.net"), 30 * DAY)
+        .unwrap();
+    verify_issued_by(&cert, &ca_pem).unwrap();
+    // clamped to the CA's two days
+    let not_after = parse(&cert).tbs_certificate.validity.not_after;
+    assert_eq!(not_after, parse(&ca_pem).tbs_certificate.validity.not_after);
+    let cert_file = write(dir.path(), "cert.pem", &cert);
+    run_ok(
+        openssl()
+            .args(["verify", "-purpose", "sslserver", "-CAfile"])
+            .arg(&ca_file)
+            .arg(&cert_file),
+    );
+}
+
+#[test]
+fn ring_and_the_rsa_crate_sign_alike_and_small_keys_still_sign() {
+    use rsa::signature::RandomizedSigner;
+    let key = csr::generate_rsa_key(2048).unwrap();
+    let signer = Signer::new(key.clone()).unwrap();
+    assert!(signer.ring.is_some(), "ring takes a 2048 bit key");
+    let reference = SigningKey::<Sha256>::new(key)
+        .sign_with_rng(&mut rand::rngs::OsRng, b"tbs bytes")
+        .to_vec();
+    assert_eq!(signer.sign(b"tbs bytes").unwrap(), reference);
+
+    let small = Signer::new(test_key().clone()).unwrap();
+    assert!(small.ring.is_none(), "ring refuses keys under 2048 bits");
+    assert!(!small.sign(b"tbs bytes").unwrap().is_empty());
+}

@@ -1,0 +1,913 @@
+//! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`):
+//! the one place its Rust types, names and CRD live. The operator builds
+//! from it and the provisioner pods follow it (`provision::resource`,
+//! `provision::certmanager`), both through these types.
+//!
+//! The spec mirrors `provisioner.yaml` in camelCase, plus what a Deployment
+//! needs (image, replicas, resources, pod placement) and references to the
+//! Secrets the provisioner reads as mounted files. Doc comments become the
+//! schema's descriptions, so `kubectl explain provisioner.spec` documents it.
+//!
+//! Status is shared by two field managers: the operator owns `conditions`,
+//! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
+//! `leader` and `provisioned`.
+
+pub mod validation;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The API group.
+pub const GROUP: &str = "provisioning.choria.io";
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the resource.
+pub const API_VERSION: &str = "provisioning.choria.io/v1alpha1";
+/// `kind` of the resource.
+pub const KIND: &str = "Provisioner";
+/// `spec.monitorPort` when unset.
+pub const DEFAULT_MONITOR_PORT: i32 = 8080;
+/// `spec.replicas` when unset: one leader and one standby.
+pub const DEFAULT_REPLICAS: i32 = 2;
+
+/// A Choria provisioner: a Deployment of leader-elected `choria-provisioner run`
+/// replicas configured from this spec.
+// clippy takes the repeated `printcolumn(type_ = ...)` for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "provisioning.choria.io",
+    version = "v1alpha1",
+    kind = "Provisioner",
+    namespaced,
+    status = "ProvisionerStatus",
+    shortname = "prov",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    doc = "A Choria provisioner: leader-elected replicas that provision Choria Servers waiting in provisioning mode.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+    ),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader"),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
+    printcolumn(
+        name = "Provisioned",
+        type_ = "integer",
+        json_path = ".status.provisioned"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvisionerSpec {
+    /// Provisioner pods. With an election only the leader provisions; the
+    /// others stand by to take over. A PodDisruptionBudget keeps one running
+    /// when there are at least two.
+    #[serde(default = "default_replicas")]
+    pub replicas: i32,
+
+    /// The container image with the `choria-provisioner` binary (default:
+    /// the operator's own image). The cluster admin decides which images a
+    /// Provisioner may name (the operator's `--allowed-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// When the kubelet pulls the image (Kubernetes' default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// CPU and memory requests and limits of the provisioner container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Stops provisioning without restarting the pods: the pods read it from
+    /// this resource and pause or resume.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// Leader election among the replicas.
+    #[serde(default)]
+    pub election: ElectionSpec,
+
+    /// Nodes provisioned at once (default: the pod's CPU count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<i32>,
+
+    /// Discovery interval, at least `1m` (default `1m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+
+    /// Lifecycle component whose `startup` events mean "needs provisioning"
+    /// (default `provision_mode_server`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle_component: Option<String>,
+
+    /// The `site` label on every metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+
+    /// Speak protocol v1 without TLS or signatures (test networks only).
+    #[serde(default)]
+    pub choria_insecure: bool,
+
+    /// What is done for each node.
+    #[serde(default)]
+    pub features: Features,
+
+    /// Regular expressions refused in CSR names (default: the Go
+    /// provisioner's list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cert_deny_list: Vec<String>,
+
+    /// Validity of the server JWTs issued with `features.ed25519`, a Choria
+    /// duration such as `1y` or `90d` (default `1y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_jwt_validity: Option<String>,
+
+    /// Where nodes download upgrades from (`features.upgrades`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrades_repository: Option<String>,
+
+    /// Provision a node even when its upgrade fails.
+    #[serde(default)]
+    pub upgrades_optional: bool,
+
+    /// Log level of the provisioner (default `warn`, as in Go).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<LogLevel>,
+
+    /// The longest one broadcast discovery may take (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_timeout: Option<String>,
+
+    /// Discovery ends after this long without a reply (default `1s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_window: Option<String>,
+
+    /// How long the helper may run per node (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helper_timeout: Option<String>,
+
+    /// How long one RPC attempt waits for its reply (default: Go's 2s plus
+    /// the agent's timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_timeout: Option<String>,
+
+    /// Port of `/metrics`, `/healthz` and `/readyz` in the pods, and of the
+    /// `<name>-metrics` Service.
+    #[serde(default = "default_monitor_port")]
+    pub monitor_port: i32,
+
+    /// The Choria broker and how to log in to it.
+    pub broker: BrokerSpec,
+
+    /// The provisioning token sent to nodes (their `provisioning.jwt`'s
+    /// `cht` claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret: Option<SecretKeyRef>,
+
+    /// Password of the broker user `provisioner`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_password_secret: Option<SecretKeyRef>,
+
+    /// Public key or certificate (PEM, or a hex ed25519 key) that verifies the
+    /// nodes' `provisioning.jwt`; required with `features.jwt` or
+    /// `features.ed25519`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_verify_key_secret: Option<SecretKeyRef>,
+
+    /// Key that signs server JWTs (hex ed25519 seed); required with
+    /// `features.ed25519`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_signing_key_secret: Option<SecretKeyRef>,
+
+    /// Our chain-issuer client JWT, adding chain-issuer data to server JWTs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_signing_token_secret: Option<SecretKeyRef>,
+
+    /// The ed25519 seed (64 hex characters) the replicas seal what they
+    /// write to the bus and read back with: records (`spec.records`) and,
+    /// in shards mode, their membership. Unset: the operator makes a
+    /// Secret `<name>-signing-key` (key `seed`) once, owned by this
+    /// Provisioner, and keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_key_secret: Option<SecretKeyRef>,
+
+    /// Public keys (64 hex characters each) whose seals the pods trust
+    /// besides their signing key's: the previous key's, while records and
+    /// replicas sealed with it remain (a key rotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signing_verify_keys: Vec<String>,
+
+    /// The helper that decides each node's configuration; optional when
+    /// `nodeConfiguration` configures the nodes (then its answer is merged
+    /// over the templates').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helper: Option<HelperSpec>,
+
+    /// Each node's configuration as templates (`configuration_template` of
+    /// `provisioner.yaml`): no process per node for the common case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_configuration: Option<NodeConfigurationSpec>,
+
+    /// Who signs the nodes' certificates with `features.pki`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pki: Option<PkiSpec>,
+    /// A record of every provisioning in a Choria Streams (JetStream) KV
+    /// bucket (`records:` of `provisioner.yaml`). The provisioning account
+    /// of a Choria broker has no KV access: point this at an account or a
+    /// server that has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records: Option<RecordsSpec>,
+    /// Renew credentials before they expire (`renewal:`): needs `records`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<RenewalSpec>,
+
+    /// Placement and metadata of the provisioner pods.
+    #[serde(default, skip_serializing_if = "PodOverrides::is_empty")]
+    pub pod: PodOverrides,
+}
+
+fn default_replicas() -> i32 {
+    DEFAULT_REPLICAS
+}
+
+/// The image of this build, as `scripts/build-image.sh` tags it: the
+/// operator's own image when nothing says otherwise.
+pub fn default_image() -> String {
+    format!("choria-provisioner:{}", env!("CARGO_PKG_VERSION"))
+}
+
+fn default_monitor_port() -> i32 {
+    DEFAULT_MONITOR_PORT
+}
+
+/// A container image pull policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
+}
+
+pub use choria_config::LogLevel;
+
+/// Which election decides the provisioning replica (`election.backend` of
+/// `provisioner.yaml`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ElectionBackend {
+    /// A Kubernetes Lease named like this resource.
+    #[default]
+    Lease,
+    /// The Choria Streams KV bucket Go provisioners use.
+    Streams,
+    /// No election: every replica provisions.
+    None,
+}
+
+impl ElectionBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElectionBackend::Lease => "lease",
+            ElectionBackend::Streams => "streams",
+            ElectionBackend::None => "none",
+        }
+    }
+}
+
+/// How the replicas share the work (`election.mode` of `provisioner.yaml`),
+/// spelt `Leader` and `Shards` here.
+pub use choria_config::election::ElectionMode;
+
+/// Leader election settings; durations are strings such as `15s`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionSpec {
+    /// `Leader` (one replica works) or `Shards` (every replica works its
+    /// share; needs the `lease` or `streams` backend). With `Shards`, the
+    /// Lease timings are the membership's on both backends.
+    #[serde(default)]
+    pub mode: ElectionMode,
+    /// `lease` (a Kubernetes Lease), `streams` (Choria Streams, compatible
+    /// with Go provisioners) or `none`.
+    #[serde(default)]
+    pub backend: ElectionBackend,
+    /// Lease: how long a leader's record is valid (default `15s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration: Option<String>,
+    /// Lease: the leader steps down when it could not renew for this long
+    /// (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_deadline: Option<String>,
+    /// Lease: time between attempts (default `2s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period: Option<String>,
+    /// Streams: the KV bucket (default `CHORIA_LEADER_ELECTION`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Streams: the election name, the KV key (default `provisioner`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Streams: the JetStream API prefix (default `choria.streams`; empty for
+    /// the account's own `$JS.API`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_prefix: Option<String>,
+}
+
+/// `features:` of `provisioner.yaml`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Features {
+    /// Fetch a CSR from each node for the helper to sign (not with `ed25519`).
+    #[serde(default)]
+    pub pki: bool,
+    /// Fetch and verify each node's provisioning JWT.
+    #[serde(default)]
+    pub jwt: bool,
+    /// Organization Issuer networks: sign a server JWT for each node (turns
+    /// `jwt` on).
+    #[serde(default)]
+    pub ed25519: bool,
+    /// Honour the helper's `upgrade` version.
+    #[serde(default)]
+    pub upgrades: bool,
+}
+
+/// The broker the provisioner connects to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerSpec {
+    /// Broker URLs, such as `nats://broker.example.net:4222`.
+    pub urls: Vec<String>,
+    /// Our Choria identity (default: this resource's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// A `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and `ca.crt`:
+    /// the `file` security provider (x509, protocol v1). With
+    /// `clientJwtSecret`, its CA verifies the broker and its certificate is
+    /// the TLS client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret: Option<String>,
+    /// A Secret with `token` (client JWT) and `seed` (hex ed25519 seed): the
+    /// `choria` security provider (protocol v2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_jwt_secret: Option<String>,
+    /// With `clientJwtSecret` and no `tlsSecret`, nothing verifies the
+    /// broker's TLS certificate: the token and the key exchange would cross
+    /// an unauthenticated channel. That is refused unless this is `true`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_skip_verify: bool,
+}
+
+/// Where records are kept (`records:`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordsSpec {
+    /// NATS URLs of a JetStream the records may be written to, such as
+    /// `nats://records.example.net:4222`.
+    pub urls: Vec<String>,
+    /// The KV bucket (default `CHORIA_PROVISIONER_RECORDS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Revisions kept per node, 1 to 64 (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<i32>,
+    /// Create the bucket when it is missing (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_bucket: Option<bool>,
+    /// A NATS `.creds` file (user JWT and seed) in a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<SecretKeyRef>,
+    /// NATS user name, with `passwordSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The NATS password of `user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret: Option<SecretKeyRef>,
+    /// A NATS token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret: Option<SecretKeyRef>,
+    /// A CA certificate that verifies the server's TLS certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_secret: Option<SecretKeyRef>,
+    /// A client certificate for mutual TLS, with `tlsKeySecret`: how the
+    /// records reach a Choria broker's own Streams on an x509 network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_secret: Option<SecretKeyRef>,
+    /// The private key of `tlsCertSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_secret: Option<SecretKeyRef>,
+}
+
+/// Renewal before expiry (`renewal:`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewalSpec {
+    /// When a credential is due: this long before it expires (`30d`,
+    /// `12h`) or when this share of its lifetime is left (`20%`).
+    pub before: String,
+    /// Due times move earlier by a stable share of this per node, so a
+    /// fleet provisioned at once is not renewed at once (default `0s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    /// Renewals (`reprovision` requests) per minute at most (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<i32>,
+    /// The collective `reprovision` goes to when a record names none
+    /// (default `mcollective`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<String>,
+    /// How long a node may take to come back before it is asked again
+    /// (default `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
+    /// The broker and credentials that reach the provisioned nodes in
+    /// their collective, as a caller their policies allow to call
+    /// `choria_provision#reprovision`; unset: `spec.broker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerSpec>,
+}
+
+/// A key of a Secret in this resource's namespace; it reaches the pods as a
+/// file, never as configuration text.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    pub name: String,
+    /// The key in the Secret.
+    pub key: String,
+}
+
+/// The helper program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HelperSpec {
+    /// The command line run for each node, e.g.
+    /// `/etc/choria-provisioner/helper/helper.sh`.
+    pub command: String,
+    /// A ConfigMap mounted read-only (mode 0755) at
+    /// `/etc/choria-provisioner/helper`, e.g. holding `helper.sh`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+}
+
+/// Node configuration templates (minijinja); each value is a template
+/// rendered per node from `identity`, `inventory`, `jwt`, `csr`,
+/// `ed25519`, `site` and `values`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfigurationSpec {
+    /// Your own values, `{{ values.NAME }}` in the templates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, String>,
+    /// Choria setting → template of its value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configuration: BTreeMap<String, String>,
+    /// Policy file name (`<agent>.policy`) → template of its text.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub action_policies: BTreeMap<String, String>,
+    /// Rego file name (`<agent>.rego`, `default.rego`) → template of its text.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub opa_policies: BTreeMap<String, String>,
+    /// Claims the server JWTs are based on (`features.ed25519`), as the
+    /// helper's `server_claims`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_object_schema")]
+    pub server_claims: Option<serde_json::Value>,
+    /// Template of the version to upgrade nodes to (`features.upgrades`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
+}
+
+/// An object whose fields the API server keeps as given.
+fn free_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Certificate signing for `features.pki`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PkiSpec {
+    /// A cert-manager issuer signs each node's CSR through a
+    /// CertificateRequest in this resource's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_manager: Option<CertManagerSpec>,
+}
+
+/// cert-manager as the signer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertManagerSpec {
+    /// The issuer that signs.
+    pub issuer_ref: IssuerRef,
+    /// Requested certificate lifetime, e.g. `2160h` (default: the issuer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// cert-manager key usages (default: digital signature, key
+    /// encipherment, server auth, client auth).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usages: Vec<String>,
+    /// How long a request may wait to be issued (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// How long a used request is kept before deletion (default `0s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<String>,
+}
+
+/// A cert-manager issuer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IssuerRef {
+    /// The issuer's name.
+    pub name: String,
+    /// `Issuer` (default) or `ClusterIssuer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Default `cert-manager.io`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// Pod placement and metadata.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Node labels the pods must run on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Extra pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Extra pod labels (the operator's selector labels win).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl PodOverrides {
+    fn is_empty(&self) -> bool {
+        *self == PodOverrides::default()
+    }
+}
+
+/// Observed state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvisionerStatus {
+    /// `Ready`, `LeaderElected`, `Paused` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` the operator last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The pod that leads, as written by that pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Ready provisioner pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Nodes provisioned by the leading pod since it started, as written by
+    /// that pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<i64>,
+    /// Pods of the Deployment (the `scale` subresource's count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// The pods' label selector (the `scale` subresource's, for an HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// `spec.election.mode: Shards`: the live members, each written by
+    /// itself, and pruned by the members when one leaves the membership.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "members_schema")]
+    pub members: Vec<Member>,
+    /// Nodes on record whose credentials expire (with `renewal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records: Option<i64>,
+    /// Nodes whose credentials are inside their renewal window and not
+    /// renewed yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewals_due: Option<i64>,
+}
+
+/// One replica of a sharded Provisioner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    /// Its member name (the pod's name and a suffix), the provisioning
+    /// lock's caller.
+    pub name: String,
+    /// The pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Nodes it provisioned since it started.
+    #[serde(default)]
+    pub provisioned: i64,
+}
+
+/// Members as a map keyed by `name`: each pod applies its own entry.
+fn members_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Member>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["name"]),
+    );
+    schema
+}
+
+/// Conditions as a map keyed by `type`, so server-side apply merges each
+/// condition instead of replacing the list.
+fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}
+
+impl ProvisionerStatus {
+    /// The condition of this type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// The CRD: the schema derived from the types, with the admission rules of
+/// [`validation`].
+pub fn crd() -> CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut crd = serde_json::to_value(Provisioner::crd()).expect("the CRD is plain data");
+    for version in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        validation::add_to(&mut version["schema"]["openAPIV3Schema"]);
+    }
+    serde_json::from_value(crd).expect("still a CRD")
+}
+
+/// The CRD as YAML, as `choria-provisioner crd` prints it.
+pub fn crd_yaml() -> String {
+    // Serializing a CRD cannot fail: it is plain data.
+    serde_norway::to_string(&crd()).expect("the CRD serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn one_api_version_for_every_use() {
+        use kube::Resource;
+        assert_eq!(Provisioner::api_version(&()), API_VERSION);
+        assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+        assert_eq!(Provisioner::kind(&()), KIND);
+    }
+
+    #[test]
+    fn committed_crd_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../crds/provisioner.yaml");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == crd_yaml(),
+            "crds/provisioner.yaml differs from the CRD the code generates; \
+             run `choria-provisioner crd > crds/provisioner.yaml` and commit it"
+        );
+    }
+
+    /// The rules a CRD's schema must follow to be structural
+    /// (apiextensions' "Specifying a structural schema").
+    fn structural_problems(node: &Value, path: &str, in_junctor: bool, out: &mut Vec<String>) {
+        let Some(obj) = node.as_object() else {
+            out.push(format!("{path}: not an object"));
+            return;
+        };
+        let flag = |k: &str| obj.get(k).and_then(Value::as_bool) == Some(true);
+        if in_junctor {
+            // Only `required` and nested structure are allowed inside
+            // anyOf/oneOf/allOf/not.
+            for k in obj.keys() {
+                if !matches!(
+                    k.as_str(),
+                    "required" | "properties" | "items" | "anyOf" | "oneOf" | "allOf" | "not"
+                ) {
+                    out.push(format!("{path}: {k} inside a junctor"));
+                }
+            }
+        } else if !obj.contains_key("type")
+            && !flag("x-kubernetes-int-or-string")
+            && !flag("x-kubernetes-preserve-unknown-fields")
+        {
+            out.push(format!("{path}: no type"));
+        }
+        if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
+            out.push(format!("{path}: both properties and additionalProperties"));
+        }
+        if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                structural_problems(v, &format!("{path}.{k}"), in_junctor, out);
+            }
+        }
+        if let Some(items) = obj.get("items") {
+            structural_problems(items, &format!("{path}[]"), in_junctor, out);
+        }
+        if let Some(ap) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+            structural_problems(ap, &format!("{path}{{}}"), in_junctor, out);
+        }
+        for junctor in ["anyOf", "oneOf", "allOf"] {
+            for (i, v) in obj
+                .get(junctor)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                structural_problems(v, &format!("{path}.{junctor}[{i}]"), true, out);
+            }
+        }
+        if let Some(not) = obj.get("not") {
+            structural_problems(not, &format!("{path}.not"), true, out);
+        }
+    }
+
+    fn schema() -> Value {
+        let crd = serde_json::to_value(crd()).unwrap();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+    }
+
+    #[test]
+    fn schema_is_structural() {
+        let mut problems = Vec::new();
+        structural_problems(&schema(), "", false, &mut problems);
+        assert!(
+            problems.is_empty(),
+            "not structural:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_walker_catches_what_is_not_structural() {
+        let bad = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "free": {},
+                "both": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+                "alt": {"type": "object", "anyOf": [{"type": "string"}]},
+                "ok": {"x-kubernetes-int-or-string": true}
+            }
+        });
+        let mut problems = Vec::new();
+        structural_problems(&bad, "", false, &mut problems);
+        assert_eq!(
+            problems,
+            [
+                ".alt.anyOf[0]: type inside a junctor",
+                ".both: both properties and additionalProperties",
+                ".free: no type",
+            ]
+        );
+    }
+
+    #[test]
+    fn names_columns_defaults_and_descriptions() {
+        let crd = serde_json::to_value(crd()).unwrap();
+        let spec = &crd["spec"];
+        assert_eq!(
+            crd["metadata"]["name"],
+            "provisioners.provisioning.choria.io"
+        );
+        assert_eq!(spec["scope"], "Namespaced");
+        assert_eq!(spec["names"]["shortNames"], serde_json::json!(["prov"]));
+        let version = &spec["versions"][0];
+        assert_eq!(version["name"], VERSION);
+        assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+        let columns: Vec<(&str, &str, &str)> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap(),
+                    c["type"].as_str().unwrap(),
+                    c["jsonPath"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                (
+                    "Ready",
+                    "string",
+                    r#".status.conditions[?(@.type=="Ready")].status"#
+                ),
+                ("Leader", "string", ".status.leader"),
+                ("Paused", "boolean", ".spec.paused"),
+                ("Provisioned", "integer", ".status.provisioned"),
+                ("Age", "date", ".metadata.creationTimestamp"),
+            ]
+        );
+
+        let s = schema();
+        let props = &s["properties"]["spec"]["properties"];
+        assert_eq!(props["replicas"]["default"], 2);
+        assert_eq!(props["monitorPort"]["default"], 8080);
+        assert!(
+            props["image"].get("default").is_none(),
+            "unset: the operator's own"
+        );
+        assert_eq!(
+            props["election"]["properties"]["backend"]["default"],
+            "lease"
+        );
+        assert_eq!(
+            props["election"]["properties"]["backend"]["enum"],
+            serde_json::json!(["lease", "streams", "none"])
+        );
+        let required = s["properties"]["spec"]["required"].as_array().unwrap();
+        assert!(required.contains(&"broker".into()) && !required.contains(&"helper".into()));
+        assert_eq!(
+            props["broker"]["required"],
+            serde_json::json!(["urls"]),
+            "{}",
+            props["broker"]
+        );
+        // Every spec field is documented.
+        fn undocumented(node: &Value, path: &str, out: &mut Vec<String>) {
+            if let Some(p) = node.get("properties").and_then(Value::as_object) {
+                for (k, v) in p {
+                    let here = format!("{path}.{k}");
+                    if v.get("description").is_none() {
+                        out.push(here.clone());
+                    }
+                    undocumented(v, &here, out);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        undocumented(&s["properties"]["spec"], "spec", &mut missing);
+        assert!(missing.is_empty(), "no description: {missing:?}");
+
+        let conditions = &s["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
+        assert_eq!(conditions["items"]["type"], "object");
+    }
+
+    #[test]
+    fn a_minimal_resource_gets_the_defaults() {
+        let p: Provisioner = serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "prov", "namespace": "choria"},
+            "spec": {
+                "broker": {"urls": ["nats://broker:4222"]},
+                "helper": {"command": "/bin/helper"}
+            }
+        }))
+        .unwrap();
+        assert_eq!(p.spec.replicas, 2);
+        assert_eq!(p.spec.monitor_port, 8080);
+        assert_eq!(p.spec.election.backend, ElectionBackend::Lease);
+        assert!(!p.spec.paused);
+        assert_eq!(p.spec.image, None);
+        assert!(p.status.is_none());
+    }
+}

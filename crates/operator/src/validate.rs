@@ -1,0 +1,669 @@
+//! Checks of a `Provisioner` spec before anything is applied, so a mistake
+//! shows up as `Degraded` with a message saying what to fix instead of as
+//! crash-looping pods.
+//!
+//! First the spec's own rules (each message names the field), then the
+//! generated `provisioner.yaml` and `choria.cfg` go through the provisioner's
+//! own parsers, so every rule the pods would apply at start is applied here
+//! too.
+
+use super::build;
+use choria_config::names::is_dns_label;
+use choria_config::provisioner::MIN_INTERVAL;
+use choria_config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
+use choria_k8s::crd::{ElectionBackend, ElectionMode, Provisioner, SecretKeyRef};
+use kube::ResourceExt;
+use std::time::Duration;
+
+/// The longest Provisioner name: `<name>-metrics` must be a DNS label.
+pub const MAX_NAME_LEN: usize = 63 - "-metrics".len();
+
+/// Every problem found, each saying what to fix; empty when the spec is valid.
+pub fn validate(p: &Provisioner) -> Vec<String> {
+    let mut problems = Vec::new();
+    let s = &p.spec;
+    let mut problem = |m: String| problems.push(m);
+
+    let name = p.name_any();
+    if !is_dns_label(&name)
+        || !name.starts_with(|c: char| c.is_ascii_lowercase())
+        || name.len() > MAX_NAME_LEN
+    {
+        problem(format!(
+            "metadata.name {name:?} cannot name the Service {name}-metrics: use at most {MAX_NAME_LEN} lower case letters, digits and '-', starting with a letter"
+        ));
+    }
+    if s.replicas < 0 {
+        problem(format!("spec.replicas is {}; use 0 or more", s.replicas));
+    }
+    if !(1..=65535).contains(&s.monitor_port) {
+        problem(format!(
+            "spec.monitorPort {} is not a port; use 1-65535 (default 8080)",
+            s.monitor_port
+        ));
+    }
+    if matches!(s.workers, Some(w) if w < 0) {
+        problem(
+            "spec.workers is negative; use a positive number, or leave it out for one per CPU"
+                .into(),
+        );
+    }
+    if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+        problem("spec.image is empty; name the choria-provisioner image, or leave it out for the operator's own".into());
+    }
+
+    // Broker and its security.
+    let b = &s.broker;
+    if b.urls.is_empty() {
+        problem("spec.broker.urls is empty; list at least one broker, e.g. nats://broker.example.net:4222".into());
+    }
+    for (i, url) in b.urls.iter().enumerate() {
+        // A password in a URL would land in the ConfigMap; the URL is not
+        // repeated here, as it would put it in the status and events.
+        let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+        if authority.split('/').next().is_some_and(|a| a.contains('@')) {
+            problem(format!(
+                "spec.broker.urls[{i}] carries credentials; remove them and use spec.brokerPasswordSecret (user provisioner) or the broker Secrets"
+            ));
+            continue;
+        }
+        if url.trim().is_empty() || url.contains(char::is_whitespace) || url.contains(',') {
+            problem(format!(
+                "spec.broker.urls[{i}] {url:?} is not a broker address; use host:port or nats://host:port"
+            ));
+        }
+    }
+    if let Some(id) = &b.identity {
+        if id.trim().is_empty() || id.contains(char::is_whitespace) {
+            problem(format!(
+                "spec.broker.identity {id:?} is not a Choria identity; leave it out to use the resource name"
+            ));
+        }
+    }
+    match (&b.tls_secret, &b.client_jwt_secret, s.choria_insecure) {
+        (None, None, false) => problem(
+            "no broker credentials: set spec.broker.tlsSecret (x509, the file security provider), spec.broker.clientJwtSecret (the choria security provider), or spec.choriaInsecure: true for test networks".into(),
+        ),
+        (_, Some(_), true) => problem(
+            "spec.choriaInsecure: true contradicts spec.broker.clientJwtSecret (protocol v2 is always signed); remove one of them".into(),
+        ),
+        (None, Some(_), false) if !b.insecure_skip_verify => problem(
+            "spec.broker.clientJwtSecret without spec.broker.tlsSecret leaves the broker's TLS certificate unverified, so the client token and the key exchange would cross an unauthenticated channel; add spec.broker.tlsSecret (its ca.crt verifies the broker), or set spec.broker.insecureSkipVerify: true to accept that".into(),
+        ),
+        _ => {}
+    }
+    for (field, secret) in [
+        ("spec.broker.tlsSecret", &b.tls_secret),
+        ("spec.broker.clientJwtSecret", &b.client_jwt_secret),
+    ] {
+        if let Some(secret) = secret {
+            check_object_name(field, secret, &mut problem);
+        }
+    }
+
+    // Secret references.
+    for (field, r) in [
+        ("spec.tokenSecret", &s.token_secret),
+        ("spec.brokerPasswordSecret", &s.broker_password_secret),
+        ("spec.jwtVerifyKeySecret", &s.jwt_verify_key_secret),
+        ("spec.jwtSigningKeySecret", &s.jwt_signing_key_secret),
+        ("spec.jwtSigningTokenSecret", &s.jwt_signing_token_secret),
+    ] {
+        if let Some(r) = r {
+            check_secret_ref(field, r, &mut problem);
+        }
+    }
+
+    // Features and the keys they need.
+    let f = &s.features;
+    if f.pki && f.ed25519 {
+        problem("spec.features: pki and ed25519 cannot both be enabled; enable only one".into());
+    }
+    if f.ed25519 && s.jwt_signing_key_secret.is_none() {
+        problem("spec.features.ed25519 needs spec.jwtSigningKeySecret: the Secret key holding the ed25519 seed that signs server JWTs".into());
+    }
+    if (f.jwt || f.ed25519) && s.jwt_verify_key_secret.is_none() {
+        let feature = if f.ed25519 { "ed25519" } else { "jwt" };
+        problem(format!(
+            "spec.features.{feature} needs spec.jwtVerifyKeySecret: the Secret key holding the public key or certificate that verifies the nodes' provisioning.jwt"
+        ));
+    }
+
+    // Durations.
+    let duration = |field: &str,
+                    value: &Option<String>,
+                    problem: &mut dyn FnMut(String)|
+     -> Option<Duration> {
+        let raw = value.as_deref()?;
+        match parse_duration(raw) {
+            Ok(d) if d.is_zero() => {
+                problem(format!(
+                    "spec.{field} {raw:?} is zero; use a positive duration such as 10s"
+                ));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                problem(format!("spec.{field}: {e}"));
+                None
+            }
+        }
+    };
+    if let Some(d) = duration("interval", &s.interval, &mut problem) {
+        if d < MIN_INTERVAL {
+            problem(format!(
+                "spec.interval {:?} is below the minimum of 1m; use for example 10m or 1h",
+                s.interval.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    for (field, value) in [
+        ("serverJwtValidity", &s.server_jwt_validity),
+        ("discoveryTimeout", &s.discovery_timeout),
+        ("discoveryWindow", &s.discovery_window),
+        ("helperTimeout", &s.helper_timeout),
+        ("rpcTimeout", &s.rpc_timeout),
+    ] {
+        duration(field, value, &mut problem);
+    }
+    let e = &s.election;
+    let shards = e.mode == ElectionMode::Shards;
+    if shards && e.backend == ElectionBackend::None {
+        problem("spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams".into());
+    }
+    if e.backend == ElectionBackend::Lease || shards {
+        let lease = duration("election.leaseDuration", &e.lease_duration, &mut problem);
+        let renew = duration("election.renewDeadline", &e.renew_deadline, &mut problem);
+        let retry = duration("election.retryPeriod", &e.retry_period, &mut problem);
+        let defaults = choria_config::ElectionConfig::default();
+        let (lease, renew, retry) = (
+            lease.unwrap_or(defaults.lease_duration),
+            renew.unwrap_or(defaults.renew_deadline),
+            retry.unwrap_or(defaults.retry_period),
+        );
+        if lease <= renew {
+            problem(format!(
+                "spec.election.leaseDuration ({lease:?}) must be longer than renewDeadline ({renew:?})"
+            ));
+        }
+        if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+            problem(format!(
+                "spec.election.renewDeadline ({renew:?}) must be longer than 1.2 × retryPeriod ({retry:?})"
+            ));
+        }
+    }
+
+    records_and_renewal(s, &mut problem);
+
+    // Helper.
+    match &s.helper {
+        Some(h) => {
+            if h.command.trim().is_empty() {
+                problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
+            }
+            if let Some(cm) = &h.config_map {
+                check_object_name("spec.helper.configMap", cm, &mut problem);
+            }
+        }
+        None if s.node_configuration.is_none() => problem(
+            "neither spec.helper nor spec.nodeConfiguration is set; one of them has to configure the nodes".into(),
+        ),
+        None => {}
+    }
+
+    // The provisioner's own rules, applied to what the pods will read. Only
+    // when the spec passed, so one mistake is not reported twice.
+    if problems.is_empty() {
+        problems.extend(check_generated(p));
+    }
+    problems
+}
+
+/// `spec.records` and `spec.renewal`: what the API server's rules check,
+/// for objects stored before them (their values reach the parsers below).
+fn records_and_renewal(s: &choria_k8s::crd::ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    if s.renewal.is_some() && s.records.is_none() {
+        problem(
+            "spec.renewal works from the records of what was issued: set spec.records too".into(),
+        );
+    }
+    if s.renewal.is_some() && s.token_secret.is_none() {
+        problem("spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret".into());
+    }
+    let urls = |field: &str, urls: &[String], problem: &mut dyn FnMut(String)| {
+        if urls.is_empty() {
+            problem(format!("{field} is empty; list at least one server"));
+        }
+        for (i, url) in urls.iter().enumerate() {
+            // Never repeated: it may carry a password.
+            if url.trim().is_empty() || url.contains([' ', '\t', ',', '@']) {
+                problem(format!(
+                    "{field}[{i}] is not an address without spaces, commas or credentials"
+                ));
+            }
+        }
+    };
+    if let Some(r) = &s.records {
+        urls("spec.records.urls", &r.urls, problem);
+        for (field, r) in [
+            ("spec.records.credentialsSecret", &r.credentials_secret),
+            ("spec.records.passwordSecret", &r.password_secret),
+            ("spec.records.tokenSecret", &r.token_secret),
+            ("spec.records.tlsCaSecret", &r.tls_ca_secret),
+            ("spec.records.tlsCertSecret", &r.tls_cert_secret),
+            ("spec.records.tlsKeySecret", &r.tls_key_secret),
+        ] {
+            if let Some(r) = r {
+                check_secret_ref(field, r, problem);
+            }
+        }
+        if r.user.is_some() != r.password_secret.is_some() {
+            problem("spec.records.user and spec.records.passwordSecret go together".into());
+        }
+        if r.tls_cert_secret.is_some() != r.tls_key_secret.is_some() {
+            problem("spec.records.tlsCertSecret and spec.records.tlsKeySecret go together".into());
+        }
+    }
+    if let Some(b) = s.renewal.as_ref().and_then(|r| r.broker.as_ref()) {
+        urls("spec.renewal.broker.urls", &b.urls, problem);
+        if b.tls_secret.is_none() && b.client_jwt_secret.is_none() {
+            problem("spec.renewal.broker needs credentials the nodes' policies allow: tlsSecret (x509) or clientJwtSecret (protocol v2)".into());
+        }
+        for (field, secret) in [
+            ("spec.renewal.broker.tlsSecret", &b.tls_secret),
+            ("spec.renewal.broker.clientJwtSecret", &b.client_jwt_secret),
+        ] {
+            if let Some(secret) = secret {
+                check_object_name(field, secret, problem);
+            }
+        }
+    }
+}
+
+/// Runs the generated files through the provisioner's parsers.
+fn check_generated(p: &Provisioner) -> Vec<String> {
+    let mut problems = Vec::new();
+    match build::provisioner_yaml(p) {
+        Ok(text) => {
+            if let Err(e) = ProvisionerConfig::parse(&text, build::PROVISIONER_YAML) {
+                problems.push(format!(
+                    "the provisioner would refuse its configuration: {e}"
+                ));
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    let renewal = build::renewal_cfg(p).transpose();
+    for (file, built) in [
+        (build::CHORIA_CFG, Some(build::choria_cfg(p))),
+        (build::RENEWAL_CFG, renewal),
+    ] {
+        match built {
+            Some(Ok(text)) => {
+                let checked = ChoriaClientConfig::parse(&text, file, &Environment::default())
+                    .and_then(|c| {
+                        c.middleware_servers()?;
+                        c.security_provider(p.spec.choria_insecure)
+                    });
+                if let Err(e) = checked {
+                    problems.push(format!(
+                        "the provisioner would refuse its Choria configuration {file}: {e}"
+                    ));
+                }
+            }
+            Some(Err(e)) => problems.push(e.to_string()),
+            None => {}
+        }
+    }
+    problems
+}
+
+fn check_secret_ref(field: &str, r: &SecretKeyRef, problem: &mut dyn FnMut(String)) {
+    check_object_name(&format!("{field}.name"), &r.name, problem);
+    // A key becomes a file name in the Secret's directory.
+    let valid_key = !r.key.is_empty()
+        && r.key.len() <= 253
+        && r.key != "."
+        && r.key != ".."
+        && r.key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+    if !valid_key {
+        problem(format!(
+            "{field}.key {:?} is not a Secret key; use letters, digits, '-', '_' and '.'",
+            r.key
+        ));
+    }
+}
+
+fn check_object_name(field: &str, name: &str, problem: &mut dyn FnMut(String)) {
+    let valid = !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label);
+    if !valid {
+        problem(format!(
+            "{field} {name:?} is not an object name; use lower case letters, digits, '-' and '.'"
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::provisioner;
+    use serde_json::json;
+
+    fn problems(spec: serde_json::Value) -> Vec<String> {
+        validate(&provisioner(spec))
+    }
+
+    /// Exactly one problem, containing every fragment.
+    fn one(spec: serde_json::Value, fragments: &[&str]) {
+        let found = problems(spec.clone());
+        assert_eq!(found.len(), 1, "{spec}: {found:#?}");
+        for f in fragments {
+            assert!(found[0].contains(f), "{spec}: {:?} lacks {f:?}", found[0]);
+        }
+    }
+
+    #[test]
+    fn the_fixture_is_valid() {
+        assert_eq!(problems(json!({})), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_unverified_v2_broker_needs_the_explicit_opt_in() {
+        let v2 = |extra: serde_json::Value| {
+            let mut broker = json!({"tlsSecret": null, "clientJwtSecret": "jwt"});
+            broker
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            problems(json!({"broker": broker, "features": {"ed25519": false}}))
+        };
+        assert_eq!(v2(json!({})).len(), 1);
+        assert_eq!(
+            v2(json!({"insecureSkipVerify": true})),
+            Vec::<String>::new()
+        );
+        // With the broker's CA nothing needs accepting.
+        assert_eq!(
+            problems(json!({"broker": {"tlsSecret": "tls", "clientJwtSecret": "jwt"}})),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn feature_rules() {
+        let keys = json!({
+            "jwtVerifyKeySecret": {"name": "k", "key": "verify"},
+            "jwtSigningKeySecret": {"name": "k", "key": "seed"},
+        });
+        let mut both = keys.clone();
+        crate::fixtures::merge(
+            &mut both,
+            json!({"features": {"pki": true, "ed25519": true}}),
+        );
+        one(
+            both,
+            &["spec.features", "pki and ed25519", "enable only one"],
+        );
+        one(
+            json!({"features": {"ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "verify"}}),
+            &[
+                "spec.features.ed25519 needs spec.jwtSigningKeySecret",
+                "ed25519 seed",
+            ],
+        );
+        one(
+            json!({"features": {"jwt": true}}),
+            &["spec.features.jwt needs spec.jwtVerifyKeySecret"],
+        );
+        let mut ok = keys;
+        crate::fixtures::merge(&mut ok, json!({"features": {"ed25519": true}}));
+        assert!(problems(ok).is_empty());
+    }
+
+    #[test]
+    fn a_helper_or_node_configuration_is_needed_and_templates_must_compile() {
+        one(
+            json!({"helper": null}),
+            &["neither spec.helper nor spec.nodeConfiguration"],
+        );
+        one(
+            json!({"helper": null, "nodeConfiguration": {"configuration": {"identity": "{{ identity"}}}),
+            &[
+                "configuration_template.configuration.identity",
+                "not a valid template",
+            ],
+        );
+        one(
+            json!({"helper": null, "features": {"pki": true}, "nodeConfiguration": {"configuration": {"a": "b"}}}),
+            &["helper", "cert_manager"],
+        );
+        assert!(problems(json!({
+            "helper": null,
+            "features": {"pki": true},
+            "nodeConfiguration": {"configuration": {"a": "b"}},
+            "pki": {"certManager": {"issuerRef": {"name": "ca"}}},
+        }))
+        .is_empty());
+    }
+
+    #[test]
+    fn durations() {
+        one(
+            json!({"interval": "30s"}),
+            &["spec.interval", "below the minimum of 1m", "10m"],
+        );
+        one(json!({"interval": "10"}), &["spec.interval", "unit"]);
+        one(
+            json!({"helperTimeout": "0s"}),
+            &["spec.helperTimeout", "zero"],
+        );
+        one(
+            json!({"discoveryTimeout": "soon"}),
+            &["spec.discoveryTimeout"],
+        );
+        one(
+            json!({"election": {"leaseDuration": "10s", "renewDeadline": "10s"}}),
+            &["spec.election.leaseDuration", "longer than renewDeadline"],
+        );
+        one(
+            json!({"election": {"retryPeriod": "9s"}}),
+            &["spec.election.renewDeadline", "1.2 × retryPeriod"],
+        );
+        // Lease timing is not checked for other backends (it is not used).
+        assert!(
+            problems(json!({"election": {"backend": "streams", "retryPeriod": "9s"}})).is_empty()
+        );
+        assert!(problems(json!({"interval": "1h", "serverJwtValidity": "90d"})).is_empty());
+    }
+
+    #[test]
+    fn broker_rules() {
+        one(
+            json!({"broker": {"urls": []}}),
+            &["spec.broker.urls is empty", "nats://"],
+        );
+        one(
+            json!({"broker": {"urls": ["a:4222", "b c"]}}),
+            &["spec.broker.urls[1]"],
+        );
+        one(
+            json!({"broker": {"tlsSecret": null}}),
+            &[
+                "no broker credentials",
+                "tlsSecret",
+                "clientJwtSecret",
+                "choriaInsecure",
+            ],
+        );
+        one(
+            json!({"broker": {"clientJwtSecret": "jwt"}, "choriaInsecure": true}),
+            &["spec.choriaInsecure", "contradicts"],
+        );
+        one(
+            json!({"broker": {"tlsSecret": null, "clientJwtSecret": "jwt"}}),
+            &[
+                "unverified",
+                "spec.broker.tlsSecret",
+                "insecureSkipVerify: true",
+            ],
+        );
+        one(
+            json!({"broker": {"tlsSecret": "Bad_Name"}}),
+            &["spec.broker.tlsSecret", "not an object name"],
+        );
+        one(
+            json!({"broker": {"identity": "a b"}}),
+            &["spec.broker.identity"],
+        );
+        let found = problems(json!({"broker": {"urls": ["nats://provisioner:hunter2@b:4222"]}}));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("spec.broker.urls[0] carries credentials"),
+            "{found:?}"
+        );
+        assert!(
+            !found[0].contains("hunter2"),
+            "the password is not repeated: {found:?}"
+        );
+    }
+
+    #[test]
+    fn names_and_references() {
+        one(
+            json!({"tokenSecret": {"name": "s", "key": "../etc/passwd"}}),
+            &["spec.tokenSecret.key", "not a Secret key"],
+        );
+        one(
+            json!({"brokerPasswordSecret": {"name": "", "key": "p"}}),
+            &["spec.brokerPasswordSecret.name"],
+        );
+        one(
+            json!({"helper": {"command": " "}}),
+            &["spec.helper.command is empty"],
+        );
+        one(
+            json!({"helper": {"configMap": "x/y"}}),
+            &["spec.helper.configMap"],
+        );
+        one(json!({"monitorPort": 0}), &["spec.monitorPort"]);
+        one(json!({"replicas": -1}), &["spec.replicas"]);
+        let mut p = provisioner(json!({}));
+        p.metadata.name = Some("a".repeat(MAX_NAME_LEN + 1));
+        let found = validate(&p);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("metadata.name") && found[0].contains("-metrics"),
+            "{found:?}"
+        );
+        p.metadata.name = Some("a".repeat(MAX_NAME_LEN));
+        assert!(validate(&p).is_empty());
+    }
+
+    #[test]
+    fn the_provisioners_own_rules_apply_too() {
+        one(
+            json!({"lifecycleComponent": "a.b"}),
+            &[
+                "the provisioner would refuse its configuration",
+                "lifecycle_component",
+            ],
+        );
+        one(
+            json!({"certDenyList": ["("]}),
+            &[
+                "the provisioner would refuse its configuration",
+                "cert_deny_list",
+            ],
+        );
+        one(
+            json!({"election": {"backend": "streams", "bucket": "no spaces"}}),
+            &["election.bucket"],
+        );
+    }
+    #[test]
+    fn shards_need_a_membership_and_renewal_needs_records() {
+        one(
+            json!({"election": {"mode": "Shards", "backend": "none"}}),
+            &["spec.election.mode: Shards needs a membership"],
+        );
+        one(
+            json!({"election": {"mode": "Shards", "backend": "streams", "retryPeriod": "9s"}}),
+            &["renewDeadline", "1.2 × retryPeriod"],
+        );
+        one(
+            json!({"renewal": {"before": "30d"}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["spec.renewal works from the records"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://u:hunter2@r:4222"]}}),
+            &["spec.records.urls[0] is not an address"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://c:4222"]}}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["spec.renewal.broker needs credentials"],
+        );
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "soon"}, "tokenSecret": {"name": "t", "key": "token"}}),
+            &["the provisioner would refuse its configuration", "before"],
+        );
+        assert!(problems(json!({"election": {"mode": "Shards", "backend": "streams"}})).is_empty());
+        one(
+            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d"}}),
+            &["set spec.tokenSecret"],
+        );
+        assert!(problems(json!({"records": {"urls": ["nats://r:4222"]}, "tokenSecret": {"name": "t", "key": "token"}, "renewal": {"before": "20%",
+            "broker": {"urls": ["nats://c:4222"], "tlsSecret": "renew-tls"}}})).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod examples {
+    use super::*;
+
+    /// Every Provisioner shipped in deploy/ and shown in the book
+    /// (docs/src/examples/) passes what the operator checks, the
+    /// provisioner's own parsers included (not just the CRD schema).
+    #[test]
+    fn the_shipped_example_provisioners_are_valid() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("deploy"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("example-")
+            })
+            .collect();
+        let mut dirs = vec![root.join("docs/src/examples")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "yaml") {
+                    files.push(path);
+                }
+            }
+        }
+        let mut seen = 0;
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in serde_norway::Deserializer::from_str(&text) {
+                let v = <serde_json::Value as serde::Deserialize>::deserialize(doc).unwrap();
+                if v["kind"] != "Provisioner" {
+                    continue;
+                }
+                let mut v = v;
+                v["metadata"]["uid"] = "u".into();
+                let p: Provisioner = serde_json::from_value(v).unwrap();
+                assert_eq!(validate(&p), Vec::<String>::new(), "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "{seen} example Provisioners");
+    }
+}

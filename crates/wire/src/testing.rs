@@ -1,0 +1,57 @@
+//! Helpers for tests, here and in the crates above (the `testing`
+//! feature): one shared RSA key, and cross-checking our output with the
+//! `openssl` CLI.
+//! Checks that need it fail under CI (`CI` set, as `.ci/run` runs
+//! `scripts/test.sh`, which installs openssl) and are skipped loudly, with
+//! the marker `scripts/test.sh` counts, in a plain `cargo test` without it
+//! (the rule of `tests/support/peers.rs`).
+
+use crate::security::csr::generate_rsa_key;
+use rsa::RsaPrivateKey;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// One 1024 bit key shared by tests where the size does not matter.
+pub fn test_key() -> &'static RsaPrivateKey {
+    static KEY: OnceLock<RsaPrivateKey> = OnceLock::new();
+    KEY.get_or_init(|| generate_rsa_key(1024).unwrap())
+}
+
+/// True (after saying so on stderr) when `openssl` cannot be run, so the
+/// caller should skip `what`; under CI the test fails instead.
+pub fn skip_without_openssl(what: &str) -> bool {
+    let missing = Command::new("openssl").arg("version").output().is_err();
+    if missing {
+        let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
+        assert!(
+            !ci,
+            "openssl cannot be run and CI is set: {what} FAILS instead of passing unchecked"
+        );
+        let thread = std::thread::current();
+        let test = thread.name().unwrap_or("a test");
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "!!! {test}: NOT RUN — openssl is not installed: {what} proves nothing\n\
+             test-not-run: {test}: openssl is not installed"
+        );
+    }
+    missing
+}
+
+/// A `Command` for the `openssl` binary.
+pub fn openssl() -> Command {
+    Command::new("openssl")
+}
+
+/// Runs `cmd` and returns its output, failing the test with the command's
+/// stderr when it does not exit successfully.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("could not run openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
