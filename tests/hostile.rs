@@ -7,8 +7,8 @@
 
 mod support;
 
-use choria_core::provision::dispatch::IN_FLIGHT;
-use choria_core::provision::registry::{Lane, EVENT_QUEUE};
+use choria_core::provision::pipeline::dispatch::IN_FLIGHT;
+use choria_core::provision::pipeline::registry::{Lane, EVENT_QUEUE};
 use choria_core::provision::suspects::NODE_LOG_BURST;
 use choria_fleet::ca::CertificateAuthority;
 use choria_fleet::FleetOptions;

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use choria_config::duration::parse_duration;
 use choria_config::ProvisionerConfig;
-use choria_core::provision::renewal::{can_return, Schedule};
+use choria_core::provision::day_two::renewal::{can_return, Schedule};
 use choria_core::records::sealed::Read;
 use choria_core::records::store::{sealer, RecordStore};
 use choria_core::records::Record;

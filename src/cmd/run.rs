@@ -36,7 +36,7 @@ pub struct RunArgs {
     /// The `Provisioner` resource (NAMESPACE/NAME) this pod belongs to: its
     /// `spec.paused` is followed and, while leading, its status gets our name.
     #[arg(long, env = "CHORIA_PROVISIONER_RESOURCE")]
-    pub provisioner: Option<provision::resource::ResourceRef>,
+    pub provisioner: Option<provision::kube::resource::ResourceRef>,
 }
 
 impl RunArgs {

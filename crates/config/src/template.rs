@@ -19,7 +19,7 @@
 //!
 //! This module holds the settings and builds the template environment, so a
 //! syntax error is a configuration error at start-up; rendering a node's
-//! templates is `provision::template`'s job. The engine is `minijinja`
+//! templates is `provision::signing::template`'s job. The engine is `minijinja`
 //! (Jinja2 syntax) with undefined values as errors: a misspelt fact fails its
 //! node with the key's name instead of configuring an empty value.
 

@@ -54,7 +54,7 @@ pub const DEFAULT_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_millis(500);
 
 /// `cert_manager:`: a cert-manager issuer signs the nodes' CSRs through
-/// `CertificateRequest`s (ours; see `provision::certmanager`).
+/// `CertificateRequest`s (ours; see `provision::signing::certmanager`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertManagerConfig {
     /// The issuer's name, kind (`Issuer` or `ClusterIssuer`) and API group.

@@ -5,7 +5,7 @@
 //! [`streams`] — the Choria Streams KV bucket Go provisioners use — or
 //! [`lease`] — a Kubernetes Lease. [`run`] sets a backend up and drives it,
 //! telling a [`Steer`] when leadership is won or lost and when attempts fail
-//! or work: the provisioner (`provision::leadership`) resumes and discovers
+//! or work: the provisioner (`provision::pipeline::leadership`) resumes and discovers
 //! on winning and pauses and empties its queue on losing; the operator
 //! follows a `watch` channel. Errors are retried with backoff and reported
 //! through the steer (logs, counter, `/readyz`) — never a silent pause and

@@ -90,6 +90,9 @@ pub const SHARD_REFUSED_REASONS: [&str; 6] = [
     "too_many",
 ];
 
+/// Labels of `choria_provisioner_cert_manager_requests{outcome}`: what
+/// [`super::signing::certmanager::SignError::outcome`] names.
+pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "timeout", "error"];
 /// Labels of `choria_provisioner_renewals{outcome}`.
 pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
 
@@ -198,7 +201,7 @@ impl Metrics {
                 "choria_provisioner_cert_manager_requests",
                 "CertificateRequests made for nodes' CSRs, by how they ended",
                 "outcome",
-                &super::certmanager::OUTCOMES,
+                &CERT_MANAGER_OUTCOMES,
             ),
             helper_shutdowns: counter(
                 "choria_provisioner_helper_shutdown_requests",

@@ -1,6 +1,6 @@
 //! The provisioner: discovery and startup events offer nodes to the
 //! registry; each waits in its lane until the dispatcher starts its
-//! [`host::HostSequence`] in a task of its own (its first request confirms
+//! [`sequence::host::HostSequence`] in a task of its own (its first request confirms
 //! the name); a sequence takes one of the `workers` slots only while it
 //! works; the pause gate decides whether any of it may talk to nodes.
 //!
@@ -16,26 +16,15 @@
 //! `discovery`, `events`, `dispatch` (the lanes' budgets, the slots, and
 //! what a sequence's outcome does); this file wires them and stops them.
 
-mod broker;
-pub mod certmanager;
-pub mod credentials;
-mod discovery;
-pub mod dispatch;
-mod events;
+pub mod day_two;
 pub mod gate;
-mod grants;
-pub mod helper;
-pub mod host;
-mod leadership;
+pub mod kube;
 pub mod metrics;
 pub mod ownership;
-pub mod recorder;
-pub mod registry;
-pub mod renewal;
-pub mod resource;
+pub mod pipeline;
+pub mod sequence;
+pub mod signing;
 pub mod suspects;
-pub mod template;
-pub mod version;
 
 use crate::monitor::{self, Health};
 use crate::provision::metrics::Metrics;
@@ -43,8 +32,8 @@ use choria_config::{ClientSetup, ConfigError, ProvisionerConfig};
 use choria_wire::client::{self, ChoriaClient, ClientError};
 use choria_wire::lifecycle::{Event, EventType};
 use gate::{PauseGate, PauseReason};
-use host::Context;
-use registry::Registry;
+use pipeline::registry::Registry;
+use sequence::host::Context;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -144,7 +133,7 @@ pub fn prepare(
         .map_err(PrepareError::Choria)?;
     let setup = ccfg.client_setup(&cfg, env).map_err(PrepareError::Setup)?;
     if let Some(r) = &cfg.renewal {
-        renewal::setup(r, cfg.choria_insecure, env).map_err(PrepareError::Renewal)?;
+        day_two::renewal::setup(r, cfg.choria_insecure, env).map_err(PrepareError::Renewal)?;
     }
     if let Some(r) = &cfg.records {
         crate::records::store::sealer(r, &cfg.site).map_err(PrepareError::Records)?;
@@ -175,7 +164,7 @@ pub struct Handle {
     /// Which nodes are ours (all of them, except in shards mode).
     pub ownership: ownership::Ownership,
     /// Where records of provisionings go (nowhere without `records:`).
-    pub recorder: recorder::Recorder,
+    pub recorder: day_two::recorder::Recorder,
     /// Holds reconnects after a loss of leadership while disconnected.
     pub fence: choria_wire::fence::Fence,
     trigger: mpsc::Sender<()>,
@@ -206,7 +195,7 @@ impl Handle {
     }
 }
 
-type FinisherRx = mpsc::UnboundedReceiver<(Arc<registry::Ticket>, Duration)>;
+type FinisherRx = mpsc::UnboundedReceiver<(Arc<pipeline::registry::Ticket>, Duration)>;
 
 /// The `run` subcommand's work, until `shutdown` fires.
 pub struct Provisioner {
@@ -222,7 +211,7 @@ pub struct Provisioner {
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
     leader_tx: tokio::sync::watch::Sender<Option<String>>,
-    resource: Option<resource::ResourceRef>,
+    resource: Option<kube::resource::ResourceRef>,
 }
 
 impl Provisioner {
@@ -245,10 +234,10 @@ impl Provisioner {
         };
         let (recorder, records_rx) = match cfg.records {
             Some(_) => {
-                let (r, rx) = recorder::Recorder::new();
+                let (r, rx) = day_two::recorder::Recorder::new();
                 (r, Some(rx))
             }
-            None => (recorder::Recorder::off(), None),
+            None => (day_two::recorder::Recorder::off(), None),
         };
         Provisioner {
             cfg: Arc::new(cfg),
@@ -277,7 +266,7 @@ impl Provisioner {
 
     /// Follows this Provisioner resource (pause, leader status), as pods the
     /// operator runs do.
-    pub fn with_resource(mut self, resource: resource::ResourceRef) -> Self {
+    pub fn with_resource(mut self, resource: kube::resource::ResourceRef) -> Self {
         // Paused until the resource's first watch event says whether
         // `spec.paused` is set: a pod must not work before it knows (the
         // API server may be slow or unreachable at start).
@@ -312,9 +301,14 @@ impl Provisioner {
         start_monitor(&cfg, &handle, &stop_tasks, &mut tasks).await?;
 
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let Some(nats) =
-            broker::connect_until_up(&setup, events_tx, &handle.fence, &handle.health, &shutdown)
-                .await?
+        let Some(nats) = pipeline::broker::connect_until_up(
+            &setup,
+            events_tx,
+            &handle.fence,
+            &handle.health,
+            &shutdown,
+        )
+        .await?
         else {
             stop_tasks.cancel();
             while tasks.join_next().await.is_some() {}
@@ -334,9 +328,9 @@ impl Provisioner {
         if let (Some(renewal), Some(records), Some(sealer)) = (&cfg.renewal, &cfg.records, &sealer)
         {
             let env = choria_config::Environment::from_process();
-            let setup = renewal::setup(renewal, cfg.choria_insecure, &env)?;
-            tasks.spawn(renewal::run(
-                renewal::Renewal {
+            let setup = day_two::renewal::setup(renewal, cfg.choria_insecure, &env)?;
+            tasks.spawn(day_two::renewal::run(
+                day_two::renewal::Renewal {
                     cfg: renewal.clone(),
                     records: records.clone(),
                     sealer: sealer.clone(),
@@ -350,7 +344,7 @@ impl Provisioner {
             ));
         }
         if let (Some(records), Some(rx), Some(sealer)) = (&cfg.records, records_rx, sealer) {
-            tasks.spawn(recorder::run(
+            tasks.spawn(day_two::recorder::run(
                 records.clone(),
                 sealer,
                 format!("choria-provisioner records {me}"),
@@ -360,9 +354,9 @@ impl Provisioner {
             ));
         }
         let abandon = CancellationToken::new();
-        let credentials = Arc::new(credentials::Credentials::load(cfg.clone()));
+        let credentials = Arc::new(signing::credentials::Credentials::load(cfg.clone()));
         tasks.spawn(credentials.clone().watch(stop_tasks.clone()));
-        let pool = dispatch::Pool::new(cfg.workers);
+        let pool = pipeline::dispatch::Pool::new(cfg.workers);
         let ctx = Arc::new(context(
             &cfg,
             &client,
@@ -391,7 +385,7 @@ impl Provisioner {
             info!(candidate = %me, "campaigning under this process's own name");
         }
         let election_stop = CancellationToken::new();
-        let election = leadership::spawn(
+        let election = pipeline::leadership::spawn(
             &cfg.election,
             &nats,
             me.clone(),
@@ -404,12 +398,12 @@ impl Provisioner {
             // status.leader names the pod (what `kubectl logs` takes), not
             // the suffixed candidate name.
             let shown = pod_name.unwrap_or_else(|| setup.identity.identity.clone());
-            let who = resource::Me {
+            let who = kube::resource::Me {
                 candidate: me,
                 shown,
             };
             let renewal = cfg.renewal.is_some() && cfg.records.is_some();
-            tasks.spawn(resource::run(
+            tasks.spawn(kube::resource::run(
                 r,
                 who,
                 handle.clone(),
@@ -419,8 +413,8 @@ impl Provisioner {
         }
 
         let dispatchers = start_dispatchers(&ctx, &handle, &pool);
-        let opts = discovery::options(cfg.discovery_timeout, cfg.discovery_window);
-        discovery::run(
+        let opts = pipeline::discovery::options(cfg.discovery_timeout, cfg.discovery_window);
+        pipeline::discovery::run(
             &client,
             &handle,
             opts,
@@ -517,24 +511,26 @@ fn context(
     cfg: &Arc<ProvisionerConfig>,
     client: &ChoriaClient,
     handle: &Handle,
-    resource: &Option<resource::ResourceRef>,
+    resource: &Option<kube::resource::ResourceRef>,
     abandon: &CancellationToken,
-    credentials: &Arc<credentials::Credentials>,
+    credentials: &Arc<signing::credentials::Credentials>,
     me: &str,
-    pool: &dispatch::Pool,
+    pool: &pipeline::dispatch::Pool,
 ) -> Result<Context, RunError> {
     let argv = cfg.helper_command()?;
-    let helper =
-        (!argv.is_empty()).then(|| helper::Helper::new(argv).with_timeout(cfg.helper_timeout));
+    let helper = (!argv.is_empty())
+        .then(|| signing::helper::Helper::new(argv).with_timeout(cfg.helper_timeout));
     let template = match &cfg.configuration_template {
-        Some(t) => Some(template::NodeTemplate::new(t, &cfg.site).map_err(|e| {
-            ConfigError::invalid(
-                &cfg.file,
-                None,
-                format!("configuration_template.{}", e.name),
-                e.reason.to_string(),
-            )
-        })?),
+        Some(t) => Some(
+            signing::template::NodeTemplate::new(t, &cfg.site).map_err(|e| {
+                ConfigError::invalid(
+                    &cfg.file,
+                    None,
+                    format!("configuration_template.{}", e.name),
+                    e.reason.to_string(),
+                )
+            })?,
+        ),
         None => None,
     };
     Ok(Context {
@@ -547,7 +543,7 @@ fn context(
         signer: cfg
             .cert_manager
             .clone()
-            .map(|c| certmanager::Signer::new(c, resource.clone())),
+            .map(|c| signing::certmanager::Signer::new(c, resource.clone())),
         deny_list: cfg.cert_deny_regexes()?,
         csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
         reply_window: cfg.reply_window,
@@ -584,13 +580,13 @@ async fn start_intake(
         client::subscribe_events(nats, EventType::Startup, &cfg.lifecycle_component).await?;
     let shutdowns =
         client::subscribe_events(nats, EventType::Shutdown, &cfg.lifecycle_component).await?;
-    tasks.spawn(events::listen(
+    tasks.spawn(pipeline::events::listen(
         futures::stream::select(startups, shutdowns),
         handle.clone(),
         suspects.clone(),
         stop.clone(),
     ));
-    tasks.spawn(broker::watch_broker(
+    tasks.spawn(pipeline::broker::watch_broker(
         intake.broker_events,
         handle.clone(),
         stop.clone(),
@@ -605,10 +601,14 @@ async fn start_intake(
 }
 
 /// A dispatcher per lane.
-fn start_dispatchers(ctx: &Arc<Context>, handle: &Handle, pool: &dispatch::Pool) -> JoinSet<()> {
+fn start_dispatchers(
+    ctx: &Arc<Context>,
+    handle: &Handle,
+    pool: &pipeline::dispatch::Pool,
+) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    for lane in registry::Lane::ALL {
-        set.spawn(dispatch::run(
+    for lane in pipeline::registry::Lane::ALL {
+        set.spawn(pipeline::dispatch::run(
             lane,
             ctx.clone(),
             handle.clone(),
@@ -622,7 +622,7 @@ fn start_dispatchers(ctx: &Arc<Context>, handle: &Handle, pool: &dispatch::Pool)
 struct Stopping {
     handle: Handle,
     ctx: Arc<Context>,
-    pool: dispatch::Pool,
+    pool: pipeline::dispatch::Pool,
     dispatchers: JoinSet<()>,
     abandon: CancellationToken,
     election: Option<tokio::task::JoinHandle<()>>,

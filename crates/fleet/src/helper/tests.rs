@@ -1,6 +1,6 @@
 use super::*;
 use crate::ca::{certificate_common_name, verify_issued_by};
-use choria_core::provision::helper::HelperResponse;
+use choria_core::provision::signing::helper::HelperResponse;
 use choria_wire::security::csr::{make_csr, CsrSubject};
 use clap::{CommandFactory, Parser};
 use serde_json::{json, Value};

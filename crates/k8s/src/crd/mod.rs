@@ -1,7 +1,7 @@
 //! The `Provisioner` custom resource (`provisioning.choria.io/v1alpha1`):
 //! the one place its Rust types, names and CRD live. The operator builds
-//! from it and the provisioner pods follow it (`provision::resource`,
-//! `provision::certmanager`), both through these types.
+//! from it and the provisioner pods follow it (`provision::kube`,
+//! `provision::signing::certmanager`), both through these types.
 //!
 //! The spec mirrors `provisioner.yaml` in camelCase, plus what a Deployment
 //! needs (image, replicas, resources, pod placement) and references to the

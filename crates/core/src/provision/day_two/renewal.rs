@@ -30,8 +30,8 @@
 //! a failed request is retried with backoff. Outcomes are counted in
 //! `choria_provisioner_renewals{outcome}`.
 
-use super::suspects::{Allow, LogLimiter};
-use super::Handle;
+use crate::provision::suspects::{Allow, LogLimiter};
+use crate::provision::Handle;
 use crate::records::sealed::{Read, Refusal, Sealer};
 use crate::records::store::RecordStore;
 use crate::records::Record;
@@ -579,8 +579,11 @@ impl Loop {
             }
             let collective = node.collective.as_deref().unwrap_or(&r.cfg.collective);
             if choria_wire::identity::validate(&node.identity).is_err()
-                || super::grants::check_collectives("collectives", &[collective.to_string()])
-                    .is_err()
+                || crate::provision::signing::grants::check_collectives(
+                    "collectives",
+                    &[collective.to_string()],
+                )
+                .is_err()
             {
                 // Records are ours, checked when granted: never here.
                 self.schedule.strand(&node.identity);
@@ -631,7 +634,7 @@ async fn reprovision(client: &ChoriaClient, identity: &str, token: &Secret) -> R
             RenewalOutcome::Sent
         }
         Ok(r) => {
-            warn!(node = identity, status = %super::one_line(&r.body.statusmsg, 200), "the node refused to reprovision");
+            warn!(node = identity, status = %crate::provision::one_line(&r.body.statusmsg, 200), "the node refused to reprovision");
             RenewalOutcome::Refused
         }
         Err(e) => {

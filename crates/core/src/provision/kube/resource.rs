@@ -15,10 +15,10 @@
 //! Kubernetes trouble is logged, counted nowhere else and retried: it never
 //! stops provisioning.
 
-use super::gate::PauseReason;
-use super::Handle;
 use crate::backoff::Backoff;
 use crate::monitor::Exposition;
+use crate::provision::gate::PauseReason;
+use crate::provision::Handle;
 use choria_k8s::crd::{Member, Provisioner, API_VERSION, KIND};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

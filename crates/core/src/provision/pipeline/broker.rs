@@ -1,9 +1,9 @@
 //! The broker connection: connecting (retried while the broker is down,
 //! reported on `/readyz`) and following it afterwards.
 
-use super::{Handle, RunError};
 use crate::backoff::Backoff;
 use crate::monitor::Health;
+use crate::provision::{Handle, RunError};
 use choria_config::ClientSetup;
 use choria_wire::client::{self, ClientError};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use tracing::{debug, error, info, warn};
 
 /// Connects, retrying while the broker is unreachable (reported on /readyz)
 /// rather than exiting; `None` when shutdown came first.
-pub(super) async fn connect_until_up(
+pub(crate) async fn connect_until_up(
     setup: &ClientSetup,
     events: mpsc::UnboundedSender<async_nats::Event>,
     fence: &choria_wire::fence::Fence,
@@ -43,7 +43,7 @@ pub(super) async fn connect_until_up(
 
 /// Tracks the broker connection: readiness follows it, and a reconnect
 /// triggers a discovery so nodes whose work failed meanwhile are found again.
-pub(super) async fn watch_broker(
+pub(crate) async fn watch_broker(
     mut events: mpsc::UnboundedReceiver<async_nats::Event>,
     handle: Handle,
     stop: CancellationToken,

@@ -9,8 +9,8 @@
 //! follows at once instead of at the next interval, up to
 //! [`MAX_FOLLOW_UPS`] times.
 
-use super::registry::{Offered, PENDING_CAPACITY};
-use super::Handle;
+use crate::provision::pipeline::registry::{Offered, PENDING_CAPACITY};
+use crate::provision::Handle;
 use choria_wire::client::{ChoriaClient, Discovered, DiscoveryOptions};
 use choria_wire::filter::Filter;
 use std::time::{Duration, Instant};
@@ -89,10 +89,10 @@ pub fn options(timeout: Duration, window: Duration) -> DiscoveryOptions {
 
 /// Offers one discovered name to the registry; true when it was new.
 fn offer(handle: &Handle, node: &str) -> bool {
-    match handle
-        .registry
-        .offer(node, super::registry::Source::Discovery)
-    {
+    match handle.registry.offer(
+        node,
+        crate::provision::pipeline::registry::Source::Discovery,
+    ) {
         Offered::Queued(_) => true,
         Offered::Full => {
             handle.metrics.dropped_discovery();

@@ -25,9 +25,10 @@
 //! logged above debug, and a first request nobody answers is not retried:
 //! the name is offered again at the next discovery, in the suspect lane.
 
-use super::host::{Context, HostSequence, Outcome, ProvisionError};
-use super::registry::{Lane, Ticket};
-use super::{registry, Handle};
+use crate::provision::pipeline::registry;
+use crate::provision::pipeline::registry::{Lane, Ticket};
+use crate::provision::sequence::host::{Context, HostSequence, Outcome, ProvisionError};
+use crate::provision::Handle;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
@@ -52,16 +53,16 @@ pub const IN_FLIGHT: [(Lane, usize); 3] = [
 
 /// The budgets sequences run under.
 #[derive(Clone)]
-pub(super) struct Pool {
+pub(crate) struct Pool {
     /// The `workers` setting: sequences working (not waiting) at once.
-    pub(super) slots: Arc<Semaphore>,
+    pub(crate) slots: Arc<Semaphore>,
     /// Each lane's in-flight budget, by [`Lane::ALL`] order.
-    pub(super) lanes: Arc<[Arc<Semaphore>; 3]>,
-    pub(super) tracker: TaskTracker,
+    pub(crate) lanes: Arc<[Arc<Semaphore>; 3]>,
+    pub(crate) tracker: TaskTracker,
 }
 
 impl Pool {
-    pub(super) fn new(workers: usize) -> Self {
+    pub(crate) fn new(workers: usize) -> Self {
         let budget = |lane: Lane| {
             let n = IN_FLIGHT
                 .iter()
@@ -76,7 +77,7 @@ impl Pool {
         }
     }
 
-    pub(super) fn lane(&self, lane: Lane) -> &Arc<Semaphore> {
+    pub(crate) fn lane(&self, lane: Lane) -> &Arc<Semaphore> {
         &self.lanes[Lane::ALL.iter().position(|l| *l == lane).unwrap_or(0)]
     }
 }
@@ -91,7 +92,7 @@ pub struct LanePlace {
 }
 
 impl LanePlace {
-    pub(super) fn new(
+    pub(crate) fn new(
         permit: OwnedSemaphorePermit,
         lane: Lane,
         budget: Arc<Semaphore>,
@@ -154,7 +155,7 @@ impl LanePlace {
 
 /// Takes `lane`'s tickets until the lanes close, and starts each one's
 /// sequence once the lane has room for it.
-pub(super) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Pool) {
+pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Pool) {
     debug!(?lane, "dispatcher starting");
     while let Some(ticket) = handle.registry.next(lane).await {
         let Ok(permit) = pool.lane(lane).clone().acquire_owned().await else {
@@ -268,7 +269,7 @@ fn record(
         Err(e @ ProvisionError::DeniedIdentity(_)) => {
             // Anyone can offer names that match the deny list.
             ctx.metrics.provision_error();
-            if let super::suspects::Allow::Yes { suppressed } =
+            if let crate::provision::suspects::Allow::Yes { suppressed } =
                 ctx.logs.check("denied identity", std::time::Instant::now())
             {
                 warn!(node = %ticket.identity, error = %e, suppressed_before = suppressed, "not provisioning the node");
@@ -289,7 +290,7 @@ fn record(
             // the fleet's provisioning JWT can make up any number of those,
             // so these lines come at a bounded rate (the metric counts all).
             ctx.metrics.provision_error();
-            if let super::suspects::Allow::Yes { suppressed } =
+            if let crate::provision::suspects::Allow::Yes { suppressed } =
                 ctx.logs.check("provision error", std::time::Instant::now())
             {
                 error!(node = %ticket.identity, step = %e.step(), error = %e, suppressed_before = suppressed, "could not provision the node");

@@ -15,7 +15,7 @@
 //! and are cut short; the node is retried on a later cycle like any other
 //! failure.
 
-use super::helper::{HelperInput, HelperResponse};
+use crate::provision::signing::helper::{HelperInput, HelperResponse};
 use choria_config::interpolation::{self, Place};
 use choria_config::template::{
     template_name, ConfigurationTemplate, TemplateSyntaxError, ACTION_POLICIES, CONFIGURATION,
@@ -196,13 +196,13 @@ pub fn merge(template: HelperResponse, helper: HelperResponse) -> HelperResponse
 
 /// An error message without control characters, cut short.
 fn clean(message: &str) -> String {
-    super::one_line(message, MAX_MESSAGE)
+    crate::provision::one_line(message, MAX_MESSAGE)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::helper::CsrReply;
+    use crate::provision::signing::helper::CsrReply;
     use choria_wire::security::tokens::ProvisioningClaims;
     use std::collections::BTreeMap;
 

@@ -8,13 +8,13 @@
 //! attempts count in `choria_provisioner_election_errors` and fail the
 //! `election` check of `/readyz` until one works.
 
-use super::gate::PauseReason;
-use super::resource::ResourceRef;
-use super::Handle;
 use crate::election::lease::LeaseBackend;
 use crate::election::machine::LossReason;
 use crate::election::streams::StreamsBackend;
 use crate::election::{self, ElectionError, Steer, HEALTH_CHECK};
+use crate::provision::gate::PauseReason;
+use crate::provision::kube::resource::ResourceRef;
+use crate::provision::Handle;
 use choria_config::{ElectionBackend, ElectionConfig};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -55,13 +55,13 @@ impl Steer for Handle {
 impl Handle {
     /// The election (or the shards' membership) failed: counted, and
     /// `/readyz` says why. Both election modes report through here.
-    pub(super) fn election_failed(&self, error: &str) {
+    pub(crate) fn election_failed(&self, error: &str) {
         self.metrics.election_error();
         self.health.set(HEALTH_CHECK, Err(error.to_string()));
     }
 
     /// It works again: `/readyz` clears.
-    pub(super) fn election_worked(&self) {
+    pub(crate) fn election_worked(&self) {
         self.health.set(HEALTH_CHECK, Ok(()));
     }
 }
@@ -70,7 +70,7 @@ impl Handle {
 /// provisioner paused itself for [`PauseReason::Election`] when it was made.
 /// A pod's Lease is owned by its Provisioner (`resource`), so deleting the
 /// Provisioner collects it.
-pub(super) fn spawn(
+pub(crate) fn spawn(
     cfg: &ElectionConfig,
     nats: &async_nats::Client,
     identity: String,
@@ -255,7 +255,7 @@ mod tests {
         assert_eq!(m("choria_provisioner_leadership_transitions"), 1.0);
         h.registry.offer(
             "node-1.example.net",
-            crate::provision::registry::Source::Discovery,
+            crate::provision::pipeline::registry::Source::Discovery,
         );
         assert_eq!(h.registry.queued(), 1);
 

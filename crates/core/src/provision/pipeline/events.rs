@@ -1,10 +1,10 @@
 //! Lifecycle events: a node's `startup` offers it (its sequence's first
 //! request confirms it), a `shutdown` is a hint that a waiting node is
 //! restarting (taken at most once per node every two intervals: see
-//! [`super::registry::Registry::shut_down`]).
+//! [`crate::provision::pipeline::registry::Registry::shut_down`]).
 
-use super::registry::{Offered, Source};
-use super::{suspects, Handle};
+use crate::provision::pipeline::registry::{Offered, Source};
+use crate::provision::{suspects, Handle};
 use choria_wire::identity;
 use choria_wire::lifecycle::{self, EventType};
 use futures::StreamExt;
@@ -73,7 +73,7 @@ fn offer(handle: &Handle, suspects: &suspects::Suspects, identity: &str) {
             handle.metrics.dropped_event();
             if let Some(n) = suspects.should_log("events lane full") {
                 warn!(
-                    capacity = super::registry::EVENT_QUEUE,
+                    capacity = crate::provision::pipeline::registry::EVENT_QUEUE,
                     suppressed_before = n,
                     "too many startup events waiting; dropping some (discovery finds real nodes later)"
                 );

@@ -16,12 +16,14 @@
 //! and a failed attempt moves the sequence to the suspect lane (see
 //! `dispatch`).
 
-use super::certmanager::{SignError, Signer};
-use super::gate::{PauseGate, Paused};
-use super::helper::{CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse};
-use super::template::{self, NodeTemplate, TemplateError};
-use super::version::Version;
+use crate::provision::gate::{PauseGate, Paused};
 use crate::provision::metrics::Metrics;
+use crate::provision::sequence::version::Version;
+use crate::provision::signing::certmanager::{SignError, Signer};
+use crate::provision::signing::helper::{
+    CsrReply, Ed25519Reply, Helper, HelperError, HelperInput, HelperResponse,
+};
+use crate::provision::signing::template::{self, NodeTemplate, TemplateError};
 use choria_config::{ConfigError, ProvisionerConfig, Secret};
 use choria_wire::client::{ChoriaClient, ClientError, RpcOptions, RpcResult};
 use choria_wire::identity;
@@ -66,18 +68,18 @@ pub struct Context {
     /// for replies and backoff sleeps end at once.
     pub abandon: CancellationToken,
     /// The keys we verify and sign with, kept current by a watcher.
-    pub credentials: Arc<super::credentials::Credentials>,
+    pub credentials: Arc<crate::provision::signing::credentials::Credentials>,
     /// Which nodes are ours (shards mode): checked at every checkpoint.
-    pub ownership: super::ownership::Ownership,
+    pub ownership: crate::provision::ownership::Ownership,
     /// Our name in the election or the shards, for the records.
     pub replica: String,
     /// The `workers` slots: a sequence holds one only while it works.
     pub slots: Arc<tokio::sync::Semaphore>,
     /// Per-node warnings and errors at a bounded rate
-    /// ([`super::suspects::NODE_LOG_BURST`] per kind every ten seconds):
+    /// ([`crate::provision::suspects::NODE_LOG_BURST`] per kind every ten seconds):
     /// whoever holds the fleet's provisioning JWT can make up names that
     /// answer and then stall, as many as they like.
-    pub logs: Arc<super::suspects::LogLimiter>,
+    pub logs: Arc<crate::provision::suspects::LogLimiter>,
 }
 
 /// How a node's sequence ended without error.
@@ -146,7 +148,7 @@ pub enum ProvisionError {
     #[error("the node's identity matches the deny list pattern {0:?}")]
     DeniedIdentity(String),
     #[error("{0}")]
-    Refused(#[source] super::grants::Refused),
+    Refused(#[source] crate::provision::signing::grants::Refused),
     #[error(
         "{rpc}: another provisioner holds the node's provisioning lock; leaving the node to it"
     )]
@@ -156,7 +158,7 @@ pub enum ProvisionError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Key(#[from] super::credentials::KeyUnavailable),
+    Key(#[from] crate::provision::signing::credentials::KeyUnavailable),
 }
 
 impl ProvisionError {
@@ -243,9 +245,9 @@ pub struct HostSequence {
     /// sequence stops at its next checkpoint (see [`PauseGate`]).
     term: u64,
     /// Its place in its lane's in-flight budget.
-    place: std::sync::Mutex<super::dispatch::LanePlace>,
+    place: std::sync::Mutex<crate::provision::pipeline::dispatch::LanePlace>,
     /// Where its name came from, once dispatched (metrics).
-    source: Option<super::registry::Source>,
+    source: Option<crate::provision::pipeline::registry::Source>,
     /// Set once any request got the node's own answer: the name is real.
     answered: std::sync::atomic::AtomicBool,
 }
@@ -268,7 +270,9 @@ impl HostSequence {
             got: Gathered::default(),
             finishing: false,
             pending: Vec::new(),
-            place: std::sync::Mutex::new(super::dispatch::LanePlace::unbounded()),
+            place: std::sync::Mutex::new(
+                crate::provision::pipeline::dispatch::LanePlace::unbounded(),
+            ),
             source: None,
             answered: std::sync::atomic::AtomicBool::new(false),
         }
@@ -277,8 +281,8 @@ impl HostSequence {
     /// Runs in a lane's budget, for a name that came from `source`.
     pub fn in_lane(
         mut self,
-        place: super::dispatch::LanePlace,
-        source: super::registry::Source,
+        place: crate::provision::pipeline::dispatch::LanePlace,
+        source: crate::provision::pipeline::registry::Source,
     ) -> Self {
         self.place = std::sync::Mutex::new(place);
         self.source = Some(source);
@@ -312,8 +316,10 @@ impl HostSequence {
             return;
         }
         match self.source {
-            Some(super::registry::Source::Discovery) => self.ctx.metrics.discovered(),
-            Some(super::registry::Source::Event) => {
+            Some(crate::provision::pipeline::registry::Source::Discovery) => {
+                self.ctx.metrics.discovered()
+            }
+            Some(crate::provision::pipeline::registry::Source::Event) => {
                 self.ctx.metrics.event_discovered();
                 info!(
                     node = &*self.identity,
@@ -434,7 +440,8 @@ impl HostSequence {
             self.settle().await?;
         }
         let mut response = self.decide().await?;
-        super::grants::check_configuration(&response.configuration).map_err(|e| self.refused(e))?;
+        crate::provision::signing::grants::check_configuration(&response.configuration)
+            .map_err(|e| self.refused(e))?;
         if response.defer {
             return Err(ProvisionError::Deferred(response.msg));
         }
@@ -627,7 +634,7 @@ impl HostSequence {
             match outcome {
                 Ok(value) => return Ok(value),
                 Err(e) if self.is_answered() => {
-                    if let super::suspects::Allow::Yes { suppressed } =
+                    if let crate::provision::suspects::Allow::Yes { suppressed } =
                         self.ctx.logs.check("rpc attempt", Instant::now())
                     {
                         warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
@@ -675,7 +682,9 @@ impl HostSequence {
     /// Every checkpoint: the gate is open (after `configure`, a shutdown
     /// still lets `restart` go out) and our term is the current one.
     fn gate_check(&self) -> Result<(), Paused> {
-        let ignored = self.finishing.then_some(super::gate::PauseReason::Shutdown);
+        let ignored = self
+            .finishing
+            .then_some(crate::provision::gate::PauseReason::Shutdown);
         self.ctx.gate.check_term_ignoring(self.term, ignored)?;
         // Once configured, the node is finished here even if it became
         // another replica's share: stopping before `restart` would leave
@@ -867,7 +876,7 @@ impl HostSequence {
     /// The node's configuration: the template's, the helper's, or the
     /// helper's merged over the template's (`template::merge`).
     /// A grant refused: counted, and the node fails.
-    fn refused(&self, e: super::grants::Refused) -> ProvisionError {
+    fn refused(&self, e: crate::provision::signing::grants::Refused) -> ProvisionError {
         self.ctx.metrics.refused_value(e.place);
         ProvisionError::Refused(e)
     }
@@ -990,7 +999,7 @@ impl HostSequence {
             collectives = vec!["choria".to_string()];
         }
         if let Some(c) = response.configuration.get("collectives") {
-            collectives = super::grants::split_list(c);
+            collectives = crate::provision::signing::grants::split_list(c);
         }
         if let Some(claims) = &response.server_claims {
             if !claims.organization_unit.is_empty() {
@@ -1010,9 +1019,10 @@ impl HostSequence {
                 permissions = claims.permissions;
             }
         }
-        super::grants::check_collectives("collectives", &collectives)
+        crate::provision::signing::grants::check_collectives("collectives", &collectives)
             .map_err(|e| self.refused(e))?;
-        super::grants::check_publish_subjects(&pub_subjects).map_err(|e| self.refused(e))?;
+        crate::provision::signing::grants::check_publish_subjects(&pub_subjects)
+            .map_err(|e| self.refused(e))?;
         if validity <= Duration::from_secs(3600) {
             warn!(node = &*self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
             validity = cfg.server_jwt_validity;

@@ -20,8 +20,8 @@
 
 mod requests;
 
-use super::gate::{PauseGate, Paused};
-use super::resource::ResourceRef;
+use crate::provision::gate::{PauseGate, Paused};
+use crate::provision::kube::resource::ResourceRef;
 use base64::Engine;
 use choria_config::provisioner::CertManagerConfig;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -42,9 +42,6 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "choria-pr
 pub const PROVISIONER_LABEL: &str = "provisioning.choria.io/provisioner";
 /// The annotation holding the node's identity.
 pub const NODE_ANNOTATION: &str = "provisioning.choria.io/node";
-
-/// Labels of `choria_provisioner_cert_manager_requests{outcome}`.
-pub const OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "timeout", "error"];
 
 fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -166,7 +163,7 @@ pub fn state(obj: &Value) -> State {
 
 /// What cert-manager writes is not ours: one line, cut short.
 fn short(s: &str) -> String {
-    super::one_line(s, 300)
+    crate::provision::one_line(s, 300)
 }
 
 /// A name prefix from an identity: a DNS label's characters, at most 40.

@@ -1,0 +1,2 @@
+pub mod recorder;
+pub mod renewal;

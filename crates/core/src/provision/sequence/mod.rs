@@ -1,0 +1,2 @@
+pub mod host;
+pub mod version;

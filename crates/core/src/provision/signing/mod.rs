@@ -1,0 +1,5 @@
+pub mod certmanager;
+pub mod credentials;
+pub mod grants;
+pub mod helper;
+pub mod template;
