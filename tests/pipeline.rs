@@ -6,20 +6,21 @@ mod support;
 use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
 use choria_core::monitor::Exposition;
 use choria_core::provision::gate::PauseReason;
-use choria_core::provision::{Handle, Provisioner};
+use choria_core::provision::{Options, Provisioner, Shared};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerArgs;
 use choria_wire::client::{self, EventFormat};
 use choria_wire::lifecycle::{Event, EventType};
 use serde_json::Value;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::provisioner::binary;
 use support::{NatsServer, RunningFleet};
 use tokio_util::sync::CancellationToken;
 
 struct Running {
-    handle: Handle,
+    shared: Arc<Shared>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -34,7 +35,7 @@ impl Running {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        self.handle.metrics.value(name).unwrap_or(0.0)
+        self.shared.metrics.value(name).unwrap_or(0.0)
     }
 
     async fn wait_for(&self, name: &str, at_least: f64, timeout: Duration) {
@@ -50,9 +51,9 @@ impl Running {
     }
 }
 
-/// Starts the provisioner in this process; `before` runs on its handle
+/// Starts the provisioner in this process; `before` runs on its shared parts
 /// before it starts (e.g. to start paused).
-fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Handle)) -> Running {
+fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Shared)) -> Running {
     let yaml_path = dir.join("provisioner.yaml");
     std::fs::write(
         &yaml_path,
@@ -74,16 +75,16 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Handle)
         .unwrap()
         .client_setup(&cfg, &env)
         .unwrap();
-    let provisioner = Provisioner::new(cfg, setup, "test");
-    let handle = provisioner.handle();
-    before(&handle);
+    let provisioner = Provisioner::new(cfg, setup, Options::new("test")).unwrap();
+    let shared = provisioner.shared();
+    before(&shared);
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     let task = tokio::spawn(async move {
         provisioner.run(stop).await.expect("the provisioner runs");
     });
     Running {
-        handle,
+        shared,
         shutdown,
         task,
     }
@@ -137,11 +138,11 @@ async fn a_paused_provisioner_ignores_discovery_and_events_and_resuming_discover
     assert_eq!(p.metric("choria_provisioner_paused"), 1.0);
     assert_eq!(p.metric("choria_provisioner_discover_cycles"), 0.0);
     assert_eq!(p.metric("choria_provisioner_event_discovered"), 0.0);
-    assert_eq!(p.handle.registry.len(), 0);
+    assert_eq!(p.shared.registry.len(), 0);
 
     // Resuming discovers at once (the interval is a minute away).
     let resumed = Instant::now();
-    p.handle.resume(PauseReason::Requested);
+    p.shared.resume(PauseReason::Requested);
     assert_eq!(p.metric("choria_provisioner_paused"), 0.0);
     p.wait_for(
         "choria_provisioner_provisioned",
@@ -197,7 +198,7 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
         assert!(Instant::now() < deadline, "inventory not fetched by all");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    p.handle.pause(PauseReason::Requested, false);
+    p.shared.pause(PauseReason::Requested, false);
     // The helpers finish, but configure must not be sent.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(p.metric("choria_provisioner_busy_workers"), 0.0);
@@ -214,7 +215,7 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
         "configure was sent while paused"
     );
     // Resuming rediscovers them and finishes the job.
-    p.handle.resume(PauseReason::Requested);
+    p.shared.resume(PauseReason::Requested);
     p.wait_for(
         "choria_provisioner_provisioned",
         20.0,
@@ -284,7 +285,7 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     let p = start(dir.path(), &nats, &template, |h| {
         h.pause(PauseReason::Election, true)
     });
-    p.handle.resume(PauseReason::Election);
+    p.shared.resume(PauseReason::Election);
     p.wait_for(
         "choria_provisioner_sequences",
         N as f64,
@@ -299,8 +300,8 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
         0,
         "the blip comes while the first requests are still in flight"
     );
-    p.handle.pause(PauseReason::Election, true);
-    p.handle.resume(PauseReason::Election);
+    p.shared.pause(PauseReason::Election, true);
+    p.shared.resume(PauseReason::Election);
     p.wait_for(
         "choria_provisioner_provisioned",
         N as f64,

@@ -6,10 +6,12 @@ use crate::telemetry;
 use anyhow::{Context, Result};
 use choria_config::{self as config, Environment};
 use choria_core::monitor::Exposition;
-use choria_core::provision::{self, Prepared, Provisioner};
+use choria_core::provision::{self, Options, Prepared, Provisioner, Shared};
+use choria_k8s::Kube;
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -65,11 +67,18 @@ pub async fn run(args: RunArgs, global: &GlobalArgs) -> Result<()> {
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
-    let mut provisioner =
-        Provisioner::new(prepared.config, prepared.setup, env!("CARGO_PKG_VERSION"));
-    if let Some(r) = args.provisioner {
-        provisioner = provisioner.with_resource(r);
+    let mut options = Options::new(env!("CARGO_PKG_VERSION"));
+    if provision::needs_kubernetes(cfg, args.provisioner.is_some()) {
+        // The process's one client, for every part that talks to the API
+        // server. Running as a resource needs it at once; cert-manager
+        // alone fails only the nodes that need a certificate without it.
+        options.kube = Kube::from_environment().await;
+        if let (Some(r), Err(e)) = (&args.provisioner, options.kube.client()) {
+            anyhow::bail!("--provisioner {r}: no Kubernetes client: {e}");
+        }
     }
+    options.resource = args.provisioner;
+    let provisioner = Provisioner::new(prepared.config, prepared.setup, options)?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
@@ -77,7 +86,7 @@ pub async fn run(args: RunArgs, global: &GlobalArgs) -> Result<()> {
         signal.cancel();
     });
     if args.progress {
-        tokio::spawn(print_progress(provisioner.handle(), shutdown.clone()));
+        tokio::spawn(print_progress(provisioner.shared(), shutdown.clone()));
     }
     provisioner.run(shutdown).await?;
     Ok(())
@@ -139,7 +148,7 @@ fn go_file_exist(path: &Path) -> bool {
 /// One line per second on stderr: what the demo shows while it runs. The
 /// rate covers the time from the first node worked to the last provisioned,
 /// so it stays put once the fleet is done instead of decaying.
-async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
+async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
     let started = Instant::now();
     // Sampled ten times a second so the rate's span is right to 0.1 s;
     // printed once a second.
@@ -150,7 +159,7 @@ async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let m = &handle.metrics;
+        let m = &shared.metrics;
         let v = |name: &str| m.value(name).unwrap_or(0.0) as u64;
         let provisioned = v("choria_provisioner_provisioned");
         let busy = v("choria_provisioner_busy_workers");
@@ -169,7 +178,7 @@ async fn print_progress(handle: provision::Handle, stop: CancellationToken) {
                 Some(r) => format!("{r:.0} nodes/min"),
                 None => "- nodes/min".into(),
             },
-            if handle.gate.is_paused() {
+            if shared.gate.is_paused() {
                 "  PAUSED"
             } else {
                 ""

@@ -7,22 +7,42 @@
 pub mod crd;
 
 use std::path::Path;
-use tokio::sync::OnceCell;
+use std::sync::Arc;
 
-/// The process's one Kubernetes client: every part of a process (the Lease
-/// election, the link to its Provisioner, cert-manager, the operator)
-/// shares its connection pool and credentials.
-static CLIENT: OnceCell<kube::Client> = OnceCell::const_new();
+/// The process's one Kubernetes client, made once by the binary and passed
+/// to every part that talks to the API server (the Lease election, the
+/// link to its Provisioner, cert-manager, the operator), so they share its
+/// connection pool and credentials. When it could not be made, the reason
+/// is kept instead: only what needs Kubernetes fails, with that reason.
+#[derive(Clone)]
+pub struct Kube(Result<kube::Client, Arc<str>>);
 
-/// The process's client, found as kubectl finds its configuration
-/// (`KUBECONFIG`, `~/.kube/config`, else the pod's service account) and
-/// made on first use; a failure is not kept, so a later call tries again.
-/// The client belongs to the runtime that first asked: the binary has one.
-pub async fn client() -> Result<kube::Client, kube::Error> {
-    CLIENT
-        .get_or_try_init(kube::Client::try_default)
-        .await
-        .cloned()
+impl Kube {
+    /// Found as kubectl finds its configuration (`KUBECONFIG`,
+    /// `~/.kube/config`, else the pod's service account). Nothing is
+    /// connected to yet.
+    pub async fn from_environment() -> Self {
+        Kube(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| Arc::from(describe_error(&e))),
+        )
+    }
+
+    /// This client (tests, the operator's own).
+    pub fn from_client(client: kube::Client) -> Self {
+        Kube(Ok(client))
+    }
+
+    /// No client, for `reason` (a process whose configuration needs none).
+    pub fn unavailable(reason: &str) -> Self {
+        Kube(Err(Arc::from(reason)))
+    }
+
+    /// The client, or why there is none.
+    pub fn client(&self) -> Result<kube::Client, String> {
+        self.0.clone().map_err(|e| e.to_string())
+    }
 }
 
 /// Where Kubernetes mounts the pod's namespace.

@@ -227,9 +227,10 @@ pub async fn run(
     args: OperatorArgs,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
-    let client = choria_k8s::client()
+    let client = choria_k8s::Kube::from_environment()
         .await
-        .map_err(|e| OperatorError::Client(describe(&e)))?;
+        .client()
+        .map_err(OperatorError::Client)?;
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|n| !n.is_empty())

@@ -19,7 +19,7 @@
 use super::machine::{Outcome, Timings};
 use super::{Backend, ElectionError};
 use choria_config::ElectionConfig;
-use choria_k8s::{describe_error, resolve_namespace, POD_NAMESPACE_FILE};
+use choria_k8s::{describe_error, resolve_namespace, Kube, POD_NAMESPACE_FILE};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -32,7 +32,7 @@ use tracing::{debug, info};
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("cannot build a Kubernetes client (in-cluster service account or KUBECONFIG): {0}")]
-    Client(#[source] kube::Error),
+    Client(String),
     #[error("{action} of lease {lease} failed: {reason}")]
     Api {
         action: &'static str,
@@ -138,10 +138,10 @@ impl LeaseBackend {
         }
     }
 
-    /// Builds the client from the service account (or KUBECONFIG) and picks
-    /// the namespace: configured, else the pod's, else the client's default.
-    pub async fn connect(cfg: &ElectionConfig, identity: &str) -> Result<Self, LeaseError> {
-        let client = choria_k8s::client().await.map_err(LeaseError::Client)?;
+    /// With the process's client, in the namespace configured, else the
+    /// pod's, else the client's default.
+    pub fn connect(kube: &Kube, cfg: &ElectionConfig, identity: &str) -> Result<Self, LeaseError> {
+        let client = kube.client().map_err(LeaseError::Client)?;
         let namespace = resolve_namespace(
             cfg.lease_namespace.as_deref(),
             Path::new(POD_NAMESPACE_FILE),

@@ -1,8 +1,9 @@
 //! The provisioner: discovery and startup events offer nodes to the
 //! registry; each waits in its lane until the dispatcher starts its
-//! [`sequence::host::HostSequence`] in a task of its own (its first request confirms
-//! the name); a sequence takes one of the `workers` slots only while it
-//! works; the pause gate decides whether any of it may talk to nodes.
+//! [`sequence::HostSequence`] in a task of its own (its first request
+//! confirms the name); a sequence takes one of the `workers` slots only
+//! while it works; the pause gate decides whether any of it may talk to
+//! nodes.
 //!
 //! ```text
 //! discovery (interval, trigger) ─┐            lanes (in flight)              slots (`workers`)
@@ -12,9 +13,15 @@
 //!                                       └──────────── finisher <─────────┘ (forget now, or after 60 s)
 //! ```
 //!
-//! One file per stage: `broker` (connecting, following the connection),
-//! `discovery`, `events`, `dispatch` (the lanes' budgets, the slots, and
-//! what a sequence's outcome does); this file wires them and stops them.
+//! The rooms: [`pipeline`] finds nodes and runs their sequences (broker,
+//! discovery, events, registry, dispatch, and the election's steering);
+//! [`sequence`] is one node's sequence (asking the node, deciding and
+//! signing, applying); [`signing`] holds what deciding and signing need
+//! (helper, template, cert-manager, grants, keys); [`day_two`] records what
+//! was issued and renews it; [`kube`] is a pod's link to its own
+//! `Provisioner`. [`gate`], [`metrics`], [`ownership`] and [`suspects`] are
+//! leaves every room uses, and [`shared`] the one context they share. This
+//! file wires them and stops them.
 
 pub mod day_two;
 pub mod gate;
@@ -23,17 +30,22 @@ pub mod metrics;
 pub mod ownership;
 pub mod pipeline;
 pub mod sequence;
+pub mod shared;
 pub mod signing;
 pub mod suspects;
+
+pub use shared::Shared;
 
 use crate::monitor::{self, Health};
 use crate::provision::metrics::Metrics;
 use choria_config::{ClientSetup, ConfigError, ProvisionerConfig};
+use choria_k8s::Kube;
 use choria_wire::client::{self, ChoriaClient, ClientError};
 use choria_wire::lifecycle::{Event, EventType};
 use gate::{PauseGate, PauseReason};
-use pipeline::registry::Registry;
-use sequence::host::Context;
+use pipeline::registry::{self, Registry};
+use pipeline::{broker, discovery, dispatch, leadership};
+use signing::Signing;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -151,71 +163,60 @@ pub fn prepare(
     Ok(Prepared { config: cfg, setup })
 }
 
-/// A running provisioner's shared parts, handed to whatever steers it (the
-/// election, the operator's pause, tests).
-#[derive(Clone)]
-pub struct Handle {
-    pub gate: PauseGate,
-    pub registry: Arc<Registry>,
-    pub metrics: Arc<Metrics>,
-    pub health: Health,
-    /// Who leads (with an election); `None` when unknown or no election.
-    pub leader: tokio::sync::watch::Receiver<Option<String>>,
-    /// Which nodes are ours (all of them, except in shards mode).
-    pub ownership: ownership::Ownership,
-    /// Where records of provisionings go (nowhere without `records:`).
-    pub recorder: day_two::recorder::Recorder,
-    /// Holds reconnects after a loss of leadership while disconnected.
-    pub fence: choria_wire::fence::Fence,
-    trigger: mpsc::Sender<()>,
+/// How this process runs, beyond its two files.
+pub struct Options {
+    /// Our version, in our `startup` event.
+    pub version: String,
+    /// The `Provisioner` resource this process runs as (`run --provisioner`).
+    pub resource: Option<kube::resource::ResourceRef>,
+    /// The process's Kubernetes client: for a Lease election, cert-manager
+    /// or the resource.
+    pub kube: Kube,
 }
 
-impl Handle {
-    /// Asks for a discovery now; coalesces with one already pending.
-    pub fn trigger_discovery(&self) {
-        let _ = self.trigger.try_send(());
-    }
-
-    /// Pauses for `reason`; when leadership is lost the registry and queue
-    /// are emptied too, so nothing stale is worked after a later win.
-    pub fn pause(&self, reason: PauseReason, forget_hosts: bool) {
-        self.gate.pause(reason);
-        if forget_hosts {
-            let dropped = self.registry.clear();
-            info!(dropped, "emptied the host registry and work queue");
-        }
-    }
-
-    /// Lifts `reason` and, when that opened the gate, discovers at once.
-    pub fn resume(&self, reason: PauseReason) {
-        self.gate.resume(reason);
-        if !self.gate.is_paused() {
-            self.trigger_discovery();
+impl Options {
+    /// Version `version`, no resource, no Kubernetes client.
+    pub fn new(version: &str) -> Self {
+        Options {
+            version: version.to_string(),
+            resource: None,
+            kube: Kube::unavailable("this provisioner was started without a Kubernetes client"),
         }
     }
 }
 
-type FinisherRx = mpsc::UnboundedReceiver<(Arc<pipeline::registry::Ticket>, Duration)>;
+/// Whether a provisioner with `cfg` (running as a resource or not) talks
+/// to Kubernetes, so the binary makes a client only when one is needed.
+pub fn needs_kubernetes(cfg: &ProvisionerConfig, resource: bool) -> bool {
+    resource
+        || cfg.cert_manager.is_some()
+        || cfg.election.backend == choria_config::ElectionBackend::Lease
+}
+
+type FinisherRx = mpsc::UnboundedReceiver<(Arc<registry::Ticket>, Duration)>;
 
 /// The `run` subcommand's work, until `shutdown` fires.
 pub struct Provisioner {
-    cfg: Arc<ProvisionerConfig>,
+    shared: Arc<Shared>,
     setup: ClientSetup,
-    /// This process's own name in the election or the shards.
-    me: String,
+    version: String,
     /// What the record writer takes (with `records:`).
     records_rx: Option<mpsc::UnboundedReceiver<crate::records::Record>>,
     pod_name: Option<String>,
-    version: String,
-    handle: Handle,
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
     leader_tx: tokio::sync::watch::Sender<Option<String>>,
-    resource: Option<kube::resource::ResourceRef>,
 }
 
 impl Provisioner {
-    pub fn new(cfg: ProvisionerConfig, setup: ClientSetup, version: &str) -> Self {
+    /// Everything made before anything connects. With an election, or
+    /// running as a resource, it starts paused.
+    pub fn new(
+        cfg: ProvisionerConfig,
+        setup: ClientSetup,
+        options: Options,
+    ) -> Result<Self, RunError> {
+        let cfg = Arc::new(cfg);
         let metrics = Arc::new(Metrics::new(&cfg.site));
         let gate = PauseGate::new(metrics.clone());
         let (registry, finisher_rx) = Registry::new(cfg.interval, metrics.clone());
@@ -224,6 +225,12 @@ impl Provisioner {
         // With an election every replica starts paused, before any work.
         if cfg.election.enabled() {
             gate.pause(PauseReason::Election);
+        }
+        // A pod is paused until its resource's first watch event says
+        // whether `spec.paused` is set: it must not work before it knows
+        // (the API server may be slow or unreachable at start).
+        if options.resource.is_some() {
+            gate.pause(PauseReason::Requested);
         }
         let pod_name = std::env::var("POD_NAME").ok().filter(|p| !p.is_empty());
         let me = candidate_identity(&setup.identity.identity, pod_name.as_deref());
@@ -239,44 +246,41 @@ impl Provisioner {
             }
             None => (day_two::recorder::Recorder::off(), None),
         };
-        Provisioner {
-            cfg: Arc::new(cfg),
-            setup,
+        let signing = Signing::new(&cfg, &options.kube, options.resource.as_ref())?;
+        let shared = Shared {
             me,
-            pod_name,
-            version: version.to_string(),
-            handle: Handle {
-                gate,
-                registry,
-                metrics,
-                health: Health::new(),
-                leader,
-                ownership,
-                recorder,
-                fence: choria_wire::fence::Fence::default(),
-                trigger,
-            },
+            gate,
+            registry,
+            health: Health::new(),
+            leader,
+            ownership,
+            recorder,
+            fence: choria_wire::fence::Fence::default(),
+            signing,
+            slots: Arc::new(tokio::sync::Semaphore::new(cfg.workers.max(1))),
+            abandon: CancellationToken::new(),
+            logs: Arc::new(suspects::LogLimiter::with_burst(suspects::NODE_LOG_BURST)),
+            kube: options.kube,
+            resource: options.resource,
+            trigger,
+            metrics,
+            cfg,
+        };
+        Ok(Provisioner {
+            shared: Arc::new(shared),
+            setup,
+            version: options.version,
             records_rx,
+            pod_name,
             trigger_rx,
             finisher_rx,
             leader_tx,
-            resource: None,
-        }
+        })
     }
 
-    /// Follows this Provisioner resource (pause, leader status), as pods the
-    /// operator runs do.
-    pub fn with_resource(mut self, resource: kube::resource::ResourceRef) -> Self {
-        // Paused until the resource's first watch event says whether
-        // `spec.paused` is set: a pod must not work before it knows (the
-        // API server may be slow or unreachable at start).
-        self.handle.gate.pause(PauseReason::Requested);
-        self.resource = Some(resource);
-        self
-    }
-
-    pub fn handle(&self) -> Handle {
-        self.handle.clone()
+    /// The parts a running provisioner shares, for whatever steers it.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     /// Runs until `shutdown` fires, then stops gracefully: the gate closes at
@@ -284,153 +288,56 @@ impl Provisioner {
     /// boundary and are then abandoned (whoever leads next retries them).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         let Provisioner {
-            cfg,
+            shared,
             setup,
-            me,
+            version,
             records_rx,
             pod_name,
-            version,
-            handle,
             mut trigger_rx,
             finisher_rx,
             leader_tx,
-            resource,
         } = self;
         let stop_tasks = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        start_monitor(&cfg, &handle, &stop_tasks, &mut tasks).await?;
+        start_monitor(&shared, &stop_tasks, &mut tasks).await?;
 
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let Some(nats) = pipeline::broker::connect_until_up(
-            &setup,
-            events_tx,
-            &handle.fence,
-            &handle.health,
-            &shutdown,
-        )
-        .await?
-        else {
+        let connected =
+            broker::connect_until_up(&setup, events_tx, &shared.fence, &shared.health, &shutdown);
+        let Some(nats) = connected.await? else {
             stop_tasks.cancel();
             while tasks.join_next().await.is_some() {}
             return Ok(());
         };
-        let suspects = suspects::Suspects::new(handle.metrics.clone());
-        let mut client = ChoriaClient::new(nats.clone(), sender(&setup, &cfg, &me))
-            .with_observer(Arc::new(suspects.clone()))
-            .with_fence(handle.fence.clone());
-        client.discovery_timeout = Duration::from_secs(2);
-        announce(&client, &cfg, &setup, &version, &nats).await;
+        let suspects = suspects::Suspects::new(shared.metrics.clone());
+        let client = Arc::new(choria_client(&nats, &setup, &shared, &suspects));
+        announce(&client, &shared.cfg, &setup, &version, &nats).await;
 
-        let sealer = match &cfg.records {
-            Some(r) => Some(crate::records::store::sealer(r, &cfg.site)?),
-            None => None,
+        start_day_two(&shared, records_rx, &stop_tasks, &mut tasks)?;
+        let credentials = shared.signing.credentials.clone();
+        tasks.spawn(credentials.watch(stop_tasks.clone()));
+        let pool = dispatch::Pool::new();
+        let intake = Intake {
+            broker_events: events_rx,
+            finisher: finisher_rx,
         };
-        if let (Some(renewal), Some(records), Some(sealer)) = (&cfg.renewal, &cfg.records, &sealer)
-        {
-            let env = choria_config::Environment::from_process();
-            let setup = day_two::renewal::setup(renewal, cfg.choria_insecure, &env)?;
-            tasks.spawn(day_two::renewal::run(
-                day_two::renewal::Renewal {
-                    cfg: renewal.clone(),
-                    records: records.clone(),
-                    sealer: sealer.clone(),
-                    setup,
-                    token: cfg.token.clone(),
-                    name: format!("choria-provisioner renewal {me}"),
-                    sender: cfg.election.sharded().then(|| me.clone()),
-                },
-                handle.clone(),
-                stop_tasks.clone(),
-            ));
-        }
-        if let (Some(records), Some(rx), Some(sealer)) = (&cfg.records, records_rx, sealer) {
-            tasks.spawn(day_two::recorder::run(
-                records.clone(),
-                sealer,
-                format!("choria-provisioner records {me}"),
-                rx,
-                handle.metrics.clone(),
-                stop_tasks.clone(),
-            ));
-        }
-        let abandon = CancellationToken::new();
-        let credentials = Arc::new(signing::credentials::Credentials::load(cfg.clone()));
-        tasks.spawn(credentials.clone().watch(stop_tasks.clone()));
-        let pool = pipeline::dispatch::Pool::new(cfg.workers);
-        let ctx = Arc::new(context(
-            &cfg,
-            &client,
-            &handle,
-            &resource,
-            &abandon,
-            &credentials,
-            &me,
-            &pool,
-        )?);
-        start_intake(
-            &nats,
-            &cfg,
-            &handle,
-            &suspects,
-            Intake {
-                broker_events: events_rx,
-                finisher: finisher_rx,
-            },
-            &stop_tasks,
-            &mut tasks,
-        )
-        .await?;
+        start_intake(&nats, &shared, &suspects, intake, &stop_tasks, &mut tasks).await?;
 
-        if cfg.election.enabled() {
-            info!(candidate = %me, "campaigning under this process's own name");
-        }
         let election_stop = CancellationToken::new();
-        let election = pipeline::leadership::spawn(
-            &cfg.election,
-            &nats,
-            me.clone(),
-            handle.clone(),
-            election_stop.clone(),
-            leader_tx,
-            resource.clone(),
-        );
-        if let Some(r) = resource {
-            // status.leader names the pod (what `kubectl logs` takes), not
-            // the suffixed candidate name.
-            let shown = pod_name.unwrap_or_else(|| setup.identity.identity.clone());
-            let who = kube::resource::Me {
-                candidate: me,
-                shown,
-            };
-            let renewal = cfg.renewal.is_some() && cfg.records.is_some();
-            tasks.spawn(kube::resource::run(
-                r,
-                who,
-                handle.clone(),
-                renewal,
-                stop_tasks.clone(),
-            ));
-        }
+        let election = start_election(&shared, &nats, leader_tx, &election_stop);
+        start_resource_link(&shared, &setup, pod_name, &stop_tasks, &mut tasks);
 
-        let dispatchers = start_dispatchers(&ctx, &handle, &pool);
-        let opts = pipeline::discovery::options(cfg.discovery_timeout, cfg.discovery_window);
-        pipeline::discovery::run(
-            &client,
-            &handle,
-            opts,
-            cfg.interval,
-            &mut trigger_rx,
-            &shutdown,
-        )
-        .await;
+        let dispatchers = start_dispatchers(&shared, &client, &pool);
+        let cfg = &shared.cfg;
+        let opts = discovery::options(cfg.discovery_timeout, cfg.discovery_window);
+        let interval = cfg.interval;
+        discovery::run(&client, &shared, opts, interval, &mut trigger_rx, &shutdown).await;
 
         info!("shutting down");
         stop(Stopping {
-            handle,
-            ctx,
+            shared,
             pool,
             dispatchers,
-            abandon,
             election,
             election_stop,
             stop_tasks,
@@ -459,22 +366,121 @@ fn sender(setup: &ClientSetup, cfg: &ProvisionerConfig, me: &str) -> client::Ide
 
 /// Serves `/metrics`, `/healthz` and `/readyz` when `monitor_port` is set.
 async fn start_monitor(
-    cfg: &ProvisionerConfig,
-    handle: &Handle,
+    shared: &Arc<Shared>,
     stop: &CancellationToken,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), RunError> {
-    if let Some(port) = cfg.monitor_port {
+    if let Some(port) = shared.cfg.monitor_port {
         let listener = monitor::bind(port).await?;
         info!(port, "serving /metrics, /healthz and /readyz");
         tasks.spawn(monitor_task(
             listener,
-            handle.metrics.clone(),
-            handle.health.clone(),
+            shared.metrics.clone(),
+            shared.health.clone(),
             stop.clone(),
         ));
     }
     Ok(())
+}
+
+/// The client every node's sequence and discovery ask through: it tells
+/// the suspects about replies that were not the answer, and the fence
+/// about every request's TTL.
+fn choria_client(
+    nats: &async_nats::Client,
+    setup: &ClientSetup,
+    shared: &Shared,
+    suspects: &suspects::Suspects,
+) -> ChoriaClient {
+    let mut client = ChoriaClient::new(nats.clone(), sender(setup, &shared.cfg, &shared.me))
+        .with_observer(Arc::new(suspects.clone()))
+        .with_fence(shared.fence.clone());
+    client.discovery_timeout = Duration::from_secs(2);
+    client
+}
+
+/// Day two, with `records:`: the writer of records and, with `renewal:`,
+/// the renewal schedule, both sealing with the Provisioner's key.
+fn start_day_two(
+    shared: &Arc<Shared>,
+    records_rx: Option<mpsc::UnboundedReceiver<crate::records::Record>>,
+    stop: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), RunError> {
+    let cfg = &shared.cfg;
+    let (Some(records), Some(rx)) = (&cfg.records, records_rx) else {
+        return Ok(());
+    };
+    let sealer = crate::records::store::sealer(records, &cfg.site)?;
+    if let Some(renewal) = &cfg.renewal {
+        let env = choria_config::Environment::from_process();
+        let setup = day_two::renewal::setup(renewal, cfg.choria_insecure, &env)?;
+        let me = &shared.me;
+        tasks.spawn(day_two::renewal::run(
+            day_two::renewal::Renewal {
+                cfg: renewal.clone(),
+                records: records.clone(),
+                sealer: sealer.clone(),
+                setup,
+                token: cfg.token.clone(),
+                name: format!("choria-provisioner renewal {me}"),
+                sender: cfg.election.sharded().then(|| me.clone()),
+            },
+            shared.clone(),
+            stop.clone(),
+        ));
+    }
+    tasks.spawn(day_two::recorder::run(
+        records.clone(),
+        sealer,
+        format!("choria-provisioner records {}", shared.me),
+        rx,
+        shared.metrics.clone(),
+        stop.clone(),
+    ));
+    Ok(())
+}
+
+/// The election (or the shards' membership), when configured.
+fn start_election(
+    shared: &Arc<Shared>,
+    nats: &async_nats::Client,
+    leader_tx: tokio::sync::watch::Sender<Option<String>>,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if shared.cfg.election.enabled() {
+        info!(candidate = %shared.me, "campaigning under this process's own name");
+    }
+    leadership::spawn(nats, shared.clone(), stop.clone(), leader_tx)
+}
+
+/// A pod's link to its own `Provisioner` (pause, status), when it runs as
+/// one.
+fn start_resource_link(
+    shared: &Arc<Shared>,
+    setup: &ClientSetup,
+    pod_name: Option<String>,
+    stop: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+) {
+    let Some(r) = shared.resource.clone() else {
+        return;
+    };
+    // status.leader names the pod (what `kubectl logs` takes), not the
+    // suffixed candidate name.
+    let shown = pod_name.unwrap_or_else(|| setup.identity.identity.clone());
+    let who = kube::resource::Me {
+        candidate: shared.me.clone(),
+        shown,
+    };
+    let renewal = shared.cfg.renewal.is_some() && shared.cfg.records.is_some();
+    tasks.spawn(kube::resource::run(
+        r,
+        who,
+        shared.clone(),
+        renewal,
+        stop.clone(),
+    ));
 }
 
 /// Logs what we run with and publishes our own `startup` event.
@@ -505,58 +511,6 @@ async fn announce(
     }
 }
 
-/// What every node's sequence shares.
-#[allow(clippy::too_many_arguments)]
-fn context(
-    cfg: &Arc<ProvisionerConfig>,
-    client: &ChoriaClient,
-    handle: &Handle,
-    resource: &Option<kube::resource::ResourceRef>,
-    abandon: &CancellationToken,
-    credentials: &Arc<signing::credentials::Credentials>,
-    me: &str,
-    pool: &pipeline::dispatch::Pool,
-) -> Result<Context, RunError> {
-    let argv = cfg.helper_command()?;
-    let helper = (!argv.is_empty())
-        .then(|| signing::helper::Helper::new(argv).with_timeout(cfg.helper_timeout));
-    let template = match &cfg.configuration_template {
-        Some(t) => Some(
-            signing::template::NodeTemplate::new(t, &cfg.site).map_err(|e| {
-                ConfigError::invalid(
-                    &cfg.file,
-                    None,
-                    format!("configuration_template.{}", e.name),
-                    e.reason.to_string(),
-                )
-            })?,
-        ),
-        None => None,
-    };
-    Ok(Context {
-        cfg: cfg.clone(),
-        client: client.clone(),
-        gate: handle.gate.clone(),
-        metrics: handle.metrics.clone(),
-        helper,
-        template,
-        signer: cfg
-            .cert_manager
-            .clone()
-            .map(|c| signing::certmanager::Signer::new(c, resource.clone())),
-        deny_list: cfg.cert_deny_regexes()?,
-        csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
-        reply_window: cfg.reply_window,
-        rpc_timeout: cfg.rpc_timeout,
-        abandon: abandon.clone(),
-        credentials: credentials.clone(),
-        ownership: handle.ownership.clone(),
-        replica: me.to_string(),
-        slots: pool.slots.clone(),
-        logs: Arc::new(suspects::LogLimiter::with_burst(suspects::NODE_LOG_BURST)),
-    })
-}
-
 /// The receivers the intake tasks take over.
 struct Intake {
     broker_events: mpsc::UnboundedReceiver<async_nats::Event>,
@@ -568,31 +522,31 @@ struct Intake {
 #[allow(clippy::too_many_arguments)]
 async fn start_intake(
     nats: &async_nats::Client,
-    cfg: &ProvisionerConfig,
-    handle: &Handle,
+    shared: &Arc<Shared>,
     suspects: &suspects::Suspects,
     intake: Intake,
     stop: &CancellationToken,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), RunError> {
     // Startup events add nodes; shutdown events are hints about waiting ones.
+    let cfg = &shared.cfg;
     let startups =
         client::subscribe_events(nats, EventType::Startup, &cfg.lifecycle_component).await?;
     let shutdowns =
         client::subscribe_events(nats, EventType::Shutdown, &cfg.lifecycle_component).await?;
     tasks.spawn(pipeline::events::listen(
         futures::stream::select(startups, shutdowns),
-        handle.clone(),
+        shared.clone(),
         suspects.clone(),
         stop.clone(),
     ));
     tasks.spawn(pipeline::broker::watch_broker(
         intake.broker_events,
-        handle.clone(),
+        shared.clone(),
         stop.clone(),
     ));
     tasks.spawn(
-        handle
+        shared
             .registry
             .clone()
             .run_finisher(intake.finisher, stop.clone()),
@@ -602,16 +556,16 @@ async fn start_intake(
 
 /// A dispatcher per lane.
 fn start_dispatchers(
-    ctx: &Arc<Context>,
-    handle: &Handle,
+    shared: &Arc<Shared>,
+    client: &Arc<ChoriaClient>,
     pool: &pipeline::dispatch::Pool,
 ) -> JoinSet<()> {
     let mut set = JoinSet::new();
     for lane in pipeline::registry::Lane::ALL {
         set.spawn(pipeline::dispatch::run(
             lane,
-            ctx.clone(),
-            handle.clone(),
+            shared.clone(),
+            client.clone(),
             pool.clone(),
         ));
     }
@@ -620,11 +574,9 @@ fn start_dispatchers(
 
 /// What [`stop`] winds down.
 struct Stopping {
-    handle: Handle,
-    ctx: Arc<Context>,
+    shared: Arc<Shared>,
     pool: pipeline::dispatch::Pool,
     dispatchers: JoinSet<()>,
-    abandon: CancellationToken,
     election: Option<tokio::task::JoinHandle<()>>,
     election_stop: CancellationToken,
     stop_tasks: CancellationToken,
@@ -637,11 +589,9 @@ struct Stopping {
 /// process past [`SHUTDOWN_LIMIT`].
 async fn stop(s: Stopping) {
     let Stopping {
-        handle,
-        ctx,
+        shared,
         pool,
         mut dispatchers,
-        abandon,
         election,
         election_stop,
         stop_tasks,
@@ -649,9 +599,9 @@ async fn stop(s: Stopping) {
         nats,
     } = s;
     let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
-    handle.gate.pause(PauseReason::Shutdown);
-    handle.registry.close_queue();
-    let dropped = handle.registry.clear();
+    shared.gate.pause(PauseReason::Shutdown);
+    shared.registry.close_queue();
+    let dropped = shared.registry.clear();
     debug!(dropped, "dropped queued nodes");
     // A dispatcher may wait for room in its lane's budget: it has nothing
     // to finish.
@@ -665,7 +615,7 @@ async fn stop(s: Stopping) {
     let graceful = tokio::time::timeout(SHUTDOWN_GRACE, pool.tracker.wait()).await;
     if graceful.is_err() {
         warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
-        abandon.cancel();
+        shared.abandon.cancel();
         // Abandoned sequences stop at their next await; a helper still
         // running is killed when its future is dropped (the runtime drops
         // what is left when the process ends).
@@ -687,7 +637,7 @@ async fn stop(s: Stopping) {
     }
     // CertificateRequests still around are deleted (or left to the next
     // start's sweep when the time is up).
-    if let Some(signer) = &ctx.signer {
+    if let Some(signer) = &shared.signing.cert_manager {
         let _ = tokio::time::timeout_at(deadline, signer.shutdown()).await;
     }
     stop_tasks.cancel();

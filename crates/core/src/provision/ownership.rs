@@ -8,11 +8,8 @@
 //! sequence (with the pause gate and the term): a replica that stops owning
 //! a node stops that node's sequence at its next checkpoint.
 
-use super::gate::PauseReason;
-use super::Handle;
-use crate::election::shards::{self, ShardSteer};
+use crate::election::shards;
 use std::sync::{Arc, RwLock};
-use tracing::{info, warn};
 
 /// The replica's share of the fleet.
 #[derive(Clone, Debug)]
@@ -71,7 +68,7 @@ impl Ownership {
 
     /// Sets the live members; true when we now own nodes we did not (a
     /// member left, or we joined).
-    fn set_members(&self, members: &[String]) -> bool {
+    pub(crate) fn set_members(&self, members: &[String]) -> bool {
         let mut slot = self
             .inner
             .members
@@ -80,40 +77,6 @@ impl Ownership {
         let gained = slot.iter().any(|m| !members.contains(m)) || slot.is_empty();
         *slot = Arc::from(members.to_vec());
         gained
-    }
-}
-
-impl ShardSteer for Handle {
-    fn members(&self, members: &[String]) {
-        self.metrics.set_shard_members(members.len());
-        if self.ownership.set_members(members) && !self.gate.is_paused() {
-            // Nodes that were another member's are ours now: find them.
-            info!(members = members.len(), "our share grew; discovering");
-            self.trigger_discovery();
-        }
-    }
-
-    fn working(&self, working: bool) {
-        self.metrics.set_leader(working);
-        self.metrics.leadership_transition();
-        if working {
-            warn!("working our share of the fleet");
-            self.resume(PauseReason::Election);
-        } else {
-            warn!("not working: our membership is not renewed; pausing and dropping queued nodes");
-            self.pause(PauseReason::Election, true);
-        }
-    }
-
-    fn failed(&self, error: &str) {
-        self.election_failed(error);
-    }
-    fn refused(&self, reason: &'static str) {
-        self.metrics.shard_record_refused(reason);
-    }
-
-    fn worked(&self) {
-        self.election_worked();
     }
 }
 

@@ -24,7 +24,7 @@
 use super::{Membership, Sighting, MAX_MEMBERS};
 use crate::election::ElectionError;
 use choria_config::ElectionConfig;
-use choria_k8s::{describe_error, resolve_namespace, POD_NAMESPACE_FILE};
+use choria_k8s::{describe_error, resolve_namespace, Kube, POD_NAMESPACE_FILE};
 use choria_wire::security::seal::{Purpose, Seal, SealKey, SealVerifier};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -114,17 +114,18 @@ impl LeaseMembership {
         }
     }
 
-    /// Builds the client from the service account (or KUBECONFIG), in the
-    /// configured namespace, else the pod's, else the client's default.
-    pub async fn connect(
+    /// With the process's client, in the namespace configured, else the
+    /// pod's, else the client's default.
+    pub fn connect(
+        kube: &Kube,
         cfg: &ElectionConfig,
         me: &str,
         key: SealKey,
         verifier: SealVerifier,
     ) -> Result<Self, ElectionError> {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| ElectionError::Other(format!("cannot build a Kubernetes client: {e}")))?;
+        let client = kube
+            .client()
+            .map_err(|e| ElectionError::Other(format!("no Kubernetes client: {e}")))?;
         let namespace = resolve_namespace(
             cfg.lease_namespace.as_deref(),
             Path::new(POD_NAMESPACE_FILE),

@@ -31,7 +31,7 @@
 //! `choria_provisioner_renewals{outcome}`.
 
 use crate::provision::suspects::{Allow, LogLimiter};
-use crate::provision::Handle;
+use crate::provision::Shared;
 use crate::records::sealed::{Read, Refusal, Sealer};
 use crate::records::store::RecordStore;
 use crate::records::Record;
@@ -402,7 +402,7 @@ async fn connect(r: &Renewal, stop: &CancellationToken) -> Option<ChoriaClient> 
 type Done = (String, RenewalOutcome);
 
 /// Follows the records and renews what is due until `stop`.
-pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
+pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
     let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let mut records = loop {
         let watched = async {
@@ -412,7 +412,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
         match watched.await {
             Ok(w) => break w,
             Err(e) => {
-                handle.metrics.record_error();
+                shared.metrics.record_error();
                 warn!(error = %e, "renewal cannot read the records; retrying");
                 if !backoff.wait(&stop).await {
                     return;
@@ -441,7 +441,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
     loop {
         tokio::select! {
             read = records.next() => match read {
-                Some(read) => state.take(read, &r.cfg, &handle),
+                Some(read) => state.take(read, &r.cfg, &shared),
                 None => {
                     error!("the records watch ended; renewal stops");
                     return;
@@ -449,7 +449,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
             },
             Some((identity, outcome)) = done_rx.recv() => {
                 state.sending.remove(&identity);
-                handle.metrics.renewal(outcome.label());
+                shared.metrics.renewal(outcome.label());
                 if state.superseded.remove(&identity) {
                     continue;
                 }
@@ -459,7 +459,7 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
                         state.schedule.asked(&identity, now, r.cfg.retry);
                         // It comes back through provisioning at once: the
                         // hold after its last success must not stop it.
-                        handle.registry.forget_done(&identity);
+                        shared.registry.forget_done(&identity);
                     }
                     _ => state.schedule.failed(&identity, now, r.cfg.retry),
                 }
@@ -467,13 +467,13 @@ pub async fn run(r: Renewal, handle: Handle, stop: CancellationToken) {
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
                 if ticks.is_multiple_of(GAUGE_EVERY) {
-                    handle.metrics.set_records(state.schedule.len());
-                    handle.metrics.set_renewals_due(state.schedule.due_count(now));
-                    handle.metrics.set_renewals_stranded(state.schedule.stranded());
+                    shared.metrics.set_records(state.schedule.len());
+                    shared.metrics.set_renewals_due(state.schedule.due_count(now));
+                    shared.metrics.set_renewals_stranded(state.schedule.stranded());
                 }
                 ticks += 1;
-                if !handle.gate.is_paused() {
-                    state.send_due(&r, &client, &handle, &done_tx, now);
+                if !shared.gate.is_paused() {
+                    state.send_due(&r, &client, &shared, &done_tx, now);
                 }
             }
             _ = stop.cancelled() => return,
@@ -496,7 +496,7 @@ struct Loop {
 
 impl Loop {
     /// One value from the records watch.
-    fn take(&mut self, read: Read, cfg: &RenewalConfig, handle: &Handle) {
+    fn take(&mut self, read: Read, cfg: &RenewalConfig, shared: &Shared) {
         let (key, why) = match read {
             Read::Verified(record) => match self.schedule.upsert(&record, cfg) {
                 Upserted::Replayed => (record.identity, Refusal::Replayed),
@@ -519,7 +519,7 @@ impl Loop {
             },
             Read::Refused { key, why, .. } => (key, why),
         };
-        handle.metrics.record_refused(why.reason());
+        shared.metrics.record_refused(why.reason());
         self.warn(why.reason(), &key, why.describe());
     }
 
@@ -538,14 +538,14 @@ impl Loop {
         &mut self,
         r: &Renewal,
         client: &ChoriaClient,
-        handle: &Handle,
+        shared: &Shared,
         done: &mpsc::UnboundedSender<Done>,
         now: i64,
     ) {
         let instant = std::time::Instant::now();
-        if handle.ownership.sharded() {
+        if shared.ownership.sharded() {
             // The fleet's rate, shared: each member sends its share.
-            let members = handle.ownership.members().len();
+            let members = shared.ownership.members().len();
             self.limit
                 .set_per_minute(share_of_rate(r.cfg.rate, members), instant);
         }
@@ -559,13 +559,13 @@ impl Loop {
                 continue;
             }
             // Ours to renew only while it is in our share.
-            if !handle.ownership.owns(&node.identity) {
+            if !shared.ownership.owns(&node.identity) {
                 self.schedule.later(&node.identity, now, 30);
                 continue;
             }
             if !can_return(node.returns_until, now, r.cfg.retry) {
                 self.schedule.strand(&node.identity);
-                handle.metrics.renewal(RenewalOutcome::CannotReturn.label());
+                shared.metrics.renewal(RenewalOutcome::CannotReturn.label());
                 // A fleet shares its provisioning JWT: its expiry strands
                 // them all at once.
                 if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {

@@ -15,10 +15,9 @@
 //! Kubernetes trouble is logged, counted nowhere else and retried: it never
 //! stops provisioning.
 
-use crate::backoff::Backoff;
 use crate::monitor::Exposition;
 use crate::provision::gate::PauseReason;
-use crate::provision::Handle;
+use crate::provision::Shared;
 use choria_k8s::crd::{Member, Provisioner, API_VERSION, KIND};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -28,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// The field manager of the pods' status writes.
 pub const FIELD_MANAGER: &str = "choria-provisioner-pod";
@@ -102,7 +101,7 @@ pub fn owner_reference(p: &Provisioner) -> Option<OwnerReference> {
 }
 
 /// Who this replica is: `candidate` is the name it campaigns under (what
-/// `handle.leader` reports when it leads), `shown` the name status.leader
+/// `shared.leader` reports when it leads), `shown` the name status.leader
 /// gives it (the pod's, which `kubectl logs` takes).
 #[derive(Clone, Debug)]
 pub struct Me {
@@ -436,20 +435,17 @@ impl Members {
 pub async fn run(
     resource: ResourceRef,
     me: Me,
-    handle: Handle,
+    shared: Arc<Shared>,
     renewal: bool,
     stop: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-    let client = loop {
-        match choria_k8s::client().await {
-            Ok(c) => break c,
-            Err(e) => {
-                warn!(error = %choria_k8s::describe_error(&e), "cannot reach Kubernetes to follow {resource}; retrying");
-                if !backoff.wait(&stop).await {
-                    return;
-                }
-            }
+    // `run` refuses to start as a resource without a client, so this is
+    // for callers that did not check: the pod stays paused.
+    let client = match shared.kube.client() {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "cannot follow {resource} without a Kubernetes client; staying paused");
+            return;
         }
     };
     let api = resource.api(client);
@@ -458,11 +454,11 @@ pub async fn run(
         follow(
             api.clone(),
             resource.clone(),
-            handle.clone(),
+            shared.clone(),
             seen_tx,
             stop.clone()
         ),
-        report(api, resource, me, handle, renewal, seen, stop),
+        report(api, resource, me, shared, renewal, seen, stop),
     );
 }
 
@@ -471,7 +467,7 @@ pub async fn run(
 async fn follow(
     api: Api<Provisioner>,
     resource: ResourceRef,
-    handle: Handle,
+    shared: Arc<Shared>,
     seen: watch::Sender<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
@@ -506,10 +502,10 @@ async fn follow(
         paused = Some(want);
         if want {
             info!(%resource, "paused by spec.paused");
-            handle.pause(PauseReason::Requested, false);
+            shared.pause(PauseReason::Requested, false);
         } else {
             info!(%resource, "resumed by spec.paused");
-            handle.resume(PauseReason::Requested);
+            shared.resume(PauseReason::Requested);
         }
     }
 }
@@ -521,14 +517,14 @@ async fn report(
     api: Api<Provisioner>,
     resource: ResourceRef,
     me: Me,
-    handle: Handle,
+    shared: Arc<Shared>,
     renewal: bool,
     mut seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let member_params = PatchParams::apply(&member_manager(&me.candidate)).force();
-    let mut holder = handle.leader.clone();
+    let mut holder = shared.leader.clone();
     let mut holder_open = true;
     let mut members = Members::default();
     let mut reporter = Reporter::new(me.clone());
@@ -545,11 +541,11 @@ async fn report(
             // Before the watch: the watch ends with the same stop, and its
             // end must not skip our leaving.
             _ = stop.cancelled() => {
-                leave(&api, &resource, &me, &member_params, &handle).await;
+                leave(&api, &resource, &me, &member_params, &shared).await;
                 return;
             }
             r = seen.changed() => if r.is_err() {
-                leave(&api, &resource, &me, &member_params, &handle).await;
+                leave(&api, &resource, &me, &member_params, &shared).await;
                 return;
             },
             _ = tick.tick() => {}
@@ -557,11 +553,11 @@ async fn report(
         let Some(p) = seen.borrow().clone() else {
             continue;
         };
-        let value = |name: &str| handle.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
+        let value = |name: &str| shared.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
         let counted = value("choria_provisioner_provisioned");
         let working = value("choria_provisioner_leader") == 1;
-        let sharded = handle.ownership.sharded();
-        let roster = handle.ownership.members();
+        let sharded = shared.ownership.sharded();
+        let roster = shared.ownership.members();
         let standing = Standing {
             members: &roster,
             sharded,
@@ -647,9 +643,9 @@ async fn leave(
     resource: &ResourceRef,
     me: &Me,
     apply: &PatchParams,
-    handle: &Handle,
+    shared: &Shared,
 ) {
-    if !handle.ownership.sharded() {
+    if !shared.ownership.sharded() {
         return;
     }
     let body = serde_json::json!({

@@ -3,9 +3,10 @@
 
 use crate::backoff::Backoff;
 use crate::monitor::Health;
-use crate::provision::{Handle, RunError};
+use crate::provision::{RunError, Shared};
 use choria_config::ClientSetup;
 use choria_wire::client::{self, ClientError};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -45,7 +46,7 @@ pub(crate) async fn connect_until_up(
 /// triggers a discovery so nodes whose work failed meanwhile are found again.
 pub(crate) async fn watch_broker(
     mut events: mpsc::UnboundedReceiver<async_nats::Event>,
-    handle: Handle,
+    shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
     // async-nats also reports the first connection; only a reconnect after a
@@ -60,14 +61,14 @@ pub(crate) async fn watch_broker(
             async_nats::Event::Connected if disconnected => {
                 disconnected = false;
                 info!("connected to the broker again; rediscovering");
-                handle.health.set("broker", Ok(()));
-                handle.trigger_discovery();
+                shared.health.set("broker", Ok(()));
+                shared.trigger_discovery();
             }
-            async_nats::Event::Connected => handle.health.set("broker", Ok(())),
+            async_nats::Event::Connected => shared.health.set("broker", Ok(())),
             async_nats::Event::Disconnected => {
                 disconnected = true;
                 warn!("disconnected from the broker; reconnecting");
-                handle
+                shared
                     .health
                     .set("broker", Err("disconnected from the broker".into()));
             }

@@ -10,7 +10,7 @@
 //! [`MAX_FOLLOW_UPS`] times.
 
 use crate::provision::pipeline::registry::{Offered, PENDING_CAPACITY};
-use crate::provision::Handle;
+use crate::provision::Shared;
 use choria_wire::client::{ChoriaClient, Discovered, DiscoveryOptions};
 use choria_wire::filter::Filter;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ const DRAINED: usize = 2_000;
 /// running discovery short.
 pub async fn run(
     client: &ChoriaClient,
-    handle: &Handle,
+    shared: &Shared,
     opts: DiscoveryOptions,
     interval: Duration,
     trigger: &mut mpsc::Receiver<()>,
@@ -52,13 +52,13 @@ pub async fn run(
             let round = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                r = discover(client, handle, opts) => r,
+                r = discover(client, shared, opts) => r,
             };
             let more = round.is_some_and(|(d, offered)| d.cut_short && offered > 0);
             if !more || follow_up == MAX_FOLLOW_UPS {
                 break;
             }
-            if !drained(handle, interval, shutdown).await {
+            if !drained(shared, interval, shutdown).await {
                 return;
             }
             info!(follow_up = follow_up + 1, "the last discovery was cut short by discovery_timeout while replies still arrived; discovering again");
@@ -67,9 +67,9 @@ pub async fn run(
 }
 
 /// Waits until the nodes found are mostly worked; false on shutdown.
-async fn drained(handle: &Handle, within: Duration, shutdown: &CancellationToken) -> bool {
+async fn drained(shared: &Shared, within: Duration, shutdown: &CancellationToken) -> bool {
     let until = tokio::time::Instant::now() + within;
-    while handle.registry.pending() > DRAINED && tokio::time::Instant::now() < until {
+    while shared.registry.pending() > DRAINED && tokio::time::Instant::now() < until {
         tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -88,14 +88,14 @@ pub fn options(timeout: Duration, window: Duration) -> DiscoveryOptions {
 }
 
 /// Offers one discovered name to the registry; true when it was new.
-fn offer(handle: &Handle, node: &str) -> bool {
-    match handle.registry.offer(
+fn offer(shared: &Shared, node: &str) -> bool {
+    match shared.registry.offer(
         node,
         crate::provision::pipeline::registry::Source::Discovery,
     ) {
         Offered::Queued(_) => true,
         Offered::Full => {
-            handle.metrics.dropped_discovery();
+            shared.metrics.dropped_discovery();
             false
         }
         Offered::Recent | Offered::Busy => false,
@@ -107,21 +107,21 @@ fn offer(handle: &Handle, node: &str) -> bool {
 /// window is still open. What it found and how many it offered.
 async fn discover(
     client: &ChoriaClient,
-    handle: &Handle,
+    shared: &Shared,
     opts: DiscoveryOptions,
 ) -> Option<(Discovered, usize)> {
-    if let Err(e) = handle.gate.check() {
+    if let Err(e) = shared.gate.check() {
         warn!(reason = %e, "skipping discovery");
         return None;
     }
-    handle.metrics.discover_cycle();
+    shared.metrics.discover_cycle();
     info!("looking for provisionable hosts");
     let started = Instant::now();
     let mut offered = 0;
     let found = client
         .discover_each(&Filter::with_agent("choria_provision"), opts, |node| {
-            if handle.ownership.owns(node) {
-                offered += usize::from(offer(handle, node));
+            if shared.ownership.owns(node) {
+                offered += usize::from(offer(shared, node));
             }
         })
         .await;
@@ -131,7 +131,7 @@ async fn discover(
             Some((d, offered))
         }
         Err(e) => {
-            handle.metrics.discovery_error();
+            shared.metrics.discovery_error();
             error!(error = %e, "could not discover nodes");
             None
         }

@@ -27,8 +27,9 @@
 
 use crate::provision::pipeline::registry;
 use crate::provision::pipeline::registry::{Lane, Ticket};
-use crate::provision::sequence::host::{Context, HostSequence, Outcome, ProvisionError};
-use crate::provision::Handle;
+use crate::provision::sequence::{HostSequence, Outcome, ProvisionError};
+use crate::provision::Shared;
+use choria_wire::client::ChoriaClient;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
@@ -54,15 +55,14 @@ pub const IN_FLIGHT: [(Lane, usize); 3] = [
 /// The budgets sequences run under.
 #[derive(Clone)]
 pub(crate) struct Pool {
-    /// The `workers` setting: sequences working (not waiting) at once.
-    pub(crate) slots: Arc<Semaphore>,
     /// Each lane's in-flight budget, by [`Lane::ALL`] order.
     pub(crate) lanes: Arc<[Arc<Semaphore>; 3]>,
     pub(crate) tracker: TaskTracker,
 }
 
 impl Pool {
-    pub(crate) fn new(workers: usize) -> Self {
+    /// Each lane with its budget ([`IN_FLIGHT`]).
+    pub(crate) fn new() -> Self {
         let budget = |lane: Lane| {
             let n = IN_FLIGHT
                 .iter()
@@ -71,7 +71,6 @@ impl Pool {
             Arc::new(Semaphore::new(n))
         };
         Pool {
-            slots: Arc::new(Semaphore::new(workers.max(1))),
             lanes: Arc::new(Lane::ALL.map(budget)),
             tracker: TaskTracker::new(),
         }
@@ -155,22 +154,22 @@ impl LanePlace {
 
 /// Takes `lane`'s tickets until the lanes close, and starts each one's
 /// sequence once the lane has room for it.
-pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Pool) {
+pub(crate) async fn run(lane: Lane, shared: Arc<Shared>, client: Arc<ChoriaClient>, pool: Pool) {
     debug!(?lane, "dispatcher starting");
-    while let Some(ticket) = handle.registry.next(lane).await {
+    while let Some(ticket) = shared.registry.next(lane).await {
         let Ok(permit) = pool.lane(lane).clone().acquire_owned().await else {
             break;
         };
         // The term first, then whether the ticket is current: a loss
         // between the two leaves the sequence in a term that is over.
-        let term = handle.gate.term();
+        let term = shared.gate.term();
         // A lane can hold registrations since replaced or dropped (lost
         // leadership, a shutdown), or nodes no longer ours: skip those.
-        if !handle.ownership.owns(&ticket.identity) {
-            handle.registry.remove(&ticket);
+        if !shared.ownership.owns(&ticket.identity) {
+            shared.registry.remove(&ticket);
             continue;
         }
-        if !handle.registry.start(&ticket) {
+        if !shared.registry.start(&ticket) {
             debug!(node = %ticket.identity, "skipping a stale entry");
             continue;
         }
@@ -180,20 +179,21 @@ pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Poo
             pool.lane(lane).clone(),
             pool.lane(Lane::Suspect).clone(),
         );
-        let (ctx, handle) = (ctx.clone(), handle.clone());
+        let (shared, client) = (shared.clone(), client.clone());
         pool.tracker.spawn(async move {
-            let _in_flight = ctx.metrics.sequence();
+            let _in_flight = shared.metrics.sequence();
             // A sequence that never ends (a panic, an abort at shutdown)
             // must not leave its node registered as worked for ever.
             let lost = Lost {
-                handle: handle.clone(),
+                shared: shared.clone(),
                 ticket: Some(ticket.clone()),
             };
-            let seq = HostSequence::new(ctx.clone(), Arc::from(ticket.identity.as_str()), term)
+            let identity = Arc::from(ticket.identity.as_str());
+            let seq = HostSequence::new(shared.clone(), client, identity, term)
                 .in_lane(place, ticket.source);
             let result = seq.run(ticket.added.elapsed()).await;
             lost.defuse();
-            record(&ctx, &handle, ticket, result);
+            record(&shared, ticket, result);
         });
     }
     debug!(?lane, "dispatcher stopped");
@@ -201,7 +201,7 @@ pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, handle: Handle, pool: Poo
 
 /// Forgets its node when dropped before [`Lost::defuse`].
 struct Lost {
-    handle: Handle,
+    shared: Arc<Shared>,
     ticket: Option<Arc<Ticket>>,
 }
 
@@ -215,92 +215,89 @@ impl Drop for Lost {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             error!(node = %ticket.identity, "a node's sequence ended without an outcome; forgetting the node so a later discovery retries it");
-            self.handle.registry.remove(&ticket);
+            self.shared.registry.remove(&ticket);
         }
     }
 }
 
 /// What a node's sequence ended with: metrics, the log line, and what the
 /// registry does with the node.
-fn record(
-    ctx: &Context,
-    handle: &Handle,
-    ticket: Arc<Ticket>,
-    result: Result<Outcome, ProvisionError>,
-) {
+fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionError>) {
     match result {
         Ok(Outcome::Provisioned(record)) => {
-            ctx.metrics.provisioned();
+            shared.metrics.provisioned();
             info!(node = %ticket.identity, "provisioned");
             if let Some(record) = record {
-                handle.recorder.record(*record);
+                shared.recorder.record(*record);
             }
-            handle
+            shared
                 .registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
         }
         Ok(Outcome::Shutdown) => {
-            handle
+            shared
                 .registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
         }
         Ok(Outcome::Upgrading { to }) => {
             info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
-            handle.registry.remove(&ticket);
+            shared.registry.remove(&ticket);
         }
         Err(e) if e.is_pause() => {
             // Thousands may be in flight (waiting): one line each would
             // bury the pause's own.
             debug!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
-            handle.registry.remove(&ticket);
+            shared.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::Locked { .. }) => {
             // Not ours to work now; a later discovery finds it again if
             // its holder does not finish it (the lock lasts two minutes).
             info!(node = %ticket.identity, reason = %e, "left the node to the provisioner holding it");
-            handle.registry.remove(&ticket);
+            shared.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::Stale(_)) => {
             // It waited too long before its sequence started: nothing is
             // known of it, not even that it exists.
             debug!(node = %ticket.identity, reason = %e, "not provisioning the node");
-            handle.registry.remove(&ticket);
+            shared.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::DeniedIdentity(_)) => {
             // Anyone can offer names that match the deny list.
-            ctx.metrics.provision_error();
-            if let crate::provision::suspects::Allow::Yes { suppressed } =
-                ctx.logs.check("denied identity", std::time::Instant::now())
+            shared.metrics.provision_error();
+            if let crate::provision::suspects::Allow::Yes { suppressed } = shared
+                .logs
+                .check("denied identity", std::time::Instant::now())
             {
                 warn!(node = %ticket.identity, error = %e, suppressed_before = suppressed, "not provisioning the node");
             }
-            handle.registry.failed(&ticket);
+            shared.registry.failed(&ticket);
         }
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.
             match ticket.source {
-                registry::Source::Discovery => ctx.metrics.unconfirmed_discovery(),
-                registry::Source::Event => ctx.metrics.unconfirmed_event(),
+                registry::Source::Discovery => shared.metrics.unconfirmed_discovery(),
+                registry::Source::Event => shared.metrics.unconfirmed_event(),
             }
             debug!(node = %ticket.identity, rpc, tries, last = %last, "the node never answered; not provisioned");
-            handle.registry.failed(&ticket);
+            shared.registry.failed(&ticket);
         }
         Err(e @ ProvisionError::Rpc { .. }) => {
             // A node that answered and then stopped answering: whoever has
             // the fleet's provisioning JWT can make up any number of those,
             // so these lines come at a bounded rate (the metric counts all).
-            ctx.metrics.provision_error();
-            if let crate::provision::suspects::Allow::Yes { suppressed } =
-                ctx.logs.check("provision error", std::time::Instant::now())
+            shared.metrics.provision_error();
+            if let crate::provision::suspects::Allow::Yes { suppressed } = shared
+                .logs
+                .check("provision error", std::time::Instant::now())
             {
                 error!(node = %ticket.identity, step = %e.step(), error = %e, suppressed_before = suppressed, "could not provision the node");
             }
-            handle.registry.failed(&ticket);
+            shared.registry.failed(&ticket);
         }
         Err(e) => {
-            ctx.metrics.provision_error();
+            shared.metrics.provision_error();
             error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
-            handle.registry.failed(&ticket);
+            shared.registry.failed(&ticket);
         }
     }
 }

@@ -4,10 +4,11 @@
 //! [`crate::provision::pipeline::registry::Registry::shut_down`]).
 
 use crate::provision::pipeline::registry::{Offered, Source};
-use crate::provision::{suspects, Handle};
+use crate::provision::{suspects, Shared};
 use choria_wire::identity;
 use choria_wire::lifecycle::{self, EventType};
 use futures::StreamExt;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
@@ -17,7 +18,7 @@ use tracing::{debug, error, warn};
 /// counter, not memory.
 pub async fn listen(
     mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
-    handle: Handle,
+    shared: Arc<Shared>,
     suspects: suspects::Suspects,
     stop: CancellationToken,
 ) {
@@ -41,11 +42,11 @@ pub async fn listen(
                 if kind == EventType::Shutdown {
                     // Even while paused: a replica about to work must know
                     // which nodes are restarting (provisioned by another).
-                    handle.registry.shut_down(&event.identity);
-                } else if handle.gate.is_paused() {
+                    shared.registry.shut_down(&event.identity);
+                } else if shared.gate.is_paused() {
                     debug!("skipping a startup event while paused");
                 } else {
-                    offer(&handle, &suspects, &event.identity);
+                    offer(&shared, &suspects, &event.identity);
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
@@ -54,7 +55,7 @@ pub async fn listen(
             }
             Err(e) => {
                 if let Some(n) = suspects.should_log("undecodable lifecycle event") {
-                    warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not handle a lifecycle event");
+                    warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not shared a lifecycle event");
                 }
             }
         }
@@ -63,14 +64,14 @@ pub async fn listen(
 
 /// Offers an event-announced node; a full lane drops it (counted, logged
 /// at a bounded rate).
-fn offer(handle: &Handle, suspects: &suspects::Suspects, identity: &str) {
-    if !handle.ownership.owns(identity) {
+fn offer(shared: &Shared, suspects: &suspects::Suspects, identity: &str) {
+    if !shared.ownership.owns(identity) {
         return;
     }
-    match handle.registry.offer(identity, Source::Event) {
+    match shared.registry.offer(identity, Source::Event) {
         Offered::Queued(_) | Offered::Recent | Offered::Busy => {}
         Offered::Full => {
-            handle.metrics.dropped_event();
+            shared.metrics.dropped_event();
             if let Some(n) = suspects.should_log("events lane full") {
                 warn!(
                     capacity = crate::provision::pipeline::registry::EVENT_QUEUE,

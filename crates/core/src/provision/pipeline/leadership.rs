@@ -10,18 +10,19 @@
 
 use crate::election::lease::LeaseBackend;
 use crate::election::machine::LossReason;
+use crate::election::shards::ShardSteer;
 use crate::election::streams::StreamsBackend;
 use crate::election::{self, ElectionError, Steer, HEALTH_CHECK};
 use crate::provision::gate::PauseReason;
-use crate::provision::kube::resource::ResourceRef;
-use crate::provision::Handle;
+use crate::provision::Shared;
 use choria_config::{ElectionBackend, ElectionConfig};
+use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-impl Steer for Handle {
+impl Steer for Arc<Shared> {
     fn won(&self, me: &str) {
         self.metrics.leadership_transition();
         self.metrics.set_leader(true);
@@ -52,42 +53,69 @@ impl Steer for Handle {
     }
 }
 
-impl Handle {
+impl Shared {
     /// The election (or the shards' membership) failed: counted, and
     /// `/readyz` says why. Both election modes report through here.
-    pub(crate) fn election_failed(&self, error: &str) {
+    fn election_failed(&self, error: &str) {
         self.metrics.election_error();
         self.health.set(HEALTH_CHECK, Err(error.to_string()));
     }
 
     /// It works again: `/readyz` clears.
-    pub(crate) fn election_worked(&self) {
+    fn election_worked(&self) {
         self.health.set(HEALTH_CHECK, Ok(()));
     }
 }
 
-/// Starts the configured election (none: `None`) steering `handle`. The
+/// In shards mode the membership steers: our share, and whether we work.
+impl ShardSteer for Arc<Shared> {
+    fn members(&self, members: &[String]) {
+        self.metrics.set_shard_members(members.len());
+        if self.ownership.set_members(members) && !self.gate.is_paused() {
+            // Nodes that were another member's are ours now: find them.
+            info!(members = members.len(), "our share grew; discovering");
+            self.trigger_discovery();
+        }
+    }
+
+    fn working(&self, working: bool) {
+        self.metrics.set_leader(working);
+        self.metrics.leadership_transition();
+        if working {
+            warn!("working our share of the fleet");
+            self.resume(PauseReason::Election);
+        } else {
+            warn!("not working: our membership is not renewed; pausing and dropping queued nodes");
+            self.pause(PauseReason::Election, true);
+        }
+    }
+
+    fn failed(&self, error: &str) {
+        self.election_failed(error);
+    }
+    fn refused(&self, reason: &'static str) {
+        self.metrics.shard_record_refused(reason);
+    }
+
+    fn worked(&self) {
+        self.election_worked();
+    }
+}
+
+/// Starts the configured election (none: `None`) steering `shared`. The
 /// provisioner paused itself for [`PauseReason::Election`] when it was made.
 /// A pod's Lease is owned by its Provisioner (`resource`), so deleting the
 /// Provisioner collects it.
 pub(crate) fn spawn(
-    cfg: &ElectionConfig,
     nats: &async_nats::Client,
-    identity: String,
-    handle: Handle,
+    shared: Arc<Shared>,
     stop: CancellationToken,
     leader_tx: watch::Sender<Option<String>>,
-    resource: Option<ResourceRef>,
 ) -> Option<JoinHandle<()>> {
-    let cfg = cfg.clone();
+    let cfg = shared.cfg.election.clone();
+    let identity = shared.me.clone();
     if cfg.sharded() {
-        return Some(tokio::spawn(shards(
-            cfg,
-            nats.clone(),
-            identity,
-            handle,
-            stop,
-        )));
+        return Some(tokio::spawn(shards(cfg, nats.clone(), shared, stop)));
     }
     match cfg.backend {
         ElectionBackend::None => None,
@@ -102,17 +130,17 @@ pub(crate) fn spawn(
                     Ok::<_, ElectionError>(b)
                 }
             };
-            Some(tokio::spawn(election::run(setup, handle, stop, leader_tx)))
+            Some(tokio::spawn(election::run(setup, shared, stop, leader_tx)))
         }
         ElectionBackend::Lease => {
+            let steer = shared.clone();
             let setup = move || {
-                let (cfg, identity, resource) = (cfg.clone(), identity.clone(), resource.clone());
+                let (cfg, identity, shared) = (cfg.clone(), identity.clone(), shared.clone());
                 async move {
-                    let mut b = LeaseBackend::connect(&cfg, &identity).await?;
+                    let mut b = LeaseBackend::connect(&shared.kube, &cfg, &identity)?;
+                    let resource = shared.resource.as_ref();
                     if let Some(r) = resource.filter(|r| r.namespace == b.namespace()) {
-                        let client = choria_k8s::client()
-                            .await
-                            .map_err(|e| ElectionError::Other(choria_k8s::describe_error(&e)))?;
+                        let client = shared.kube.client().map_err(ElectionError::Other)?;
                         let owner = r.owner(client).await.map_err(ElectionError::Other)?;
                         b = b.with_owner(owner);
                     }
@@ -120,7 +148,7 @@ pub(crate) fn spawn(
                     Ok::<_, ElectionError>(b)
                 }
             };
-            Some(tokio::spawn(election::run(setup, handle, stop, leader_tx)))
+            Some(tokio::spawn(election::run(setup, steer, stop, leader_tx)))
         }
     }
 }
@@ -130,10 +158,10 @@ pub(crate) fn spawn(
 async fn shards(
     cfg: ElectionConfig,
     nats: async_nats::Client,
-    me: String,
-    handle: Handle,
+    shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
+    let me = &shared.me;
     use crate::election::shards::{self, heartbeats::Heartbeats, lease::LeaseMembership};
     let timings = shards::ShardTimings {
         ttl: cfg.lease_duration,
@@ -154,13 +182,14 @@ async fn shards(
                     .map_err(|e| ElectionError::Other(format!("election.verify_keys: {e}")))?;
             }
             match cfg.backend {
-                ElectionBackend::Lease => LeaseMembership::connect(&cfg, &me, key, verifier)
-                    .await
-                    .map(ShardBackend::Lease),
+                ElectionBackend::Lease => {
+                    LeaseMembership::connect(&shared.kube, &cfg, me, key, verifier)
+                        .map(ShardBackend::Lease)
+                }
                 _ => Heartbeats::connect(
                     nats.clone(),
                     &cfg.name,
-                    &me,
+                    me,
                     key,
                     verifier,
                     timings.ttl,
@@ -172,12 +201,12 @@ async fn shards(
         }
         .await;
         match set_up {
-            Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, handle, stop).await,
+            Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, shared, stop).await,
             Ok(ShardBackend::Heartbeats(b)) => {
-                return shards::drive(b, timings, handle, stop).await
+                return shards::drive(b, timings, shared, stop).await
             }
             Err(e) => {
-                crate::election::shards::ShardSteer::failed(&handle, &e.to_string());
+                crate::election::shards::ShardSteer::failed(&shared, &e.to_string());
                 tracing::error!(error = %e, "cannot join the shards; staying paused and retrying");
                 if !backoff.wait(&stop).await {
                     return;
@@ -208,7 +237,7 @@ enum ShardBackend {
 mod tests {
     use super::*;
     use crate::monitor::Exposition;
-    use crate::provision::Provisioner;
+    use crate::provision::{Options, Provisioner};
     use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
     use std::time::Duration;
 
@@ -238,14 +267,14 @@ mod tests {
             "choria_insecure: true\nsite: lead\nhelper: /bin/true\nleader_election: true\n",
             "identity = provisioner.lead\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
         );
-        Provisioner::new(cfg, setup, "test")
+        Provisioner::new(cfg, setup, Options::new("test")).unwrap()
     }
 
     #[test]
     fn winning_resumes_and_losing_pauses_and_empties_the_queue() {
         let dir = tempfile::tempdir().unwrap();
         let p = provisioner(dir.path());
-        let h = p.handle();
+        let h = p.shared();
         let m = |name: &str| h.metrics.value(name).unwrap();
         assert!(h.gate.is_paused(), "an elected provisioner starts paused");
 
@@ -275,14 +304,18 @@ mod tests {
             "choria_insecure: true\nhelper: /bin/true\n",
             "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
         );
-        let plain = Provisioner::new(cfg.clone(), setup.clone(), "test");
+        let plain = Provisioner::new(cfg.clone(), setup.clone(), Options::new("test")).unwrap();
         assert!(
-            !plain.handle().gate.is_paused(),
+            !plain.shared().gate.is_paused(),
             "no election, no resource: works at once"
         );
-        let pod = Provisioner::new(cfg, setup, "test").with_resource("ns/prov".parse().unwrap());
+        let as_resource = Options {
+            resource: Some("ns/prov".parse().unwrap()),
+            ..Options::new("test")
+        };
+        let pod = Provisioner::new(cfg, setup, as_resource).unwrap();
         assert!(
-            pod.handle().gate.is_paused(),
+            pod.shared().gate.is_paused(),
             "paused until the watch reports spec.paused"
         );
     }
@@ -308,9 +341,9 @@ mod tests {
     fn failures_are_counted_and_fail_readiness_until_an_attempt_works() {
         let dir = tempfile::tempdir().unwrap();
         let p = provisioner(dir.path());
-        let h = p.handle();
-        h.failed("bucket unreachable");
-        h.failed("bucket unreachable");
+        let h = p.shared();
+        Steer::failed(&h, "bucket unreachable");
+        Steer::failed(&h, "bucket unreachable");
         assert_eq!(
             h.metrics.value("choria_provisioner_election_errors"),
             Some(2.0)
@@ -318,7 +351,7 @@ mod tests {
         let failing = h.health.ready().unwrap_err();
         assert_eq!(failing[0].0, HEALTH_CHECK);
         assert!(failing[0].1.contains("bucket unreachable"));
-        h.worked();
+        Steer::worked(&h);
         assert!(h.health.ready().is_ok());
     }
 }

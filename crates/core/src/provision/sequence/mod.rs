@@ -1,2 +1,425 @@
-pub mod host;
+//! The per-node sequence, step for step as the Go provisioner's `host`
+//! package runs it:
+//!
+//! jwt → gen25519 → rpcutil#inventory → gencsr → helper → (defer | shutdown)
+//! → server JWT → private key encryption → release_update → configure → restart
+//!
+//! Each RPC is a directed request that must get one reply with status OK; it
+//! is retried with Go's backoff up to the per-action tries, and the pause gate
+//! is read before the call and before every attempt, so pausing stops a node
+//! at its next attempt boundary. Errors name the node and the step.
+//!
+//! A sequence waits without a worker: it takes one of the `workers` slots
+//! only for its work (the template and helper, cert-manager's signing, the
+//! server JWT and key encryption). Its first request confirms the name; a name that never
+//! answers ends in [`ProvisionError::Unconfirmed`], logged at debug only,
+//! and a failed attempt moves the sequence to the suspect lane (see
+//! `dispatch`).
+
+mod apply;
+mod ask;
+mod call;
+mod decide;
+mod error;
 pub mod version;
+
+pub use call::LOCK_REFUSED;
+pub use error::ProvisionError;
+
+use crate::provision::gate::Paused;
+use crate::provision::pipeline::dispatch::LanePlace;
+use crate::provision::pipeline::registry::Source;
+use crate::provision::signing::helper::{CsrReply, Ed25519Reply, HelperResponse};
+use crate::provision::Shared;
+use choria_config::Secret;
+use choria_wire::client::ChoriaClient;
+use choria_wire::identity;
+use choria_wire::replies::Confirmation;
+use choria_wire::security::tokens::ProvisioningClaims;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, error, info, warn};
+
+/// How a node's sequence ended without error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Configured and restarted; what was issued, for the records (`None`
+    /// when it could not be read, which is logged).
+    Provisioned(Option<Box<crate::records::Record>>),
+    /// The helper asked for a shutdown and the node was told to shut down.
+    Shutdown,
+    /// `release_update` succeeded; the node restarts on the new version and
+    /// is provisioned when its next startup event arrives.
+    Upgrading { to: String },
+}
+
+/// What a node told us along the way.
+#[derive(Default)]
+struct Gathered {
+    raw_jwt: String,
+    jwt: Option<ProvisioningClaims>,
+    /// The node's X25519 public key from the `jwt` reply.
+    ecdh_public: String,
+    ed25519: Option<Ed25519Reply>,
+    inventory: String,
+    version: String,
+    upgradable: bool,
+    csr: Option<CsrReply>,
+}
+
+/// One run of the sequence for one node. It owns what it needs, so the part
+/// after the reply windows can finish in a task of its own.
+pub struct HostSequence {
+    shared: Arc<Shared>,
+    /// Who asks the node: the provisioner's connection to the broker.
+    client: Arc<ChoriaClient>,
+    identity: Arc<str>,
+    /// The token sent in requests: `token` from the config, or the JWT's `cht`
+    /// when the config has none.
+    token: Secret,
+    got: Gathered,
+    /// Set once `configure` succeeded: a shutdown then still lets `restart`
+    /// go out, so the node is not left configured but holding our
+    /// provisioning lock (two minutes for any other provisioner).
+    finishing: bool,
+    /// The reply subjects of trusted answers still watched.
+    pending: Vec<Confirmation>,
+    /// The leadership term this sequence belongs to: once it is over, the
+    /// sequence stops at its next checkpoint (see [`PauseGate`]).
+    term: u64,
+    /// Its place in its lane's in-flight budget.
+    place: std::sync::Mutex<LanePlace>,
+    /// Where its name came from, once dispatched (metrics).
+    source: Option<Source>,
+    /// Set once any request got the node's own answer: the name is real.
+    answered: std::sync::atomic::AtomicBool,
+}
+
+/// A `workers` slot held while a sequence works.
+struct Working<'a> {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _busy: crate::provision::metrics::BusyWorker<'a>,
+}
+
+impl HostSequence {
+    /// A sequence of the leadership term `term` (the gate's term when the
+    /// worker took the node, read before it checked the node was current).
+    pub fn new(
+        shared: Arc<Shared>,
+        client: Arc<ChoriaClient>,
+        identity: Arc<str>,
+        term: u64,
+    ) -> Self {
+        HostSequence {
+            term,
+            token: shared.cfg.token.clone(),
+            shared,
+            client,
+            identity,
+            got: Gathered::default(),
+            finishing: false,
+            pending: Vec::new(),
+            place: std::sync::Mutex::new(LanePlace::unbounded()),
+            source: None,
+            answered: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Runs in a lane's budget, for a name that came from `source`.
+    pub fn in_lane(mut self, place: LanePlace, source: Source) -> Self {
+        self.place = std::sync::Mutex::new(place);
+        self.source = Some(source);
+        self
+    }
+
+    fn is_answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes a `workers` slot for the work that follows (released when the
+    /// guard goes). Waits for one, but never past shutdown's abandon.
+    async fn working(&self) -> Result<Working<'_>, ProvisionError> {
+        let slot = tokio::select! {
+            s = self.shared.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned)?,
+            _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        };
+        Ok(Working {
+            _slot: slot,
+            _busy: self.shared.metrics.busy_worker(),
+        })
+    }
+
+    /// The first answer in the node's own name: counted where it came
+    /// from, and from now on the sequence logs at info.
+    fn confirmed(&self) {
+        if self
+            .answered
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        match self.source {
+            Some(Source::Discovery) => self.shared.metrics.discovered(),
+            Some(Source::Event) => {
+                self.shared.metrics.event_discovered();
+                info!(
+                    node = &*self.identity,
+                    "adding node after its startup event"
+                );
+            }
+            None => {}
+        }
+        info!(node = &*self.identity, "provisioning");
+    }
+
+    /// Runs the whole sequence inline. `waiting` is how long the node sat
+    /// in the queue.
+    pub async fn run(mut self, waiting: Duration) -> Result<Outcome, ProvisionError> {
+        // The two parts on the heap, each only while it runs: many
+        // sequences wait out their reply windows at once (in `settle`), and
+        // then cost little more than the sequence itself.
+        Box::pin(self.gather(waiting)).await?;
+        if self.is_settled() {
+            // Every window closed already: their outcomes are read, nothing
+            // is waited for.
+            self.settle().await?;
+        } else {
+            // Waiting out the reply windows is pure waiting: the lane's
+            // place goes to another sequence meanwhile.
+            let budget = {
+                let mut place = self
+                    .place
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                place.release();
+                place.budget()
+            };
+            self.settle().await?;
+            let permit = tokio::select! {
+                p = budget.acquire_owned() => p.map_err(|_| ProvisionError::Abandoned)?,
+                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            self.place
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .hold(permit);
+        }
+        Box::pin(self.finish()).await
+    }
+
+    /// The first part: what the node tells about itself (JWT, ed25519 key,
+    /// inventory, CSR), checked. Nothing is acted on yet.
+    pub async fn gather(&mut self, waiting: Duration) -> Result<(), ProvisionError> {
+        let cfg = self.shared.cfg.clone();
+        if waiting > 2 * cfg.interval {
+            return Err(ProvisionError::Stale(waiting));
+        }
+        // The deny list applies to the identity in every mode (Go applies
+        // it to CSR names only, so ed25519 and plain networks had none).
+        if let Some(re) = self
+            .shared
+            .signing
+            .deny_list
+            .iter()
+            .find(|re| re.is_match(&self.identity))
+        {
+            return Err(ProvisionError::DeniedIdentity(re.as_str().to_string()));
+        }
+        if cfg.features.jwt {
+            self.fetch_jwt().await?;
+            self.validate_jwt()?;
+        }
+        if cfg.features.ed25519 {
+            self.fetch_ed25519().await?;
+        }
+        self.fetch_inventory().await?;
+        if cfg.features.pki {
+            self.fetch_csr().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether every trusted answer's reply window is over already, so
+    /// [`HostSequence::settle`] would not wait.
+    pub fn is_settled(&self) -> bool {
+        self.pending.iter().all(Confirmation::is_finished)
+    }
+
+    /// Waits out the reply windows of the trusted answers: a second,
+    /// different answer to any of them means someone else answers in the
+    /// node's name, and the node is not provisioned this cycle (no helper
+    /// run, no key material sent).
+    pub async fn settle(&mut self) -> Result<(), ProvisionError> {
+        let _confirming = self.shared.metrics.confirming_node();
+        for c in std::mem::take(&mut self.pending) {
+            let result = tokio::select! {
+                r = c.wait() => r,
+                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            if let Err(conflict) = result {
+                self.shared.metrics.conflicting_reply();
+                error!(
+                    node = &*self.identity,
+                    rpc = %conflict.rpc,
+                    first_sender = %identity::shown(&conflict.first_sender),
+                    second_sender = %identity::shown(&conflict.second_sender),
+                    after = ?conflict.after,
+                    "SECURITY: two different answers in the name of this node; not provisioning it this cycle"
+                );
+                return Err(ProvisionError::Conflict(conflict));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rest, once settled: the helper, then shutdown, or server JWT,
+    /// key encryption, upgrade, configure and restart.
+    pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
+        let cfg = self.shared.cfg.clone();
+        // Every trusted answer's window must have been read: an unread one
+        // could hold a second answer in the node's name.
+        if !self.pending.is_empty() {
+            self.settle().await?;
+        }
+        let mut response = self.decide().await?;
+        crate::provision::signing::grants::check_configuration(&response.configuration)
+            .map_err(|e| self.refused(e))?;
+        if response.defer {
+            return Err(ProvisionError::Deferred(response.msg));
+        }
+        if response.shutdown {
+            if response.msg.is_empty() {
+                warn!(
+                    node = &*self.identity,
+                    "shutting down the node as the helper asked, no reason given"
+                );
+            } else {
+                warn!(node = &*self.identity, reason = %response.msg, "shutting down the node as the helper asked");
+            }
+            self.shutdown().await?;
+            return Ok(Outcome::Shutdown);
+        }
+
+        let helper_signed = !response.certificate.is_empty();
+        if cfg.features.pki && response.certificate.is_empty() {
+            self.sign_with_cert_manager(&mut response).await?;
+        }
+
+        let (server_jwt, key, provisioner_ecdh_public) = {
+            let _working = if cfg.features.ed25519 || !response.key.is_empty() {
+                Some(self.working().await?)
+            } else {
+                None
+            };
+            let server_jwt = if cfg.features.ed25519 {
+                self.sign_server_jwt(&response)?
+            } else {
+                String::new()
+            };
+            let (key, ecdh) = if response.key.is_empty() {
+                (String::new(), String::new())
+            } else {
+                self.encrypt_key(&response.key)?
+            };
+            (server_jwt, key, ecdh)
+        };
+
+        if cfg.features.upgrades && !response.upgrade.is_empty() {
+            match self.upgrade(&response.upgrade).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Ok(Outcome::Upgrading {
+                        to: response.upgrade.clone(),
+                    })
+                }
+                Err(e) if e.is_pause() => return Err(e),
+                Err(e) if cfg.upgrades_optional => {
+                    warn!(node = &*self.identity, error = %e, "could not upgrade, continuing as upgrades_optional is set");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+
+        let config = self
+            .configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
+            .await?;
+        self.finishing = true;
+        self.restart().await?;
+        let signer = match (response.certificate.is_empty(), helper_signed) {
+            (true, _) => None,
+            (false, true) => Some("helper"),
+            (false, false) => Some("cert-manager"),
+        };
+        Ok(Outcome::Provisioned(self.record(
+            &response,
+            &server_jwt,
+            &config,
+            signer,
+        )))
+    }
+
+    /// The record of this provisioning (see [`crate::records`]).
+    fn record(
+        &self,
+        response: &HelperResponse,
+        server_jwt: &str,
+        config: &str,
+        signer: Option<&str>,
+    ) -> Option<Box<crate::records::Record>> {
+        let mode = match (
+            self.shared.signing.template.is_some(),
+            self.shared.signing.helper.is_some(),
+        ) {
+            (true, true) => "template+helper",
+            (true, false) => "template",
+            _ => "helper",
+        };
+        let protocol = self.client.version().to_string();
+        let issued = crate::records::Issued {
+            identity: &self.identity,
+            replica: &self.shared.me,
+            site: &self.shared.cfg.site,
+            protocol: &protocol,
+            mode,
+            signer,
+            certificate: &response.certificate,
+            server_jwt,
+            config,
+            provisioning_jwt_expires: self.got.jwt.as_ref().and_then(|c| c.standard.expire_time()),
+            now: chrono::Utc::now(),
+        };
+        match issued.record() {
+            Ok(r) => Some(Box::new(r)),
+            Err(e) => {
+                warn!(node = &*self.identity, error = %e, "no record of this provisioning");
+                None
+            }
+        }
+    }
+
+    /// Every checkpoint: the gate is open (after `configure`, a shutdown
+    /// still lets `restart` go out) and our term is the current one.
+    fn gate_check(&self) -> Result<(), Paused> {
+        let ignored = self
+            .finishing
+            .then_some(crate::provision::gate::PauseReason::Shutdown);
+        self.shared.gate.check_term_ignoring(self.term, ignored)?;
+        // Once configured, the node is finished here even if it became
+        // another replica's share: stopping before `restart` would leave
+        // it configured, holding our lock, for its new owner to configure
+        // again two minutes later.
+        if !self.finishing && !self.shared.ownership.owns(&self.identity) {
+            return Err(Paused("the node is another replica's share now".into()));
+        }
+        Ok(())
+    }
+
+    /// A step's log line: info once the name is confirmed, debug before.
+    fn step(&self, what: &'static str) {
+        if self.is_answered() {
+            info!(node = &*self.identity, "{what}");
+        } else {
+            debug!(node = &*self.identity, "{what}");
+        }
+    }
+}

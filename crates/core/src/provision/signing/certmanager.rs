@@ -14,9 +14,9 @@
 //! or after `keep` — and at the latest when the process stops, however the
 //! node's sequence ended (abandoned, dropped).
 //!
-//! The kube client (the process's one) is got on first use, so a
-//! provisioner that cannot reach Kubernetes starts and fails only the nodes
-//! that need a certificate.
+//! The kube client is the process's one, passed in; when it could not be
+//! made, the provisioner still starts and fails only the nodes that need a
+//! certificate, with the reason.
 
 mod requests;
 
@@ -24,6 +24,7 @@ use crate::provision::gate::{PauseGate, Paused};
 use crate::provision::kube::resource::ResourceRef;
 use base64::Engine;
 use choria_config::provisioner::CertManagerConfig;
+use choria_k8s::Kube;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use requests::Requests;
@@ -196,7 +197,7 @@ pub struct Issued {
 pub struct Signer {
     cfg: CertManagerConfig,
     provisioner: Option<ResourceRef>,
-    client: OnceCell<kube::Client>,
+    kube: Kube,
     owner: OnceCell<Option<OwnerReference>>,
     requests: OnceCell<Requests>,
 }
@@ -204,11 +205,11 @@ pub struct Signer {
 impl Signer {
     /// `provisioner`: the Provisioner we run as (`run --provisioner`); it
     /// owns the requests when it lives in their namespace.
-    pub fn new(cfg: CertManagerConfig, provisioner: Option<ResourceRef>) -> Self {
+    pub fn new(cfg: CertManagerConfig, kube: Kube, provisioner: Option<ResourceRef>) -> Self {
         Signer {
             cfg,
             provisioner,
-            client: OnceCell::new(),
+            kube,
             owner: OnceCell::new(),
             requests: OnceCell::new(),
         }
@@ -255,14 +256,8 @@ impl Signer {
         })
     }
 
-    async fn client(&self) -> Result<&kube::Client, SignError> {
-        self.client
-            .get_or_try_init(|| async {
-                choria_k8s::client()
-                    .await
-                    .map_err(|e| SignError::Client(choria_k8s::describe_error(&e)))
-            })
-            .await
+    fn client(&self) -> Result<kube::Client, SignError> {
+        self.kube.client().map_err(SignError::Client)
     }
 
     /// The Provisioner's owner reference, looked up once.
@@ -288,7 +283,7 @@ impl Signer {
     /// Our requests (the ones labelled with our Provisioner, else all the
     /// provisioner's), watched from first use on.
     async fn requests(&self) -> Result<&Requests, SignError> {
-        let client = self.client().await?;
+        let client = self.client()?;
         self.requests
             .get_or_init(|| async {
                 let api =
@@ -319,8 +314,8 @@ impl Signer {
         abandon: &CancellationToken,
     ) -> Result<Issued, SignError> {
         gate.check()?;
-        let client = self.client().await?;
-        let owner = self.owner(client).await?;
+        let client = self.client()?;
+        let owner = self.owner(&client).await?;
         let requests = self.requests().await?;
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &self.cfg.namespace, &api_resource());
@@ -458,7 +453,7 @@ mod tests {
     #[test]
     fn the_request_carries_the_csr_issuer_labels_owner_and_node() {
         let p: ResourceRef = "choria/prov".parse().unwrap();
-        let s = Signer::new(cfg(), Some(p));
+        let s = Signer::new(cfg(), Kube::unavailable("a test"), Some(p));
         let owner = OwnerReference {
             api_version: "provisioning.choria.io/v1alpha1".into(),
             kind: "Provisioner".into(),
@@ -495,6 +490,7 @@ mod tests {
                 duration: None,
                 ..cfg()
             },
+            Kube::unavailable("a test"),
             None,
         )
         .request_body("n", "x", None);

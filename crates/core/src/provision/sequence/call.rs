@@ -1,0 +1,199 @@
+//! Asking a node: one directed request with Go's tries and backoff, the
+//! gate and term read before every attempt, and what an answer (or its
+//! absence) says about the name.
+
+use super::{HostSequence, ProvisionError};
+use choria_wire::client::{ClientError, RpcOptions, RpcResult};
+use choria_wire::replies::Confirmation;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// go-choria's answer when another `<senderid>.<callerid>` holds the node's
+/// provisioning lock (statuscode 1, Aborted).
+pub const LOCK_REFUSED: &str = "Could not obtain provisioning lock";
+
+fn is_lock_refusal(r: &RpcResult) -> bool {
+    r.body.statuscode == choria_wire::mcorpc::StatusCode::Aborted
+        && r.body.statusmsg == LOCK_REFUSED
+}
+
+/// Go's `backoff.FiveSec` policy: the sleep after try n is `FIVE_SEC[n]`
+/// milliseconds, jittered to 50–150 %.
+const FIVE_SEC: [u64; 11] = [
+    500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
+];
+
+fn backoff(try_number: u32) -> Duration {
+    let base = FIVE_SEC[(try_number as usize).min(FIVE_SEC.len() - 1)];
+    Duration::from_millis(base / 2 + rand::random::<u64>() % base)
+}
+
+impl HostSequence {
+    /// One RPC with retries. `check` turns a reply into the caller's value or a
+    /// retryable error (most start with [`require_ok`]).
+    pub(super) async fn call<T: Serialize, R>(
+        &self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<R, ProvisionError> {
+        Ok(self.call_with(rpc, tries, data, false, check).await?.0)
+    }
+
+    /// [`HostSequence::call`] for an answer later steps trust: its reply
+    /// subject stays watched for `reply_window` (settled before the helper).
+    pub(super) async fn call_trusted<T: Serialize, R>(
+        &mut self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<R, ProvisionError> {
+        let (value, confirmation) = self.call_with(rpc, tries, data, true, check).await?;
+        self.pending.extend(confirmation);
+        Ok(value)
+    }
+
+    pub(super) async fn call_with<T: Serialize, R>(
+        &self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        trusted: bool,
+        mut check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<(R, Option<Confirmation>), ProvisionError> {
+        let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
+        self.gate_check()?;
+        let mut last = String::new();
+        let mut tried = 0;
+        let client = &self.client;
+        let opts = RpcOptions {
+            timeout: self
+                .shared
+                .cfg
+                .rpc_timeout
+                .unwrap_or_else(|| client.rpc_timeout(agent)),
+            confirm: trusted.then_some(self.shared.cfg.reply_window),
+        };
+        for attempt in 1..=tries {
+            // Pausing mid-sequence stops the node here, at an attempt boundary.
+            self.gate_check()?;
+            tried = attempt;
+            debug!(node = &*self.identity, rpc, attempt, tries, "calling");
+            let started = Instant::now();
+            let request = client.request(&self.identity, agent, action, data, opts);
+            let result = tokio::select! {
+                r = request => r,
+                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            self.shared.metrics.observe_rpc(rpc, started.elapsed());
+            // An answer in the node's own name confirms it, even one whose
+            // body is not what we asked for.
+            if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
+                self.confirmed();
+            }
+            if let Ok((r, _)) = &result {
+                if is_lock_refusal(r) {
+                    // Another provisioner holds this node (go-choria's
+                    // per-node lock): not a failure to retry in a storm;
+                    // the node is left to its holder until it shows up again.
+                    self.shared.metrics.lock_refusal();
+                    return Err(ProvisionError::Locked { rpc });
+                }
+            }
+            let outcome = match result {
+                Ok((r, confirmation)) => check(&r).map(|v| (v, confirmation)),
+                Err(ClientError::Timeout { timeout, .. }) => {
+                    Err(format!("no reply within {timeout:?}"))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(e) if self.is_answered() => {
+                    if let crate::provision::suspects::Allow::Yes { suppressed } =
+                        self.shared.logs.check("rpc attempt", Instant::now())
+                    {
+                        warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
+                    }
+                    last = e;
+                }
+                // Nothing says the name is real yet: a made-up one must not
+                // cost a log line per attempt.
+                Err(e) => {
+                    debug!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+                    last = e;
+                }
+            }
+            // A name that never answered is not asked again now: one
+            // request is what a made-up name costs (a real node that
+            // missed it is found again by the next discovery).
+            if !self.is_answered() {
+                break;
+            }
+            if attempt < tries {
+                // Retried behind the names that have not failed, or at the
+                // next discovery when there is no room for that now.
+                let demoted = self
+                    .place
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .demote();
+                if !demoted {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff(attempt)) => {}
+                    _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                }
+            }
+        }
+        self.shared.metrics.rpc_error(rpc);
+        let tries = tried;
+        if !self.is_answered() {
+            return Err(ProvisionError::Unconfirmed { rpc, tries, last });
+        }
+        Err(ProvisionError::Rpc { rpc, tries, last })
+    }
+}
+
+/// A reply with a status other than OK is a failed attempt, with Go's message.
+pub(super) fn require_ok(r: &RpcResult) -> Result<(), String> {
+    if r.body.is_ok() {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid response from {}: {} ({})",
+            r.reply.sender, r.body.statusmsg, r.body.statuscode as u8
+        ))
+    }
+}
+
+pub(super) fn decode<T: serde::de::DeserializeOwned>(
+    data: &serde_json::Value,
+) -> Result<T, String> {
+    serde_json::from_value(data.clone())
+        .map_err(|e| format!("could not decode the reply data: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_go_five_sec_policy_with_jitter() {
+        for (try_number, base) in [(1u32, 750u64), (2, 1000), (3, 1500), (50, 5000)] {
+            for _ in 0..50 {
+                let d = backoff(try_number).as_millis() as u64;
+                assert!(
+                    d >= base / 2 && d < base / 2 + base,
+                    "try {try_number}: {d} ms outside [{}, {})",
+                    base / 2,
+                    base / 2 + base
+                );
+            }
+        }
+    }
+}
