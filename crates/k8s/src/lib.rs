@@ -4,6 +4,7 @@
 //! its `Provisioner`: the process's one client, error text that never
 //! carries secrets, the pod's namespace.
 
+pub mod certificate_request;
 pub mod crd;
 
 use std::path::Path;

@@ -21,7 +21,8 @@ pub use status::{
 use super::build::{self, BuildError, Owned, Settings};
 use super::metrics::Metrics;
 use super::validate::validate;
-use choria_k8s::crd::{Provisioner, API_VERSION, KIND};
+use choria_k8s::crd::status_patch::StatusApply;
+use choria_k8s::crd::{Provisioner, KIND};
 use choria_k8s::describe_error as describe;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
@@ -286,7 +287,7 @@ async fn write_status(
     }
     let name = p.name_any();
     let ns = p.namespace().unwrap_or_default();
-    let body = serde_json::json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
+    let body = StatusApply::new(status.clone());
     let params = PatchParams::apply(super::FIELD_MANAGER).force();
     Api::<Provisioner>::namespaced(ctx.client.clone(), &ns)
         .patch_status(&name, &params, &Patch::Apply(&body))

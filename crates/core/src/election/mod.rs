@@ -14,19 +14,22 @@
 //! This module knows nothing of what it steers: it imports only `config`
 //! (its settings), `k8s` (the Lease) and `backoff`.
 
+mod driver;
 pub mod lease;
 pub mod machine;
 pub mod shards;
 pub mod streams;
 pub mod watchdog;
 
+pub use driver::drive;
+
 use crate::backoff::Backoff;
-use machine::{LossReason, Machine, Outcome, Timings, Transition};
+use machine::{LossReason, Outcome, Timings};
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 /// The readiness check the election reports under.
 pub const HEALTH_CHECK: &str = "election";
@@ -143,171 +146,6 @@ pub async fn run<B, S, F, Fut>(
     };
     steer.worked();
     drive(backend, steer, stop, leader_tx).await
-}
-
-/// Drives a backend that is set up: campaigns, renews, steps down, releases.
-pub async fn drive<B: Backend, S: Steer>(
-    mut backend: B,
-    steer: S,
-    stop: CancellationToken,
-    leader_tx: watch::Sender<Option<String>>,
-) {
-    let me = backend.identity().to_string();
-    let timings = backend.timings();
-    let mut machine = Machine::new(timings);
-    let watchdog = watchdog::Watchdog::start(timings.renew_deadline);
-    info!(election = %backend.describe(), identity = %me, "campaigning for leadership");
-    let mut next = tokio::time::Instant::now();
-    // A win we hold back from the steer until the previous holder stopped.
-    let mut pending_win: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(pending_win.unwrap_or(next)), if pending_win.is_some() => {
-                pending_win = None;
-                if machine.is_leader() {
-                    steer.won(&me);
-                }
-                continue;
-            }
-            _ = tokio::time::sleep_until(next) => {}
-            _ = backend.announcement(machine.is_leader()) => {
-                if machine.is_leader() {
-                    warn!(election = %backend.describe(), "someone announced a release of our record; renewing at once to find out whether we still lead");
-                } else {
-                    debug!("leadership was released; campaigning now");
-                }
-            }
-            _ = watchdog.expired(), if machine.is_leader() => {
-                if let Some(t) = clock_step_down(&mut machine, timings) {
-                    relay(&t, &steer, &me, &mut backend, &mut pending_win);
-                }
-                watchdog.stand_down();
-                next = tokio::time::Instant::now();
-                continue;
-            }
-            _ = stop.cancelled() => break,
-        }
-        let now = tokio::time::Instant::now();
-        if let Some(t) = machine.check_deadline(now.into_std()) {
-            relay(&t, &steer, &me, &mut backend, &mut pending_win);
-        }
-        let leading = machine.is_leader();
-        let timeout = machine.attempt_timeout(now.into_std());
-        // The renewal counts from here, when it is sent (see Machine::observe_attempt).
-        let started = now.into_std();
-        let sent_tick = watchdog.now();
-        let attempt = async {
-            if leading {
-                backend.renew().await
-            } else {
-                backend.campaign().await
-            }
-        };
-        let result = tokio::select! {
-            r = tokio::time::timeout(timeout, attempt) => r.unwrap_or(Err(ElectionError::Timeout {
-                what: if leading { "renewal" } else { "campaign" },
-                timeout,
-            })),
-            _ = watchdog.expired(), if leading => {
-                if let Some(t) = clock_step_down(&mut machine, timings) {
-                    relay(&t, &steer, &me, &mut backend, &mut pending_win);
-                }
-                watchdog.stand_down();
-                next = tokio::time::Instant::now();
-                continue;
-            }
-            _ = stop.cancelled() => break,
-        };
-        if let Err(e) = &result {
-            steer.failed(&e.to_string());
-            if machine.errors() == 0 {
-                error!(election = %backend.describe(), error = %e, "election attempt failed; retrying");
-            } else {
-                warn!(election = %backend.describe(), error = %e, failures = machine.errors() + 1, "election still failing");
-            }
-        } else if machine.errors() > 0 {
-            info!(election = %backend.describe(), "election works again");
-        }
-        if result.is_ok() {
-            steer.worked();
-        }
-        let now = tokio::time::Instant::now().into_std();
-        if let Some(t) = machine.observe_attempt(started, now, &result, &me) {
-            relay(&t, &steer, &me, &mut backend, &mut pending_win);
-        }
-        if machine.is_leader() && result.is_ok() {
-            watchdog.renewed(sent_tick);
-        } else if !machine.is_leader() {
-            watchdog.stand_down();
-        }
-        let leader = machine.leader().map(str::to_string);
-        leader_tx.send_if_modified(|l| {
-            let changed = *l != leader;
-            *l = leader.clone();
-            changed
-        });
-        next = tokio::time::Instant::from_std(machine.next_attempt(now));
-    }
-
-    if machine.is_leader() {
-        // Stop working before giving the record away (the caller already
-        // stopped its workers), then release so a standby takes over at once.
-        if let Some(t) = machine.release() {
-            relay(&t, &steer, &me, &mut backend, &mut pending_win);
-        }
-        match tokio::time::timeout(RELEASE_TIMEOUT, backend.release()).await {
-            Ok(Ok(())) => info!(election = %backend.describe(), "released leadership"),
-            Ok(Err(e)) => {
-                steer.failed(&format!("could not release leadership: {e}"));
-                warn!(election = %backend.describe(), error = %e, "could not release leadership; it expires instead");
-            }
-            Err(_) => {
-                warn!(election = %backend.describe(), "releasing leadership timed out; it expires instead")
-            }
-        }
-        leader_tx.send_replace(None);
-    }
-    debug!("election stopped");
-}
-
-/// Tells the steer about a transition; a win the backend asks to hold back
-/// is told later (see [`Backend::settle`]), and a loss before then is not
-/// told at all (the steer never heard of the win).
-fn relay<B: Backend, S: Steer>(
-    t: &Transition,
-    steer: &S,
-    me: &str,
-    backend: &mut B,
-    pending_win: &mut Option<tokio::time::Instant>,
-) {
-    match t {
-        Transition::Won => {
-            let settle = backend.settle();
-            if settle.is_zero() {
-                steer.won(me);
-            } else {
-                warn!(identity = me, wait = ?settle, "won a record deleted under its holder; waiting until that holder must have noticed before working");
-                *pending_win = Some(tokio::time::Instant::now() + settle);
-            }
-        }
-        Transition::Lost(reason) => {
-            if pending_win.take().is_some() {
-                warn!(identity = me, %reason, "lost leadership before starting to work");
-            } else {
-                steer.lost(me, reason);
-            }
-        }
-    }
-}
-
-/// The watchdog's count says the renew deadline passed since the last
-/// renewal was sent, whatever the monotonic clock says: step down now.
-fn clock_step_down(machine: &mut Machine, timings: machine::Timings) -> Option<Transition> {
-    error!(
-        deadline = ?timings.renew_deadline,
-        "the renew deadline passed by real time but not by this process's clock (did the clock stall or go back?); stepping down"
-    );
-    machine.step_down(LossReason::RenewDeadline(timings.renew_deadline))
 }
 
 #[cfg(test)]

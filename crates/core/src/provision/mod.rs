@@ -29,11 +29,14 @@ pub mod kube;
 pub mod metrics;
 pub mod ownership;
 pub mod pipeline;
+mod prepare;
 pub mod sequence;
 pub mod shared;
 pub mod signing;
+mod stop;
 pub mod suspects;
 
+pub use prepare::{prepare, PrepareError, Prepared};
 pub use shared::Shared;
 
 use crate::monitor::{self, Health};
@@ -51,7 +54,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info};
 
 /// The component name in our own lifecycle events.
 pub const COMPONENT: &str = "provisioner";
@@ -75,92 +78,6 @@ pub enum RunError {
     Unsupported(String),
     #[error("records: {0}")]
     Records(#[from] crate::records::store::RecordsError),
-}
-
-/// Why the provisioner cannot start: a file is missing, malformed or
-/// inconsistent. Found before anything connects (`run` and `run --check`).
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    #[error("the provisioner could not be configured: {0}")]
-    Provisioner(#[source] ConfigError),
-    #[error("could not load the Choria client configuration: {0}")]
-    Choria(#[source] ConfigError),
-    #[error("could not set up the Choria client: {0}")]
-    Setup(#[source] ConfigError),
-    #[error("could not set up renewal's Choria client (renewal.choria_config): {0}")]
-    Renewal(#[source] ConfigError),
-    #[error("records: {0}")]
-    Records(#[source] crate::records::store::RecordsError),
-    #[error("could not set up TLS to the broker ({}): {source}", .file.display())]
-    Tls {
-        file: std::path::PathBuf,
-        #[source]
-        source: choria_wire::tls::TlsError,
-    },
-}
-
-/// Both configuration files, loaded and checked: what [`Provisioner::new`]
-/// takes.
-#[derive(Debug)]
-pub struct Prepared {
-    pub config: ProvisionerConfig,
-    pub setup: ClientSetup,
-}
-
-impl Prepared {
-    /// Every warning of both files.
-    pub fn warnings(&self) -> Vec<choria_config::ConfigWarning> {
-        let mut all = self.config.warnings.clone();
-        all.extend(self.setup.warnings.iter().cloned());
-        all
-    }
-
-    /// The effective settings of both files, secrets redacted, as
-    /// `key: value` lines under a heading per file.
-    pub fn report(&self) -> String {
-        let mut out = format!("# {} (effective settings)\n", self.config.file.display());
-        for (k, v) in self.config.effective_settings() {
-            out.push_str(&format!("{k}: {v}\n"));
-        }
-        out.push_str("\n# Choria client (how the provisioner connects and signs)\n");
-        for (k, v) in self.setup.effective_settings() {
-            out.push_str(&format!("{k}: {v}\n"));
-        }
-        out
-    }
-}
-
-/// Loads and checks both files: everything `run` verifies before it
-/// connects (the files the settings point at, the helper, the deny list, the
-/// TLS credentials). `run --check` is this and a report.
-pub fn prepare(
-    config: &std::path::Path,
-    choria_config: &std::path::Path,
-    env: &choria_config::Environment,
-) -> Result<Prepared, PrepareError> {
-    let cfg = ProvisionerConfig::load(config).map_err(PrepareError::Provisioner)?;
-    cfg.helper_command().map_err(PrepareError::Provisioner)?;
-    cfg.cert_deny_regexes().map_err(PrepareError::Provisioner)?;
-    let ccfg = choria_config::ChoriaClientConfig::load_with(choria_config, env)
-        .map_err(PrepareError::Choria)?;
-    let setup = ccfg.client_setup(&cfg, env).map_err(PrepareError::Setup)?;
-    if let Some(r) = &cfg.renewal {
-        day_two::renewal::setup(r, cfg.choria_insecure, env).map_err(PrepareError::Renewal)?;
-    }
-    if let Some(r) = &cfg.records {
-        crate::records::store::sealer(r, &cfg.site).map_err(PrepareError::Records)?;
-    }
-    if setup.connect.tls.is_custom() {
-        setup
-            .connect
-            .tls
-            .client_config()
-            .map_err(|source| PrepareError::Tls {
-                file: ccfg.file.clone(),
-                source,
-            })?;
-    }
-    Ok(Prepared { config: cfg, setup })
 }
 
 /// How this process runs, beyond its two files.
@@ -334,7 +251,7 @@ impl Provisioner {
         discovery::run(&client, &shared, opts, interval, &mut trigger_rx, &shutdown).await;
 
         info!("shutting down");
-        stop(Stopping {
+        stop::stop(stop::Stopping {
             shared,
             pool,
             dispatchers,
@@ -570,94 +487,6 @@ fn start_dispatchers(
         ));
     }
     set
-}
-
-/// What [`stop`] winds down.
-struct Stopping {
-    shared: Arc<Shared>,
-    pool: pipeline::dispatch::Pool,
-    dispatchers: JoinSet<()>,
-    election: Option<tokio::task::JoinHandle<()>>,
-    election_stop: CancellationToken,
-    stop_tasks: CancellationToken,
-    tasks: JoinSet<()>,
-    nats: async_nats::Client,
-}
-
-/// The graceful stop. Every step is bounded: a broker that is gone
-/// (async-nats reconnects for ever) or a slow API server must not keep the
-/// process past [`SHUTDOWN_LIMIT`].
-async fn stop(s: Stopping) {
-    let Stopping {
-        shared,
-        pool,
-        mut dispatchers,
-        election,
-        election_stop,
-        stop_tasks,
-        mut tasks,
-        nats,
-    } = s;
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
-    shared.gate.pause(PauseReason::Shutdown);
-    shared.registry.close_queue();
-    let dropped = shared.registry.clear();
-    debug!(dropped, "dropped queued nodes");
-    // A dispatcher may wait for room in its lane's budget: it has nothing
-    // to finish.
-    dispatchers.abort_all();
-    info!(
-        in_flight = pool.tracker.len(),
-        "stopping the node sequences in flight at their next checkpoint"
-    );
-    while dispatchers.join_next().await.is_some() {}
-    pool.tracker.close();
-    let graceful = tokio::time::timeout(SHUTDOWN_GRACE, pool.tracker.wait()).await;
-    if graceful.is_err() {
-        warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
-        shared.abandon.cancel();
-        // Abandoned sequences stop at their next await; a helper still
-        // running is killed when its future is dropped (the runtime drops
-        // what is left when the process ends).
-        let _ = tokio::time::timeout_at(deadline, pool.tracker.wait()).await;
-    }
-    // Only now, with our workers stopped, may a standby take over. The
-    // release gets what is left of the limit (a Lease is released through
-    // the API server even when the broker is gone).
-    election_stop.cancel();
-    if let Some(mut task) = election {
-        match tokio::time::timeout_at(deadline, &mut task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => error!(error = %e, "the election task failed"),
-            Err(_) => {
-                warn!("the election did not release its leadership within {SHUTDOWN_LIMIT:?} of the shutdown; it expires instead");
-                task.abort();
-            }
-        }
-    }
-    // CertificateRequests still around are deleted (or left to the next
-    // start's sweep when the time is up).
-    if let Some(signer) = &shared.signing.cert_manager {
-        let _ = tokio::time::timeout_at(deadline, signer.shutdown()).await;
-    }
-    stop_tasks.cancel();
-    if tokio::time::timeout_at(deadline, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await
-    .is_err()
-    {
-        tasks.abort_all();
-    }
-    // Flushing waits for a connection; without one there is nothing worth
-    // waiting for.
-    let flush_until = deadline.min(tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN);
-    match tokio::time::timeout_at(flush_until, nats.flush()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => debug!(error = %e, "flush at shutdown failed"),
-        Err(_) => debug!("no flush at shutdown: the broker is unreachable"),
-    }
-    info!("stopped");
 }
 
 /// The name we campaign under: the pod name in Kubernetes, else the Choria

@@ -12,6 +12,7 @@
 //! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
 //! `leader` and `provisioned`.
 
+pub mod status_patch;
 pub mod validation;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};

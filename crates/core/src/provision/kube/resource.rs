@@ -18,7 +18,8 @@
 use crate::monitor::Exposition;
 use crate::provision::gate::PauseReason;
 use crate::provision::Shared;
-use choria_k8s::crd::{Member, Provisioner, API_VERSION, KIND};
+use choria_k8s::crd::status_patch::{MembersMerge, StatusApply};
+use choria_k8s::crd::{Member, Provisioner, ProvisionerStatus};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
@@ -138,25 +139,17 @@ pub struct Write {
 impl Write {
     /// The server-side apply body. A field left out is removed (the pods'
     /// field manager owns it), which is how a leader is cleared.
-    pub fn body(&self, name: &str) -> serde_json::Value {
-        let mut status = serde_json::json!({ "provisioned": self.provisioned });
-        if let Some(l) = &self.leader {
-            status["leader"] = l.clone().into();
-        }
-        if let Some(c) = self.renewal {
-            status["records"] = c.records.into();
-            status["renewalsDue"] = c.due.into();
-        }
-        let mut body = serde_json::json!({
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": name},
-            "status": status,
-        });
-        if let Some(rv) = &self.resource_version {
-            body["metadata"]["resourceVersion"] = rv.clone().into();
-        }
-        body
+    pub fn body(&self, name: &str) -> StatusApply {
+        let status = ProvisionerStatus {
+            leader: self.leader.clone(),
+            provisioned: Some(self.provisioned as i64),
+            records: self.renewal.map(|c| c.records as i64),
+            renewals_due: self.renewal.map(|c| c.due as i64),
+            ..ProvisionerStatus::default()
+        };
+        StatusApply::new(status)
+            .named(name)
+            .conditional_on(self.resource_version.clone())
     }
 }
 
@@ -315,33 +308,30 @@ pub enum MemberWrite {
 }
 
 impl MemberWrite {
-    /// The patch body: a server-side apply of our entry, or a merge patch
-    /// of the kept list (a merge patch replaces a list whole).
-    pub fn body(&self, name: &str) -> serde_json::Value {
+    /// The patch: a server-side apply of our entry, or a merge patch of the
+    /// kept list (a merge patch replaces a list whole).
+    pub fn patch(&self, name: &str) -> MemberPatch {
         match self {
-            MemberWrite::Entry(m) => serde_json::json!({
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {"name": name},
-                "status": {"members": [m]},
-            }),
+            MemberWrite::Entry(m) => MemberPatch::Apply(
+                StatusApply::new(ProvisionerStatus {
+                    members: vec![m.clone()],
+                    ..ProvisionerStatus::default()
+                })
+                .named(name),
+            ),
             MemberWrite::Prune {
                 kept,
                 resource_version,
-            } => {
-                let members = if kept.is_empty() {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::json!(kept)
-                };
-                let mut body = serde_json::json!({"status": {"members": members}});
-                if let Some(rv) = resource_version {
-                    body["metadata"] = serde_json::json!({"resourceVersion": rv});
-                }
-                body
-            }
+            } => MemberPatch::Merge(MembersMerge::keep(kept.clone(), resource_version.clone())),
         }
     }
+}
+
+/// What [`MemberWrite::patch`] sends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemberPatch {
+    Apply(StatusApply),
+    Merge(MembersMerge),
 }
 
 /// Decides a member's writes of `status.members` (shards mode), from the
@@ -609,13 +599,12 @@ async fn write_members(
     w: &MemberWrite,
     apply: &PatchParams,
 ) -> bool {
-    let body = w.body(&resource.name);
-    let result = match w {
-        MemberWrite::Entry(_) => {
+    let result = match w.patch(&resource.name) {
+        MemberPatch::Apply(body) => {
             api.patch_status(&resource.name, apply, &Patch::Apply(body))
                 .await
         }
-        MemberWrite::Prune { .. } => {
+        MemberPatch::Merge(body) => {
             api.patch_status(&resource.name, &PatchParams::default(), &Patch::Merge(body))
                 .await
         }
@@ -648,13 +637,7 @@ async fn leave(
     if !shared.ownership.sharded() {
         return;
     }
-    let body = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": resource.name},
-        "status": {},
-    });
-    let patch = Patch::Apply(body);
+    let patch = Patch::Apply(StatusApply::new(ProvisionerStatus::default()).named(&resource.name));
     let write = api.patch_status(&resource.name, apply, &patch);
     match tokio::time::timeout(Duration::from_secs(2), write).await {
         Ok(Ok(_)) => debug!(%resource, member = %me.candidate, "left status.members"),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::monitor::Exposition;
+use std::sync::Arc;
 
 const COUNTERS: [&str; 11] = [
     "choria_provisioner_rpc_errors",

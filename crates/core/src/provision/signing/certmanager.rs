@@ -24,11 +24,14 @@ use crate::provision::gate::{PauseGate, Paused};
 use crate::provision::kube::resource::ResourceRef;
 use base64::Engine;
 use choria_config::provisioner::CertManagerConfig;
+use choria_k8s::certificate_request::{
+    CertificateRequest, CertificateRequestSpec, CertificateRequestStatus, IssuerRef,
+};
 use choria_k8s::Kube;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, PostParams};
 use requests::Requests;
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -43,13 +46,6 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "choria-pr
 pub const PROVISIONER_LABEL: &str = "provisioning.choria.io/provisioner";
 /// The annotation holding the node's identity.
 pub const NODE_ANNOTATION: &str = "provisioning.choria.io/node";
-
-fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cert-manager.io", "v1", "CertificateRequest"),
-        "certificaterequests",
-    )
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SignError {
@@ -105,40 +101,31 @@ pub enum State {
 }
 
 /// Reads a request's `status` (pure, for tests).
-pub fn state(obj: &Value) -> State {
-    let conditions = obj["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let find = |t: &str| {
-        conditions.iter().find(|c| c["type"] == t).map(|c| {
-            (
-                c["status"].as_str().unwrap_or("").to_string(),
-                c["reason"].as_str().unwrap_or("").to_string(),
-                short(c["message"].as_str().unwrap_or("")),
-            )
-        })
+pub fn state(status: Option<&CertificateRequestStatus>) -> State {
+    let Some(status) = status else {
+        return no_decision();
     };
-    if let Some((s, reason, message)) = find("Denied") {
-        if s == "True" {
-            return State::Denied { reason, message };
-        }
+    let find = |t: &str| {
+        status
+            .condition(t)
+            .map(|c| (c.status.as_str(), c.reason.clone(), short(&c.message)))
+    };
+    if let Some(("True", reason, message)) = find("Denied") {
+        return State::Denied { reason, message };
     }
-    if let Some((s, reason, message)) = find("InvalidRequest") {
-        if s == "True" {
-            return State::Failed { reason, message };
-        }
+    if let Some(("True", reason, message)) = find("InvalidRequest") {
+        return State::Failed { reason, message };
     }
     match find("Ready") {
-        Some((s, _, _)) if s == "True" => {
-            let decode = |field: &str| {
-                obj["status"][field]
-                    .as_str()
+        Some(("True", _, _)) => {
+            let decode = |field: &Option<String>| {
+                field
+                    .as_deref()
                     .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
                     .and_then(|d| String::from_utf8(d).ok())
                     .unwrap_or_default()
             };
-            let certificate = decode("certificate");
+            let certificate = decode(&status.certificate);
             if certificate.is_empty() {
                 // Ready without a certificate is not something to send.
                 return State::Pending {
@@ -148,17 +135,23 @@ pub fn state(obj: &Value) -> State {
             }
             State::Issued {
                 certificate,
-                ca: decode("ca"),
+                ca: decode(&status.ca),
             }
         }
         Some((_, reason, message)) if reason == "Failed" || reason == "Denied" => {
             State::Failed { reason, message }
         }
         Some((_, reason, message)) => State::Pending { reason, message },
-        None => State::Pending {
-            reason: "NoDecision".into(),
-            message: "no Ready condition yet (is cert-manager running, and does the request need approval?)".into(),
-        },
+        None => no_decision(),
+    }
+}
+
+fn no_decision() -> State {
+    State::Pending {
+        reason: "NoDecision".into(),
+        message:
+            "no Ready condition yet (is cert-manager running, and does the request need approval?)"
+                .into(),
     }
 }
 
@@ -221,39 +214,36 @@ impl Signer {
         identity: &str,
         csr_pem: &str,
         owner: Option<&OwnerReference>,
-    ) -> Value {
-        let mut labels = serde_json::Map::new();
-        labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+    ) -> CertificateRequest {
+        let mut labels = BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]);
         if let Some(p) = &self.provisioner {
-            labels.insert(PROVISIONER_LABEL.into(), p.name.clone().into());
+            labels.insert(PROVISIONER_LABEL.into(), p.name.clone());
         }
-        let mut spec = json!({
-            "request": base64::engine::general_purpose::STANDARD.encode(csr_pem),
-            "issuerRef": {
-                "name": self.cfg.issuer,
-                "kind": self.cfg.issuer_kind,
-                "group": self.cfg.issuer_group,
+        let spec = CertificateRequestSpec {
+            request: base64::engine::general_purpose::STANDARD.encode(csr_pem),
+            issuer_ref: IssuerRef {
+                name: self.cfg.issuer.clone(),
+                kind: self.cfg.issuer_kind.clone(),
+                group: self.cfg.issuer_group.clone(),
             },
-            "usages": self.cfg.usages,
-        });
-        if let Some(d) = self.cfg.duration {
-            spec["duration"] = format!("{}s", d.as_secs()).into();
-        }
-        let mut metadata = json!({
-            "generateName": name_prefix(identity),
-            "namespace": self.cfg.namespace,
-            "labels": labels,
-            "annotations": { NODE_ANNOTATION: identity },
-        });
-        if let Some(o) = owner {
-            metadata["ownerReferences"] = json!([o]);
-        }
-        json!({
-            "apiVersion": "cert-manager.io/v1",
-            "kind": "CertificateRequest",
-            "metadata": metadata,
-            "spec": spec,
-        })
+            usages: self.cfg.usages.clone(),
+            duration: self.cfg.duration.map(|d| format!("{}s", d.as_secs())),
+            is_ca: None,
+        };
+        let mut request = CertificateRequest::new("", spec);
+        request.metadata = ObjectMeta {
+            name: None,
+            generate_name: Some(name_prefix(identity)),
+            namespace: Some(self.cfg.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                NODE_ANNOTATION.to_string(),
+                identity.to_string(),
+            )])),
+            owner_references: owner.map(|o| vec![o.clone()]),
+            ..ObjectMeta::default()
+        };
+        request
     }
 
     fn client(&self) -> Result<kube::Client, SignError> {
@@ -286,8 +276,7 @@ impl Signer {
         let client = self.client()?;
         self.requests
             .get_or_init(|| async {
-                let api =
-                    Api::namespaced_with(client.clone(), &self.cfg.namespace, &api_resource());
+                let api = Api::namespaced(client.clone(), &self.cfg.namespace);
                 let mut selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
                 if let Some(p) = &self.provisioner {
                     selector.push_str(&format!(",{PROVISIONER_LABEL}={}", p.name));
@@ -317,11 +306,8 @@ impl Signer {
         let client = self.client()?;
         let owner = self.owner(&client).await?;
         let requests = self.requests().await?;
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), &self.cfg.namespace, &api_resource());
-        let body: DynamicObject =
-            serde_json::from_value(self.request_body(identity, csr_pem, owner.as_ref()))
-                .expect("the request body is an object");
+        let api: Api<CertificateRequest> = Api::namespaced(client.clone(), &self.cfg.namespace);
+        let body = self.request_body(identity, csr_pem, owner.as_ref());
         let created = api
             .create(&PostParams::default(), &body)
             .await
@@ -363,7 +349,7 @@ impl Signer {
             match requests.get(name) {
                 Some(obj) => {
                     seen = true;
-                    last = state(&serde_json::to_value(&*obj).unwrap_or_default());
+                    last = state(obj.status.as_ref());
                 }
                 None if seen => {
                     return Err(SignError::Lookup {
@@ -436,6 +422,7 @@ impl Drop for Disposal<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     fn cfg() -> CertManagerConfig {
         CertManagerConfig {
@@ -461,11 +448,12 @@ mod tests {
             uid: "u-1".into(),
             ..Default::default()
         };
-        let b = s.request_body(
+        let b = serde_json::to_value(s.request_body(
             "Web1.Example.NET",
             "-----BEGIN CERTIFICATE REQUEST-----\n",
             Some(&owner),
-        );
+        ))
+        .unwrap();
         assert_eq!(b["metadata"]["generateName"], "web1-example-net-");
         assert_eq!(b["metadata"]["namespace"], "choria");
         assert_eq!(b["metadata"]["labels"][PROVISIONER_LABEL], "prov");
@@ -485,15 +473,18 @@ mod tests {
             .decode(b["spec"]["request"].as_str().unwrap())
             .unwrap();
         assert_eq!(csr, b"-----BEGIN CERTIFICATE REQUEST-----\n");
-        let b = Signer::new(
-            CertManagerConfig {
-                duration: None,
-                ..cfg()
-            },
-            Kube::unavailable("a test"),
-            None,
+        let b = serde_json::to_value(
+            Signer::new(
+                CertManagerConfig {
+                    duration: None,
+                    ..cfg()
+                },
+                Kube::unavailable("a test"),
+                None,
+            )
+            .request_body("n", "x", None),
         )
-        .request_body("n", "x", None);
+        .unwrap();
         assert!(b["spec"].get("duration").is_none(), "the issuer's default");
         assert!(b["metadata"].get("ownerReferences").is_none());
         assert!(b["metadata"]["labels"].get(PROVISIONER_LABEL).is_none());
@@ -506,10 +497,10 @@ mod tests {
         assert_eq!(name_prefix(&"x".repeat(100)).len(), 41);
     }
 
-    fn with(conditions: Value, status: Value) -> Value {
+    fn with(conditions: Value, status: Value) -> Option<CertificateRequestStatus> {
         let mut s = status;
         s["conditions"] = conditions;
-        json!({ "status": s })
+        Some(serde_json::from_value(s).unwrap())
     }
 
     #[test]
@@ -522,7 +513,7 @@ mod tests {
             json!({"certificate": b64("CERT"), "ca": b64("CA")}),
         );
         assert_eq!(
-            state(&issued),
+            state(issued.as_ref()),
             State::Issued {
                 certificate: "CERT".into(),
                 ca: "CA".into()
@@ -534,7 +525,7 @@ mod tests {
             json!({}),
         );
         assert!(
-            matches!(state(&pending), State::Pending { ref reason, ref message }
+            matches!(state(pending.as_ref()), State::Pending { ref reason, ref message }
             if reason == "Pending" && message.contains("no-such-issuer"))
         );
         let denied = with(
@@ -543,7 +534,7 @@ mod tests {
             json!({}),
         );
         assert_eq!(
-            state(&denied),
+            state(denied.as_ref()),
             State::Denied {
                 reason: "policy".into(),
                 message: "no".into()
@@ -554,7 +545,7 @@ mod tests {
             json!({"failureTime": "x"}),
         );
         assert_eq!(
-            state(&failed),
+            state(failed.as_ref()),
             State::Failed {
                 reason: "Failed".into(),
                 message: "bad CSR".into()
@@ -565,12 +556,10 @@ mod tests {
             json!({}),
         );
         assert!(
-            matches!(state(&invalid), State::Failed { ref reason, .. } if reason == "UnsupportedIssuer")
+            matches!(state(invalid.as_ref()), State::Failed { ref reason, .. } if reason == "UnsupportedIssuer")
         );
-        assert!(
-            matches!(state(&json!({})), State::Pending { ref reason, .. } if reason == "NoDecision")
-        );
+        assert!(matches!(state(None), State::Pending { ref reason, .. } if reason == "NoDecision"));
         let ready_empty = with(json!([{"type": "Ready", "status": "True"}]), json!({}));
-        assert!(matches!(state(&ready_empty), State::Pending { .. }));
+        assert!(matches!(state(ready_empty.as_ref()), State::Pending { .. }));
     }
 }

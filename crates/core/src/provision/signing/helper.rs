@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tracing::debug;
 
 use choria_wire::security::tokens::{ProvisioningClaims, ServerClaims};
@@ -515,25 +515,7 @@ impl Helper {
     /// tokio reaps it in the background.
     pub async fn run(&self, input: &HelperInput<'_>) -> Result<HelperResponse, HelperError> {
         let command = self.command_line();
-        let Some((program, args)) = self.argv.split_first() else {
-            return Err(HelperError::Spawn {
-                command,
-                source: io::Error::new(io::ErrorKind::InvalidInput, "empty command line"),
-            });
-        };
-
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| HelperError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
+        let mut child = self.spawn(&command)?;
         let _group = GroupKiller(child.id());
 
         let io_err = |action: &'static str| {
@@ -564,7 +546,7 @@ impl Helper {
                 Ok::<(), io::Error>(())
             };
             let read = async {
-                let mut out = Vec::new();
+                let mut out: Vec<u8> = Vec::new();
                 if let Some(stdout) = stdout {
                     // One byte more than allowed tells "too much" from "just enough".
                     stdout
@@ -604,29 +586,62 @@ impl Helper {
             }
         };
 
-        if !stderr_tail.is_empty() {
-            let last = stderr_tail
-                .lines()
-                .rev()
-                .map(str::trim)
-                .find(|l| !l.is_empty());
-            debug!(helper = %command, stderr_last_line = %sanitize_line(last.unwrap_or_default()), "helper wrote to stderr");
-        }
-        if !status.success() {
-            return Err(HelperError::Exit {
-                command,
-                status,
-                stderr_tail,
-            });
-        }
-        if out.iter().all(u8::is_ascii_whitespace) {
-            return Err(HelperError::EmptyOutput {
-                command,
-                stderr_tail,
-            });
-        }
-        HelperResponse::from_json(&out).map_err(|source| HelperError::Decode { command, source })
+        verdict(command, status, &out, stderr_tail)
     }
+
+    /// The helper started in a process group of its own, its three pipes
+    /// ours, killed if its handle is dropped.
+    fn spawn(&self, command: &str) -> Result<Child, HelperError> {
+        let Some((program, args)) = self.argv.split_first() else {
+            return Err(HelperError::Spawn {
+                command: command.to_string(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "empty command line"),
+            });
+        };
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| HelperError::Spawn {
+                command: command.to_string(),
+                source,
+            })
+    }
+}
+
+/// What a finished helper's exit status and output amount to.
+fn verdict(
+    command: String,
+    status: std::process::ExitStatus,
+    out: &[u8],
+    stderr_tail: String,
+) -> Result<HelperResponse, HelperError> {
+    if !stderr_tail.is_empty() {
+        let last = stderr_tail
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty());
+        debug!(helper = %command, stderr_last_line = %sanitize_line(last.unwrap_or_default()), "helper wrote to stderr");
+    }
+    if !status.success() {
+        return Err(HelperError::Exit {
+            command,
+            status,
+            stderr_tail,
+        });
+    }
+    if out.iter().all(u8::is_ascii_whitespace) {
+        return Err(HelperError::EmptyOutput {
+            command,
+            stderr_tail,
+        });
+    }
+    HelperResponse::from_json(out).map_err(|source| HelperError::Decode { command, source })
 }
 
 /// Reads a pipe to its end keeping only the last [`STDERR_TAIL`] bytes.

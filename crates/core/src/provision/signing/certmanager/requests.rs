@@ -7,8 +7,9 @@
 //! left behind (crashed before its deletions), for when it would have
 //! been deleted.
 
+use choria_k8s::certificate_request::CertificateRequest;
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use std::collections::HashMap;
@@ -25,8 +26,8 @@ const FINAL_DELETIONS: usize = 16;
 /// The requests and their deletions. Dropping it stops its tasks (what is
 /// due then is left to [`Requests::finish`]).
 pub struct Requests {
-    api: Api<DynamicObject>,
-    store: Store<DynamicObject>,
+    api: Api<CertificateRequest>,
+    store: Store<CertificateRequest>,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -100,10 +101,13 @@ impl Requests {
     /// Watches the requests matching `selector` through `api`. `leftovers`:
     /// how long after its creation a request found on the first list is
     /// deleted (`None`: only what this process made is deleted).
-    pub fn start(api: Api<DynamicObject>, selector: &str, leftovers: Option<Duration>) -> Self {
+    pub fn start(
+        api: Api<CertificateRequest>,
+        selector: &str,
+        leftovers: Option<Duration>,
+    ) -> Self {
         let shared = Arc::new(Shared::default());
-        let resource = super::api_resource();
-        let writer = reflector::store::Writer::new(resource);
+        let writer = reflector::store::Writer::default();
         let store = writer.as_reader();
         let config = watcher::Config::default().labels(selector);
         let events = watcher(api.clone(), config)
@@ -122,8 +126,8 @@ impl Requests {
     }
 
     /// The request as last seen.
-    pub fn get(&self, name: &str) -> Option<Arc<DynamicObject>> {
-        let key = ObjectRef::new_with(name, super::api_resource())
+    pub fn get(&self, name: &str) -> Option<Arc<CertificateRequest>> {
+        let key = ObjectRef::<CertificateRequest>::new(name)
             .within(self.api.namespace().unwrap_or_default());
         self.store.get(&key)
     }
@@ -180,7 +184,7 @@ impl Drop for Requests {
 /// Passes every change on to its waiter, and schedules what the first
 /// list finds when `leftovers` says so.
 async fn follow(
-    events: impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>,
+    events: impl futures::Stream<Item = Result<watcher::Event<CertificateRequest>, watcher::Error>>,
     shared: Arc<Shared>,
     leftovers: Option<Duration>,
 ) {
@@ -206,7 +210,7 @@ async fn follow(
 }
 
 /// When a request found on the first list is due: `after` its creation.
-fn due_after_creation(o: &DynamicObject, after: Duration) -> Instant {
+fn due_after_creation(o: &CertificateRequest, after: Duration) -> Instant {
     let age = o
         .metadata
         .creation_timestamp
@@ -218,7 +222,7 @@ fn due_after_creation(o: &DynamicObject, after: Duration) -> Instant {
 }
 
 /// Deletes each request when it is due.
-async fn delete_when_due(api: Api<DynamicObject>, shared: Arc<Shared>) {
+async fn delete_when_due(api: Api<CertificateRequest>, shared: Arc<Shared>) {
     loop {
         let (ready, next) = shared.take_due(Instant::now());
         for name in ready {
@@ -237,7 +241,7 @@ async fn delete_when_due(api: Api<DynamicObject>, shared: Arc<Shared>) {
     }
 }
 
-async fn delete(api: &Api<DynamicObject>, name: String) {
+async fn delete(api: &Api<CertificateRequest>, name: String) {
     match api.delete(&name, &DeleteParams::background()).await {
         Ok(_) => debug!(request = %name, "CertificateRequest deleted"),
         Err(kube::Error::Api(s)) if s.code == 404 => {}
