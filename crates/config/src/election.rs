@@ -45,8 +45,10 @@
 //! ```
 
 use super::duration::format_duration;
+use super::schema::ElectionFile;
 use super::yaml::{Node, Section};
 use super::{ConfigError, ConfigWarning};
+use crate::names::{is_dns_label, is_dns_subdomain};
 use std::path::Path;
 use std::time::Duration;
 
@@ -174,9 +176,6 @@ impl Default for ElectionConfig {
     }
 }
 
-use super::schema::ElectionFile;
-use crate::names::{is_dns_label, is_dns_subdomain};
-
 const STREAMS_KEYS: &[&str] = &[
     "bucket",
     "name",
@@ -190,6 +189,16 @@ const LEASE_KEYS: &[&str] = &[
     "lease_duration",
     "renew_deadline",
     "retry_period",
+];
+/// The keys streams does not use in mode shards: its members heartbeat on
+/// a subject named after `name` and take the lease timings.
+const SHARDED_STREAMS_UNUSED: &[&str] = &[
+    "bucket",
+    "api_prefix",
+    "create_bucket",
+    "bucket_ttl",
+    "lease_name",
+    "lease_namespace",
 ];
 
 impl ElectionConfig {
@@ -258,75 +267,56 @@ impl ElectionConfig {
         };
         let sec = Section::new(file, "election.", block, ElectionFile::KEYS, warnings)?;
 
-        cfg.backend = match sec.string("backend")? {
-            None => {
-                return Err(sec.error(
-                    "backend",
-                    "required when an election block is present: none, streams or lease",
-                ))
-            }
-            Some(b) => match b.to_ascii_lowercase().as_str() {
-                "none" => ElectionBackend::None,
-                "streams" => ElectionBackend::Streams,
-                "lease" => ElectionBackend::Lease,
-                _ => {
-                    return Err(sec.error(
-                        "backend",
-                        format!("{b:?} is not a known backend; use none, streams or lease"),
-                    ))
-                }
-            },
-        };
+        // The first error wins and warnings come out in this order: the
+        // backend and mode first, as everything else depends on them.
+        cfg.backend = backend(&sec)?;
         if leader_election && cfg.backend == ElectionBackend::None {
             return Err(sec.error(
                 "backend",
                 format!("none contradicts {leader_election_key}: true; remove one of them"),
             ));
         }
-        cfg.mode = match sec.string("mode")?.map(|m| m.to_ascii_lowercase()) {
-            None => ElectionMode::Leader,
-            Some(m) if m == "leader" => ElectionMode::Leader,
-            Some(m) if m == "shards" => ElectionMode::Shards,
-            Some(m) => {
-                return Err(sec.error(
-                    "mode",
-                    format!("{m:?} is not a known mode; use leader or shards"),
-                ))
-            }
-        };
+        cfg.mode = mode(&sec)?;
         if cfg.mode == ElectionMode::Shards && cfg.backend == ElectionBackend::None {
             return Err(sec.error(
                 "mode",
                 "shards needs a membership backend: streams or lease",
             ));
         }
+        cfg.shard_keys(&sec, warnings)?;
+        cfg.warn_unused(&sec, warnings);
+        if cfg.backend == ElectionBackend::Streams {
+            cfg.streams(&sec)?;
+        }
+        if cfg.backend == ElectionBackend::Lease || cfg.sharded() {
+            cfg.timings(&sec)?;
+        }
+        if cfg.backend == ElectionBackend::Lease {
+            cfg.lease(&sec)?;
+        }
+        Ok(cfg)
+    }
 
-        let sharded_streams = [
-            "bucket",
-            "api_prefix",
-            "create_bucket",
-            "bucket_ttl",
-            "lease_name",
-            "lease_namespace",
-        ];
-        let unused: &[&str] = match (cfg.mode, cfg.backend) {
-            (_, ElectionBackend::None) => ElectionFile::KEYS,
-            (ElectionMode::Shards, ElectionBackend::Streams) => &sharded_streams,
-            (_, ElectionBackend::Streams) => LEASE_KEYS,
-            (_, ElectionBackend::Lease) => STREAMS_KEYS,
-        };
+    /// `signing_key` and `verify_keys`: the key is required in mode shards,
+    /// and both are only warned about in mode leader. Verify keys must parse
+    /// either way.
+    fn shard_keys(
+        &mut self,
+        sec: &Section,
+        warnings: &mut Vec<ConfigWarning>,
+    ) -> Result<(), ConfigError> {
         let signing_key = sec
             .string("signing_key")?
             .filter(|s| !s.trim().is_empty())
             .map(std::path::PathBuf::from);
-        match (cfg.sharded(), signing_key) {
+        match (self.sharded(), signing_key) {
             (true, None) => {
                 return Err(sec.error(
                     "signing_key",
                     "required in mode shards: the ed25519 seed file the replicas seal their membership with (make one with `openssl rand -hex 32 > signing.seed`; records.signing_key may be the same file); without it anyone who may publish on the membership subject could remove a working member or add made-up ones",
                 ))
             }
-            (true, Some(k)) => cfg.signing_key = Some(k),
+            (true, Some(k)) => self.signing_key = Some(k),
             (false, Some(_)) => warnings.push(sec.warning("signing_key", "ignored in mode leader")),
             (false, None) => {}
         }
@@ -343,11 +333,22 @@ impl ElectionConfig {
                 ));
             }
         }
-        if cfg.sharded() {
-            cfg.verify_keys = verify_keys;
+        if self.sharded() {
+            self.verify_keys = verify_keys;
         } else if sec.is_set("verify_keys") {
             warnings.push(sec.warning("verify_keys", "ignored in mode leader"));
         }
+        Ok(())
+    }
+
+    /// Warns about each key set that the backend (in this mode) does not use.
+    fn warn_unused(&self, sec: &Section, warnings: &mut Vec<ConfigWarning>) {
+        let unused: &[&str] = match (self.mode, self.backend) {
+            (_, ElectionBackend::None) => ElectionFile::KEYS,
+            (ElectionMode::Shards, ElectionBackend::Streams) => SHARDED_STREAMS_UNUSED,
+            (_, ElectionBackend::Streams) => LEASE_KEYS,
+            (_, ElectionBackend::Lease) => STREAMS_KEYS,
+        };
         for key in unused
             .iter()
             .filter(|k| !matches!(**k, "backend" | "mode" | "signing_key" | "verify_keys"))
@@ -357,8 +358,8 @@ impl ElectionConfig {
                     key,
                     format!(
                         "ignored with backend {}{}",
-                        cfg.backend.as_str(),
-                        if cfg.mode == ElectionMode::Shards {
+                        self.backend.as_str(),
+                        if self.mode == ElectionMode::Shards {
                             " in mode shards"
                         } else {
                             ""
@@ -367,65 +368,41 @@ impl ElectionConfig {
                 ));
             }
         }
-
-        if cfg.backend == ElectionBackend::Streams {
-            if let Some(bucket) = valid_string(
-                &sec,
-                "bucket",
-                is_bucket_name,
-                "bucket name (letters, digits, _ and -)",
-            )? {
-                cfg.bucket = bucket;
-            }
-            if let Some(name) = valid_string(
-                &sec,
-                "name",
-                is_kv_key,
-                "key (letters, digits and -/_=., not starting or ending with .)",
-            )? {
-                cfg.name = name;
-            }
-            if let Some(prefix) =
-                valid_string(&sec, "api_prefix", is_subject_prefix, "subject prefix")?
-            {
-                cfg.api_prefix = strip_trailing_dot(&prefix).to_string();
-            }
-            cfg.create_bucket = sec.bool("create_bucket")?.unwrap_or(false);
-            if let Some((raw, d)) = sec.duration("bucket_ttl")? {
-                // Go refuses buckets whose TTL is outside 4 s..1 h.
-                if d < Duration::from_secs(4) || d > Duration::from_secs(3600) {
-                    return Err(
-                        sec.error("bucket_ttl", format!("{raw:?} must be between 4s and 1h"))
-                    );
-                }
-                cfg.bucket_ttl = d;
-            }
-        }
-
-        if cfg.backend == ElectionBackend::Lease || cfg.sharded() {
-            cfg.timings(&sec)?;
-        }
-        if cfg.backend == ElectionBackend::Lease {
-            if let Some(name) = valid_string(
-                &sec,
-                "lease_name",
-                is_dns_subdomain,
-                "Kubernetes object name (lower case letters, digits, - and ., at most 253 characters, starting and ending with a letter or digit)",
-            )? {
-                cfg.lease_name = name;
-            }
-            cfg.lease_namespace = valid_string(
-                &sec,
-                "lease_namespace",
-                is_dns_label,
-                "namespace (lower case letters, digits and -, at most 63 characters)",
-            )?;
-        }
-        Ok(cfg)
     }
-}
 
-impl ElectionConfig {
+    /// `bucket`, `name`, `api_prefix`, `create_bucket` and `bucket_ttl`.
+    fn streams(&mut self, sec: &Section) -> Result<(), ConfigError> {
+        if let Some(bucket) = valid_string(
+            sec,
+            "bucket",
+            is_bucket_name,
+            "bucket name (letters, digits, _ and -)",
+        )? {
+            self.bucket = bucket;
+        }
+        if let Some(name) = valid_string(
+            sec,
+            "name",
+            is_kv_key,
+            "key (letters, digits and -/_=., not starting or ending with .)",
+        )? {
+            self.name = name;
+        }
+        if let Some(prefix) = valid_string(sec, "api_prefix", is_subject_prefix, "subject prefix")?
+        {
+            self.api_prefix = strip_trailing_dot(&prefix).to_string();
+        }
+        self.create_bucket = sec.bool("create_bucket")?.unwrap_or(false);
+        if let Some((raw, d)) = sec.duration("bucket_ttl")? {
+            // Go refuses buckets whose TTL is outside 4 s..1 h.
+            if d < Duration::from_secs(4) || d > Duration::from_secs(3600) {
+                return Err(sec.error("bucket_ttl", format!("{raw:?} must be between 4s and 1h")));
+            }
+            self.bucket_ttl = d;
+        }
+        Ok(())
+    }
+
     /// `lease_duration`, `renew_deadline`, `retry_period` and their rules.
     fn timings(&mut self, sec: &Section) -> Result<(), ConfigError> {
         for (key, slot) in [
@@ -462,6 +439,57 @@ impl ElectionConfig {
             ));
         }
         Ok(())
+    }
+
+    /// `lease_name` and `lease_namespace` (the timings are `timings`).
+    fn lease(&mut self, sec: &Section) -> Result<(), ConfigError> {
+        if let Some(name) = valid_string(
+            sec,
+            "lease_name",
+            is_dns_subdomain,
+            "Kubernetes object name (lower case letters, digits, - and ., at most 253 characters, starting and ending with a letter or digit)",
+        )? {
+            self.lease_name = name;
+        }
+        self.lease_namespace = valid_string(
+            sec,
+            "lease_namespace",
+            is_dns_label,
+            "namespace (lower case letters, digits and -, at most 63 characters)",
+        )?;
+        Ok(())
+    }
+}
+
+/// `backend`: required in a block; case-insensitive.
+fn backend(sec: &Section) -> Result<ElectionBackend, ConfigError> {
+    let Some(b) = sec.string("backend")? else {
+        return Err(sec.error(
+            "backend",
+            "required when an election block is present: none, streams or lease",
+        ));
+    };
+    match b.to_ascii_lowercase().as_str() {
+        "none" => Ok(ElectionBackend::None),
+        "streams" => Ok(ElectionBackend::Streams),
+        "lease" => Ok(ElectionBackend::Lease),
+        _ => Err(sec.error(
+            "backend",
+            format!("{b:?} is not a known backend; use none, streams or lease"),
+        )),
+    }
+}
+
+/// `mode`: leader when unset; case-insensitive.
+fn mode(sec: &Section) -> Result<ElectionMode, ConfigError> {
+    match sec.string("mode")?.map(|m| m.to_ascii_lowercase()) {
+        None => Ok(ElectionMode::Leader),
+        Some(m) if m == "leader" => Ok(ElectionMode::Leader),
+        Some(m) if m == "shards" => Ok(ElectionMode::Shards),
+        Some(m) => Err(sec.error(
+            "mode",
+            format!("{m:?} is not a known mode; use leader or shards"),
+        )),
     }
 }
 

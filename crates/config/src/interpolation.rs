@@ -32,6 +32,9 @@
 //! (`{{ a ~ "," ~ b }}`) is checked as a whole, so write literal separators
 //! in the template text instead (`{{ a }},{{ b }}`).
 
+// Templates by their names only: `template` uses this module (it installs
+// the checks below into every environment), so this one does not use it.
+use super::template_names::{ACTION_POLICIES, OPA_POLICIES, UPGRADE};
 use minijinja::value::{Object, Value};
 use minijinja::{Error, ErrorKind, Output, State};
 use std::fmt;
@@ -155,14 +158,14 @@ pub enum Place {
 }
 
 impl Place {
-    /// The place of the template named `section.key` (see
-    /// [`super::template::template_name`]).
+    /// The place of the template named `section.key` (`upgrade` alone has
+    /// no key).
     pub fn of(template_name: &str) -> Place {
         let (section, key) = template_name.split_once('.').unwrap_or((template_name, ""));
         match section {
-            super::template::ACTION_POLICIES => Place::ActionPolicy,
-            super::template::OPA_POLICIES => Place::OpaPolicy,
-            super::template::UPGRADE => Place::Version,
+            ACTION_POLICIES => Place::ActionPolicy,
+            OPA_POLICIES => Place::OpaPolicy,
+            UPGRADE => Place::Version,
             _ if PATH_LISTS.iter().any(|k| k.eq_ignore_ascii_case(key)) => Place::PathList,
             _ if is_list_setting(key) => Place::ListSetting,
             _ => Place::Setting,

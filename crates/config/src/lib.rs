@@ -22,6 +22,7 @@ pub mod names;
 pub mod provisioner;
 pub mod schema;
 pub mod template;
+mod template_names;
 mod yaml;
 
 pub use choria::{ChoriaClientConfig, ClientSetup, Environment, SecurityProvider};

@@ -23,6 +23,12 @@
 //! (Jinja2 syntax) with undefined values as errors: a misspelt fact fails its
 //! node with the key's name instead of configuring an empty value.
 
+// The names live in `template_names`, which `interpolation` reads too: this
+// module uses `interpolation` (its checks go into every environment), never
+// the other way round.
+pub use super::template_names::{
+    template_name, ACTION_POLICIES, CONFIGURATION, OPA_POLICIES, UPGRADE,
+};
 use choria_wire::security::tokens::ServerClaims;
 use minijinja::{Environment, UndefinedBehavior};
 use std::collections::BTreeMap;
@@ -43,12 +49,6 @@ pub struct ConfigurationTemplate {
     /// Template of the version to upgrade nodes to (`features.upgrades`).
     pub upgrade: Option<String>,
 }
-
-/// The template sections, as they are named in the file and in errors.
-pub const CONFIGURATION: &str = "configuration";
-pub const ACTION_POLICIES: &str = "action_policies";
-pub const OPA_POLICIES: &str = "opa_policies";
-pub const UPGRADE: &str = "upgrade";
 
 /// A template that does not compile, named as in the file
 /// (`configuration.identity`).
@@ -89,15 +89,6 @@ fn reference(source: &str) -> Option<&'static str> {
         rest = &rest[i + 2..];
     }
     None
-}
-
-/// The environment's name of one template: `section.key`.
-pub fn template_name(section: &str, key: &str) -> String {
-    if key.is_empty() {
-        section.to_string()
-    } else {
-        format!("{section}.{key}")
-    }
 }
 
 impl ConfigurationTemplate {

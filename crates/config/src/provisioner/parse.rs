@@ -1,11 +1,15 @@
 //! Reading `provisioner.yaml` into [`ProvisionerConfig`]: one helper per
-//! group of settings, each applying Go's default and check and ours.
+//! group of settings, each applying Go's default and check and ours (the
+//! nested sections' in `sections`), in the order `parse` calls them.
 
 use super::*;
-use crate::schema::{CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
-use crate::template::{ConfigurationTemplate, ACTION_POLICIES, CONFIGURATION, OPA_POLICIES};
-use choria_wire::security::csr::compile_whole_name;
-use std::collections::BTreeMap;
+use crate::day_two::{Lifetime, RecordsConfig, RenewalConfig};
+use crate::schema::ProvisionerFile;
+use crate::yaml::Node;
+use choria_wire::security::csr::{compile_deny_list, compile_whole_name, DEFAULT_CERT_DENY_LIST};
+
+mod sections;
+use sections::{cert_manager, configuration_template, features};
 
 impl ProvisionerConfig {
     /// Parses and validates YAML text without touching the file system; `file`
@@ -20,6 +24,8 @@ impl ProvisionerConfig {
         let sec = Section::new(file, "", root, ProvisionerFile::KEYS, &mut warnings)?;
         let w = &mut warnings;
 
+        // Read in the file's order of concerns; the first error wins and the
+        // warnings come out in this order, so the order is behaviour.
         let workers = workers(&sec)?;
         let (interval_text, interval) = interval(&sec)?;
         let (logfile, loglevel) = logging(&sec, w)?;
@@ -34,85 +40,23 @@ impl ProvisionerConfig {
         if broker_port.is_some() {
             w.push(ignored(&sec, "broker_port"));
         }
-        let cert_deny_list = deny_list(&sec)?;
-        let jwt_verify_cert = non_empty(sec.string("jwt_verify_cert")?);
-        let jwt_signing_key = non_empty(sec.string("jwt_signing_key")?).map(PathBuf::from);
-        let jwt_signing_token = non_empty(sec.string("jwt_signing_token")?).map(PathBuf::from);
-        let server_jwt_validity = server_jwt_validity(&sec)?;
+        let trust = trust(&sec)?;
         let rego_policy = non_empty(sec.string("rego_policy")?);
         if rego_policy.is_some() {
             w.push(ignored(&sec, "rego_policy"));
         }
         let leader_election = sec.bool("leader_election")?.unwrap_or(false);
-        let upgrades_repository = non_empty(sec.string("upgrades_repository")?);
-        let upgrades_optional = sec.bool("upgrades_optional")?.unwrap_or(false);
+        let upgrades = upgrades(&sec)?;
         let features = features(file, &sec, w)?;
         let cert_manager = cert_manager(file, &sec, w)?;
-        if cert_manager.is_some() && !features.pki {
-            w.push(sec.warning(
-                "cert_manager",
-                "set while features.pki is off: no CSR is fetched, so cert-manager signs nothing",
-            ));
-        }
-        if features.pki && helper.is_empty() && cert_manager.is_none() {
-            return Err(sec.error(
-                "helper",
-                "required with features.pki unless cert_manager is set: something has to sign the nodes' certificates (configuration_template only configures them)",
-            ));
-        }
-        if features.jwt && jwt_verify_cert.is_none() {
-            return Err(sec.error(
-                "jwt_verify_cert",
-                format!(
-                    "required when {} is enabled: the file or hex ed25519 public key that verifies the nodes' provisioning.jwt",
-                    if features.ed25519 { "features.ed25519" } else { "features.jwt" }
-                ),
-            ));
-        }
-        if features.ed25519 && jwt_signing_key.is_none() {
-            return Err(sec.error(
-                "jwt_signing_key",
-                "required when features.ed25519 is enabled: the ed25519 seed file that signs server JWTs",
-            ));
-        }
-        if features.upgrades && upgrades_repository.is_none() && !upgrades_optional {
-            w.push(sec.warning(
-                "upgrades_repository",
-                "not set while features.upgrades is enabled; nodes whose helper asks for an upgrade will fail (set it, or upgrades_optional: true)",
-            ));
-        }
+        check_signers(&sec, w, &features, &helper, cert_manager.as_ref(), &trust)?;
+        check_upgrades(&sec, w, &features, &upgrades);
         let timeouts = timeouts(&sec, w)?;
-        let reply_window = match sec.duration("reply_window")? {
-            Some((raw, d)) if !raw.trim().is_empty() => d,
-            _ => DEFAULT_REPLY_WINDOW,
-        };
-        let csr_allowed_dns_names = sec
-            .string_list("csr_allowed_dns_names")?
-            .unwrap_or_default();
-        for (i, pattern) in csr_allowed_dns_names.iter().enumerate() {
-            if let Err(e) = compile_whole_name(pattern) {
-                return Err(sec.item_error(
-                    "csr_allowed_dns_names",
-                    i,
-                    format!("{pattern:?} is not a regular expression: {e}"),
-                ));
-            }
-        }
-        let records = crate::day_two::records(file, &sec, w)?;
-        let renewal = crate::day_two::renewal(file, &sec, records.as_ref(), w)?;
-        if renewal.is_some() && creds.token.is_empty() && creds.token_file.is_none() {
-            return Err(sec.error(
-                "renewal",
-                "needs token (or token_file): reprovision carries the nodes' provisioning token, which records never hold",
-            ));
-        }
-        if let Some(r) = &renewal {
-            crate::day_two::check_lead(
-                file,
-                r,
-                shortest_lifetime(&features, server_jwt_validity, cert_manager.as_ref()),
-            )?;
-        }
+        let reply_window = reply_window(&sec)?;
+        let csr_allowed_dns_names = csr_allowed_dns_names(&sec)?;
+        let lifetime =
+            shortest_lifetime(&features, trust.server_jwt_validity, cert_manager.as_ref());
+        let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -138,15 +82,15 @@ impl ProvisionerConfig {
             monitor_port,
             broker_port,
             broker_provisioning_password: creds.password,
-            cert_deny_list,
-            jwt_verify_cert,
-            jwt_signing_key,
-            jwt_signing_token,
-            server_jwt_validity,
+            cert_deny_list: trust.cert_deny_list,
+            jwt_verify_cert: trust.jwt_verify_cert,
+            jwt_signing_key: trust.jwt_signing_key,
+            jwt_signing_token: trust.jwt_signing_token,
+            server_jwt_validity: trust.server_jwt_validity,
             rego_policy,
             leader_election,
-            upgrades_repository,
-            upgrades_optional,
+            upgrades_repository: upgrades.repository,
+            upgrades_optional: upgrades.optional,
             features,
             election,
             discovery_timeout: timeouts.discovery_timeout,
@@ -162,37 +106,6 @@ impl ProvisionerConfig {
             warnings,
         })
     }
-}
-
-/// The shortest lifetime this configuration issues, when it knows one: the
-/// server JWTs (`features.ed25519`) and cert-manager's certificates (with a
-/// `duration`); a helper's certificates are its own business.
-fn shortest_lifetime(
-    features: &Features,
-    server_jwt_validity: Duration,
-    cert_manager: Option<&CertManagerConfig>,
-) -> Option<crate::day_two::Lifetime> {
-    use crate::day_two::Lifetime;
-    let jwt = features.ed25519.then_some(Lifetime {
-        setting: "server_jwt_validity",
-        lifetime: server_jwt_validity,
-    });
-    let cert = cert_manager.and_then(|c| c.duration).map(|d| Lifetime {
-        setting: "cert_manager.duration",
-        lifetime: d,
-    });
-    match (jwt, cert) {
-        (Some(j), Some(c)) => Some(if c.lifetime < j.lifetime { c } else { j }),
-        (j, c) => j.or(c),
-    }
-}
-
-/// A key Go accepts and ignores.
-fn ignored(sec: &Section, key: &str) -> ConfigWarning {
-    sec.warning(
-        key,
-        "accepted for compatibility but not used (the Go provisioner ignores it too)",
-    )
 }
 
 /// `workers`: Go's `runtime.NumCPU()` for 0 or unset.
@@ -256,204 +169,6 @@ fn helper(sec: &Section, templated: bool) -> Result<String, ConfigError> {
         )),
         Ok(_) => Ok(helper),
     }
-}
-
-/// `cert_manager:`: an issuer name, a namespace, known usages.
-fn cert_manager(
-    file: &Path,
-    sec: &Section,
-    w: &mut Vec<ConfigWarning>,
-) -> Result<Option<CertManagerConfig>, ConfigError> {
-    if !sec.is_set("cert_manager") {
-        return Ok(None);
-    }
-    let c = Section::new(
-        file,
-        &format!("{}.", sec.key("cert_manager")),
-        sec.node("cert_manager").cloned().unwrap_or(Node::Null),
-        CertManagerFile::KEYS,
-        w,
-    )?;
-    let name = |key: &str, default: Option<&str>| -> Result<String, ConfigError> {
-        match (non_empty(c.string(key)?), default) {
-            (Some(v), _) if crate::names::is_dns_subdomain(&v) || key == "issuer_kind" => Ok(v),
-            (Some(v), _) => Err(c.error(key, format!("{v:?} is not a Kubernetes name"))),
-            (None, Some(d)) => Ok(d.to_string()),
-            (None, None) => Err(c.error(
-                key,
-                match key {
-                    "issuer" => "required: the name of the cert-manager Issuer (or, with issuer_kind: ClusterIssuer, ClusterIssuer) that signs the nodes' CSRs",
-                    _ => "required: the namespace the CertificateRequests are made in (an Issuer must be there too; the operator sets its own)",
-                },
-            )),
-        }
-    };
-    let issuer = name("issuer", None)?;
-    let issuer_kind = name("issuer_kind", Some("Issuer"))?;
-    if !issuer_kind.chars().all(|ch| ch.is_ascii_alphanumeric()) {
-        return Err(c.error("issuer_kind", format!("{issuer_kind:?} is not a kind")));
-    }
-    let issuer_group = name("issuer_group", Some("cert-manager.io"))?;
-    let namespace = name("namespace", None)?;
-    if !crate::names::is_dns_label(&namespace) {
-        return Err(c.error(
-            "namespace",
-            format!("{namespace:?} is not a namespace name"),
-        ));
-    }
-    let duration = match c.duration("duration")? {
-        Some((raw, d)) if !raw.trim().is_empty() => {
-            if d < Duration::from_secs(3600) {
-                return Err(c.error(
-                    "duration",
-                    format!("{raw} is shorter than cert-manager's minimum of 1h"),
-                ));
-            }
-            Some(d)
-        }
-        _ => None,
-    };
-    let usages = c.string_list("usages")?.unwrap_or_else(|| {
-        DEFAULT_CERT_MANAGER_USAGES
-            .iter()
-            .map(|u| u.to_string())
-            .collect()
-    });
-    for (i, u) in usages.iter().enumerate() {
-        if !CERT_MANAGER_USAGES.contains(&u.as_str()) {
-            return Err(c.item_error(
-                "usages",
-                i,
-                format!("{u:?} is not a cert-manager key usage (e.g. \"digital signature\", \"server auth\", \"client auth\")"),
-            ));
-        }
-    }
-    let timeout = positive_duration(&c, "timeout", DEFAULT_CERT_MANAGER_TIMEOUT)?;
-    let keep = match c.duration("keep")? {
-        Some((raw, d)) if !raw.trim().is_empty() => d,
-        _ => Duration::ZERO,
-    };
-    Ok(Some(CertManagerConfig {
-        issuer,
-        issuer_kind,
-        issuer_group,
-        namespace,
-        duration,
-        usages,
-        timeout,
-        keep,
-    }))
-}
-
-/// A policy file name as go-choria's `configure` writes it into the
-/// node's policy directory: `<name><extension>`, the name of letters,
-/// digits, `_`, `-` and `.` (no path, not hidden).
-fn is_policy_file(name: &str, extension: &str) -> bool {
-    name.strip_suffix(extension).is_some_and(|stem| {
-        !stem.is_empty()
-            && !stem.starts_with('.')
-            && stem
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    })
-}
-
-/// `configuration_template:`: names that are safe where they end up (a
-/// Choria setting is one `key = value` line; a policy is a file named after
-/// its agent), every template compiles, `server_claims` are claims.
-fn configuration_template(
-    file: &Path,
-    sec: &Section,
-    w: &mut Vec<ConfigWarning>,
-) -> Result<Option<ConfigurationTemplate>, ConfigError> {
-    if !sec.is_set("configuration_template") {
-        return Ok(None);
-    }
-    let prefix = format!("{}.", sec.key("configuration_template"));
-    let tsec = Section::new(
-        file,
-        &prefix,
-        sec.node("configuration_template")
-            .cloned()
-            .unwrap_or(Node::Null),
-        ConfigurationTemplateFile::KEYS,
-        w,
-    )?;
-    let values = match tsec.node("values") {
-        None => BTreeMap::new(),
-        Some(n @ Node::Map(_)) => match n.to_json() {
-            serde_json::Value::Object(m) => m.into_iter().collect(),
-            _ => unreachable!("a mapping is a JSON object"),
-        },
-        Some(other) => {
-            return Err(tsec.error(
-                "values",
-                format!("expected a mapping, found {}", other.kind()),
-            ))
-        }
-    };
-    let configuration = tsec.string_map(CONFIGURATION)?.unwrap_or_default();
-    for key in configuration.keys() {
-        if key.is_empty()
-            || key.contains('=')
-            || key.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(tsec.error(
-                CONFIGURATION,
-                format!(
-                    "{key:?} is not a Choria setting name (no spaces, '=' or control characters)"
-                ),
-            ));
-        }
-    }
-    // go-choria refuses other names ("expected %q to have .policy
-    // extension") after writing the configuration: the node would be
-    // configured without its policies.
-    let policies = |section: &str, ext: &str| -> Result<BTreeMap<String, String>, ConfigError> {
-        let map = tsec.string_map(section)?.unwrap_or_default();
-        for file in map.keys() {
-            if !is_policy_file(file, ext) {
-                return Err(tsec.error(
-                    section,
-                    format!("{file:?} is not a policy file name such as rpcutil{ext} (letters, digits, _, - and ., ending {ext})"),
-                ));
-            }
-        }
-        Ok(map)
-    };
-    let action_policies = policies(ACTION_POLICIES, ".policy")?;
-    let opa_policies = policies(OPA_POLICIES, ".rego")?;
-    let server_claims = match tsec.node("server_claims") {
-        None => None,
-        Some(n) => Some(
-            serde_json::from_value(n.to_json())
-                .map_err(|e| tsec.error("server_claims", format!("not server claims: {e}")))?,
-        ),
-    };
-    let upgrade = non_empty(tsec.string("upgrade")?);
-    let template = ConfigurationTemplate {
-        values,
-        configuration,
-        action_policies,
-        opa_policies,
-        server_claims,
-        upgrade,
-    };
-    if let Err(e) = template.environments() {
-        return Err(ConfigError::invalid(
-            file,
-            None,
-            format!("{prefix}{}", e.name),
-            format!("not a valid template: {}", e.reason),
-        ));
-    }
-    if template.configuration.is_empty() && !sec.is_set("helper") {
-        return Err(tsec.error(
-            CONFIGURATION,
-            "empty while no helper is set: nodes would get no configuration",
-        ));
-    }
-    Ok(Some(template))
 }
 
 struct Credentials {
@@ -524,6 +239,34 @@ fn monitor_port(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Option<u16>
     }
 }
 
+/// A key Go accepts and ignores.
+fn ignored(sec: &Section, key: &str) -> ConfigWarning {
+    sec.warning(
+        key,
+        "accepted for compatibility but not used (the Go provisioner ignores it too)",
+    )
+}
+
+/// The settings that decide what is trusted and what is issued.
+struct Trust {
+    cert_deny_list: Vec<String>,
+    jwt_verify_cert: Option<String>,
+    jwt_signing_key: Option<PathBuf>,
+    jwt_signing_token: Option<PathBuf>,
+    server_jwt_validity: Duration,
+}
+
+/// `cert_deny_list`, the `jwt_*` keys and `server_jwt_validity`.
+fn trust(sec: &Section) -> Result<Trust, ConfigError> {
+    Ok(Trust {
+        cert_deny_list: deny_list(sec)?,
+        jwt_verify_cert: non_empty(sec.string("jwt_verify_cert")?),
+        jwt_signing_key: non_empty(sec.string("jwt_signing_key")?).map(PathBuf::from),
+        jwt_signing_token: non_empty(sec.string("jwt_signing_token")?).map(PathBuf::from),
+        server_jwt_validity: server_jwt_validity(sec)?,
+    })
+}
+
 /// `cert_deny_list`: Go's list when unset or empty; every pattern compiles.
 fn deny_list(sec: &Section) -> Result<Vec<String>, ConfigError> {
     let list = match sec.string_list("cert_deny_list")? {
@@ -554,38 +297,74 @@ fn server_jwt_validity(sec: &Section) -> Result<Duration, ConfigError> {
     }
 }
 
-/// `features:`: `pki` and `ed25519` exclude each other; `ed25519` turns `jwt` on.
-fn features(
-    file: &Path,
+struct Upgrades {
+    repository: Option<String>,
+    optional: bool,
+}
+
+/// `upgrades_repository` and `upgrades_optional`.
+fn upgrades(sec: &Section) -> Result<Upgrades, ConfigError> {
+    Ok(Upgrades {
+        repository: non_empty(sec.string("upgrades_repository")?),
+        optional: sec.bool("upgrades_optional")?.unwrap_or(false),
+    })
+}
+
+/// What the enabled features need to work at all: someone to sign the
+/// nodes' certificates (`pki`), a key to verify their JWTs (`jwt`), a key to
+/// sign theirs (`ed25519`). A cert-manager with nothing to sign is a warning.
+fn check_signers(
     sec: &Section,
     w: &mut Vec<ConfigWarning>,
-) -> Result<Features, ConfigError> {
-    let fsec = Section::new(
-        file,
-        &format!("{}.", sec.key("features")),
-        sec.node("features").cloned().unwrap_or(Node::Null),
-        FeaturesFile::KEYS,
-        w,
-    )?;
-    let mut features = Features {
-        pki: fsec.bool("pki")?.unwrap_or(false),
-        jwt: fsec.bool("jwt")?.unwrap_or(false),
-        ed25519: fsec.bool("ed25519")?.unwrap_or(false),
-        upgrades: fsec.bool("upgrades")?.unwrap_or(false),
-    };
-    if features.pki && features.ed25519 {
-        return Err(sec.error(
-            "features",
-            "pki and ed25519 cannot both be enabled; enable only one",
+    features: &Features,
+    helper: &str,
+    cert_manager: Option<&CertManagerConfig>,
+    trust: &Trust,
+) -> Result<(), ConfigError> {
+    if cert_manager.is_some() && !features.pki {
+        w.push(sec.warning(
+            "cert_manager",
+            "set while features.pki is off: no CSR is fetched, so cert-manager signs nothing",
         ));
     }
-    if features.ed25519 {
-        if fsec.bool("jwt")? == Some(false) {
-            w.push(fsec.warning("jwt", "forced on because ed25519 is enabled"));
-        }
-        features.jwt = true;
+    if features.pki && helper.is_empty() && cert_manager.is_none() {
+        return Err(sec.error(
+            "helper",
+            "required with features.pki unless cert_manager is set: something has to sign the nodes' certificates (configuration_template only configures them)",
+        ));
     }
-    Ok(features)
+    if features.jwt && trust.jwt_verify_cert.is_none() {
+        return Err(sec.error(
+            "jwt_verify_cert",
+            format!(
+                "required when {} is enabled: the file or hex ed25519 public key that verifies the nodes' provisioning.jwt",
+                if features.ed25519 { "features.ed25519" } else { "features.jwt" }
+            ),
+        ));
+    }
+    if features.ed25519 && trust.jwt_signing_key.is_none() {
+        return Err(sec.error(
+            "jwt_signing_key",
+            "required when features.ed25519 is enabled: the ed25519 seed file that signs server JWTs",
+        ));
+    }
+    Ok(())
+}
+
+/// `features.upgrades` without a repository fails each node whose helper
+/// asks for an upgrade, unless upgrades are optional: a warning.
+fn check_upgrades(
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+    features: &Features,
+    upgrades: &Upgrades,
+) {
+    if features.upgrades && upgrades.repository.is_none() && !upgrades.optional {
+        w.push(sec.warning(
+            "upgrades_repository",
+            "not set while features.upgrades is enabled; nodes whose helper asks for an upgrade will fail (set it, or upgrades_optional: true)",
+        ));
+    }
 }
 
 struct Timeouts {
@@ -624,4 +403,74 @@ fn timeouts(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Timeouts, Confi
         helper_timeout,
         rpc_timeout,
     })
+}
+
+/// `reply_window`: the default when unset or empty; zero turns the watch off.
+fn reply_window(sec: &Section) -> Result<Duration, ConfigError> {
+    Ok(match sec.duration("reply_window")? {
+        Some((raw, d)) if !raw.trim().is_empty() => d,
+        _ => DEFAULT_REPLY_WINDOW,
+    })
+}
+
+/// `csr_allowed_dns_names`: every pattern compiles.
+fn csr_allowed_dns_names(sec: &Section) -> Result<Vec<String>, ConfigError> {
+    let names = sec
+        .string_list("csr_allowed_dns_names")?
+        .unwrap_or_default();
+    for (i, pattern) in names.iter().enumerate() {
+        if let Err(e) = compile_whole_name(pattern) {
+            return Err(sec.item_error(
+                "csr_allowed_dns_names",
+                i,
+                format!("{pattern:?} is not a regular expression: {e}"),
+            ));
+        }
+    }
+    Ok(names)
+}
+
+/// `records:` and `renewal:`; a renewal needs the provisioning token, and a
+/// lead shorter than the shortest `lifetime` issued.
+fn day_two(
+    file: &Path,
+    sec: &Section,
+    creds: &Credentials,
+    lifetime: Option<Lifetime>,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<(Option<RecordsConfig>, Option<RenewalConfig>), ConfigError> {
+    let records = crate::day_two::records(file, sec, w)?;
+    let renewal = crate::day_two::renewal(file, sec, records.as_ref(), w)?;
+    if renewal.is_some() && creds.token.is_empty() && creds.token_file.is_none() {
+        return Err(sec.error(
+            "renewal",
+            "needs token (or token_file): reprovision carries the nodes' provisioning token, which records never hold",
+        ));
+    }
+    if let Some(r) = &renewal {
+        crate::day_two::check_lead(file, r, lifetime)?;
+    }
+    Ok((records, renewal))
+}
+
+/// The shortest lifetime this configuration issues, when it knows one: the
+/// server JWTs (`features.ed25519`) and cert-manager's certificates (with a
+/// `duration`); a helper's certificates are its own business.
+fn shortest_lifetime(
+    features: &Features,
+    server_jwt_validity: Duration,
+    cert_manager: Option<&CertManagerConfig>,
+) -> Option<Lifetime> {
+    let jwt = features.ed25519.then_some(Lifetime {
+        setting: "server_jwt_validity",
+        lifetime: server_jwt_validity,
+    });
+    let cert = cert_manager.and_then(|c| c.duration).map(|d| Lifetime {
+        setting: "cert_manager.duration",
+        lifetime: d,
+    });
+    match (jwt, cert) {
+        (Some(j), Some(c)) => Some(if c.lifetime < j.lifetime { c } else { j }),
+        (j, c) => j.or(c),
+    }
 }

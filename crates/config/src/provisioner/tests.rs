@@ -1,5 +1,6 @@
 use super::*;
 use crate::ElectionBackend;
+use choria_wire::security::tokens::{ClientIdClaims, TokenSigningKey, TokenVerifyKey};
 use std::io::Write;
 
 const FILE: &str = "provisioner.yaml";
