@@ -872,12 +872,7 @@ fn pods_bounded_at_admission(c: &Cluster) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    c.cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/certificaterequests.cert-manager.io",
-        "--timeout=60s",
-    ]);
+    c.cp.wait_established(&["certificaterequests.cert-manager.io"]);
     let spec = json!({"helper": null, "features": {"pki": true},
                       "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
                       "pki": {"certManager": {"issuerRef": {"name": "fleet-ca"}, "usages": ["client auth", "server auth"]}}});

@@ -115,12 +115,9 @@ impl CertManager {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/certificaterequests.cert-manager.io",
-            "crd/issuers.cert-manager.io",
-            "--timeout=60s",
+        cp.wait_established(&[
+            "certificaterequests.cert-manager.io",
+            "issuers.cert-manager.io",
         ]);
         cp.kubectl_ok(&[
             "create",

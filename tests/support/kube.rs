@@ -392,6 +392,29 @@ impl ControlPlane {
         expect_ok(args, self.kubectl(args))
     }
 
+    /// Waits until each CRD is Established. `kubectl wait` fails at once
+    /// (".status.conditions accessor error: <nil>") when asked before the
+    /// apiserver wrote the CRD's first status, so this asks until it holds.
+    pub fn wait_established(&self, crds: &[&str]) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        for crd in crds {
+            let path = "jsonpath={.status.conditions[?(@.type==\"Established\")].status}";
+            loop {
+                let out = self.kubectl(&["get", &format!("crd/{crd}"), "-o", path]);
+                if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "True" {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "crd/{crd} not Established within 60 s: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+
     /// Runs kubectl as `admin` with `input` on its stdin (`apply -f -`).
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
         self.kubectl_with(&self.admin_kubeconfig, args, Some(input))

@@ -331,12 +331,7 @@ impl Cluster {
 /// the operator's namespace.
 pub fn install_crd(cp: &ControlPlane) {
     apply(cp, &repo_file("crds/provisioner.yaml"));
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        &format!("crd/{PROV}"),
-    ]);
+    cp.wait_established(&[PROV]);
     apply(cp, &repo_file("deploy/namespace.yaml"));
 }
 
