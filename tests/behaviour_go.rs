@@ -17,7 +17,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -234,7 +234,7 @@ async fn run(which: Impl, bin: &Path, sc: &Scenario, root: &Path) -> Outcome {
     let (signer, signer_pub) = jwt_signer(&dir);
     let journal = dir.join("journal.jsonl");
     let mut fopts = FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: sc.nodes,
         token: TOKEN.into(),
         jwt_signer: Some(signer),

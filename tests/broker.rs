@@ -20,7 +20,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::{self, BrokerArgs, ConnectOptions};
+use choria_wire::client::{self, BrokerOptions, ConnectOptions};
 use choria_wire::security::ed25519::Ed25519KeyPair;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -73,7 +73,7 @@ async fn fleet(
     journal: &Path,
 ) -> RunningFleet {
     RunningFleet::start(FleetOptions {
-        broker: BrokerArgs {
+        broker: BrokerOptions {
             nats: vec![broker.url()],
             tls_ca: Some(broker.ca.cert.clone()),
             tls_required: true,
@@ -637,7 +637,7 @@ async fn what_the_broker_refuses_is_refused_and_our_errors_say_why() {
     let provisioning_node = |broker: &ChoriaBroker, jwt: String| ConnectOptions {
         servers: vec![broker.url()],
         name: "node".into(),
-        tls: BrokerArgs {
+        tls: BrokerOptions {
             nats: vec![],
             tls_ca: None,
             tls_required: true,

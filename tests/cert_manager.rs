@@ -21,7 +21,7 @@ mod support;
 
 use choria_fleet::ca as pki;
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -51,7 +51,7 @@ async fn start(
     nodes: usize,
 ) -> (RunningFleet, ProvisionerProcess) {
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes,
         token: "cm-token".into(),
         journal: Some(dir.join(format!("{name}.jsonl"))),

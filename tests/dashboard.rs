@@ -11,7 +11,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use promql::{Matcher, Op, Selector};
 use regex::Regex;
 use serde_json::Value;
@@ -577,7 +577,7 @@ async fn every_dashboard_query_is_answered_by_our_metrics() {
     // One node answers every request with an error (rpc_errors); the helper
     // crashes for nodes 000 and 001 (helper_errors). Both are provision errors.
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: NODES,
         journal: Some(dir.path().join("journal.jsonl")),
         fail_error: 1.0 / NODES as f64,

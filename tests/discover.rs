@@ -7,7 +7,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::protocol::Version;
 use choria_wire::security::ed25519::Ed25519KeyPair;
 use choria_wire::security::tokens::TokenSigningKey;
@@ -40,7 +40,7 @@ async fn discover(args: &[&str]) -> Run {
 
 async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize, protocol: Version) -> RunningFleet {
     RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes,
         protocol,
         journal: Some(dir.join("journal.jsonl")),

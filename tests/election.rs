@@ -11,7 +11,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::election::{assert_no_overlap, choria_like_broker, create_bucket, Watch};
@@ -116,7 +116,7 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     // Simulated servers send their provisioning JWT as a token, which an
     // account-based server would refuse; they log in as the provisioning user.
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+        broker: BrokerOptions::at([nats.url().replace("nats://", "nats://prov:prov@")]),
         nodes,
         token: "s3cret".into(),
         journal: Some(dir.path().join("journal.jsonl")),

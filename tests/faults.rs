@@ -11,7 +11,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -82,7 +82,7 @@ impl Cluster {
     async fn with(nats: NatsServer, nodes: usize, election_yaml: String) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let fleet = RunningFleet::start(FleetOptions {
-            broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+            broker: BrokerOptions::at([nats.url().replace("nats://", "nats://prov:prov@")]),
             nodes,
             token: "s3cret".into(),
             journal: Some(dir.path().join("journal.jsonl")),

@@ -3,7 +3,7 @@
 mod support;
 
 use choria_fleet::{self as fleet, Directed, FleetOptions};
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
 use choria_wire::filter::Filter;
 use choria_wire::lifecycle::{self, EventType};
@@ -42,7 +42,7 @@ async fn start_fleet(nats: &NatsServer, tweak: impl FnOnce(&mut FleetOptions)) -
     let seed_path = dir.path().join("signer.seed");
     std::fs::write(&seed_path, signer.seed_hex()).unwrap();
     let mut opts = FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: 5,
         token: TOKEN.into(),
         jwt_signer: Some(seed_path),
@@ -606,7 +606,7 @@ async fn fleet_connects_over_tls_when_the_url_asks_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("j.jsonl");
     let opts = FleetOptions {
-        broker: BrokerArgs::at([tls_url]),
+        broker: BrokerOptions::at([tls_url]),
         nodes: 2,
         journal: Some(journal.clone()),
         key_pool_size: 1,

@@ -12,7 +12,7 @@ use choria_core::provision::pipeline::registry::{Lane, EVENT_QUEUE};
 use choria_core::provision::suspects::NODE_LOG_BURST;
 use choria_fleet::ca::CertificateAuthority;
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::protocol::Version;
 use choria_wire::security::ed25519::Ed25519KeyPair;
 use choria_wire::security::tokens::{ProvisioningClaims, TokenSigningKey};
@@ -114,7 +114,7 @@ impl Scene {
         )
         .unwrap();
         let mut opts = FleetOptions {
-            broker: BrokerArgs::at([nats.url()]),
+            broker: BrokerOptions::at([nats.url()]),
             nodes: setup.nodes,
             token: TOKEN.into(),
             jwt_signer: Some(seed),

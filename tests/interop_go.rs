@@ -18,7 +18,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, ChoriaClient, DiscoveryOptions, Identity};
 use choria_wire::filter::Filter;
 use choria_wire::lifecycle::{self, EventType};
@@ -423,7 +423,7 @@ async fn start_fleet(
 ) -> RunningFleet {
     let journal = dir.join(format!("journal-{}.jsonl", uuid::Uuid::new_v4().simple()));
     let mut opts = FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: 3,
         token: TOKEN.into(),
         journal: Some(journal),

@@ -8,7 +8,7 @@ use choria_core::monitor::Exposition;
 use choria_core::provision::gate::PauseReason;
 use choria_core::provision::{Options, Provisioner, Shared};
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, EventFormat};
 use choria_wire::lifecycle::{Event, EventType};
 use serde_json::Value;
@@ -92,7 +92,7 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Shared)
 
 async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
     RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes,
         journal: Some(dir.join("journal.jsonl")),
         key_pool_size: 2,
@@ -268,7 +268,7 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     // Every node takes 1.5 s per directed request (rpc_timeout is 3 s), so
     // each sequence has its first RPC in flight when leadership blips.
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: N,
         journal: Some(dir.path().join("journal.jsonl")),
         key_pool_size: 2,

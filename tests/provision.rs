@@ -8,7 +8,7 @@ mod support;
 
 use choria_fleet::ca as pki;
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use choria_wire::protocol::Version;
 use choria_wire::security::csr;
 use choria_wire::security::ed25519::Ed25519KeyPair;
@@ -89,7 +89,7 @@ impl Run {
         std::fs::write(&issuer_seed, issuer.seed_hex()).unwrap();
 
         let mut fopts = FleetOptions {
-            broker: BrokerArgs::at([nats.url()]),
+            broker: BrokerOptions::at([nats.url()]),
             nodes: opts.nodes,
             token: TOKEN.into(),
             jwt_signer: Some(issuer_seed.clone()),
@@ -926,7 +926,7 @@ async fn a_stalled_stdout_does_not_stall_provisioning() {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: N,
         journal: Some(dir.path().join("journal.jsonl")),
         key_pool_size: 2,

@@ -8,7 +8,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
     let journal = dir.path().join("journal.jsonl");
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: NODES,
         token: TOKEN.into(),
         journal: Some(journal.clone()),
@@ -242,7 +242,7 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
     let journal = dir.path().join("journal.jsonl");
     let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url()]),
+        broker: BrokerOptions::at([nats.url()]),
         nodes: FLEET,
         token: TOKEN.into(),
         journal: Some(journal.clone()),

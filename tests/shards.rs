@@ -12,7 +12,7 @@
 mod support;
 
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerArgs;
+use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -139,7 +139,7 @@ async fn fleet(nats: &NatsServer, dir: &Path, prefix: &str, nodes: usize) -> Run
     // Simulated servers send their provisioning JWT as a token, which an
     // account-based server would refuse; they log in as the provisioning user.
     RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+        broker: BrokerOptions::at([nats.url().replace("nats://", "nats://prov:prov@")]),
         nodes,
         identity_prefix: prefix.into(),
         journal: Some(dir.join(format!("{prefix}journal.jsonl"))),
@@ -429,7 +429,7 @@ async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
     r.settled(2, Duration::from_secs(30)).await;
     let nodes = 2000;
     let f = RunningFleet::start(FleetOptions {
-        broker: BrokerArgs::at([nats.url().replace("nats://", "nats://prov:prov@")]),
+        broker: BrokerOptions::at([nats.url().replace("nats://", "nats://prov:prov@")]),
         nodes,
         journal: Some(dir.path().join("journal.jsonl")),
         key_pool_size: 2,

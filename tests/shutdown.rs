@@ -81,7 +81,7 @@ async fn run_exits_within_the_limit_after_sigterm_with_the_broker_gone() {
     let dir = tempfile::tempdir().unwrap();
     let mut nats = NatsServer::start();
     let fleet = support::RunningFleet::start(choria_fleet::FleetOptions {
-        broker: choria_wire::client::BrokerArgs::at([nats.url()]),
+        broker: choria_wire::client::BrokerOptions::at([nats.url()]),
         nodes: 400,
         key_pool_size: 1,
         journal: Some(dir.path().join("journal.jsonl")),

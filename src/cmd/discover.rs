@@ -1,9 +1,10 @@
 //! `choria-provisioner discover`: broadcast discovery of provisioning-mode
 //! servers, as the provisioner does it, and optionally their inventory.
 
+use super::broker::BrokerArgs;
 use anyhow::{Context, Result};
 use choria_wire::client::{
-    self, BrokerArgs, ChoriaClient, ConnectOptions, DiscoveryOptions, Identity,
+    self, BrokerOptions, ChoriaClient, ConnectOptions, DiscoveryOptions, Identity,
 };
 use choria_wire::filter::Filter;
 use choria_wire::protocol::RequestSigner;
@@ -82,10 +83,11 @@ fn read_trimmed(path: &Path, flag: &str) -> Result<String> {
 
 pub async fn run(args: DiscoverArgs) -> Result<()> {
     let (signer, caller, nats_jwt) = credentials(&args)?;
+    let broker = BrokerOptions::from(args.broker);
     let nats = client::connect(&ConnectOptions {
-        servers: args.broker.nats.clone(),
+        tls: broker.tls(),
+        servers: broker.nats,
         name: format!("{}-discover", args.identity),
-        tls: args.broker.tls(),
         nats_jwt,
         ..Default::default()
     })

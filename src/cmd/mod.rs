@@ -6,6 +6,7 @@
 //! Choria Helm chart's Deployment passes — runs the provisioner unchanged.
 //! `--debug` and the log options are accepted before or after the subcommand.
 
+pub mod broker;
 pub mod crd;
 pub mod discover;
 pub mod fleet;
@@ -128,9 +129,10 @@ pub fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     // The helper runs once per node: no runtime and no logging on stdout.
-    if let Command::FleetHelper(args) = &command {
-        return fleet_helper::run(args);
-    }
+    let command = match command {
+        Command::FleetHelper(args) => return fleet_helper::run(args),
+        command => command,
+    };
     if let Command::Crd = &command {
         return crd::run();
     }
@@ -269,7 +271,7 @@ mod tests {
         match parse(&["--debug", "fleet", "--nodes", "3"]) {
             Ok((g, Command::Fleet(f))) => {
                 assert!(g.debug);
-                assert_eq!(f.options.nodes, 3);
+                assert_eq!(f.nodes, 3);
             }
             other => panic!("{other:?}"),
         }

@@ -734,7 +734,7 @@ pub fn fleet_options(
     journal: &Path,
 ) -> choria_fleet::FleetOptions {
     choria_fleet::FleetOptions {
-        broker: choria_wire::client::BrokerArgs::at([nats.url()]),
+        broker: choria_wire::client::BrokerOptions::at([nats.url()]),
         nodes,
         token: TOKEN.into(),
         journal: Some(journal.to_path_buf()),

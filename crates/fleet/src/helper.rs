@@ -28,9 +28,9 @@ use choria_wire::security::csr;
 
 /// Where nodes are sent when `--broker` is not given.
 pub const DEFAULT_BROKER: &str = "nats://broker.example.net:4222";
-/// How long certificates signed with `--ca-cert` last.
+/// How long certificates signed with `--ca-cert` last unless `--validity`
+/// says otherwise.
 pub const CERTIFICATE_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
-// (The default of `--validity`.)
 /// How long `--fail hang` sleeps: far longer than any sane helper timeout.
 pub const HANG_FOR: Duration = Duration::from_secs(3600);
 /// Exit status for bad input, bad options and other real errors.
@@ -41,69 +41,65 @@ pub const EXIT_CRASH: u8 = 3;
 const DEFER_MSG: &str = "deferred once by fleet-helper";
 const SHUTDOWN_MSG: &str = "shut down by fleet-helper: identity matches --shutdown-match";
 
-/// Options of `choria-provisioner fleet-helper`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct FleetHelperArgs {
+/// What `choria-provisioner fleet-helper` can be told (`cmd::fleet_helper`
+/// in the binary turns its command line into these).
+#[derive(Debug, Clone)]
+pub struct FleetHelperOptions {
     /// NATS broker the provisioned nodes connect to (`plugin.choria.middleware_hosts`).
-    #[arg(long, value_name = "URL", default_value = DEFAULT_BROKER)]
     pub broker: String,
-
-    /// Extra configuration setting for every node; repeat for more. Overrides
-    /// the built-in settings of the same name.
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    /// Extra configuration settings for every node; they override the
+    /// built-in settings of the same name.
     pub settings: Vec<(String, String)>,
-
-    /// CA certificate (PEM) to sign node CSRs with, valid for one year. Needs --ca-key.
-    #[arg(long, value_name = "FILE", requires = "ca_key")]
+    /// CA certificate (PEM) to sign node CSRs with; used with `ca_key`.
     pub ca_cert: Option<PathBuf>,
-
-    /// Unencrypted RSA private key (PKCS#1 or PKCS#8 PEM) of --ca-cert.
-    #[arg(long, value_name = "FILE", requires = "ca_cert")]
+    /// Unencrypted RSA private key (PKCS#1 or PKCS#8 PEM) of `ca_cert`.
     pub ca_key: Option<PathBuf>,
-
-    /// How long the certificates it signs are valid (a Choria duration
-    /// such as `1y` or `2m`: short ones exercise renewal).
-    #[arg(long, value_name = "DURATION", value_parser = validity, default_value = "1y")]
+    /// How long the certificates it signs are valid.
     pub validity: Duration,
-
     /// PEM private key to ship to every node as its `key`.
-    #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
-
     /// Ask nodes to upgrade to this version before configuring them.
-    #[arg(long, value_name = "VERSION")]
     pub upgrade: Option<String>,
-
-    /// Collectives for the nodes' server JWT claims (comma separated).
-    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    /// Collectives for the nodes' server JWT claims.
     pub collectives: Vec<String>,
-
     /// Organization unit (`ou`) for the nodes' server JWT claims.
-    #[arg(long, value_name = "OU")]
     pub org: Option<String>,
-
-    /// Defer each node once: its first run creates DIR/<identity> and answers
-    /// `defer`, later runs provision it.
-    #[arg(long, value_name = "DIR")]
+    /// Defer each node once: its first run creates a file named after its
+    /// identity in this directory and answers `defer`, later runs provision it.
     pub defer_once_dir: Option<PathBuf>,
-
-    /// Tell nodes whose identity matches this regular expression (unanchored)
-    /// to shut down.
-    #[arg(long, value_name = "REGEX", value_parser = Regex::new)]
+    /// Tell nodes whose identity matches (unanchored) to shut down.
     pub shutdown_match: Option<Regex>,
-
-    /// Misbehave like a broken helper (for the nodes selected by --fail-match).
-    #[arg(long, value_name = "MODE", value_enum)]
+    /// Misbehave like a broken helper (for the nodes selected by `fail_match`).
     pub fail: Option<FailMode>,
-
-    /// Only fail for identities matching this regular expression (unanchored;
-    /// default: every node).
-    #[arg(long, value_name = "REGEX", value_parser = Regex::new, requires = "fail")]
+    /// Only fail for identities matching (unanchored; `None`: every node).
     pub fail_match: Option<Regex>,
 }
 
+impl Default for FleetHelperOptions {
+    /// The command line's defaults (a test of `cmd::fleet_helper` keeps them
+    /// equal): a working configuration pointing at [`DEFAULT_BROKER`], no
+    /// CA, no misbehaviour.
+    fn default() -> Self {
+        FleetHelperOptions {
+            broker: DEFAULT_BROKER.into(),
+            settings: Vec::new(),
+            ca_cert: None,
+            ca_key: None,
+            validity: CERTIFICATE_VALIDITY,
+            key_file: None,
+            upgrade: None,
+            collectives: Vec::new(),
+            org: None,
+            defer_once_dir: None,
+            shutdown_match: None,
+            fail: None,
+            fail_match: None,
+        }
+    }
+}
+
 /// The ways `--fail` makes the helper misbehave.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailMode {
     /// Sleep for an hour before answering (the provisioner's timeout should
     /// kill it first).
@@ -115,11 +111,10 @@ pub enum FailMode {
     /// Print nothing and exit 0.
     Empty,
     /// Print a valid response but exit with status 1.
-    #[value(name = "exit1")]
     Exit1,
 }
 
-impl FleetHelperArgs {
+impl FleetHelperOptions {
     /// The failure to simulate for `identity`, if any.
     pub fn failure_for(&self, identity: &str) -> Option<FailMode> {
         let mode = self.fail?;
@@ -127,13 +122,6 @@ impl FleetHelperArgs {
             Some(re) if !re.is_match(identity) => None,
             _ => Some(mode),
         }
-    }
-}
-
-fn parse_setting(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
     }
 }
 
@@ -259,28 +247,8 @@ struct ServerClaims {
 /// Answers one helper input (stdin bytes) with the response (stdout bytes,
 /// newline terminated). `--fail` is not applied here: it is about the
 /// process's streams and exit status, which [`main_with_stdio`] owns.
-/// A whole number and a unit: `s`, `m`, `h`, `d`, `w` or `y`.
-fn validity(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 2m, 1h or 1y"))?;
-    let unit = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        "y" => 365 * 86_400,
-        _ => return Err(format!("{s:?}: the unit is one of s, m, h, d, w, y")),
-    };
-    Ok(Duration::from_secs(n * unit))
-}
-
-pub fn run(args: &FleetHelperArgs, input: &[u8]) -> Result<Vec<u8>, FleetHelperError> {
-    respond(args, &parse_input(input)?)
+pub fn run(opts: &FleetHelperOptions, input: &[u8]) -> Result<Vec<u8>, FleetHelperError> {
+    respond(opts, &parse_input(input)?)
 }
 
 fn parse_input(input: &[u8]) -> Result<Input, FleetHelperError> {
@@ -294,9 +262,9 @@ fn parse_input(input: &[u8]) -> Result<Input, FleetHelperError> {
     Ok(input)
 }
 
-fn respond(args: &FleetHelperArgs, input: &Input) -> Result<Vec<u8>, FleetHelperError> {
+fn respond(opts: &FleetHelperOptions, input: &Input) -> Result<Vec<u8>, FleetHelperError> {
     let identity = input.identity.as_str();
-    let output = if args
+    let output = if opts
         .shutdown_match
         .as_ref()
         .is_some_and(|re| re.is_match(identity))
@@ -306,14 +274,14 @@ fn respond(args: &FleetHelperArgs, input: &Input) -> Result<Vec<u8>, FleetHelper
             msg: Some(SHUTDOWN_MSG),
             ..Default::default()
         }
-    } else if first_sighting(args.defer_once_dir.as_deref(), identity)? {
+    } else if first_sighting(opts.defer_once_dir.as_deref(), identity)? {
         Output {
             defer: true,
             msg: Some(DEFER_MSG),
             ..Default::default()
         }
     } else {
-        provision(args, input)?
+        provision(opts, input)?
     };
     let mut out = serde_json::to_vec(&output).map_err(FleetHelperError::Output)?;
     out.push(b'\n');
@@ -346,7 +314,7 @@ fn first_sighting(dir: Option<&Path>, identity: &str) -> Result<bool, FleetHelpe
     }
 }
 
-fn provision(args: &FleetHelperArgs, input: &Input) -> Result<Output, FleetHelperError> {
+fn provision(opts: &FleetHelperOptions, input: &Input) -> Result<Output, FleetHelperError> {
     let identity = &input.identity;
     let mut configuration = BTreeMap::from([
         ("identity".to_string(), identity.clone()),
@@ -356,24 +324,24 @@ fn provision(args: &FleetHelperArgs, input: &Input) -> Result<Output, FleetHelpe
         ),
         (
             "plugin.choria.middleware_hosts".to_string(),
-            args.broker.clone(),
+            opts.broker.clone(),
         ),
         ("loglevel".to_string(), "info".to_string()),
     ]);
-    configuration.extend(args.settings.iter().cloned());
+    configuration.extend(opts.settings.iter().cloned());
 
     let mut output = Output {
         configuration: Some(configuration),
-        upgrade: args.upgrade.clone(),
+        upgrade: opts.upgrade.clone(),
         ..Default::default()
     };
-    if !args.collectives.is_empty() || args.org.is_some() {
+    if !opts.collectives.is_empty() || opts.org.is_some() {
         output.server_claims = Some(ServerClaims {
-            collectives: args.collectives.clone(),
-            ou: args.org.clone(),
+            collectives: opts.collectives.clone(),
+            ou: opts.org.clone(),
         });
     }
-    if let Some(path) = &args.key_file {
+    if let Some(path) = &opts.key_file {
         output.key = Some(read(path, "--key-file")?);
     }
 
@@ -381,7 +349,7 @@ fn provision(args: &FleetHelperArgs, input: &Input) -> Result<Output, FleetHelpe
     let csr_pem = csr_input
         .and_then(|c| c.csr.as_deref())
         .filter(|c| !c.is_empty());
-    if let (Some(csr_pem), Some(ca)) = (csr_pem, load_ca(args)?) {
+    if let (Some(csr_pem), Some(ca)) = (csr_pem, load_ca(opts)?) {
         let sign_err = |source| FleetHelperError::Sign {
             identity: identity.clone(),
             source,
@@ -396,7 +364,7 @@ fn provision(args: &FleetHelperArgs, input: &Input) -> Result<Output, FleetHelpe
                 identity: identity.clone(),
             });
         }
-        output.certificate = Some(ca.sign_csr(csr_pem, args.validity).map_err(sign_err)?);
+        output.certificate = Some(ca.sign_csr(csr_pem, opts.validity).map_err(sign_err)?);
         output.ca = Some(ca.cert_pem());
         output.ssldir = csr_input
             .and_then(|c| c.ssldir.clone())
@@ -415,11 +383,13 @@ fn read(path: &Path, what: &'static str) -> Result<String, FleetHelperError> {
 
 /// The `--ca-cert`/`--ca-key` CA, loaded once per process however often
 /// [`run`] is called (benchmarks call it in a loop).
-fn load_ca(args: &FleetHelperArgs) -> Result<Option<Arc<CertificateAuthority>>, FleetHelperError> {
+fn load_ca(
+    opts: &FleetHelperOptions,
+) -> Result<Option<Arc<CertificateAuthority>>, FleetHelperError> {
     type Cache = Mutex<HashMap<(PathBuf, PathBuf), Arc<CertificateAuthority>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
 
-    let (Some(cert), Some(key)) = (&args.ca_cert, &args.ca_key) else {
+    let (Some(cert), Some(key)) = (&opts.ca_cert, &opts.ca_key) else {
         return Ok(None);
     };
     let mut cache = CACHE
@@ -444,14 +414,14 @@ fn load_ca(args: &FleetHelperArgs) -> Result<Option<Arc<CertificateAuthority>>, 
 /// The whole helper process: reads stdin, writes the answer to stdout,
 /// applies `--fail`, and returns the exit status (2 for errors, reported on
 /// stderr).
-pub fn main_with_stdio(args: &FleetHelperArgs) -> ExitCode {
+pub fn main_with_stdio(opts: &FleetHelperOptions) -> ExitCode {
     let mut input = Vec::new();
     if let Err(e) = io::stdin().lock().read_to_end(&mut input) {
         eprintln!("fleet-helper: could not read stdin: {e}");
         return ExitCode::from(EXIT_ERROR);
     }
     let code = serve(
-        args,
+        opts,
         &input,
         &mut io::stdout().lock(),
         &mut io::stderr().lock(),
@@ -462,7 +432,7 @@ pub fn main_with_stdio(args: &FleetHelperArgs) -> ExitCode {
 
 /// [`main_with_stdio`] with its streams and the hang passed in, for tests.
 fn serve(
-    args: &FleetHelperArgs,
+    opts: &FleetHelperOptions,
     input: &[u8],
     out: &mut dyn Write,
     err: &mut dyn Write,
@@ -477,7 +447,7 @@ fn serve(
         }
     };
     let mut code = 0;
-    match args.failure_for(&input.identity) {
+    match opts.failure_for(&input.identity) {
         Some(FailMode::Hang) => hang(),
         Some(FailMode::Crash) => {
             let _ = writeln!(
@@ -492,7 +462,7 @@ fn serve(
         Some(FailMode::Exit1) => code = 1,
         None => {}
     }
-    match respond(args, &input) {
+    match respond(opts, &input) {
         Ok(response) => write_out(out, err, &response, code),
         Err(e) => {
             let _ = writeln!(err, "fleet-helper: {}: {e}", input.identity);

@@ -12,7 +12,7 @@ pub mod helper;
 pub mod journal;
 pub mod node;
 
-use choria_wire::client::{self, BrokerArgs, ConnectOptions, EventFormat};
+use choria_wire::client::{self, BrokerOptions, ConnectOptions, EventFormat};
 use choria_wire::lifecycle::{Event, EventType};
 use choria_wire::protocol::{self, ReplySpec, Request, Version};
 use choria_wire::security::csr::RsaKeyPool;
@@ -37,131 +37,101 @@ pub const SERVER_COMPONENT: &str = "server";
 /// The longest the fleet waits to flush its connections when it stops.
 const FLUSH_AT_STOP: Duration = Duration::from_millis(500);
 
-/// Everything `choria-provisioner fleet` can be told: its command line and,
-/// through [`Default`] (the command line's defaults), what tests start.
-#[derive(Clone, Debug, clap::Args)]
+/// Everything `choria-provisioner fleet` can be told (`cmd::fleet` in the
+/// binary turns its command line into these), and what tests start.
+#[derive(Clone, Debug, PartialEq)]
 pub struct FleetOptions {
-    #[command(flatten)]
-    pub broker: BrokerArgs,
+    pub broker: BrokerOptions,
     /// How many servers to simulate.
-    #[arg(long, default_value_t = 10)]
     pub nodes: usize,
     /// The provisioning token (`cht` claim) the nodes expect; empty accepts any.
-    #[arg(
-        long,
-        default_value = "",
-        env = "CHORIA_FLEET_TOKEN",
-        hide_env_values = true
-    )]
     pub token: String,
     /// Key that signs the provisioning JWT: RSA PEM (PKCS#1 or PKCS#8) or a hex
     /// ed25519 seed. Without it a throwaway ed25519 key is used and its public key logged.
-    #[arg(long)]
     pub jwt_signer: Option<PathBuf>,
     /// Protocol the nodes speak (the provisioning JWT's `v2` claim).
-    #[arg(long, default_value = "v1")]
     pub protocol: Version,
     /// Write a JSON-lines journal of every request and each node's final state.
-    #[arg(long)]
     pub journal: Option<PathBuf>,
     /// Identities are `<prefix><number><suffix>`.
-    #[arg(long, default_value = "node-")]
     pub identity_prefix: String,
-    #[arg(long, default_value = ".fleet.example.net")]
     pub identity_suffix: String,
     /// Share of nodes (0..1) that never answer.
-    #[arg(long, default_value_t = 0.0)]
     pub fail_silent: f64,
     /// Share of nodes that answer RPCs with an error status.
-    #[arg(long, default_value_t = 0.0)]
     pub fail_error: f64,
     /// Share of nodes that answer RPCs with malformed replies.
-    #[arg(long, default_value_t = 0.0)]
     pub fail_malformed: f64,
     /// How many nodes (the first ones) answer directed requests slowly;
     /// they are healthy, just slow (broadcast discovery is answered at once).
-    #[arg(long, default_value_t = 0)]
     pub slow_nodes: usize,
     /// How long a slow node takes to answer each directed request, in ms.
-    #[arg(long, value_name = "MS", default_value_t = 0)]
     pub slow_delay_ms: u64,
     /// Seed for choosing which nodes fail.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Allow `release_update` (the JWT's `update` claim) and report `upgradable`.
-    #[arg(long)]
     pub upgradable: bool,
     /// The version the nodes report.
-    #[arg(long, default_value = "0.30.2")]
     pub server_version: String,
     /// Pre-generated RSA keys shared by `gencsr` (generating one per node is slow).
-    #[arg(long = "key-pool", default_value_t = 16)]
     pub key_pool_size: usize,
     /// Sign every node's default CSR (CN = its identity) before the nodes
     /// start, so `gencsr` costs the fleet no RSA work while a benchmark is
     /// measured. The CSR is the same one `gencsr` would make.
-    #[arg(long)]
     pub presign_csrs: bool,
     /// NATS connections the nodes are spread over.
-    #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    /// How directed requests reach the nodes: `per-node` subscribes each
-    /// node's own subject, as go-choria servers do (the broker sees one
-    /// subscription per node; ~10 KiB of simulator memory per node, most
-    /// of it the subscription's channel); `shared` subscribes
-    /// `provisioning.node.>` once per connection in one queue group and
-    /// hands each request to its node (~1 KiB per node: for fleets of
-    /// hundreds of thousands). What the provisioner sees is the same.
-    #[arg(long, value_enum, default_value_t = Directed::PerNode)]
+    /// How directed requests reach the nodes.
     pub directed: Directed,
     /// Provisioned nodes keep serving in their collective (the first of
     /// their written `collectives`, else `mcollective`) and answer
     /// `choria_provision#reprovision` as go-choria does: for renewal tests
     /// and benchmarks. One queue subscription per connection on
     /// `*.node.>`.
-    #[arg(long)]
     pub serve_provisioned: bool,
     /// Configuration keys whose written values the journal's final states
     /// record (`config_values`); other values are left out, as they may
-    /// hold secrets. Repeatable.
-    #[arg(long = "journal-config-key", value_name = "KEY")]
+    /// hold secrets.
     pub journal_config_keys: Vec<String>,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// Stop after this long.
     pub duration: Option<Duration>,
     /// Stop once every node without injected failures has left provisioning.
-    #[arg(long)]
     pub exit_when_done: bool,
     /// Facts (a JSON object) every node reports in its inventory.
-    #[arg(long, default_value = "{}", value_parser = parse_facts)]
     pub facts: serde_json::Value,
 }
 
 impl Default for FleetOptions {
-    /// The command line's defaults: one definition for both.
+    /// The command line's defaults (a test of `cmd::fleet` keeps them equal):
+    /// ten healthy v1 nodes on a local broker, accepting any token.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Defaults {
-            #[command(flatten)]
-            options: FleetOptions,
+        FleetOptions {
+            broker: BrokerOptions::default(),
+            nodes: 10,
+            token: String::new(),
+            jwt_signer: None,
+            protocol: Version::V1,
+            journal: None,
+            identity_prefix: "node-".into(),
+            identity_suffix: ".fleet.example.net".into(),
+            fail_silent: 0.0,
+            fail_error: 0.0,
+            fail_malformed: 0.0,
+            slow_nodes: 0,
+            slow_delay_ms: 0,
+            seed: 1,
+            upgradable: false,
+            server_version: "0.30.2".into(),
+            key_pool_size: 16,
+            presign_csrs: false,
+            connections: 4,
+            directed: Directed::PerNode,
+            serve_provisioned: false,
+            journal_config_keys: Vec::new(),
+            duration: None,
+            exit_when_done: false,
+            facts: serde_json::json!({}),
         }
-        <Defaults as clap::Parser>::try_parse_from(["fleet"])
-            .expect("the fleet options' defaults parse")
-            .options
-    }
-}
-
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    s.parse::<u64>()
-        .map(Duration::from_secs)
-        .map_err(|e| format!("{s:?} is not a whole number of seconds: {e}"))
-}
-
-fn parse_facts(s: &str) -> Result<serde_json::Value, String> {
-    match serde_json::from_str::<serde_json::Value>(s) {
-        Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err("must be a JSON object".into()),
-        Err(e) => Err(format!("must be a JSON object: {e}")),
     }
 }
 
@@ -196,11 +166,18 @@ pub struct FleetSummary {
 
 type NodeRef = Arc<Mutex<Node>>;
 
-/// See [`FleetOptions::directed`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// How directed requests reach the nodes ([`FleetOptions::directed`]). What
+/// the provisioner sees is the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Directed {
+    /// Each node subscribes its own subject, as go-choria servers do (the
+    /// broker sees one subscription per node; ~10 KiB of simulator memory per
+    /// node, most of it the subscription's channel).
     #[default]
     PerNode,
+    /// `provisioning.node.>` is subscribed once per connection in one queue
+    /// group and each request handed to its node (~1 KiB per node: for
+    /// fleets of hundreds of thousands).
     Shared,
 }
 

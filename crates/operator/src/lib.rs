@@ -61,73 +61,76 @@ pub const LEASE_NAME: &str = "choria-provisioner-operator";
 /// Lease: then they stop at once).
 pub const DRAIN: Duration = Duration::from_secs(10);
 
-/// `choria-provisioner operator`.
-#[derive(clap::Args, Debug)]
-pub struct OperatorArgs {
+/// What `choria-provisioner operator` can be told (`cmd::operator` in the
+/// binary turns its command line into these).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorOptions {
     /// Watch Provisioners only in this namespace and hold the operator's
-    /// Lease there (default: all namespaces; the Lease in the pod's namespace).
-    #[arg(long, env = "CHORIA_PROVISIONER_OPERATOR_NAMESPACE")]
+    /// Lease there (`None`: all namespaces; the Lease in the pod's namespace).
     pub namespace: Option<String>,
     /// Port of `/metrics`, `/healthz` and `/readyz`; 0 disables them.
-    #[arg(long, default_value_t = 8080)]
     pub metrics_port: u16,
-    /// Campaign for the Lease before reconciling; `--leader-election=false`
-    /// only with a single operator replica.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Campaign for the Lease before reconciling; off only with a single
+    /// operator replica.
     pub leader_election: bool,
     /// The operator's own image: what a Provisioner without `spec.image`
-    /// runs, and the only image allowed unless `--allowed-image` says
-    /// otherwise (default: this build's `choria-provisioner:<version>`).
-    #[arg(long, env = "CHORIA_PROVISIONER_OPERATOR_IMAGE")]
+    /// runs, and the only image allowed unless `allowed_images` says
+    /// otherwise (`None`: this build's `choria-provisioner:<version>`).
     pub image: Option<String>,
-    /// An image a Provisioner may run; `*` stands for any run of
-    /// characters (`registry.example.net/choria-provisioner:*`). Repeat it,
-    /// or separate with commas. Default: only `--image`.
-    #[arg(long = "allowed-image", value_delimiter = ',')]
+    /// Images a Provisioner may run; `*` stands for any run of characters
+    /// (`registry.example.net/choria-provisioner:*`). Empty: only `image`.
     pub allowed_images: Vec<String>,
-    /// An issuer outside a Provisioner's namespace that may sign its nodes'
-    /// certificates: NAME for a cert-manager ClusterIssuer, KIND.GROUP/NAME
-    /// for another issuer (`*` allowed in NAME). Default: none.
-    #[arg(long = "allowed-cluster-issuer", value_delimiter = ',')]
+    /// Issuers outside a Provisioner's namespace that may sign its nodes'
+    /// certificates.
     pub allowed_cluster_issuers: Vec<policy::IssuerPattern>,
-    /// A key usage the nodes' certificates may carry (cert-manager's names).
-    #[arg(
-        long = "allowed-usage",
-        value_delimiter = ',',
-        default_values_t = choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES.map(String::from)
-    )]
+    /// Key usages the nodes' certificates may carry (cert-manager's names).
     pub allowed_usages: Vec<String>,
     /// The ValidatingAdmissionPolicy (and binding) bounding the
     /// CertificateRequests a Provisioner's pods may make, applied when the
     /// operator leads; empty: none (then only the spec is bounded).
-    #[arg(long, default_value = admission::DEFAULT_POLICY_NAME)]
     pub admission_policy: String,
     /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
     /// its pods when they elect through a Lease.
-    #[arg(long, default_value = build::DEFAULT_LEASE_CLUSTER_ROLE)]
     pub lease_cluster_role: String,
     /// The ClusterRole granting CertificateRequests, bound to the pods of a
     /// Provisioner with `spec.pki.certManager`.
-    #[arg(long, default_value = build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE)]
     pub cert_manager_cluster_role: String,
     /// The operator's Lease: how long a leader's record is valid.
-    #[arg(long, default_value = "15s", value_parser = duration_arg)]
     pub lease_duration: Duration,
     /// The operator's Lease: a leader that could not renew for this long
-    /// stops its controller at once (before lease-duration has passed, so
+    /// stops its controller at once (before `lease_duration` has passed, so
     /// the next leader never reconciles beside it).
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub renew_deadline: Duration,
     /// The operator's Lease: time between attempts.
-    #[arg(long, default_value = "2s", value_parser = duration_arg)]
     pub retry_period: Duration,
 }
 
-fn duration_arg(s: &str) -> Result<Duration, String> {
-    choria_config::parse_duration(s).map_err(|e| e.to_string())
+impl Default for OperatorOptions {
+    /// The command line's defaults (a test of `cmd::operator` keeps them
+    /// equal): all namespaces, leader-elected, only its own image, no
+    /// issuer beyond a Provisioner's namespace.
+    fn default() -> Self {
+        OperatorOptions {
+            namespace: None,
+            metrics_port: 8080,
+            leader_election: true,
+            image: None,
+            allowed_images: Vec::new(),
+            allowed_cluster_issuers: Vec::new(),
+            allowed_usages: choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES
+                .map(String::from)
+                .to_vec(),
+            admission_policy: admission::DEFAULT_POLICY_NAME.into(),
+            lease_cluster_role: build::DEFAULT_LEASE_CLUSTER_ROLE.into(),
+            cert_manager_cluster_role: build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
 }
 
-impl OperatorArgs {
+impl OperatorOptions {
     /// The operator's election, with client-go's rule on its timings.
     pub fn election(&self, namespace: &str) -> Result<ElectionConfig, OperatorError> {
         let (lease, renew, retry) = (self.lease_duration, self.renew_deadline, self.retry_period);
@@ -224,7 +227,7 @@ impl Steer for Leadership {
 /// Runs the operator until `shutdown` resolves: stops the controller
 /// (draining reconciliations), then releases the Lease.
 pub async fn run(
-    args: OperatorArgs,
+    options: OperatorOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
     let client = choria_k8s::Kube::from_environment()
@@ -236,19 +239,19 @@ pub async fn run(
         .filter(|n| !n.is_empty())
         .or_else(hostname_from_proc)
         .unwrap_or_else(|| "choria-provisioner-operator".into());
-    run_with(client, &identity, args, shutdown).await
+    run_with(client, &identity, options, shutdown).await
 }
 
 /// [`run`] with a given client and identity (tests use a mocked client).
 pub async fn run_with(
     client: Client,
     identity: &str,
-    args: OperatorArgs,
+    options: OperatorOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
     let identity = identity.to_string();
-    let settings = args.settings()?;
-    let lease_namespace = args
+    let settings = options.settings()?;
+    let lease_namespace = options
         .namespace
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
@@ -260,7 +263,7 @@ pub async fn run_with(
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_string());
 
-    let provisioners: Api<Provisioner> = scoped(&client, args.namespace.as_deref());
+    let provisioners: Api<Provisioner> = scoped(&client, options.namespace.as_deref());
     provisioners
         .list(&ListParams::default().limit(1))
         .await
@@ -269,8 +272,8 @@ pub async fn run_with(
     let metrics = Arc::new(Metrics::new());
     let health = Health::new();
     let stop = CancellationToken::new();
-    let monitor = if args.metrics_port > 0 {
-        let listener = monitor::bind(args.metrics_port).await?;
+    let monitor = if options.metrics_port > 0 {
+        let listener = monitor::bind(options.metrics_port).await?;
         Some(tokio::spawn(monitor::serve(
             listener,
             metrics.clone(),
@@ -281,12 +284,12 @@ pub async fn run_with(
         None
     };
 
-    let election_cfg = args.election(&lease_namespace)?;
+    let election_cfg = options.election(&lease_namespace)?;
     let (leading_tx, leading) = watch::channel(false);
     let election_stop = CancellationToken::new();
     // Without an election the sender is kept, as dropping it would end the
     // wait for leadership below.
-    let (election, _always_leading) = if args.leader_election {
+    let (election, _always_leading) = if options.leader_election {
         let (leader_tx, _leader) = watch::channel(None);
         let backend = LeaseBackend::new(client.clone(), &election_cfg, &identity, &lease_namespace);
         info!(identity = %identity, lease = %format!("{lease_namespace}/{LEASE_NAME}"), "campaigning for leadership");
@@ -308,7 +311,7 @@ pub async fn run_with(
         (None, Some(leading_tx))
     };
     info!(
-        scope = args.namespace.as_deref().unwrap_or("all namespaces"),
+        scope = options.namespace.as_deref().unwrap_or("all namespaces"),
         "operator started"
     );
 
@@ -320,7 +323,7 @@ pub async fn run_with(
         },
         metrics: metrics.clone(),
         settings,
-        admission_policy: args.admission_policy.clone(),
+        admission_policy: options.admission_policy.clone(),
     };
     let shutting_down = CancellationToken::new();
     let signal = shutting_down.clone();
@@ -333,7 +336,7 @@ pub async fn run_with(
                 _ = shutting_down.cancelled() => break,
             }
             lead(
-                args.namespace.as_deref(),
+                options.namespace.as_deref(),
                 &shared,
                 leading.clone(),
                 shutting_down.clone(),
@@ -621,21 +624,12 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<String>>>;
 
-    /// `choria-provisioner operator ARGS...` as parsed.
-    fn args(line: &[&str]) -> OperatorArgs {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: OperatorArgs,
-        }
-        let argv = std::iter::once("operator").chain(line.iter().copied());
-        Cli::try_parse_from(argv).unwrap().args
-    }
+    // What the command line turns into these options is tested with it, in
+    // the binary's `cmd::operator`.
 
     #[test]
     fn the_policy_comes_from_the_command_line() {
-        let s = args(&[]).settings().unwrap();
+        let s = OperatorOptions::default().settings().unwrap();
         assert_eq!(s.policy.default_image, crd::default_image());
         assert!(s.policy.images.is_empty() && s.policy.cluster_issuers.is_empty());
         assert_eq!(
@@ -643,22 +637,31 @@ mod tests {
             choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES
         );
         assert_eq!(s.lease_cluster_role, build::DEFAULT_LEASE_CLUSTER_ROLE);
-        let s = args(&[
-            "--image=r.example.net/cp:1",
-            "--allowed-image=r.example.net/cp:*,r.example.net/cp@sha256:*",
-            "--allowed-cluster-issuer=corp-ca",
-            "--allowed-cluster-issuer=X.example.net/y",
-            "--allowed-usage=client auth",
-        ])
+        let s = OperatorOptions {
+            image: Some("r.example.net/cp:1".into()),
+            allowed_images: vec![
+                "r.example.net/cp:*".into(),
+                "r.example.net/cp@sha256:*".into(),
+            ],
+            allowed_cluster_issuers: vec![
+                "corp-ca".parse().unwrap(),
+                "X.example.net/y".parse().unwrap(),
+            ],
+            allowed_usages: vec!["client auth".into()],
+            ..Default::default()
+        }
         .settings()
         .unwrap();
         assert_eq!(s.policy.default_image, "r.example.net/cp:1");
         assert_eq!(s.policy.images.len(), 2);
         assert_eq!(s.policy.cluster_issuers.len(), 2);
         assert_eq!(s.policy.usages, ["client auth"]);
-        let e = args(&["--allowed-usage=everything"])
-            .settings()
-            .unwrap_err();
+        let e = OperatorOptions {
+            allowed_usages: vec!["everything".into()],
+            ..Default::default()
+        }
+        .settings()
+        .unwrap_err();
         assert!(
             e.to_string().contains("not a cert-manager key usage"),
             "{e}"
@@ -743,8 +746,12 @@ mod tests {
     async fn the_leader_runs_the_controller_and_releases_the_lease_on_shutdown() {
         let (client, log, server) = fake_cluster();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let args = args(&["--namespace", "ops", "--metrics-port", "0"]);
-        let run = tokio::spawn(run_with(client, "operator-0", args, async {
+        let options = OperatorOptions {
+            namespace: Some("ops".into()),
+            metrics_port: 0,
+            ..Default::default()
+        };
+        let run = tokio::spawn(run_with(client, "operator-0", options, async {
             let _ = stop_rx.await;
         }));
         wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;

@@ -15,26 +15,35 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::debug;
 
+/// The broker dialled unless told otherwise: NATS on this machine, on its
+/// default port.
+pub const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+
 /// The broker options of the commands that dial like a provisioning-mode
 /// server (`fleet`, `discover`): URLs and TLS, no credentials.
-#[derive(Clone, Debug, clap::Args)]
-pub struct BrokerArgs {
-    /// NATS server URL(s); repeat or separate with commas.
-    #[arg(long, default_value = "nats://127.0.0.1:4222", value_delimiter = ',')]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerOptions {
+    /// NATS server URLs.
     pub nats: Vec<String>,
     /// Verify the broker's TLS certificate against this CA (otherwise TLS, when
     /// used, does not verify, like a provisioning-mode server).
-    #[arg(long)]
     pub tls_ca: Option<std::path::PathBuf>,
     /// Always use TLS.
-    #[arg(long)]
     pub tls_required: bool,
 }
 
-impl BrokerArgs {
+impl Default for BrokerOptions {
+    /// The command line's defaults (a test of `cmd::broker` in the binary
+    /// keeps them equal): a local broker, TLS only if it asks, unverified.
+    fn default() -> Self {
+        BrokerOptions::at([DEFAULT_NATS])
+    }
+}
+
+impl BrokerOptions {
     /// Brokers at `urls` with the defaults otherwise.
     pub fn at(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        BrokerArgs {
+        BrokerOptions {
             nats: urls.into_iter().map(Into::into).collect(),
             tls_ca: None,
             tls_required: false,

@@ -2,19 +2,39 @@ use super::*;
 use crate::ca::{certificate_common_name, verify_issued_by};
 use choria_core::provision::signing::helper::HelperResponse;
 use choria_wire::security::csr::{make_csr, CsrSubject};
-use clap::{CommandFactory, Parser};
 use serde_json::{json, Value};
 use std::sync::OnceLock;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: FleetHelperArgs,
+// What the command line turns into these options (and refuses) is tested
+// with it, in the binary's `cmd::fleet_helper`.
+
+/// The options of a helper told only `--fail mode`.
+fn failing(mode: FailMode) -> FleetHelperOptions {
+    FleetHelperOptions {
+        fail: Some(mode),
+        ..Default::default()
+    }
 }
 
-fn args(flags: &[&str]) -> FleetHelperArgs {
-    let argv = std::iter::once("fleet-helper").chain(flags.iter().copied());
-    Cli::try_parse_from(argv).unwrap().args
+/// The options of a helper told only `--ca-cert cert --ca-key key`.
+fn with_ca(cert: &Path, key: &Path) -> FleetHelperOptions {
+    FleetHelperOptions {
+        ca_cert: Some(cert.to_path_buf()),
+        ca_key: Some(key.to_path_buf()),
+        ..Default::default()
+    }
+}
+
+/// The options of a helper told only `--defer-once-dir dir`.
+fn deferring_once(dir: &Path) -> FleetHelperOptions {
+    FleetHelperOptions {
+        defer_once_dir: Some(dir.to_path_buf()),
+        ..Default::default()
+    }
+}
+
+fn regex(pattern: &str) -> Option<Regex> {
+    Some(Regex::new(pattern).unwrap())
 }
 
 fn node_key() -> &'static rsa::RsaPrivateKey {
@@ -38,8 +58,8 @@ fn full_input(identity: &str, csr: Option<&str>) -> Vec<u8> {
     .into_bytes()
 }
 
-fn answer(args: &FleetHelperArgs, input: &[u8]) -> Value {
-    let out = run(args, input).unwrap();
+fn answer(opts: &FleetHelperOptions, input: &[u8]) -> Value {
+    let out = run(opts, input).unwrap();
     assert_eq!(out.last(), Some(&b'\n'));
     serde_json::from_slice(&out).unwrap()
 }
@@ -64,25 +84,12 @@ fn ca_files(dir: &Path) -> (PathBuf, PathBuf, String) {
     (cert, key, ca.cert_pem())
 }
 
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-#[test]
-fn cli_definition_is_valid() {
-    Cli::command().debug_assert();
-    assert!(Cli::try_parse_from(["h", "--fail-match", "x"]).is_err());
-    assert!(Cli::try_parse_from(["h", "--ca-cert", "c.pem"]).is_err());
-    assert!(Cli::try_parse_from(["h", "--set", "novalue"]).is_err());
-    assert!(Cli::try_parse_from(["h", "--set", "=v"]).is_err());
-    assert!(Cli::try_parse_from(["h", "--shutdown-match", "("]).is_err());
-    assert!(Cli::try_parse_from(["h", "--fail", "explode"]).is_err());
-    assert_eq!(args(&["--fail", "exit1"]).fail, Some(FailMode::Exit1));
-}
-
 #[test]
 fn default_configuration_only() {
-    let v = answer(&args(&[]), &full_input("node-000.example.net", None));
+    let v = answer(
+        &FleetHelperOptions::default(),
+        &full_input("node-000.example.net", None),
+    );
     assert_eq!(
         v,
         json!({"configuration": {
@@ -96,7 +103,7 @@ fn default_configuration_only() {
 
 #[test]
 fn input_without_csr_or_with_null_fields() {
-    let a = args(&[]);
+    let a = FleetHelperOptions::default();
     for input in [
         json!({"identity": "n1"}),
         json!({"identity": "n1", "csr": null, "ed25519_pubkey": null, "inventory": "{}", "jwt": null}),
@@ -111,7 +118,7 @@ fn input_without_csr_or_with_null_fields() {
 
 #[test]
 fn invalid_input_is_an_error_naming_the_problem() {
-    let a = args(&[]);
+    let a = FleetHelperOptions::default();
     for (input, expect) in [
         (
             &b"<html>"[..],
@@ -136,16 +143,16 @@ fn invalid_input_is_an_error_naming_the_problem() {
 
 #[test]
 fn broker_and_settings() {
-    let a = args(&[
-        "--broker",
-        "nats://b1:4222,nats://b2:4222",
-        "--set",
-        "plugin.choria.srv_domain=example.net",
-        "--set",
-        "loglevel=debug",
-        "--set",
-        "with.equals=a=b",
-    ]);
+    let setting = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let a = FleetHelperOptions {
+        broker: "nats://b1:4222,nats://b2:4222".into(),
+        settings: vec![
+            setting("plugin.choria.srv_domain", "example.net"),
+            setting("loglevel", "debug"),
+            setting("with.equals", "a=b"),
+        ],
+        ..Default::default()
+    };
     let v = answer(&a, &full_input("n1", None));
     let c = &v["configuration"];
     assert_eq!(
@@ -160,14 +167,12 @@ fn broker_and_settings() {
 
 #[test]
 fn upgrade_and_server_claims() {
-    let a = args(&[
-        "--upgrade",
-        "0.31.0",
-        "--collectives",
-        "mcollective,prod",
-        "--org",
-        "acme",
-    ]);
+    let a = FleetHelperOptions {
+        upgrade: Some("0.31.0".into()),
+        collectives: vec!["mcollective".into(), "prod".into()],
+        org: Some("acme".into()),
+        ..Default::default()
+    };
     let out = run(&a, &full_input("n1", None)).unwrap();
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["upgrade"], "0.31.0");
@@ -182,7 +187,11 @@ fn upgrade_and_server_claims() {
     assert_eq!(claims.collectives, ["mcollective", "prod"]);
     assert_eq!(claims.organization_unit, "acme");
 
-    let only_org = answer(&args(&["--org", "acme"]), &full_input("n1", None));
+    let only_org = FleetHelperOptions {
+        org: Some("acme".into()),
+        ..Default::default()
+    };
+    let only_org = answer(&only_org, &full_input("n1", None));
     assert_eq!(only_org["server_claims"], json!({"ou": "acme"}));
 }
 
@@ -192,19 +201,17 @@ fn key_file_is_shipped() {
     let key_path = dir.path().join("node.key");
     let key_pem = csr::private_key_pkcs1_pem(node_key()).unwrap();
     std::fs::write(&key_path, &key_pem).unwrap();
-    let v = answer(
-        &args(&["--key-file", path(&key_path)]),
-        &full_input("n1", None),
-    );
+    let shipping = |key_file: &Path| FleetHelperOptions {
+        key_file: Some(key_file.to_path_buf()),
+        ..Default::default()
+    };
+    let v = answer(&shipping(&key_path), &full_input("n1", None));
     assert_eq!(v["key"], key_pem.as_str());
 
     let missing = dir.path().join("missing.key");
-    let err = run(
-        &args(&["--key-file", path(&missing)]),
-        &full_input("n1", None),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = run(&shipping(&missing), &full_input("n1", None))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.starts_with(&format!("could not read --key-file {}", missing.display())),
         "{err}"
@@ -215,7 +222,7 @@ fn key_file_is_shipped() {
 fn ca_signs_the_node_csr() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, ca_pem) = ca_files(dir.path());
-    let a = args(&["--ca-cert", path(&cert), "--ca-key", path(&key)]);
+    let a = with_ca(&cert, &key);
     let identity = "node-001.example.net";
     let out = run(&a, &full_input(identity, Some(&csr_for(identity)))).unwrap();
     let r = HelperResponse::from_json(&out).unwrap();
@@ -241,7 +248,7 @@ fn ca_signs_the_node_csr() {
 fn ca_refuses_bad_csrs() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, _) = ca_files(dir.path());
-    let a = args(&["--ca-cert", path(&cert), "--ca-key", path(&key)]);
+    let a = with_ca(&cert, &key);
     let err = run(&a, &full_input("n1", Some(&csr_for("other.example.net"))))
         .unwrap_err()
         .to_string();
@@ -262,11 +269,7 @@ fn unusable_ca_files_are_reported() {
     let input = full_input("n1", Some(&csr_for("n1")));
     let wrong_key = dir.path().join("wrong.key");
     std::fs::write(&wrong_key, csr::private_key_pkcs1_pem(node_key()).unwrap()).unwrap();
-    let err = run(
-        &args(&["--ca-cert", path(&cert), "--ca-key", path(&wrong_key)]),
-        &input,
-    )
-    .unwrap_err();
+    let err = run(&with_ca(&cert, &wrong_key), &input).unwrap_err();
     assert!(
         matches!(
             err,
@@ -279,11 +282,7 @@ fn unusable_ca_files_are_reported() {
     );
     assert!(!err.to_string().contains("PRIVATE KEY"), "{err}");
     let missing = dir.path().join("nope.pem");
-    let err = run(
-        &args(&["--ca-cert", path(&missing), "--ca-key", path(&wrong_key)]),
-        &input,
-    )
-    .unwrap_err();
+    let err = run(&with_ca(&missing, &wrong_key), &input).unwrap_err();
     assert!(matches!(
         err,
         FleetHelperError::Read {
@@ -296,7 +295,7 @@ fn unusable_ca_files_are_reported() {
 #[test]
 fn defer_once_then_provision() {
     let dir = tempfile::tempdir().unwrap();
-    let a = args(&["--defer-once-dir", path(dir.path())]);
+    let a = deferring_once(dir.path());
     let first = answer(&a, &full_input("n1", None));
     assert_eq!(first, json!({"defer": true, "msg": DEFER_MSG}));
     assert!(dir.path().join("n1").exists());
@@ -312,7 +311,7 @@ fn defer_once_then_provision() {
 #[test]
 fn defer_once_is_safe_for_concurrent_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let a = args(&["--defer-once-dir", path(dir.path())]);
+    let a = deferring_once(dir.path());
     let input = full_input("n1", None);
     let deferred = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)
@@ -330,14 +329,14 @@ fn defer_once_is_safe_for_concurrent_runs() {
 #[test]
 fn defer_once_refuses_identities_that_are_not_file_names() {
     let dir = tempfile::tempdir().unwrap();
-    let a = args(&["--defer-once-dir", path(dir.path())]);
+    let a = deferring_once(dir.path());
     for bad in ["../escape", "..", "a/b", "a\\b"] {
         let err = run(&a, &full_input(bad, None)).unwrap_err();
         assert!(matches!(err, FleetHelperError::Identity { .. }), "{err}");
     }
     assert!(!dir.path().parent().unwrap().join("escape").exists());
     let err = run(
-        &args(&["--defer-once-dir", path(&dir.path().join("missing"))]),
+        &deferring_once(&dir.path().join("missing")),
         &full_input("n1", None),
     )
     .unwrap_err();
@@ -347,12 +346,10 @@ fn defer_once_refuses_identities_that_are_not_file_names() {
 #[test]
 fn shutdown_match() {
     let dir = tempfile::tempdir().unwrap();
-    let a = args(&[
-        "--shutdown-match",
-        r"^bad-\d+\.",
-        "--defer-once-dir",
-        path(dir.path()),
-    ]);
+    let a = FleetHelperOptions {
+        shutdown_match: regex(r"^bad-\d+\."),
+        ..deferring_once(dir.path())
+    };
     let v = answer(&a, &full_input("bad-1.example.net", None));
     assert_eq!(v, json!({"shutdown": true, "msg": SHUTDOWN_MSG}));
     // shutdown wins over deferring
@@ -361,9 +358,9 @@ fn shutdown_match() {
     assert_eq!(v["defer"], true);
 }
 
-fn serve_capture(args: &FleetHelperArgs, input: &[u8]) -> (u8, Vec<u8>, String) {
+fn serve_capture(opts: &FleetHelperOptions, input: &[u8]) -> (u8, Vec<u8>, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = serve(args, input, &mut out, &mut err, || {
+    let code = serve(opts, input, &mut out, &mut err, || {
         panic!("hang was not asked for")
     });
     (code, out, String::from_utf8(err).unwrap())
@@ -372,17 +369,17 @@ fn serve_capture(args: &FleetHelperArgs, input: &[u8]) -> (u8, Vec<u8>, String) 
 #[test]
 fn failure_modes() {
     let input = full_input("n1", None);
-    let (code, out, err) = serve_capture(&args(&["--fail", "crash"]), &input);
+    let (code, out, err) = serve_capture(&failing(FailMode::Crash), &input);
     assert_eq!((code, out.as_slice()), (EXIT_CRASH, &b""[..]));
     assert!(err.contains("simulated crash for n1"), "{err}");
 
-    let (code, out, _) = serve_capture(&args(&["--fail", "garbage"]), &input);
+    let (code, out, _) = serve_capture(&failing(FailMode::Garbage), &input);
     assert_eq!((code, out.as_slice()), (0, &b"this is not json\n"[..]));
 
-    let (code, out, err) = serve_capture(&args(&["--fail", "empty"]), &input);
+    let (code, out, err) = serve_capture(&failing(FailMode::Empty), &input);
     assert_eq!((code, out.len(), err.len()), (0, 0, 0));
 
-    let (code, out, _) = serve_capture(&args(&["--fail", "exit1"]), &input);
+    let (code, out, _) = serve_capture(&failing(FailMode::Exit1), &input);
     assert_eq!(code, 1);
     assert_eq!(
         HelperResponse::from_json(&out).unwrap().configuration["identity"],
@@ -392,7 +389,7 @@ fn failure_modes() {
     let mut hung = false;
     let mut out = Vec::new();
     let code = serve(
-        &args(&["--fail", "hang"]),
+        &failing(FailMode::Hang),
         &input,
         &mut out,
         &mut Vec::new(),
@@ -405,14 +402,17 @@ fn failure_modes() {
 
 #[test]
 fn fail_match_selects_nodes() {
-    let a = args(&["--fail", "crash", "--fail-match", "^n1$"]);
+    let a = FleetHelperOptions {
+        fail_match: regex("^n1$"),
+        ..failing(FailMode::Crash)
+    };
     assert_eq!(a.failure_for("n1"), Some(FailMode::Crash));
     assert_eq!(a.failure_for("n10"), None);
     assert_eq!(
-        args(&["--fail", "empty"]).failure_for("x"),
+        failing(FailMode::Empty).failure_for("x"),
         Some(FailMode::Empty)
     );
-    assert_eq!(args(&[]).failure_for("x"), None);
+    assert_eq!(FleetHelperOptions::default().failure_for("x"), None);
 
     let (code, out, _) = serve_capture(&a, &full_input("n10", None));
     assert_eq!(code, 0);
