@@ -109,7 +109,10 @@ impl From<OperatorArgs> for OperatorOptions {
 }
 
 pub async fn run(args: OperatorArgs) -> Result<()> {
-    Ok(choria_operator::run(args.into(), super::shutdown_signal()).await?)
+    // The process's one Kubernetes client, for the controller, the Lease
+    // and the admission policy alike.
+    let kube = choria_k8s::Kube::from_environment().await;
+    Ok(choria_operator::run(args.into(), &kube, super::shutdown_signal()).await?)
 }
 
 #[cfg(test)]

@@ -228,12 +228,10 @@ impl Steer for Leadership {
 /// (draining reconciliations), then releases the Lease.
 pub async fn run(
     options: OperatorOptions,
+    kube: &choria_k8s::Kube,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
-    let client = choria_k8s::Kube::from_environment()
-        .await
-        .client()
-        .map_err(OperatorError::Client)?;
+    let client = kube.client().map_err(OperatorError::Client)?;
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|n| !n.is_empty())
