@@ -16,13 +16,13 @@
 #                   certificaterequests-approver and certificaterequests-issuer-ca
 #                   controllers (tests/gopeers/certmanager/main.go), plus
 #                   cert-manager's CRDs as plain YAML in $CACHE_DIR/cert-manager/crds/
-#                   (tests/cert_manager.rs runs them)
+#                   (tests/it/cert_manager.rs runs them)
 #   helm            helm.sh/helm/v3/cmd/helm (v3.22.0)     (tests/kubepeers/helm)
 #                   scripts/node-tier.sh installs charts/choria-provisioner-operator
 #                   with it; the version ldflags of Helm's Makefile
 #
 # The versions are the ones required in the wrapper modules' go.mod (see
-# tests/kubepeers/README.md). tests/support/kube.rs starts them.
+# tests/kubepeers/README.md). tests/it/support/kube.rs starts them.
 #
 # Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl] [cert-manager]
 #          [kubelet] [kube-scheduler] [kube-controller-manager] [helm]

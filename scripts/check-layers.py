@@ -1,129 +1,325 @@
 #!/usr/bin/env python3
-"""Checks the crate's module layering: which top-level module may use which.
+"""Checks what Cargo cannot: the layers inside the crates, and their size.
 
-    scripts/check-layers.py          check; exit 1 on a cycle or a use the table forbids
-    scripts/check-layers.py --graph  print the edges found (module -> modules it uses)
+    scripts/check-layers.py          check; exit 1 on any finding
+    scripts/check-layers.py --graph  print choria-core's rooms and what each uses
 
-A top-level module is a first path segment under src/ (`choria`, `config`,
-`provision`, ... ; `main.rs` and `lib.rs` are the crate root). An edge A -> B is
-any `crate::B` path in A's non-test code: files named tests.rs and everything
-after a file's trailing `#[cfg(test)]` are left out, since tests may reach
-across (a test of the provisioner's leadership builds a provisioner).
+Cargo already refuses a crate that uses one it does not depend on, so the
+layers between crates (ARCHITECTURE.md, "Crates") hold by construction. What
+this script checks is inside them:
 
-ALLOWED below is the table ARCHITECTURE.md documents ("What each module may
-use"); a use outside it fails, and so does any cycle, even an allowed one.
+1. No import cycle between files, in any crate: a file that uses another
+   (through `crate::`, `super::` or `self::` paths) must not be used back,
+   directly or around a circle.
+2. choria-core's rooms use only what ROOMS allows (ARCHITECTURE.md, "Rooms
+   inside the provisioner"), and the rooms form no cycle.
+3. No file over MAX_FILE lines and no function over MAX_FN lines, leaving
+   out tests (files named tests.rs, trailing `#[cfg(test)] mod tests`) and
+   the declarative tables in TABLES.
+
+Only non-test code counts: tests may reach across (a test of the
+leadership glue builds a provisioner).
 """
 import os
 import re
 import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-
-# module -> the modules it may use. Bottom first.
-ALLOWED = {
-    "backoff": set(),
-    "k8s": set(),
-    "telemetry": {"config"},
-    "choria": set(),
-    "config": {"choria", "k8s"},
-    "crd": {"config"},
-    "monitor": set(),
-    "election": {"backoff", "choria", "config", "k8s"},
-    "fleet": {"choria"},
-    "records": {"choria", "config"},
-    "provision": {"backoff", "choria", "config", "crd", "election", "k8s", "monitor", "records"},
-    "operator": {"choria", "config", "crd", "election", "k8s", "monitor", "provision"},
-    "cmd": {"choria", "config", "crd", "fleet", "monitor", "operator", "provision", "records", "telemetry"},
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+CRATES = {
+    "choria-provisioner": "src",
+    "choria-wire": "crates/wire/src",
+    "choria-config": "crates/config/src",
+    "choria-k8s": "crates/k8s/src",
+    "choria-core": "crates/core/src",
+    "choria-operator": "crates/operator/src",
+    "choria-fleet": "crates/fleet/src",
 }
-USE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+MAX_FILE = 700
+MAX_FN = 100
+# Functions that are declarative tables: one entry per line, nothing to split.
+TABLES = {
+    ("crates/core/src/provision/metrics.rs", "new"),  # every metric, registered at 0
+    ("crates/k8s/src/crd/validation.rs", "rules"),  # the CRD's CEL rules
+    ("crates/operator/src/admission.rs", "certificate_request_policy"),  # the policy's CEL
+}
+
+# choria-core's rooms, most specific first: a file belongs to the first
+# whose module path prefixes its own.
+ROOM_ORDER = [
+    "provision/pipeline/registry",
+    "provision/pipeline/lanes",
+    "provision/pipeline",
+    "provision/sequence",
+    "provision/signing",
+    "provision/day_two/recorder",
+    "provision/day_two",
+    "provision/kube",
+    "provision/shared",
+    "provision/metrics",
+    "provision/gate",
+    "provision/suspects",
+    "provision/ownership",
+    "provision/text",
+    "provision",
+    "election",
+    "records",
+    "monitor",
+    "backoff",
+]
+# room -> the rooms it may use (ARCHITECTURE.md). Leaves first.
+ROOMS = {
+    "backoff": set(),
+    "monitor": set(),
+    "records": set(),
+    "election": {"backoff"},
+    "provision/text": set(),
+    "provision/metrics": {"monitor", "records"},
+    "provision/gate": {"provision/metrics"},
+    "provision/suspects": {"provision/metrics"},
+    "provision/ownership": {"election"},
+    "provision/pipeline/registry": {"provision/metrics", "provision/suspects"},
+    "provision/pipeline/lanes": {"provision/pipeline/registry"},
+    "provision/day_two/recorder": {"backoff", "records", "provision/metrics"},
+    "provision/signing": {"provision/gate", "provision/text"},
+    "provision/shared": {
+        "monitor", "provision/metrics", "provision/gate", "provision/suspects",
+        "provision/ownership", "provision/signing", "provision/day_two/recorder",
+        "provision/pipeline/registry",
+    },
+    "provision/sequence": {
+        "records", "provision/metrics", "provision/gate", "provision/suspects",
+        "provision/signing", "provision/shared", "provision/pipeline/registry",
+        "provision/pipeline/lanes",
+    },
+    "provision/day_two": {
+        "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",
+        "provision/signing", "provision/shared", "provision/pipeline/registry",
+        "provision/day_two/recorder",
+    },
+    "provision/kube": {"backoff", "monitor", "provision/gate", "provision/shared"},
+    "provision/pipeline": {
+        "backoff", "election", "monitor", "provision/metrics", "provision/gate",
+        "provision/suspects", "provision/ownership", "provision/shared",
+        "provision/sequence", "provision/pipeline/registry", "provision/pipeline/lanes",
+    },
+    # The wiring (mod.rs, prepare.rs, stop.rs) starts and stops every room.
+    "provision": set(ROOM_ORDER) - {"provision"},
+}
+
+PATH = re.compile(r"\b((?:crate|self|super)(?:::super)*)::")
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def module_of(path):
-    rel = os.path.relpath(path, ROOT)
-    first = rel.split(os.sep)[0]
-    if first in ("lib.rs", "main.rs"):
-        return None
-    return first[:-3] if first.endswith(".rs") else first
-
-
-def non_test_text(path):
+def non_test_lines(path):
+    """The file's lines without its trailing test module (all of them for a
+    tests.rs), comments blanked."""
     if os.path.basename(path) == "tests.rs":
-        return ""
+        return []
     lines = open(path, encoding="utf-8").read().split("\n")
-    cut = len(lines)
     for i, line in enumerate(lines):
-        if line.strip() == "#[cfg(test)]":
-            cut = i  # the last one wins: the trailing test module
-    # only cut when what follows is a test module, not a test-only helper
-    # in the middle of a file
-    if cut < len(lines) - 1 and re.match(r"^(pub(\(crate\))? )?mod tests", lines[cut + 1]):
-        lines = lines[:cut]
-    text = "\n".join(lines)
-    # drop comments: doc links such as [`crate::provision::Handle`] are not uses
-    return "\n".join(l.split("//")[0] for l in text.split("\n"))
+        if line.strip() == "#[cfg(test)]" and i + 1 < len(lines) and re.match(
+            r"^(pub(\([a-z]+\))? )?mod tests\b", lines[i + 1]
+        ):
+            lines = lines[:i]
+            break
+    return lines
 
 
-def edges():
+def code_of(lines):
+    return "\n".join(l.split("//")[0] for l in lines)
+
+
+def modules(src):
+    """module path (tuple) -> file, for the files of one crate."""
     found = {}
-    for dirpath, _, files in os.walk(ROOT):
+    for dirpath, _, files in os.walk(src):
         for f in files:
-            if not f.endswith(".rs"):
+            if not f.endswith(".rs") or f == "tests.rs":
                 continue
             path = os.path.join(dirpath, f)
-            m = module_of(path)
-            if m is None:
-                continue
-            for used in USE.findall(non_test_text(path)):
-                if used != m:
-                    found.setdefault(m, {}).setdefault(used, set()).add(
-                        os.path.relpath(path, os.path.join(ROOT, ".."))
-                    )
+            rel = os.path.relpath(path, src).split(os.sep)
+            if rel in (["lib.rs"], ["main.rs"]):
+                mod = ()
+            elif rel[-1] == "mod.rs":
+                mod = tuple(rel[:-1])
+            else:
+                mod = tuple(rel[:-1]) + (rel[-1][:-3],)
+            found.setdefault(mod, path)
     return found
 
 
-def cycles(graph):
+def module_of(path, mods):
+    for mod, p in mods.items():
+        if p == path:
+            return mod
+    return None
+
+
+def paths_after(text, start):
+    """The module paths that follow a `crate::`/`super::` prefix at
+    `start`: `a::b::c` gives one, `{a, b::c, self}` several."""
     out = []
-    state = {}
 
-    def visit(n, stack):
-        state[n] = 1
-        stack.append(n)
-        for m in sorted(graph.get(n, {})):
-            if state.get(m) == 1:
-                out.append(stack[stack.index(m):] + [m])
-            elif state.get(m) is None:
-                visit(m, stack)
-        stack.pop()
-        state[n] = 2
+    def parse(i, prefix):
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i < len(text) and text[i] == "{":
+            i += 1
+            while i < len(text):
+                while i < len(text) and text[i] in " \n\t,":
+                    i += 1
+                if i >= len(text) or text[i] == "}":
+                    return i + 1
+                i = parse(i, prefix)
+            return i
+        m = IDENT.match(text, i)
+        if not m:
+            out.append(prefix)
+            return i + 1
+        name = m.group(0)
+        i = m.end()
+        path = prefix + ([] if name == "self" else [name])
+        if text.startswith("::", i):
+            return parse(i + 2, path)
+        out.append(path)
+        return i
 
-    for n in sorted(graph):
-        if state.get(n) is None:
-            visit(n, [])
+    parse(start, [])
+    return out
+
+
+def edges_of(path, mod, mods):
+    """The files of this crate that `path` (module `mod`) uses."""
+    text = code_of(non_test_lines(path))
+    is_mod_file = os.path.basename(path) in ("mod.rs", "lib.rs", "main.rs")
+    # The module a `super::` in this file is relative to.
+    here = mod if is_mod_file else mod
+    used = set()
+    for m in PATH.finditer(text):
+        head = m.group(1).split("::")
+        if head[0] == "crate":
+            base = ()
+        else:
+            base = here
+            # `self::` is this module; each `super` climbs one.
+            for h in head:
+                if h == "super":
+                    base = base[:-1]
+        for rest in paths_after(text, m.end()):
+            target = tuple(base) + tuple(rest)
+            while target and target not in mods:
+                target = target[:-1]
+            f = mods.get(target)
+            if f and f != path:
+                used.add(f)
+    return used
+
+
+def cycles(graph):
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def room_of(mod):
+    joined = "/".join(mod)
+    for r in ROOM_ORDER:
+        if joined == r or joined.startswith(r + "/"):
+            return r
+    return None
+
+
+def long_functions(path, lines):
+    fn = re.compile(r"^(\s*)(pub(\([a-z]+\))? )?(async )?(const )?(unsafe )?fn (\w+)")
+    out = []
+    i = 0
+    while i < len(lines):
+        m = fn.match(lines[i])
+        if m and not lines[i].rstrip().endswith(";"):
+            indent = m.group(1)
+            j = i
+            while j < len(lines) and lines[j].rstrip() != indent + "}":
+                j += 1
+            if j - i + 1 > MAX_FN:
+                out.append((m.group(7), i + 1, j - i + 1))
+        i += 1
     return out
 
 
 def main():
-    graph = edges()
+    problems = []
+    core_rooms = {}
+    for crate, src in CRATES.items():
+        src = os.path.join(ROOT, src)
+        mods = modules(src)
+        graph = {}
+        for mod, path in mods.items():
+            graph[path] = edges_of(path, mod, mods)
+        for c in cycles(graph):
+            rel = [os.path.relpath(p, ROOT) for p in c]
+            problems.append(f"{crate}: import cycle among {', '.join(rel)}")
+        if crate == "choria-core":
+            for path, used in graph.items():
+                mine = room_of(module_of(path, mods))
+                for u in used:
+                    theirs = room_of(module_of(u, mods))
+                    if mine and theirs and theirs != mine:
+                        core_rooms.setdefault(mine, {}).setdefault(theirs, set()).add(
+                            os.path.relpath(path, ROOT)
+                        )
+        for path in mods.values():
+            rel = os.path.relpath(path, ROOT)
+            lines = non_test_lines(path)
+            if len(lines) > MAX_FILE:
+                problems.append(f"{rel}: {len(lines)} lines without tests (at most {MAX_FILE}): split it by what its parts do")
+            for name, line, length in long_functions(path, lines):
+                if (rel, name) not in TABLES:
+                    problems.append(f"{rel}:{line}: fn {name} is {length} lines (at most {MAX_FN}): name its stages")
+
     if "--graph" in sys.argv[1:]:
-        for m in sorted(set(graph) | set(ALLOWED)):
-            print(f"{m} -> {', '.join(sorted(graph.get(m, {}))) or '(nothing)'}")
+        for r in ROOM_ORDER:
+            print(f"{r} -> {', '.join(sorted(core_rooms.get(r, {}))) or '(nothing)'}")
         return 0
-    failed = False
-    for m, used in sorted(graph.items()):
-        if m not in ALLOWED:
-            print(f"check-layers: module {m} is not in the table (scripts/check-layers.py, ARCHITECTURE.md)")
-            failed = True
-            continue
+    for r, used in sorted(core_rooms.items()):
         for u, files in sorted(used.items()):
-            if u not in ALLOWED[m]:
-                print(f"check-layers: {m} may not use {u} (in {', '.join(sorted(files))})")
-                failed = True
-    for c in cycles(graph):
-        print(f"check-layers: import cycle: {' -> '.join(c)}")
-        failed = True
-    if failed:
+            if u not in ROOMS.get(r, set()):
+                problems.append(f"choria-core: {r} may not use {u} (in {', '.join(sorted(files))})")
+    for c in cycles({r: set(u) for r, u in core_rooms.items()}):
+        problems.append(f"choria-core: the rooms {' , '.join(c)} use each other")
+    for p in problems:
+        print(f"check-layers: {p}")
+    if problems:
         return 1
-    print(f"check-layers: {len(graph)} modules, no cycle, every use allowed")
+    print(f"check-layers: {len(CRATES)} crates: no import cycle, every room's use allowed, "
+          f"no file over {MAX_FILE} lines or function over {MAX_FN} outside tests and tables")
     return 0
 
 

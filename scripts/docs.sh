@@ -5,10 +5,10 @@
 #
 #   scripts/docs.sh                  build into ~/.cache/choria-provisioner-rs/book, check
 #   scripts/docs.sh --update         first rewrite docs/src/reference/ from the code
-#                                    (UPDATE_REFERENCE=1 cargo test --test book), then build
+#                                    (UPDATE_REFERENCE=1 cargo test --test it book::), then build
 #   scripts/docs.sh --out DIR        build into DIR instead
 #
-# The reference pages are checked against the code by `cargo test` (tests/book.rs),
+# The reference pages are checked against the code by `cargo test` (tests/it/book.rs),
 # which scripts/test.sh runs; this script checks that the book builds, without
 # warnings, and that no link inside it is broken.
 set -euo pipefail
@@ -33,8 +33,8 @@ ensure_mdbook
 if [ "$update" = 1 ]; then
   ensure_rust
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
-  log "rewriting docs/src/reference/ from the code (tests/book.rs)"
-  UPDATE_REFERENCE=1 cargo test --quiet --test book -- --test-threads 1 >&2
+  log "rewriting docs/src/reference/ from the code (tests/it/book.rs)"
+  UPDATE_REFERENCE=1 cargo test --quiet --test it book:: -- --test-threads 1 >&2
 fi
 
 rm -rf "$out"

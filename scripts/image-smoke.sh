@@ -15,7 +15,7 @@
 #   4. `operator` in the container, logged in as the chart's ServiceAccount
 #      with deploy/rbac.yaml, reconciles deploy/example-provisioner.yaml on a
 #      real kube-apiserver (etcd + kube-apiserver from
-#      scripts/build-kube-peers.sh, started as tests/support/kube.rs starts
+#      scripts/build-kube-peers.sh, started as tests/it/support/kube.rs starts
 #      them): the owned ConfigMap and Deployment appear, the Provisioner gets
 #      its conditions, and SIGTERM ends it promptly with its Lease released.
 #

@@ -69,7 +69,7 @@ else
   printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
 fi
 
-# The real cert-manager's controllers and CRDs for tests/cert_manager.rs
+# The real cert-manager's controllers and CRDs for tests/it/cert_manager.rs
 # (~3 min cold, 0.1 s when up to date); without them that test says NOT RUN.
 if [ -z "${KUBE_PEERS_UNAVAILABLE:-}" ]; then
   if "$ROOT/scripts/build-kube-peers.sh" cert-manager >>"$kube_log.out" 2>"$kube_log.cm"; then
@@ -78,7 +78,7 @@ if [ -z "${KUBE_PEERS_UNAVAILABLE:-}" ]; then
   else
     export CERT_MANAGER_UNAVAILABLE="$(tail -n 20 "$kube_log.cm")"
     unavailable+=("cert-manager: $kube_log.cm")
-    printf '\n!!! cert-manager could not be built: tests/cert_manager.rs proves nothing in this run\n%s\n\n' \
+    printf '\n!!! cert-manager could not be built: tests/it/cert_manager.rs proves nothing in this run\n%s\n\n' \
       "$CERT_MANAGER_UNAVAILABLE" >&2
   fi
 else
@@ -92,11 +92,11 @@ log "install helpers on an empty cache (scripts/check-install.sh)"
 
 log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
-log "module layering: no import cycle, every use allowed (scripts/check-layers.py)"
+log "layers inside the crates: no import cycle, rooms, sizes (scripts/check-layers.py)"
 python3 "$ROOT/scripts/check-layers.py"
 # The book in docs/: builds without a warning, no internal link or anchor
 # broken (~2 s once mdBook is installed; its reference pages are compared
-# with the code by tests/book.rs in cargo test below).
+# with the code by tests/it/book.rs in cargo test below).
 log "the book: mdBook build, internal links and anchors (scripts/docs.sh)"
 "$ROOT/scripts/docs.sh"
 log "cargo fmt --check"
@@ -106,15 +106,28 @@ cargo fmt --all -- --check
 # left to scripts/bench.sh.
 log "cargo clippy (every target, benchmarks included)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-log "cargo test"
+# The unit tests of every crate and the integration tests (one binary,
+# tests/it) in two passes: first everything that mostly waits on its peers,
+# CHORIA_TEST_THREADS at a time (4: each mostly sleeps on timers, brokers
+# and API servers); then the tests in `alone` modules (floods, scale runs,
+# benchmarks against the Go provisioner: they load both cores, and their
+# bounds were measured with the machine to themselves), one at a time.
+threads="${CHORIA_TEST_THREADS:-4}"
+log "cargo build --tests"
+cargo build --workspace --tests --quiet
+log "cargo test: unit tests and the integration tiers, $threads at a time"
 results="$CACHE_DIR/test-results.txt"
 set +e
-cargo test --workspace --no-fail-fast --lib --bins --tests 2>&1 | tee "$results"
+cargo test --workspace --no-fail-fast --lib --bins --tests -- --skip ::alone:: --test-threads "$threads" 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
+log "cargo test: the tests that want the machine to themselves (alone), one at a time"
+cargo test --no-fail-fast --test it -- ::alone:: --test-threads 1 2>&1 | tee -a "$results"
+alone_status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] || status=$alone_status
 set -e
 # One closing line over every test binary, so the outcome is read at a glance.
 # libtest counts a test that returned early for want of a peer as passed;
-# each printed a `test-not-run: <test>: <why>` line (tests/support/peers.rs),
+# each printed a `test-not-run: <test>: <why>` line (tests/it/support/peers.rs),
 # so those are taken out of "passed" and reported as skipped, by name.
 not_run="$(grep -o '^test-not-run: .*' "$results" | sort -u || true)"
 skipped=0

@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// The `Provisioner` resource (NAMESPACE/NAME) this pod belongs to: its
     /// `spec.paused` is followed and, while leading, its status gets our name.
     #[arg(long, env = "CHORIA_PROVISIONER_RESOURCE")]
-    pub provisioner: Option<provision::kube::resource::ResourceRef>,
+    pub provisioner: Option<choria_k8s::crd::ResourceRef>,
 }
 
 impl RunArgs {

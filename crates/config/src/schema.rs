@@ -13,7 +13,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// One key of a section, for the book's generated reference
-/// (`tests/book.rs` renders `docs/src/reference/configuration.md` from these).
+/// (`tests/it/book.rs` renders `docs/src/reference/configuration.md` from these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
     /// As written in the file.

@@ -35,9 +35,11 @@ pub mod shared;
 pub mod signing;
 mod stop;
 pub mod suspects;
+mod text;
 
 pub use prepare::{prepare, PrepareError, Prepared};
 pub use shared::Shared;
+pub use text::one_line;
 
 use crate::monitor::{self, Health};
 use crate::provision::metrics::Metrics;
@@ -47,7 +49,7 @@ use choria_wire::client::{self, ChoriaClient, ClientError};
 use choria_wire::lifecycle::{Event, EventType};
 use gate::{PauseGate, PauseReason};
 use pipeline::registry::{self, Registry};
-use pipeline::{broker, discovery, dispatch, leadership};
+use pipeline::{broker, discovery, lanes, leadership};
 use signing::Signing;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +87,7 @@ pub struct Options {
     /// Our version, in our `startup` event.
     pub version: String,
     /// The `Provisioner` resource this process runs as (`run --provisioner`).
-    pub resource: Option<kube::resource::ResourceRef>,
+    pub resource: Option<choria_k8s::crd::ResourceRef>,
     /// The process's Kubernetes client: for a Lease election, cert-manager
     /// or the resource.
     pub kube: Kube,
@@ -233,7 +235,7 @@ impl Provisioner {
         start_day_two(&shared, records_rx, &stop_tasks, &mut tasks)?;
         let credentials = shared.signing.credentials.clone();
         tasks.spawn(credentials.watch(stop_tasks.clone()));
-        let pool = dispatch::Pool::new();
+        let pool = lanes::Pool::new();
         let intake = Intake {
             broker_events: events_rx,
             finisher: finisher_rx,
@@ -475,7 +477,7 @@ async fn start_intake(
 fn start_dispatchers(
     shared: &Arc<Shared>,
     client: &Arc<ChoriaClient>,
-    pool: &pipeline::dispatch::Pool,
+    pool: &pipeline::lanes::Pool,
 ) -> JoinSet<()> {
     let mut set = JoinSet::new();
     for lane in pipeline::registry::Lane::ALL {
@@ -512,19 +514,4 @@ async fn monitor_task(
     if let Err(e) = monitor::serve(listener, metrics, health, stop).await {
         error!(error = %e, "the monitoring endpoint stopped");
     }
-}
-
-/// Text from outside (a node, cert-manager) made fit for one log line or
-/// error: control characters become spaces, and it is cut at `max`
-/// characters (marked with `…`).
-pub fn one_line(text: &str, max: usize) -> String {
-    let mut out: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(max)
-        .collect();
-    if text.chars().count() > max {
-        out.push('…');
-    }
-    out
 }

@@ -7,13 +7,13 @@
 use crate::monitor::Health;
 use crate::provision::day_two::recorder::Recorder;
 use crate::provision::gate::{PauseGate, PauseReason};
-use crate::provision::kube::resource::ResourceRef;
 use crate::provision::metrics::Metrics;
 use crate::provision::ownership::Ownership;
 use crate::provision::pipeline::registry::Registry;
 use crate::provision::signing::Signing;
 use crate::provision::suspects::LogLimiter;
 use choria_config::ProvisionerConfig;
+use choria_k8s::crd::ResourceRef;
 use choria_k8s::Kube;
 use choria_wire::fence::Fence;
 use std::sync::Arc;

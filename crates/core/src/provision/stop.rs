@@ -1,7 +1,7 @@
 //! The graceful stop: the gate closes, in-flight sequences get their grace,
 //! the election is released, and every step is bounded in time.
 
-use super::pipeline::dispatch;
+use super::pipeline::lanes;
 use super::{Shared, FLUSH_AT_SHUTDOWN, SHUTDOWN_GRACE, SHUTDOWN_LIMIT};
 use crate::provision::gate::PauseReason;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 /// What [`stop`] winds down.
 pub(super) struct Stopping {
     pub(super) shared: Arc<Shared>,
-    pub(super) pool: dispatch::Pool,
+    pub(super) pool: lanes::Pool,
     pub(super) dispatchers: JoinSet<()>,
     pub(super) election: Option<tokio::task::JoinHandle<()>>,
     pub(super) election_stop: CancellationToken,

@@ -12,8 +12,11 @@
 //! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
 //! `leader` and `provisioned`.
 
+mod reference;
 pub mod status_patch;
 pub mod validation;
+
+pub use reference::{owner_reference, ResourceRef};
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

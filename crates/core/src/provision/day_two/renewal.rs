@@ -30,8 +30,8 @@
 //! a failed request is retried with backoff. Outcomes are counted in
 //! `choria_provisioner_renewals{outcome}`.
 
+use crate::provision::shared::Shared;
 use crate::provision::suspects::{Allow, LogLimiter};
-use crate::provision::Shared;
 use crate::records::sealed::{Read, Refusal, Sealer};
 use crate::records::store::RecordStore;
 use crate::records::Record;
@@ -634,7 +634,7 @@ async fn reprovision(client: &ChoriaClient, identity: &str, token: &Secret) -> R
             RenewalOutcome::Sent
         }
         Ok(r) => {
-            warn!(node = identity, status = %crate::provision::one_line(&r.body.statusmsg, 200), "the node refused to reprovision");
+            warn!(node = identity, status = %crate::provision::text::one_line(&r.body.statusmsg, 200), "the node refused to reprovision");
             RenewalOutcome::Refused
         }
         Err(e) => {

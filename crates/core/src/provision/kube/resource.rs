@@ -17,11 +17,10 @@
 
 use crate::monitor::Exposition;
 use crate::provision::gate::PauseReason;
-use crate::provision::Shared;
+use crate::provision::shared::Shared;
 use choria_k8s::crd::status_patch::{MembersMerge, StatusApply};
-use choria_k8s::crd::{Member, Provisioner, ProvisionerStatus};
+use choria_k8s::crd::{Member, Provisioner, ProvisionerStatus, ResourceRef};
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use std::sync::Arc;
@@ -41,65 +40,6 @@ pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
 /// name that lasts means the holder is not (a Go candidate, say) or it is
 /// gone.
 pub const SETTLE: Duration = Duration::from_secs(10);
-
-/// `NAMESPACE/NAME` of a Provisioner.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResourceRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::str::FromStr for ResourceRef {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(ResourceRef {
-                    namespace: ns.to_string(),
-                    name: name.to_string(),
-                })
-            }
-            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
-        }
-    }
-}
-
-impl std::fmt::Display for ResourceRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl ResourceRef {
-    /// The Provisioners of its namespace.
-    pub fn api(&self, client: kube::Client) -> Api<Provisioner> {
-        Api::namespaced(client, &self.namespace)
-    }
-
-    /// The Provisioner as the owner of what its pods make (their Lease,
-    /// their CertificateRequests), so deleting it collects them.
-    pub async fn owner(&self, client: kube::Client) -> Result<OwnerReference, String> {
-        let p = self.api(client).get(&self.name).await.map_err(|e| {
-            format!(
-                "reading Provisioner {self}: {}",
-                choria_k8s::describe_error(&e)
-            )
-        })?;
-        owner_reference(&p).ok_or_else(|| format!("Provisioner {self} has no uid"))
-    }
-}
-
-/// Not its controller (the operator's objects have that), and not blocking
-/// its deletion (which would need `provisioners/finalizers` under the
-/// OwnerReferencesPermissionEnforcement admission plugin).
-pub fn owner_reference(p: &Provisioner) -> Option<OwnerReference> {
-    use kube::Resource;
-    let mut o = p.controller_owner_ref(&())?;
-    o.controller = Some(false);
-    o.block_owner_deletion = Some(false);
-    Some(o)
-}
 
 /// Who this replica is: `candidate` is the name it campaigns under (what
 /// `shared.leader` reports when it leads), `shown` the name status.leader

@@ -3,7 +3,7 @@
 
 use crate::backoff::Backoff;
 use crate::monitor::Health;
-use crate::provision::{RunError, Shared};
+use crate::provision::shared::Shared;
 use choria_config::ClientSetup;
 use choria_wire::client::{self, ClientError};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ pub(crate) async fn connect_until_up(
     fence: &choria_wire::fence::Fence,
     health: &Health,
     shutdown: &CancellationToken,
-) -> Result<Option<async_nats::Client>, RunError> {
+) -> Result<Option<async_nats::Client>, ClientError> {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     loop {
         match client::connect_observed(&setup.connect, Some(events.clone()), Some(fence.clone()))
@@ -30,7 +30,7 @@ pub(crate) async fn connect_until_up(
                 health.set("broker", Ok(()));
                 return Ok(Some(nats));
             }
-            Err(e @ (ClientError::NoServers | ClientError::Tls(_))) => return Err(e.into()),
+            Err(e @ (ClientError::NoServers | ClientError::Tls(_))) => return Err(e),
             Err(e) => {
                 error!(error = %e, "could not connect to the broker; retrying");
                 health.set("broker", Err(e.to_string()));

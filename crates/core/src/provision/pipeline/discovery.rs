@@ -10,7 +10,7 @@
 //! [`MAX_FOLLOW_UPS`] times.
 
 use crate::provision::pipeline::registry::{Offered, PENDING_CAPACITY};
-use crate::provision::Shared;
+use crate::provision::shared::Shared;
 use choria_wire::client::{ChoriaClient, Discovered, DiscoveryOptions};
 use choria_wire::filter::Filter;
 use std::time::{Duration, Instant};

@@ -4,7 +4,8 @@
 //! [`crate::provision::pipeline::registry::Registry::shut_down`]).
 
 use crate::provision::pipeline::registry::{Offered, Source};
-use crate::provision::{suspects, Shared};
+use crate::provision::shared::Shared;
+use crate::provision::suspects;
 use choria_wire::identity;
 use choria_wire::lifecycle::{self, EventType};
 use futures::StreamExt;

@@ -14,7 +14,7 @@ use crate::election::shards::ShardSteer;
 use crate::election::streams::StreamsBackend;
 use crate::election::{self, ElectionError, Steer, HEALTH_CHECK};
 use crate::provision::gate::PauseReason;
-use crate::provision::Shared;
+use crate::provision::shared::Shared;
 use choria_config::{ElectionBackend, ElectionConfig};
 use std::sync::Arc;
 use tokio::sync::watch;

@@ -3,6 +3,7 @@
 //! absence) says about the name.
 
 use super::{HostSequence, ProvisionError};
+use crate::provision::suspects::Allow;
 use choria_wire::client::{ClientError, RpcOptions, RpcResult};
 use choria_wire::replies::Confirmation;
 use serde::Serialize;
@@ -112,18 +113,8 @@ impl HostSequence {
             };
             match outcome {
                 Ok(value) => return Ok(value),
-                Err(e) if self.is_answered() => {
-                    if let crate::provision::suspects::Allow::Yes { suppressed } =
-                        self.shared.logs.check("rpc attempt", Instant::now())
-                    {
-                        warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
-                    }
-                    last = e;
-                }
-                // Nothing says the name is real yet: a made-up one must not
-                // cost a log line per attempt.
                 Err(e) => {
-                    debug!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+                    self.log_failed_attempt(rpc, attempt, tries, &e);
                     last = e;
                 }
             }
@@ -156,6 +147,19 @@ impl HostSequence {
             return Err(ProvisionError::Unconfirmed { rpc, tries, last });
         }
         Err(ProvisionError::Rpc { rpc, tries, last })
+    }
+
+    /// A failed attempt's log line: a warning (at a bounded rate) once the
+    /// name is confirmed; before, nothing says the name is real, and a
+    /// made-up one must not cost a log line per attempt.
+    fn log_failed_attempt(&self, rpc: &'static str, attempt: u32, tries: u32, e: &str) {
+        if !self.is_answered() {
+            debug!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
+            return;
+        }
+        if let Allow::Yes { suppressed } = self.shared.logs.check("rpc attempt", Instant::now()) {
+            warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
+        }
     }
 }
 

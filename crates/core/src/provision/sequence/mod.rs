@@ -27,10 +27,10 @@ pub use call::LOCK_REFUSED;
 pub use error::ProvisionError;
 
 use crate::provision::gate::Paused;
-use crate::provision::pipeline::dispatch::LanePlace;
+use crate::provision::pipeline::lanes::LanePlace;
 use crate::provision::pipeline::registry::Source;
+use crate::provision::shared::Shared;
 use crate::provision::signing::helper::{CsrReply, Ed25519Reply, HelperResponse};
-use crate::provision::Shared;
 use choria_config::Secret;
 use choria_wire::client::ChoriaClient;
 use choria_wire::identity;

@@ -21,12 +21,12 @@
 mod requests;
 
 use crate::provision::gate::{PauseGate, Paused};
-use crate::provision::kube::resource::ResourceRef;
 use base64::Engine;
 use choria_config::provisioner::CertManagerConfig;
 use choria_k8s::certificate_request::{
     CertificateRequest, CertificateRequestSpec, CertificateRequestStatus, IssuerRef,
 };
+use choria_k8s::crd::ResourceRef;
 use choria_k8s::Kube;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PostParams};
@@ -157,7 +157,7 @@ fn no_decision() -> State {
 
 /// What cert-manager writes is not ours: one line, cut short.
 fn short(s: &str) -> String {
-    crate::provision::one_line(s, 300)
+    crate::provision::text::one_line(s, 300)
 }
 
 /// A name prefix from an identity: a DNS label's characters, at most 40.
@@ -506,7 +506,7 @@ mod tests {
     #[test]
     fn cert_manager_states_are_read_as_it_writes_them() {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        // As seen from cert-manager v1.21.2 (tests/cert_manager.rs runs it).
+        // As seen from cert-manager v1.21.2 (tests/it/cert_manager.rs runs it).
         let issued = with(
             json!([{"type": "Approved", "status": "True", "reason": "cert-manager.io"},
                    {"type": "Ready", "status": "True", "reason": "Issued", "message": "Certificate fetched from issuer successfully"}]),

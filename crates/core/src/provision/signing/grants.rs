@@ -44,7 +44,7 @@ fn refuse(place: &'static str, setting: &str, value: &str, expected: &'static st
     Refused {
         place,
         setting: setting.to_string(),
-        value: format!("{:?}", crate::provision::one_line(value, 80)),
+        value: format!("{:?}", crate::provision::text::one_line(value, 80)),
         expected,
     }
 }

@@ -8,8 +8,8 @@ pub mod grants;
 pub mod helper;
 pub mod template;
 
-use crate::provision::kube::resource::ResourceRef;
 use choria_config::{ConfigError, ProvisionerConfig};
+use choria_k8s::crd::ResourceRef;
 use choria_k8s::Kube;
 use regex::Regex;
 use std::sync::Arc;

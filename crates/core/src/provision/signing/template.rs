@@ -196,7 +196,7 @@ pub fn merge(template: HelperResponse, helper: HelperResponse) -> HelperResponse
 
 /// An error message without control characters, cut short.
 fn clean(message: &str) -> String {
-    crate::provision::one_line(message, MAX_MESSAGE)
+    crate::provision::text::one_line(message, MAX_MESSAGE)
 }
 
 #[cfg(test)]

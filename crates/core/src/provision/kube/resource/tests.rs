@@ -3,17 +3,6 @@ use choria_k8s::crd::{API_VERSION, KIND};
 use serde_json::json;
 
 #[test]
-fn resource_refs_parse_namespace_and_name() {
-    let r: ResourceRef = "choria/prov-a".parse().unwrap();
-    assert_eq!(r.namespace, "choria");
-    assert_eq!(r.name, "prov-a");
-    assert_eq!(r.to_string(), "choria/prov-a");
-    for bad in ["", "x", "/x", "x/", "a/b/c"] {
-        assert!(bad.parse::<ResourceRef>().is_err(), "{bad:?}");
-    }
-}
-
-#[test]
 fn a_pod_name_names_its_candidate_names() {
     assert!(names("prov-7b9f-x2", "prov-7b9f-x2-3fa91c"));
     assert!(names("go-provisioner", "go-provisioner"));

@@ -14,17 +14,15 @@
 //! classify, and checks that the book lists exactly the ids of [`KNOWN`] and
 //! that each was seen (a difference that went away must leave the list).
 
-mod support;
-
+use crate::support::gopeers::go_provisioner_bin;
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{read_journal_so_far, NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::gopeers::go_provisioner_bin;
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{read_journal_so_far, NatsServer, RunningFleet};
 
 const TOKEN: &str = "s3cret";
 
@@ -300,7 +298,7 @@ async fn run(which: Impl, bin: &Path, sc: &Scenario, root: &Path) -> Outcome {
     let deadline = started + sc.run_for.unwrap_or_default() + Duration::from_secs(120);
     loop {
         let j = read_journal_so_far(&journal);
-        let servers = support::server_startups(&j);
+        let servers = crate::support::server_startups(&j);
         if servers >= sc.provisioned && started.elapsed() >= sc.run_for.unwrap_or_default() {
             break;
         }

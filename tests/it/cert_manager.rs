@@ -17,8 +17,10 @@
 //!    the test denying each): the error names the request and the policy's
 //!    reason, `denied` is counted, no node is configured.
 
-mod support;
-
+use crate::support::certmanager::{self, CertManager};
+use crate::support::kube::ControlPlane;
+use crate::support::provisioner::ProvisionerProcess;
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::ca as pki;
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
@@ -26,10 +28,6 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-use support::certmanager::{self, CertManager};
-use support::kube::ControlPlane;
-use support::provisioner::ProvisionerProcess;
-use support::{NatsServer, RunningFleet};
 
 const NS: &str = "choria";
 /// Signed in the first part.

@@ -15,18 +15,16 @@
 //! tests/gopeers/RECIPE.md); without the binary each test says so loudly and
 //! returns.
 
-mod support;
-
+use crate::support::discover_provisionable;
+use crate::support::gopeers::{choria_tool, s};
+use crate::support::provisioner::ProvisionerProcess;
+use crate::support::realnodes::*;
 use choria_fleet::ca as pki;
 use choria_wire::client::{ChoriaClient, Identity};
 use choria_wire::protocol::{RequestSigner, Version};
 use choria_wire::security::ed25519::{self, Ed25519KeyPair};
 use choria_wire::security::tokens;
 use std::path::Path;
-use support::discover_provisionable;
-use support::gopeers::{choria_tool, s};
-use support::provisioner::ProvisionerProcess;
-use support::realnodes::*;
 
 // ---------------------------------------------------------------------------
 // 1. v1, x509 with the pki feature.
@@ -327,20 +325,20 @@ fn usages(cert: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager() {
     const TEST: &str = "real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager";
-    let Some(kube) = support::kube::ControlPlane::available() else {
+    let Some(kube) = crate::support::kube::ControlPlane::available() else {
         return;
     };
-    let Some(cm_bins) = support::certmanager::available() else {
+    let Some(cm_bins) = crate::support::certmanager::available() else {
         return;
     };
     let Some(mut bench) = Bench::start(TEST).await else {
         return;
     };
-    let cp = support::kube::ControlPlane::start(&kube);
+    let cp = crate::support::kube::ControlPlane::start(&kube);
     cp.kubectl_ok(&["create", "namespace", "choria"]);
     // The Issuer signs with the CA that signed the broker's certificate, so
     // the provisioned server's TLS verifies.
-    let _cm = support::certmanager::CertManager::start_with_ca(
+    let _cm = crate::support::certmanager::CertManager::start_with_ca(
         &cp,
         &cm_bins,
         "choria",

@@ -4,8 +4,8 @@
 //! provisioned exactly once, and every run logs at debug level and is scanned
 //! for secrets.
 
-mod support;
-
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::ca as pki;
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
@@ -17,8 +17,6 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 const TOKEN: &str = "pr0v-t0ken-s3cret";
 const BROKER_PASSWORD: &str = "br0ker-pa55w0rd-s3cret";
@@ -197,7 +195,7 @@ impl Run {
         let journal = self.path("journal.jsonl");
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let entries = support::read_journal_so_far(&journal);
+            let entries = crate::support::read_journal_so_far(&journal);
             let back: std::collections::BTreeSet<&str> = entries
                 .iter()
                 .filter(|e| {
@@ -933,7 +931,7 @@ async fn a_stalled_stdout_does_not_stall_provisioning() {
         ..Default::default()
     })
     .await;
-    let monitor = support::free_port();
+    let monitor = crate::support::free_port();
     let yaml = dir.path().join("provisioner.yaml");
     std::fs::write(
         &yaml,
@@ -976,7 +974,7 @@ async fn a_stalled_stdout_does_not_stall_provisioning() {
         );
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
-        support::provisioner::metric_sum(&text, "choria_provisioner_provisioned")
+        crate::support::provisioner::metric_sum(&text, "choria_provisioner_provisioned")
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while provisioned() < N as f64 {

@@ -8,8 +8,8 @@
 //! against a simulated fleet in which some nodes fail, so the error panels
 //! have something to show too.
 
-mod support;
-
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use promql::{Matcher, Op, Selector};
@@ -18,8 +18,6 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 /// The dashboard as the chart ships it (a byte-identical copy of upstream's).
 const CHART_COPY: &str = "charts/choria-provisioner-operator/dashboards/choria-provisioner.json";

@@ -4,8 +4,8 @@
 //! it says it is (`--identity`, `--caller`, a v2 client JWT's `callerid`, as
 //! the nodes' journal records them) and how it refuses bad options.
 
-mod support;
-
+use crate::support::provisioner::binary;
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use choria_wire::protocol::Version;
@@ -14,8 +14,6 @@ use choria_wire::security::tokens::TokenSigningKey;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
-use support::provisioner::binary;
-use support::{NatsServer, RunningFleet};
 
 struct Run {
     code: i32,

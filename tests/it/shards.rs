@@ -9,17 +9,15 @@
 //! The same on the Lease backend against the real kube-apiserver is in
 //! `tests/shards_lease.rs`.
 
-mod support;
-
+use crate::support::election::choria_like_broker;
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::election::choria_like_broker;
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 /// Membership timings of these tests: a member counts 6 s without
 /// renewing, stops working after 4 s without, renews every second.
@@ -58,7 +56,7 @@ pub struct Replicas<'a> {
 
 impl<'a> Replicas<'a> {
     fn new(dir: &'a Path, nats: &'a NatsServer, workers: usize) -> Self {
-        support::signing_key(dir);
+        crate::support::signing_key(dir);
         Replicas {
             dir,
             nats,
@@ -154,7 +152,7 @@ async fn fleet(nats: &NatsServer, dir: &Path, prefix: &str, nodes: usize) -> Run
 async fn wait_provisioned(path: &Path, nodes: usize, timeout: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        let back = support::server_startups(&support::read_journal_so_far(path));
+        let back = crate::support::server_startups(&crate::support::read_journal_so_far(path));
         if back >= nodes {
             return started.elapsed();
         }
@@ -210,10 +208,10 @@ async fn three_replicas_share_the_fleet_and_survivors_take_over_a_killed_ones_sh
 /// The same on Kubernetes: a Lease per member on the real kube-apiserver.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_share() {
-    let Some(bins) = support::kube::ControlPlane::available() else {
+    let Some(bins) = crate::support::kube::ControlPlane::available() else {
         return;
     };
-    let cp = support::kube::ControlPlane::start(&bins);
+    let cp = crate::support::kube::ControlPlane::start(&bins);
     let kubeconfig = cp.kubeconfig(cp.admin_token());
     let dir = tempfile::tempdir().unwrap();
     let nats = choria_like_broker();
@@ -248,7 +246,7 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
     share_then_kill(dir.path(), &nats, &mut r, 1500, 600).await;
     // status.members: the two survivors, each with what it provisioned (the
     // killed one's entry pruned once it left the membership).
-    let members = |cp: &support::kube::ControlPlane| {
+    let members = |cp: &crate::support::kube::ControlPlane| {
         let p: Value = serde_json::from_str(&cp.kubectl_ok(&[
             "get",
             "provisioner",
@@ -273,7 +271,7 @@ async fn lease_members_share_the_fleet_and_survivors_take_over_a_killed_ones_sha
             .collect::<BTreeMap<String, f64>>()
     };
     // The resource with who wrote what, for failure messages.
-    let resource_yaml = |cp: &support::kube::ControlPlane| {
+    let resource_yaml = |cp: &crate::support::kube::ControlPlane| {
         cp.kubectl_ok(&[
             "get",
             "provisioner",
@@ -442,11 +440,11 @@ async fn a_replica_joining_mid_run_takes_a_share_without_a_double_configure() {
     let path = dir.path().join("journal.jsonl");
     // Join once about a fifth is done.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while support::server_startups(&support::read_journal_so_far(&path)) < nodes / 5 {
+    while crate::support::server_startups(&crate::support::read_journal_so_far(&path)) < nodes / 5 {
         assert!(Instant::now() < deadline, "the run did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let before = support::server_startups(&support::read_journal_so_far(&path));
+    let before = crate::support::server_startups(&crate::support::read_journal_so_far(&path));
     r.start();
     let took = wait_provisioned(&path, nodes, Duration::from_secs(240)).await;
     println!("the rest provisioned {took:.1?} after the join");

@@ -22,14 +22,12 @@
 //! NOT RUN (with a loud banner) when scripts/build-kube-peers.sh has not
 //! built the binaries.
 
-mod support;
-
+use crate::support::kube::ControlPlane;
+use crate::support::operator::*;
+use crate::support::{NatsServer, RunningFleet};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::kube::ControlPlane;
-use support::operator::*;
-use support::{NatsServer, RunningFleet};
 
 /// A minimal valid Provisioner `name` with `spec` merged over its spec.
 fn provisioner_with(name: &str, spec: Value) -> Value {
@@ -362,7 +360,8 @@ async fn busy_cost(c: &Cluster, nats: &NatsServer, leader: &Proc) {
         "the fleet to be provisioned",
         Duration::from_secs(120),
         || {
-            (support::server_startups(&support::read_journal_so_far(&journal)) >= NODES)
+            (crate::support::server_startups(&crate::support::read_journal_so_far(&journal))
+                >= NODES)
                 .then_some(())
         },
     );
@@ -848,7 +847,7 @@ fn certificate_request(
 /// operator refused leaves the old pods running under their ServiceAccount).
 /// Before the policy, each of these was admitted.
 fn pods_bounded_at_admission(c: &Cluster) {
-    let Some(cm) = support::certmanager::available() else {
+    let Some(cm) = crate::support::certmanager::available() else {
         return;
     };
     wait_for(

@@ -21,8 +21,9 @@
 //! scripts/build-kube-peers.sh has not built the binaries. `CHORIA_ELECTION_LONG=1` runs 20 kills + 20 stops instead of
 //! 3 + 3; `OPERATOR_E2E_KEEP=1` keeps the logs and journals.
 
-mod support;
-
+use crate::support::kube::{expect_ok, ControlPlane};
+use crate::support::operator::*;
+use crate::support::{free_port, read_journal_so_far, NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_operator::build::{CHECKSUM_ANNOTATION, CHORIA_CFG};
 use choria_operator::build::{MANAGED_BY, MANAGED_BY_LABEL, PROVISIONER_YAML};
@@ -32,9 +33,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::kube::{expect_ok, ControlPlane};
-use support::operator::*;
-use support::{free_port, read_journal_so_far, NatsServer, RunningFleet};
 
 /// The tests of this file share two cores: one at a time, so the failover
 /// figures measure the election rather than a neighbouring control plane.
@@ -71,7 +69,7 @@ fn config_checksum(cm: &Value) -> String {
 }
 
 fn server_startups(journal: &Path) -> usize {
-    support::server_startups(&read_journal_so_far(journal))
+    crate::support::server_startups(&read_journal_so_far(journal))
 }
 
 fn wait_all_provisioned(journal: &Path, nodes: usize, timeout: Duration, leader: &Proc) {
@@ -1419,14 +1417,20 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
     let Some(bins) = ControlPlane::available() else {
         return;
     };
-    let Some(cm_bins) = support::certmanager::available() else {
+    let Some(cm_bins) = crate::support::certmanager::available() else {
         return;
     };
     let _serial = SERIAL.lock().await;
     let c = Cluster::start(&bins);
     let cp = &c.cp;
     c.create_namespace();
-    let cm = support::certmanager::CertManager::start(cp, &cm_bins, c.dir.path(), NS, "choria-ca");
+    let cm = crate::support::certmanager::CertManager::start(
+        cp,
+        &cm_bins,
+        c.dir.path(),
+        NS,
+        "choria-ca",
+    );
     let nats = NatsServer::start();
     token_secret(cp, "nohelper");
     let resource = json!({
@@ -1513,7 +1517,7 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
     assert_eq!(pod.metric("choria_provisioner_helper_time_count"), 0.0);
 
     // Kept for `keep`: each request is ours, names its node, is owned.
-    let made = support::certmanager::requests(cp, NS);
+    let made = crate::support::certmanager::requests(cp, NS);
     assert!(made.len() >= NODES, "{} requests", made.len());
     for r in &made {
         let m = &r["metadata"];
@@ -1558,7 +1562,7 @@ async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_
         "{}",
         pod.tail(20)
     );
-    let left = support::certmanager::requests(cp, NS);
+    let left = crate::support::certmanager::requests(cp, NS);
     assert!(left.is_empty(), "{} requests outlived the pod", left.len());
     let (_, journal) = fleet.finish().await;
     assert_provisioned_once(&journal, NODES);

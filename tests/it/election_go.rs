@@ -16,8 +16,10 @@
 //! (scripts/test.sh builds and exports them); without them the tests fail
 //! under CI and otherwise say loudly that they proved nothing.
 
-mod support;
-
+use crate::support::election::{admin, choria_like_broker, create_bucket, read_key_entry};
+use crate::support::gopeers::{candidate_bin, go_provisioner_bin};
+use crate::support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
+use crate::support::NatsServer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,10 +27,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::election::{admin, choria_like_broker, create_bucket, read_key_entry};
-use support::gopeers::{candidate_bin, go_provisioner_bin};
-use support::provisioner::{binary, http_body, metric_sum, ProvisionerProcess};
-use support::NatsServer;
 
 /// The bucket TTL (Go refuses less than a second; our minimum is 4 s).
 const TTL: Duration = Duration::from_secs(5);

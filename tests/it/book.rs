@@ -2,8 +2,8 @@
 //! example file it shows is loaded with the project's own parsers.
 //!
 //! ```text
-//! cargo test --test book                      fails, with a diff, when a page differs
-//! UPDATE_REFERENCE=1 cargo test --test book   rewrites docs/src/reference/*.md
+//! cargo test --test it book::                      fails, with a diff, when a page differs
+//! UPDATE_REFERENCE=1 cargo test --test it book::   rewrites docs/src/reference/*.md
 //! scripts/docs.sh --update                    the same, then builds the book
 //! ```
 //!
@@ -17,9 +17,7 @@
 //! * `cli.md`: the clap command tree;
 //! * `metrics.md`: the provisioner's and the operator's registries.
 
-#[path = "book/crd.rs"]
 mod crd;
-#[path = "book/render.rs"]
 mod render;
 
 use choria_config::schema::{
@@ -59,7 +57,7 @@ fn check_page(name: &str, page: &str) {
         panic!(
             "docs/src/reference/{name} differs from what the code produces \
              (- on disk, + from the code):\n{}\n\
-             Regenerate it: UPDATE_REFERENCE=1 cargo test --test book (or scripts/docs.sh --update), \
+             Regenerate it: UPDATE_REFERENCE=1 cargo test --test it book:: (or scripts/docs.sh --update), \
              then read the diff and commit it.",
             diff(&on_disk, page)
         );
@@ -112,7 +110,7 @@ fn yaml_type(ty: &str) -> &'static str {
         "BTreeMap<String, serde_json::Value>" => "mapping",
         "serde_json::Value" => "mapping",
         t if section(t).is_some() => "section",
-        t => panic!("tests/book.rs does not know the schema type {t:?}: add it to yaml_type()"),
+        t => panic!("tests/it/book.rs does not know the schema type {t:?}: add it to yaml_type()"),
     }
 }
 
@@ -614,7 +612,7 @@ fn every_example_file_loads_with_the_projects_parsers() {
                 .unwrap_or_else(|e| panic!("{rel}: {e}"));
             no_warnings(&rel, &cfg.warnings);
         } else {
-            panic!("{rel}: tests/book.rs does not know how to load this kind of file; teach it");
+            panic!("{rel}: tests/it/book.rs does not know how to load this kind of file; teach it");
         }
     }
 }

@@ -7,14 +7,12 @@
 //! before these fixes both processes logged their shutdown and stayed up
 //! until killed.
 
-mod support;
-
+use crate::support::kube::ControlPlane;
+use crate::support::provisioner::{binary, http_get, ProvisionerProcess};
+use crate::support::NatsServer;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::kube::ControlPlane;
-use support::provisioner::{binary, http_get, ProvisionerProcess};
-use support::NatsServer;
 
 /// README: "SIGTERM/SIGINT … exits within 2 s whatever the broker does".
 /// The process bounds its own shutdown at 1.5 s (`SHUTDOWN_LIMIT`) plus a
@@ -80,7 +78,7 @@ fn term_and_time(p: &mut ProvisionerProcess) -> (Duration, std::process::ExitSta
 async fn run_exits_within_the_limit_after_sigterm_with_the_broker_gone() {
     let dir = tempfile::tempdir().unwrap();
     let mut nats = NatsServer::start();
-    let fleet = support::RunningFleet::start(choria_fleet::FleetOptions {
+    let fleet = crate::support::RunningFleet::start(choria_fleet::FleetOptions {
         broker: choria_wire::client::BrokerOptions::at([nats.url()]),
         nodes: 400,
         key_pool_size: 1,

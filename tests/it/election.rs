@@ -8,15 +8,13 @@
 //! `CHORIA_ELECTION_LONG=1` runs the full 20 kills + 20 stops; the default run
 //! does fewer to stay inside CI's time.
 
-mod support;
-
+use crate::support::election::{assert_no_overlap, choria_like_broker, create_bucket, Watch};
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::election::{assert_no_overlap, choria_like_broker, create_bucket, Watch};
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 /// The bucket TTL of the test broker (Go's minimum is 4 s).
 const TTL: Duration = Duration::from_secs(5);
@@ -194,7 +192,7 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     // pick them up once the lock has expired.
     let deadline = Instant::now() + Duration::from_secs(360);
     loop {
-        let finals_done = support::server_startups(&support::read_journal_so_far(
+        let finals_done = crate::support::server_startups(&crate::support::read_journal_so_far(
             &dir.path().join("journal.jsonl"),
         ));
         if finals_done >= nodes {
@@ -309,9 +307,9 @@ async fn an_unreachable_bucket_is_reported_and_retried_not_fatal() {
 /// through the provisioning account's imports, exactly like Go standbys).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn choria_cli_views_our_leader_and_evict_moves_leadership() {
-    let Some(choria) =
-        support::gopeers::choria_bin("choria_cli_views_our_leader_and_evict_moves_leadership")
-    else {
+    let Some(choria) = crate::support::gopeers::choria_bin(
+        "choria_cli_views_our_leader_and_evict_moves_leadership",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -470,7 +468,7 @@ async fn a_forged_release_announcement_never_gives_two_working_leaders() {
     let dir = tempfile::tempdir().unwrap();
     let nats = choria_like_broker();
     create_bucket(&nats, TTL).await;
-    let admin = support::election::admin(&nats).await;
+    let admin = crate::support::election::admin(&nats).await;
     let forger = nats.connect("forger").await;
     let mut replicas = Replicas {
         dir: dir.path(),
@@ -480,7 +478,7 @@ async fn a_forged_release_announcement_never_gives_two_working_leaders() {
     };
     replicas.start();
     replicas.start();
-    let sampler = support::election::Sampler::start();
+    let sampler = crate::support::election::Sampler::start();
     sampler.set(
         replicas
             .running

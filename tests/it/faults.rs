@@ -8,21 +8,19 @@
 //! the same time and every node provisioned once. Then a soak of forced
 //! failovers of every kind (short here; `CHORIA_ELECTION_LONG=1`: 100).
 
-mod support;
-
+use crate::support::election::{
+    admin, assert_no_overlap, choria_like_broker, create_bucket, read_key_entry, Change,
+    KeyHistory, Sampler, Watch,
+};
+use crate::support::faults::Proxy;
+use crate::support::kube::ControlPlane;
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
-use support::election::{
-    admin, assert_no_overlap, choria_like_broker, create_bucket, read_key_entry, Change,
-    KeyHistory, Sampler, Watch,
-};
-use support::faults::Proxy;
-use support::kube::ControlPlane;
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 /// The bucket TTL (Go's minimum is 4 s); the renew deadline is 3/4 of it.
 const TTL: Duration = Duration::from_secs(5);
@@ -296,7 +294,7 @@ impl Cluster {
     }
 
     fn journal(&self) -> Vec<Value> {
-        support::read_journal_so_far(&self.dir.path().join("journal.jsonl"))
+        crate::support::read_journal_so_far(&self.dir.path().join("journal.jsonl"))
     }
 
     /// Waits until every node came back as a provisioned server.
@@ -304,7 +302,7 @@ impl Cluster {
         let nodes = self.fleet.as_ref().unwrap().identities.len();
         let deadline = Instant::now() + timeout;
         loop {
-            let done = support::server_startups(&self.journal());
+            let done = crate::support::server_startups(&self.journal());
             if done >= nodes {
                 return;
             }
@@ -540,7 +538,7 @@ async fn soak_of_forced_failovers_of_every_kind() {
     }
     let kinds = ["kill -9", "SIGTERM", "partition", "evict"];
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
-    let admin = support::election::admin(&c.nats).await;
+    let admin = crate::support::election::admin(&c.nats).await;
     for round in 0..rounds {
         let kind = round % kinds.len();
         let l = c.worker(TTL * 4).await;

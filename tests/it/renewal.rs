@@ -5,15 +5,13 @@
 //! by the replica that owns the node (two replicas in shards mode).
 //! `choria-provisioner nodes` lists the records.
 
-mod support;
-
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 const TOKEN: &str = "ren3wal-t0ken";
 const NODES: usize = 40;
@@ -76,7 +74,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         ca = dir.path().join("ca.pem").display(),
         key = dir.path().join("ca.key").display(),
         url = nats.url(),
-        seed = support::signing_key(dir.path()).display(),
+        seed = crate::support::signing_key(dir.path()).display(),
         renewal = renewal_cfg.display(),
     );
     let choria = format!(
@@ -91,7 +89,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     // Every node configured three times: provisioned, renewed, renewed.
     let deadline = Instant::now() + Duration::from_secs(150);
     loop {
-        let j = support::read_journal_so_far(&journal);
+        let j = crate::support::read_journal_so_far(&journal);
         let configured = senders(&j, "configure");
         let done = configured.values().filter(|s| s.len() >= 3).count();
         if done == NODES {
@@ -272,7 +270,7 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
         ca = dir.path().join("ca.pem").display(),
         key = dir.path().join("ca.key").display(),
         url = nats.url(),
-        seed = support::signing_key(dir.path()).display(),
+        seed = crate::support::signing_key(dir.path()).display(),
         renewal = renewal_cfg.display(),
     );
     let choria = format!(
@@ -349,7 +347,10 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     // A forged record would have been sent within a tick; wait out several
     // seconds more, and the settle time a record gets.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let asked = senders(&support::read_journal_so_far(&journal), "reprovision");
+    let asked = senders(
+        &crate::support::read_journal_so_far(&journal),
+        "reprovision",
+    );
     assert!(asked.is_empty(), "reprovision sent: {asked:?}");
     let heard = tokio::time::timeout(Duration::from_millis(100), evil.next()).await;
     assert_eq!(refused(&p, "unsigned"), 1.0, "the unsealed record");

@@ -5,9 +5,10 @@
 //! (from the fleet's journal), each hostile class is counted in its metric,
 //! and no key material or certificate goes to a node that did not ask.
 
-mod support;
-
-use choria_core::provision::pipeline::dispatch::IN_FLIGHT;
+use crate::support::hostile::{self, Actor, Mode};
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::{NatsServer, RunningFleet};
+use choria_core::provision::pipeline::lanes::IN_FLIGHT;
 use choria_core::provision::pipeline::registry::{Lane, EVENT_QUEUE};
 use choria_core::provision::suspects::NODE_LOG_BURST;
 use choria_fleet::ca::CertificateAuthority;
@@ -20,9 +21,6 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::hostile::{self, Actor, Mode};
-use support::provisioner::{binary, ProvisionerProcess};
-use support::{NatsServer, RunningFleet};
 
 const TOKEN: &str = "h0stile-t0ken";
 
@@ -184,7 +182,7 @@ impl Scene {
     async fn wait_servers(&mut self, nodes: &HashSet<String>, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let back: HashSet<String> = support::read_journal_so_far(&self.journal_path())
+            let back: HashSet<String> = crate::support::read_journal_so_far(&self.journal_path())
                 .iter()
                 .filter(|e| {
                     e["kind"] == "event" && e["event"] == "startup" && e["component"] == "server"

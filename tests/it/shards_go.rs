@@ -3,16 +3,14 @@
 //! and no server is configured twice (a real server publishes a
 //! `provisioned` lifecycle event for every `configure` it carries out).
 
-mod support;
-
+use crate::support::gopeers::{choria_bin, go_provisioner_bin, make_signers, GoServer};
+use crate::support::provisioner::ProvisionerProcess;
+use crate::support::NatsServer;
 use choria_wire::lifecycle::{self, EventType};
 use choria_wire::protocol::Version;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::gopeers::{choria_bin, go_provisioner_bin, make_signers, GoServer};
-use support::provisioner::ProvisionerProcess;
-use support::NatsServer;
 
 const TOKEN: &str = "sh4rds-t0ken";
 const SERVERS: usize = 8;
@@ -81,7 +79,7 @@ async fn ours_in_shards_and_the_go_provisioner_never_configure_a_real_server_twi
     let shards = format!(
         "election:\n  mode: shards\n  backend: streams\n  name: mixed\n  \
          lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n  signing_key: {}\n",
-        support::signing_key(dir).display()
+        crate::support::signing_key(dir).display()
     );
     let mut ours: Vec<ProvisionerProcess> = ["r1", "r2"]
         .iter()

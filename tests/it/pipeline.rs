@@ -1,8 +1,8 @@
 //! The provisioner in-process against the simulated fleet: the pause gate as
 //! seen from the nodes, and discovery at scale.
 
-mod support;
-
+use crate::support::provisioner::binary;
+use crate::support::{NatsServer, RunningFleet};
 use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
 use choria_core::monitor::Exposition;
 use choria_core::provision::gate::PauseReason;
@@ -15,8 +15,6 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::provisioner::binary;
-use support::{NatsServer, RunningFleet};
 use tokio_util::sync::CancellationToken;
 
 struct Running {
@@ -194,7 +192,13 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
     let journal_path = dir.path().join("journal.jsonl");
     // All 20 have fetched their inventory and sit in the helper.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while actions(&support::read_journal_so_far(&journal_path), "inventory").count() < 20 {
+    while actions(
+        &crate::support::read_journal_so_far(&journal_path),
+        "inventory",
+    )
+    .count()
+        < 20
+    {
         assert!(Instant::now() < deadline, "inventory not fetched by all");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -208,7 +212,7 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
         0.0,
         "a pause is not a provisioning error"
     );
-    let so_far = support::read_journal_so_far(&journal_path);
+    let so_far = crate::support::read_journal_so_far(&journal_path);
     assert_eq!(
         actions(&so_far, "configure").count(),
         0,
@@ -296,7 +300,11 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     // take back) while every node's inventory request is in flight.
     let journal_path = dir.path().join("journal.jsonl");
     assert_eq!(
-        actions(&support::read_journal_so_far(&journal_path), "inventory").count(),
+        actions(
+            &crate::support::read_journal_so_far(&journal_path),
+            "inventory"
+        )
+        .count(),
         0,
         "the blip comes while the first requests are still in flight"
     );

@@ -17,20 +17,20 @@
 //! Needs `$CHORIA_BIN` (and `$CHORIA_GO_PROVISIONER_BIN` for the election);
 //! under CI a missing peer fails the test (tests/support/peers.rs).
 
-mod support;
-
+use crate::support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
+use crate::support::election::{bucket_config, read_key_entry, KeyEntry};
+use crate::support::gopeers::{
+    choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers,
+};
+use crate::support::provisioner::{binary, ProvisionerProcess};
+use crate::support::realnodes::*;
+use crate::support::RunningFleet;
 use choria_fleet::FleetOptions;
 use choria_wire::client::{self, BrokerOptions, ConnectOptions};
 use choria_wire::security::ed25519::Ed25519KeyPair;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
-use support::election::{bucket_config, read_key_entry, KeyEntry};
-use support::gopeers::{choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers};
-use support::provisioner::{binary, ProvisionerProcess};
-use support::realnodes::*;
-use support::RunningFleet;
 
 /// The election bucket's TTL on the test brokers: the shortest go-choria's
 /// election accepts is 4 s (a renewal every 0.75 TTL, at least 1 s apart).
@@ -92,7 +92,7 @@ async fn fleet(
 /// Successful `configure` requests per node, with their senders.
 fn configured_by(journal: &Path) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for e in support::read_journal_so_far(journal)
+    for e in crate::support::read_journal_so_far(journal)
         .iter()
         .filter(|e| e["kind"] == "action" && e["action"] == "configure" && e["outcome"] == "ok")
     {
@@ -184,7 +184,7 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
         s(&bench.broker.ca().cert),
         s(&records_cert),
         s(&records_key),
-        s(&support::signing_key(&bench.path("")))
+        s(&crate::support::signing_key(&bench.path("")))
     );
     let (mut p, _server, _) = bench
         .provision_v1(
@@ -557,7 +557,7 @@ async fn sharded_replicas_provision_each_node_once_through_the_broker() {
          broker_provisioning_password: {PROVISIONER_PASSWORD}\n\
          election:\n  mode: shards\n  backend: streams\n  name: broker\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n  signing_key: {}\n",
         binary(),
-        support::signing_key(work.path()).display()
+        crate::support::signing_key(work.path()).display()
     );
     let replicas: Vec<ProvisionerProcess> = ["s1", "s2"]
         .iter()

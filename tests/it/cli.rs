@@ -2,11 +2,9 @@
 //! default command, `--debug` goes anywhere, `--choria-config` defaults to
 //! go-choria's UserConfig(), and `--check` validates without connecting.
 
-mod support;
-
+use crate::support::provisioner::binary;
 use std::path::Path;
 use std::process::{Command, Output};
-use support::provisioner::binary;
 
 const TOKEN: &str = "cli-t0ken-s3cret";
 const PASSWORD: &str = "cli-pa55w0rd-s3cret";
@@ -43,7 +41,7 @@ fn files(dir: &Path) -> (String, String) {
         &cfg,
         format!(
             "identity = from-flag.example.net\nplugin.choria.middleware_hosts = nats://127.0.0.1:{}\nplugin.security.provider = file\n",
-            support::free_port()
+            crate::support::free_port()
         ),
     )
     .unwrap();

@@ -15,8 +15,12 @@
 //! (tests/support/peers.rs); with it, everything really runs.
 //! See tests/gopeers/RECIPE.md for the recipe these tests follow.
 
-mod support;
-
+use crate::support::gopeers::{
+    choria_bin, choria_tool, is_hex, issue_client_jwt, make_signers, s, GoServer, Signers,
+};
+use crate::support::{
+    check_gencsr_reply, discover_provisionable, rpc, rpc_ok, NatsServer, RunningFleet,
+};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, ChoriaClient, DiscoveryOptions, Identity};
@@ -32,10 +36,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::gopeers::{
-    choria_bin, choria_tool, is_hex, issue_client_jwt, make_signers, s, GoServer, Signers,
-};
-use support::{check_gencsr_reply, discover_provisionable, rpc, rpc_ok, NatsServer, RunningFleet};
 
 const TOKEN: &str = "s3cret";
 const VERSION: &str = "0.30.2";
@@ -474,7 +474,7 @@ impl Cli {
 
     fn v1(bin: &Path, dir: &Path, nats_url: &str) -> Cli {
         // The file provider wants these to exist; in insecure mode they are unused.
-        support::make_self_signed(dir);
+        crate::support::make_self_signed(dir);
         let security = format!(
             "plugin.security.provider = file\nplugin.security.file.certificate = {d}/cert.pem\n\
              plugin.security.file.key = {d}/key.pem\nplugin.security.file.ca = {d}/cert.pem\n",

@@ -1,7 +1,9 @@
 //! The fleet simulator against a real nats-server, driven by our Choria client.
 
-mod support;
-
+use crate::support::{
+    assert_no_reply, check_gencsr_reply, discover_provisionable, read_journal, rpc, rpc_ok,
+    NatsServer, RunningFleet,
+};
 use choria_fleet::{self as fleet, Directed, FleetOptions};
 use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, ChoriaClient, ClientError, Identity, RpcResult};
@@ -16,10 +18,6 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use support::{
-    assert_no_reply, check_gencsr_reply, discover_provisionable, read_journal, rpc, rpc_ok,
-    NatsServer, RunningFleet,
-};
 
 const TOKEN: &str = "s3cret";
 

@@ -6,8 +6,10 @@
 //! marker, and the bucket TTL's bounds and the timings derived from it.
 //! Only the `Backend` trait is used, not how the driver reacts to it.
 
-mod support;
-
+use crate::support::election::{
+    admin, choria_like_broker, create_bucket, read_key_entry, KeyEntry,
+};
+use crate::support::NatsServer;
 use choria_config::ElectionConfig;
 use choria_core::election::machine::Outcome;
 use choria_core::election::streams::{release_subject, StreamsBackend, StreamsError};
@@ -15,8 +17,6 @@ use choria_core::election::Backend;
 use futures::StreamExt;
 use serde_json::Value;
 use std::time::Duration;
-use support::election::{admin, choria_like_broker, create_bucket, read_key_entry, KeyEntry};
-use support::NatsServer;
 
 const TTL: Duration = Duration::from_secs(5);
 

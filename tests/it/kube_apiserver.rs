@@ -5,13 +5,11 @@
 //! Fails under CI, and is NOT RUN (with a loud banner) without it, when
 //! scripts/build-kube-peers.sh has not built the binaries.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::kube::{expect_ok, ControlPlane};
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::Value;
-use support::kube::{expect_ok, ControlPlane};
 
 const NS: &str = "smoke";
 
