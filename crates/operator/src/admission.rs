@@ -70,47 +70,36 @@ pub fn certificate_request_policy(
     policy: &Policy,
     namespace: Option<&str>,
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let meta = ObjectMeta {
+        name: Some(name.into()),
+        labels: Some(BTreeMap::from([(
+            super::build::MANAGED_BY_LABEL.to_string(),
+            super::build::MANAGED_BY.to_string(),
+        )])),
+        ..Default::default()
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta.clone(),
+        spec: Some(binding_spec(name, namespace)),
+    };
+    (
+        ValidatingAdmissionPolicy {
+            metadata: meta,
+            spec: Some(policy_spec(policy)),
+            status: None,
+        },
+        binding,
+    )
+}
+
+/// What the policy matches (CertificateRequests made by ServiceAccounts),
+/// its parameter (the Provisioners) and its checks.
+fn policy_spec(policy: &Policy) -> ValidatingAdmissionPolicySpec {
     let var = |name: &str, expression: &str| Variable {
         name: name.into(),
         expression: expression.into(),
     };
-    let check = |expression: String, message: &str| Validation {
-        expression: format!("!variables.mine || ({expression})"),
-        message_expression: Some(format!(
-            "'CertificateRequests of Provisioner ' + params.metadata.name + ' ' + {}",
-            cel(message)
-        )),
-        reason: Some("Forbidden".into()),
-        message: None,
-    };
-    let spec_cm = "params.spec.pki.certManager";
-    let has_cm = "has(params.spec.pki) && has(params.spec.pki.certManager)";
-    // The issuers beyond a namespaced Issuer the admin allows.
-    let allowed_issuers: Vec<String> = policy
-        .cluster_issuers
-        .iter()
-        .map(|p| {
-            let (kind, group, name) = p.parts();
-            format!(
-                "(variables.kind == {} && variables.group == {} && object.spec.issuerRef.name.matches({}))",
-                cel(kind),
-                cel(group),
-                cel(&glob_regex(name))
-            )
-        })
-        .collect();
-    let admin_issuer = std::iter::once(format!(
-        "(variables.kind == 'Issuer' && variables.group == {})",
-        cel(CERT_MANAGER_GROUP)
-    ))
-    .chain(allowed_issuers)
-    .collect::<Vec<_>>()
-    .join(" || ");
-    let spec_usages = format!(
-        "has({spec_cm}.usages) && size({spec_cm}.usages) > 0 ? {spec_cm}.usages : {}",
-        cel_list(DEFAULT_CERT_MANAGER_USAGES)
-    );
-    let spec = ValidatingAdmissionPolicySpec {
+    ValidatingAdmissionPolicySpec {
         // Ignore, not Fail: with the Provisioner CRD gone (its parameter
         // kind) a failing policy would deny every CertificateRequest of every
         // ServiceAccount in the cluster, cert-manager's own included. The
@@ -148,73 +137,101 @@ pub fn certificate_request_policy(
                 "has(object.spec.usages) && size(object.spec.usages) > 0 ? object.spec.usages : ['digital signature', 'key encipherment']",
             ),
         ]),
-        validations: Some(vec![
-            check(
-                "!has(object.spec.isCA) || object.spec.isCA == false".into(),
-                "may not ask for a CA certificate (isCA)",
-            ),
-            check(
-                format!(
-                    "{has_cm} && object.spec.issuerRef.name == {spec_cm}.issuerRef.name \
-                     && variables.kind == (has({spec_cm}.issuerRef.kind) && {spec_cm}.issuerRef.kind != '' ? {spec_cm}.issuerRef.kind : 'Issuer') \
-                     && variables.group == (has({spec_cm}.issuerRef.group) && {spec_cm}.issuerRef.group != '' ? {spec_cm}.issuerRef.group : 'cert-manager.io')"
-                ),
-                "may only name the issuer of its spec.pki.certManager.issuerRef",
-            ),
-            check(
-                admin_issuer,
-                "may only name an Issuer in its namespace or an issuer the cluster admin allows (--allowed-cluster-issuer)",
-            ),
-            check(
-                format!(
-                    "variables.usages.all(u, u in {}) && (!({has_cm}) || variables.usages.all(u, u in ({spec_usages})))",
-                    cel_list(policy.usages.iter().map(String::as_str))
-                ),
-                "may only ask for the key usages its spec and the cluster admin allow (--allowed-usage)",
-            ),
-        ]),
+        validations: Some(validations(policy)),
         ..Default::default()
+    }
+}
+
+/// The checks, each passing anyone but the parameter Provisioner's own
+/// ServiceAccount (`variables.mine`).
+fn validations(policy: &Policy) -> Vec<Validation> {
+    let check = |expression: String, message: &str| Validation {
+        expression: format!("!variables.mine || ({expression})"),
+        message_expression: Some(format!(
+            "'CertificateRequests of Provisioner ' + params.metadata.name + ' ' + {}",
+            cel(message)
+        )),
+        reason: Some("Forbidden".into()),
+        message: None,
     };
-    let meta = ObjectMeta {
-        name: Some(name.into()),
-        labels: Some(BTreeMap::from([(
-            super::build::MANAGED_BY_LABEL.to_string(),
-            super::build::MANAGED_BY.to_string(),
-        )])),
-        ..Default::default()
-    };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata: meta.clone(),
-        spec: Some(ValidatingAdmissionPolicyBindingSpec {
-            policy_name: Some(name.into()),
-            // Every Provisioner of the request's namespace is a parameter;
-            // a namespace without one has no Provisioner ServiceAccounts.
-            param_ref: Some(ParamRef {
-                selector: Some(LabelSelector::default()),
-                parameter_not_found_action: Some("Allow".into()),
-                ..Default::default()
-            }),
-            match_resources: namespace.map(|ns| MatchResources {
-                namespace_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        "kubernetes.io/metadata.name".to_string(),
-                        ns.to_string(),
-                    )])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            validation_actions: Some(vec!["Deny".into()]),
+    let spec_cm = "params.spec.pki.certManager";
+    let has_cm = "has(params.spec.pki) && has(params.spec.pki.certManager)";
+    let spec_usages = format!(
+        "has({spec_cm}.usages) && size({spec_cm}.usages) > 0 ? {spec_cm}.usages : {}",
+        cel_list(DEFAULT_CERT_MANAGER_USAGES)
+    );
+    vec![
+        check(
+            "!has(object.spec.isCA) || object.spec.isCA == false".into(),
+            "may not ask for a CA certificate (isCA)",
+        ),
+        check(
+            format!(
+                "{has_cm} && object.spec.issuerRef.name == {spec_cm}.issuerRef.name \
+                 && variables.kind == (has({spec_cm}.issuerRef.kind) && {spec_cm}.issuerRef.kind != '' ? {spec_cm}.issuerRef.kind : 'Issuer') \
+                 && variables.group == (has({spec_cm}.issuerRef.group) && {spec_cm}.issuerRef.group != '' ? {spec_cm}.issuerRef.group : 'cert-manager.io')"
+            ),
+            "may only name the issuer of its spec.pki.certManager.issuerRef",
+        ),
+        check(
+            admin_issuer(policy),
+            "may only name an Issuer in its namespace or an issuer the cluster admin allows (--allowed-cluster-issuer)",
+        ),
+        check(
+            format!(
+                "variables.usages.all(u, u in {}) && (!({has_cm}) || variables.usages.all(u, u in ({spec_usages})))",
+                cel_list(policy.usages.iter().map(String::as_str))
+            ),
+            "may only ask for the key usages its spec and the cluster admin allow (--allowed-usage)",
+        ),
+    ]
+}
+
+/// Whether the request's issuer is one the admin allows: a namespaced
+/// Issuer, or one matching `--allowed-cluster-issuer`.
+fn admin_issuer(policy: &Policy) -> String {
+    let allowed_issuers = policy.cluster_issuers.iter().map(|p| {
+        let (kind, group, name) = p.parts();
+        format!(
+            "(variables.kind == {} && variables.group == {} && object.spec.issuerRef.name.matches({}))",
+            cel(kind),
+            cel(group),
+            cel(&glob_regex(name))
+        )
+    });
+    std::iter::once(format!(
+        "(variables.kind == 'Issuer' && variables.group == {})",
+        cel(CERT_MANAGER_GROUP)
+    ))
+    .chain(allowed_issuers)
+    .collect::<Vec<_>>()
+    .join(" || ")
+}
+
+/// The binding: every Provisioner of the request's namespace a parameter,
+/// in `namespace` only when given.
+fn binding_spec(name: &str, namespace: Option<&str>) -> ValidatingAdmissionPolicyBindingSpec {
+    ValidatingAdmissionPolicyBindingSpec {
+        policy_name: Some(name.into()),
+        // Every Provisioner of the request's namespace is a parameter;
+        // a namespace without one has no Provisioner ServiceAccounts.
+        param_ref: Some(ParamRef {
+            selector: Some(LabelSelector::default()),
+            parameter_not_found_action: Some("Allow".into()),
+            ..Default::default()
         }),
-    };
-    (
-        ValidatingAdmissionPolicy {
-            metadata: meta,
-            spec: Some(spec),
-            status: None,
-        },
-        binding,
-    )
+        match_resources: namespace.map(|ns| MatchResources {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_string(),
+                    ns.to_string(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        validation_actions: Some(vec!["Deny".into()]),
+    }
 }
 
 /// Applies both (server-side, forced: they are the operator's), the policy

@@ -5,6 +5,8 @@ use choria_k8s::crd::{Provisioner, API_VERSION, KIND};
 use http::{Request, Response};
 use kube::client::Body;
 use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub const NS: &str = "choria";
 pub const NAME: &str = "prov";
@@ -158,5 +160,86 @@ fn answer(s: &Seen, scenario: &Scenario) -> (u16, Value) {
             (200, d)
         }
         _ => (200, s.body.clone()),
+    }
+}
+
+/// Requests to the fake cluster's Provisioners and Leases (namespace `ops`).
+pub const PROVISIONERS: &str = "/apis/provisioning.choria.io/v1alpha1/namespaces/ops/provisioners";
+pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
+
+/// The requests the fake cluster saw: `GET <path>`, with ` watch` for a watch.
+pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// An empty cluster with a Lease store. Lists are empty, watches never
+/// answer. Returns the Lease as last written once the client is gone.
+pub fn fake_cluster() -> (kube::Client, Log, tokio::task::JoinHandle<Option<Value>>) {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "ops");
+    let log: Log = Arc::default();
+    let seen = log.clone();
+    let task = tokio::spawn(async move {
+        let mut lease: Option<Value> = None;
+        let mut version = 0;
+        let mut watches = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let path = parts.uri.path().to_string();
+            let method = parts.method.to_string();
+            let watch = parts.uri.query().unwrap_or_default().contains("watch=true");
+            let suffix = if watch { " watch" } else { "" };
+            seen.lock()
+                .unwrap()
+                .push(format!("{method} {path}{suffix}"));
+            if watch {
+                watches.push(send);
+                continue;
+            }
+            let (code, reply) = if path.starts_with(LEASES) {
+                match (method.as_str(), &lease) {
+                    ("GET", Some(l)) => (200, l.clone()),
+                    ("GET", None) => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "reason": "NotFound", "code": 404, "message": "not found"}),
+                    ),
+                    _ => {
+                        version += 1;
+                        let mut l: Value = serde_json::from_slice(&bytes).unwrap();
+                        l["metadata"]["resourceVersion"] = json!(version.to_string());
+                        lease = Some(l.clone());
+                        (if method == "POST" { 201 } else { 200 }, l)
+                    }
+                }
+            } else {
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "List",
+                           "metadata": {"resourceVersion": "1"}, "items": []}),
+                )
+            };
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+        lease
+    });
+    (client, log, task)
+}
+
+pub async fn wait_for_line(log: &Log, line: &str) {
+    let found = async {
+        while !log.lock().unwrap().iter().any(|l| l == line) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(10), found)
+        .await
+        .is_err()
+    {
+        panic!("no {line:?} in {:#?}", log.lock().unwrap());
     }
 }

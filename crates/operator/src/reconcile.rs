@@ -12,6 +12,7 @@
 mod owned;
 mod status;
 
+pub(crate) use owned::OwnedKind;
 pub use owned::{owned_selector, Stores, APPLIED_ANNOTATION};
 pub use status::{
     changed, events, leader_changed, operator_status, Refusal, DEGRADED, LEADER_ELECTED, PAUSED,
@@ -220,7 +221,7 @@ async fn sync_owned(
         }
         let applied = owned::apply(&ctx.client, ns, d).await?;
         info!(namespace = ns, provisioner = %name, kind = %d.resource.kind, object = %d.name, "applied");
-        if d.resource.kind == "Deployment" {
+        if d.resource.kind == Deployment::kind(&()) {
             deployment = Some(
                 serde_json::from_value(applied)
                     .map_err(|e| api_error("Deployment", "apply", &d.name, &e))?,

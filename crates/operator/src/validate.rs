@@ -11,7 +11,7 @@ use super::build;
 use choria_config::names::is_dns_label;
 use choria_config::provisioner::MIN_INTERVAL;
 use choria_config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
-use choria_k8s::crd::{ElectionBackend, ElectionMode, Provisioner, SecretKeyRef};
+use choria_k8s::crd::{ElectionBackend, ElectionMode, Provisioner, ProvisionerSpec, SecretKeyRef};
 use kube::ResourceExt;
 use std::time::Duration;
 
@@ -19,11 +19,33 @@ use std::time::Duration;
 pub const MAX_NAME_LEN: usize = 63 - "-metrics".len();
 
 /// Every problem found, each saying what to fix; empty when the spec is valid.
+///
+/// The stages run in the order of the spec's parts and report in that order
+/// (the book and the tests quote the messages).
 pub fn validate(p: &Provisioner) -> Vec<String> {
     let mut problems = Vec::new();
     let s = &p.spec;
-    let mut problem = |m: String| problems.push(m);
+    let problem = &mut |m: String| problems.push(m);
+    name(p, problem);
+    pods(s, problem);
+    broker(s, problem);
+    secret_refs(s, problem);
+    features(s, problem);
+    durations(s, problem);
+    election(s, problem);
+    records_and_renewal(s, problem);
+    helper(s, problem);
 
+    // The provisioner's own rules, applied to what the pods will read. Only
+    // when the spec passed, so one mistake is not reported twice.
+    if problems.is_empty() {
+        problems.extend(check_generated(p));
+    }
+    problems
+}
+
+/// `metadata.name`: it names every owned object, the metrics Service too.
+fn name(p: &Provisioner, problem: &mut dyn FnMut(String)) {
     let name = p.name_any();
     if !is_dns_label(&name)
         || !name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -33,6 +55,10 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
             "metadata.name {name:?} cannot name the Service {name}-metrics: use at most {MAX_NAME_LEN} lower case letters, digits and '-', starting with a letter"
         ));
     }
+}
+
+/// What the Deployment's pods are: how many, their port, workers and image.
+fn pods(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     if s.replicas < 0 {
         problem(format!("spec.replicas is {}; use 0 or more", s.replicas));
     }
@@ -51,8 +77,10 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
         problem("spec.image is empty; name the choria-provisioner image, or leave it out for the operator's own".into());
     }
+}
 
-    // Broker and its security.
+/// `spec.broker` and its security.
+fn broker(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     let b = &s.broker;
     if b.urls.is_empty() {
         problem("spec.broker.urls is empty; list at least one broker, e.g. nats://broker.example.net:4222".into());
@@ -97,11 +125,13 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         ("spec.broker.clientJwtSecret", &b.client_jwt_secret),
     ] {
         if let Some(secret) = secret {
-            check_object_name(field, secret, &mut problem);
+            check_object_name(field, secret, problem);
         }
     }
+}
 
-    // Secret references.
+/// The Secret keys the pods read their token, password and JWT keys from.
+fn secret_refs(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     for (field, r) in [
         ("spec.tokenSecret", &s.token_secret),
         ("spec.brokerPasswordSecret", &s.broker_password_secret),
@@ -110,11 +140,13 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         ("spec.jwtSigningTokenSecret", &s.jwt_signing_token_secret),
     ] {
         if let Some(r) = r {
-            check_secret_ref(field, r, &mut problem);
+            check_secret_ref(field, r, problem);
         }
     }
+}
 
-    // Features and the keys they need.
+/// `spec.features` and the keys they need.
+fn features(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     let f = &s.features;
     if f.pki && f.ed25519 {
         problem("spec.features: pki and ed25519 cannot both be enabled; enable only one".into());
@@ -128,28 +160,11 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
             "spec.features.{feature} needs spec.jwtVerifyKeySecret: the Secret key holding the public key or certificate that verifies the nodes' provisioning.jwt"
         ));
     }
+}
 
-    // Durations.
-    let duration = |field: &str,
-                    value: &Option<String>,
-                    problem: &mut dyn FnMut(String)|
-     -> Option<Duration> {
-        let raw = value.as_deref()?;
-        match parse_duration(raw) {
-            Ok(d) if d.is_zero() => {
-                problem(format!(
-                    "spec.{field} {raw:?} is zero; use a positive duration such as 10s"
-                ));
-                None
-            }
-            Ok(d) => Some(d),
-            Err(e) => {
-                problem(format!("spec.{field}: {e}"));
-                None
-            }
-        }
-    };
-    if let Some(d) = duration("interval", &s.interval, &mut problem) {
+/// The spec's durations outside `spec.election`; `spec.interval` has a floor.
+fn durations(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    if let Some(d) = positive_duration("interval", &s.interval, problem) {
         if d < MIN_INTERVAL {
             problem(format!(
                 "spec.interval {:?} is below the minimum of 1m; use for example 10m or 1h",
@@ -164,64 +179,69 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
         ("helperTimeout", &s.helper_timeout),
         ("rpcTimeout", &s.rpc_timeout),
     ] {
-        duration(field, value, &mut problem);
+        positive_duration(field, value, problem);
     }
+}
+
+/// `spec.election`: shards need a membership, and a Lease's timings follow
+/// client-go's rule (unset ones count with their defaults). Timings of
+/// other backends are not checked: they are not used.
+fn election(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     let e = &s.election;
     let shards = e.mode == ElectionMode::Shards;
     if shards && e.backend == ElectionBackend::None {
         problem("spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams".into());
     }
-    if e.backend == ElectionBackend::Lease || shards {
-        let lease = duration("election.leaseDuration", &e.lease_duration, &mut problem);
-        let renew = duration("election.renewDeadline", &e.renew_deadline, &mut problem);
-        let retry = duration("election.retryPeriod", &e.retry_period, &mut problem);
-        let defaults = choria_config::ElectionConfig::default();
-        let (lease, renew, retry) = (
-            lease.unwrap_or(defaults.lease_duration),
-            renew.unwrap_or(defaults.renew_deadline),
-            retry.unwrap_or(defaults.retry_period),
-        );
-        if lease <= renew {
+    if e.backend != ElectionBackend::Lease && !shards {
+        return;
+    }
+    let lease = positive_duration("election.leaseDuration", &e.lease_duration, problem);
+    let renew = positive_duration("election.renewDeadline", &e.renew_deadline, problem);
+    let retry = positive_duration("election.retryPeriod", &e.retry_period, problem);
+    let defaults = choria_config::ElectionConfig::default();
+    let (lease, renew, retry) = (
+        lease.unwrap_or(defaults.lease_duration),
+        renew.unwrap_or(defaults.renew_deadline),
+        retry.unwrap_or(defaults.retry_period),
+    );
+    if lease <= renew {
+        problem(format!(
+            "spec.election.leaseDuration ({lease:?}) must be longer than renewDeadline ({renew:?})"
+        ));
+    }
+    if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+        problem(format!(
+            "spec.election.renewDeadline ({renew:?}) must be longer than 1.2 × retryPeriod ({retry:?})"
+        ));
+    }
+}
+
+/// `spec.<field>` parsed, when set; `None` (and a problem) when it does not
+/// parse or is zero.
+fn positive_duration(
+    field: &str,
+    value: &Option<String>,
+    problem: &mut dyn FnMut(String),
+) -> Option<Duration> {
+    let raw = value.as_deref()?;
+    match parse_duration(raw) {
+        Ok(d) if d.is_zero() => {
             problem(format!(
-                "spec.election.leaseDuration ({lease:?}) must be longer than renewDeadline ({renew:?})"
+                "spec.{field} {raw:?} is zero; use a positive duration such as 10s"
             ));
+            None
         }
-        if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
-            problem(format!(
-                "spec.election.renewDeadline ({renew:?}) must be longer than 1.2 × retryPeriod ({retry:?})"
-            ));
+        Ok(d) => Some(d),
+        Err(e) => {
+            problem(format!("spec.{field}: {e}"));
+            None
         }
     }
-
-    records_and_renewal(s, &mut problem);
-
-    // Helper.
-    match &s.helper {
-        Some(h) => {
-            if h.command.trim().is_empty() {
-                problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
-            }
-            if let Some(cm) = &h.config_map {
-                check_object_name("spec.helper.configMap", cm, &mut problem);
-            }
-        }
-        None if s.node_configuration.is_none() => problem(
-            "neither spec.helper nor spec.nodeConfiguration is set; one of them has to configure the nodes".into(),
-        ),
-        None => {}
-    }
-
-    // The provisioner's own rules, applied to what the pods will read. Only
-    // when the spec passed, so one mistake is not reported twice.
-    if problems.is_empty() {
-        problems.extend(check_generated(p));
-    }
-    problems
 }
 
 /// `spec.records` and `spec.renewal`: what the API server's rules check,
 /// for objects stored before them (their values reach the parsers below).
-fn records_and_renewal(s: &choria_k8s::crd::ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+fn records_and_renewal(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     if s.renewal.is_some() && s.records.is_none() {
         problem(
             "spec.renewal works from the records of what was issued: set spec.records too".into(),
@@ -277,6 +297,24 @@ fn records_and_renewal(s: &choria_k8s::crd::ProvisionerSpec, problem: &mut dyn F
                 check_object_name(field, secret, problem);
             }
         }
+    }
+}
+
+/// `spec.helper`, or else `spec.nodeConfiguration`: what configures the nodes.
+fn helper(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    match &s.helper {
+        Some(h) => {
+            if h.command.trim().is_empty() {
+                problem("spec.helper.command is empty; give the helper's command line, e.g. /etc/choria-provisioner/helper/helper.sh".into());
+            }
+            if let Some(cm) = &h.config_map {
+                check_object_name("spec.helper.configMap", cm, problem);
+            }
+        }
+        None if s.node_configuration.is_none() => problem(
+            "neither spec.helper nor spec.nodeConfiguration is set; one of them has to configure the nodes".into(),
+        ),
+        None => {}
     }
 }
 

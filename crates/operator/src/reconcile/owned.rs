@@ -15,9 +15,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -55,27 +57,6 @@ impl Stores {
         );
     }
 
-    fn lookup(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
-        fn get<K: Resource<DynamicType = ()> + Clone + Serialize>(
-            s: &Store<K>,
-            ns: &str,
-            name: &str,
-        ) -> Option<Value> {
-            s.get(&ObjectRef::new(name).within(ns))
-                .and_then(|o| serde_json::to_value(&*o).ok())
-        }
-        match kind {
-            "ServiceAccount" => get(&self.service_accounts, ns, name),
-            "Role" => get(&self.roles, ns, name),
-            "RoleBinding" => get(&self.role_bindings, ns, name),
-            "ConfigMap" => get(&self.config_maps, ns, name),
-            "Service" => get(&self.services, ns, name),
-            "Deployment" => get(&self.deployments, ns, name),
-            "PodDisruptionBudget" => get(&self.pdbs, ns, name),
-            _ => None,
-        }
-    }
-
     /// The Deployment `name`, as last seen.
     pub fn deployment(&self, ns: &str, name: &str) -> Option<Deployment> {
         self.deployments
@@ -85,9 +66,55 @@ impl Stores {
 
     /// Our PodDisruptionBudget `name`, when the store has one.
     fn our_pdb(&self, ns: &str, name: &str, uid: &str) -> bool {
-        self.lookup("PodDisruptionBudget", ns, name)
-            .is_some_and(|o| owned_by(&o, uid))
+        PodDisruptionBudget::cached(self, ns, name).is_some_and(|o| owned_by(&o, uid))
     }
+}
+
+/// A kind of object the operator owns: the controller watches it (by our
+/// label) into its store in [`Stores`], and a [`Desired`] object of the kind
+/// is compared with what that store holds. The bounds are what a watch, a
+/// store and the comparison need.
+pub trait OwnedKind:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The store the controller's watch of this kind fills.
+    fn store(stores: &Stores) -> &Store<Self>;
+
+    /// The object `ns/name` as the watch last saw it, as JSON: compared
+    /// field by field with the desired one (see [`up_to_date`]).
+    fn cached(stores: &Stores, ns: &str, name: &str) -> Option<Value> {
+        Self::store(stores)
+            .get(&ObjectRef::new(name).within(ns))
+            .and_then(|o| serde_json::to_value(&*o).ok())
+    }
+}
+
+/// Ties each owned kind to its field of [`Stores`].
+macro_rules! owned_kinds {
+    ($($kind:ty => $store:ident),* $(,)?) => {$(
+        impl OwnedKind for $kind {
+            fn store(stores: &Stores) -> &Store<Self> {
+                &stores.$store
+            }
+        }
+    )*};
+}
+
+owned_kinds! {
+    ServiceAccount => service_accounts,
+    Role => roles,
+    RoleBinding => role_bindings,
+    ConfigMap => config_maps,
+    Service => services,
+    Deployment => deployments,
+    PodDisruptionBudget => pdbs,
 }
 
 /// One object as we want it, with its hash annotation.
@@ -95,9 +122,11 @@ pub struct Desired {
     pub resource: ApiResource,
     pub name: String,
     pub object: Value,
+    /// Its kind's [`OwnedKind::cached`]: where the live object is known.
+    cached: fn(&Stores, &str, &str) -> Option<Value>,
 }
 
-fn desired<K: Resource<DynamicType = ()> + Serialize>(obj: &K) -> Desired {
+fn desired<K: OwnedKind>(obj: &K) -> Desired {
     let mut object = serde_json::to_value(obj).expect("built objects serialize");
     let hash = hex::encode(Sha256::digest(object.to_string().as_bytes()));
     object["metadata"]["annotations"][APPLIED_ANNOTATION] = Value::String(hash);
@@ -107,6 +136,7 @@ fn desired<K: Resource<DynamicType = ()> + Serialize>(obj: &K) -> Desired {
         resource: ApiResource::erase::<K>(&()),
         name: obj.meta().name.clone().unwrap_or_default(),
         object,
+        cached: K::cached,
     }
 }
 
@@ -183,7 +213,7 @@ pub async fn step(
     d: &Desired,
 ) -> Result<Step, Error> {
     let kind = d.resource.kind.as_str();
-    let live = match stores.lookup(kind, ns, &d.name) {
+    let live = match (d.cached)(stores, ns, &d.name) {
         Some(live) => Some(live),
         None => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &d.resource)
             .get_opt(&d.name)
