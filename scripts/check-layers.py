@@ -40,7 +40,7 @@ MAX_FN = 100
 TABLES = {
     ("crates/core/src/provision/metrics.rs", "new"),  # every metric, registered at 0
     ("crates/k8s/src/crd/validation.rs", "rules"),  # the CRD's CEL rules
-    ("crates/operator/src/admission.rs", "certificate_request_policy"),  # the policy's CEL
+    ("crates/operator/src/build/config.rs", "provisioner_yaml"),  # spec field -> file key, one a line
 }
 
 # choria-core's rooms, most specific first: a file belongs to the first

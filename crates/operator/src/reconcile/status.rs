@@ -139,29 +139,7 @@ pub fn operator_status(
         }
     };
     let (progress, progress_reason, progress_message) = progressing(deployment);
-    let leader = previous.leader.as_deref().filter(|l| !l.is_empty());
-    let (elected, elected_reason, elected_message) = match (s.election.backend, leader) {
-        _ if s.election.mode == ElectionMode::Shards => (
-            false,
-            "Sharded",
-            format!(
-                "spec.election.mode is Shards: no leader, {} member(s) each provisioning its share",
-                previous.members.len()
-            ),
-        ),
-        (ElectionBackend::None, _) => (
-            false,
-            "ElectionDisabled",
-            "spec.election.backend is none: every replica provisions".to_string(),
-        ),
-        (_, Some(l)) if available >= 1 => (true, "Elected", format!("{l} leads")),
-        (_, Some(l)) => (
-            false,
-            "NoAvailableReplicas",
-            format!("no pod is available, so {l} (the last reported leader) does not lead"),
-        ),
-        (_, None) => (false, "NoLeader", "no pod leads".to_string()),
-    };
+    let (elected, elected_reason, elected_message) = leader_elected(p, &previous, available);
     let (paused_reason, paused_message) = if s.paused {
         (
             "PausedBySpec",
@@ -225,6 +203,40 @@ pub fn operator_status(
         ),
         selector: Some(selector(&p.name_any())),
         ..ProvisionerStatus::default()
+    }
+}
+
+/// The LeaderElected condition: shards have no leader, no election means
+/// every replica works, and a reported leader leads only while a pod is
+/// available.
+fn leader_elected(
+    p: &Provisioner,
+    previous: &ProvisionerStatus,
+    available: i32,
+) -> (bool, &'static str, String) {
+    let s = &p.spec;
+    let leader = previous.leader.as_deref().filter(|l| !l.is_empty());
+    match (s.election.backend, leader) {
+        _ if s.election.mode == ElectionMode::Shards => (
+            false,
+            "Sharded",
+            format!(
+                "spec.election.mode is Shards: no leader, {} member(s) each provisioning its share",
+                previous.members.len()
+            ),
+        ),
+        (ElectionBackend::None, _) => (
+            false,
+            "ElectionDisabled",
+            "spec.election.backend is none: every replica provisions".to_string(),
+        ),
+        (_, Some(l)) if available >= 1 => (true, "Elected", format!("{l} leads")),
+        (_, Some(l)) => (
+            false,
+            "NoAvailableReplicas",
+            format!("no pod is available, so {l} (the last reported leader) does not lead"),
+        ),
+        (_, None) => (false, "NoLeader", "no pod leads".to_string()),
     }
 }
 
