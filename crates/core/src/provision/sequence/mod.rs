@@ -14,7 +14,14 @@
 //! server JWT and key encryption). Its first request confirms the name; a name that never
 //! answers ends in [`ProvisionError::Unconfirmed`], logged at debug only,
 //! and a failed attempt moves the sequence to the suspect lane (see
-//! `dispatch`).
+//! `pipeline::lanes`).
+//!
+//! This file holds the sequence and the order of its stages (gather,
+//! settle, finish); each stage's steps live by what they do: `call` (one
+//! request with its tries), `ask` (what the node tells: JWT, key,
+//! inventory, CSR), `decide` (template, helper, cert-manager, server JWT,
+//! key encryption), `apply` (`release_update`, `configure`, `restart`,
+//! `shutdown`), `error` (one error per step).
 
 mod apply;
 mod ask;
