@@ -605,121 +605,128 @@ fn scenarios() -> Vec<Scenario> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn go_and_ours_treat_identical_fleets_alike_or_differ_as_documented() {
-    let Some(go_bin) =
-        go_provisioner_bin("go_and_ours_treat_identical_fleets_alike_or_differ_as_documented")
-    else {
-        return;
-    };
-    let root = tempfile::tempdir().unwrap();
-    let root_dir = root.path().to_path_buf();
-    if std::env::var_os("CHORIA_BEHAVIOUR_KEEP").is_some() {
-        // Journals, helper inputs, logs and metrics of every run, to read.
-        println!("runs kept in {}", root_dir.display());
-        std::mem::forget(root);
-    }
-    let mut seen: BTreeSet<&'static str> = BTreeSet::new();
-    let mut unexplained = Vec::new();
-    // Every scenario and implementation at once (each on its own broker):
-    // the slow ones wait a discovery interval, not the machine.
-    let all = scenarios();
-    let runs = all.iter().flat_map(|sc| {
-        [
-            run(Impl::Go, &go_bin, sc, &root_dir),
-            run(Impl::Ours, Path::new(binary()), sc, &root_dir),
-        ]
-    });
-    let mut outcomes = futures::future::join_all(runs).await.into_iter();
-    for sc in &all {
-        let (go, ours) = (outcomes.next().unwrap(), outcomes.next().unwrap());
-        for (which, o) in [(Impl::Go, &go), (Impl::Ours, &ours)] {
-            let mut states: BTreeMap<String, usize> = BTreeMap::new();
-            for f in o.finals.values() {
-                *states
-                    .entry(f["state"].as_str().unwrap_or("?").to_string())
-                    .or_default() += 1;
+/// The tests of this tier that want the machine to themselves: they load
+/// both cores, and their bounds were measured without other tests beside
+/// them. `scripts/test.sh` runs them after the rest, one at a time.
+mod alone {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn go_and_ours_treat_identical_fleets_alike_or_differ_as_documented() {
+        let Some(go_bin) =
+            go_provisioner_bin("go_and_ours_treat_identical_fleets_alike_or_differ_as_documented")
+        else {
+            return;
+        };
+        let root = tempfile::tempdir().unwrap();
+        let root_dir = root.path().to_path_buf();
+        if std::env::var_os("CHORIA_BEHAVIOUR_KEEP").is_some() {
+            // Journals, helper inputs, logs and metrics of every run, to read.
+            println!("runs kept in {}", root_dir.display());
+            std::mem::forget(root);
+        }
+        let mut seen: BTreeSet<&'static str> = BTreeSet::new();
+        let mut unexplained = Vec::new();
+        // Every scenario and implementation at once (each on its own broker):
+        // the slow ones wait a discovery interval, not the machine.
+        let all = scenarios();
+        let runs = all.iter().flat_map(|sc| {
+            [
+                run(Impl::Go, &go_bin, sc, &root_dir),
+                run(Impl::Ours, Path::new(binary()), sc, &root_dir),
+            ]
+        });
+        let mut outcomes = futures::future::join_all(runs).await.into_iter();
+        for sc in &all {
+            let (go, ours) = (outcomes.next().unwrap(), outcomes.next().unwrap());
+            for (which, o) in [(Impl::Go, &go), (Impl::Ours, &ours)] {
+                let mut states: BTreeMap<String, usize> = BTreeMap::new();
+                for f in o.finals.values() {
+                    *states
+                        .entry(f["state"].as_str().unwrap_or("?").to_string())
+                        .or_default() += 1;
+                }
+                println!(
+                    "{} {which:?}: {} calls, {} helper runs, final states {states:?}",
+                    sc.name,
+                    o.calls.values().map(Vec::len).sum::<usize>(),
+                    o.helper.values().map(Vec::len).sum::<usize>(),
+                );
+                // A comparison of nothing proves nothing.
+                assert_eq!(
+                    o.finals.len(),
+                    sc.nodes,
+                    "{} {which:?}: a final entry per node",
+                    sc.name
+                );
+                assert!(
+                    !o.helper.is_empty(),
+                    "{} {which:?}: the helper never ran",
+                    sc.name
+                );
+                if sc.name == "ed25519" {
+                    // Alike must mean "issued", not "both failed the same way".
+                    for (node, f) in &o.finals {
+                        assert_eq!(f["has_server_jwt"], true, "ed25519 {which:?}: {node}: {f}");
+                    }
+                }
             }
+            let diffs = compare(sc, &go, &ours);
             println!(
-                "{} {which:?}: {} calls, {} helper runs, final states {states:?}",
+                "{}: {} nodes, {} differences",
                 sc.name,
-                o.calls.values().map(Vec::len).sum::<usize>(),
-                o.helper.values().map(Vec::len).sum::<usize>(),
-            );
-            // A comparison of nothing proves nothing.
-            assert_eq!(
-                o.finals.len(),
                 sc.nodes,
-                "{} {which:?}: a final entry per node",
-                sc.name
+                diffs.len()
             );
-            assert!(
-                !o.helper.is_empty(),
-                "{} {which:?}: the helper never ran",
-                sc.name
-            );
-            if sc.name == "ed25519" {
-                // Alike must mean "issued", not "both failed the same way".
-                for (node, f) in &o.finals {
-                    assert_eq!(f["has_server_jwt"], true, "ed25519 {which:?}: {node}: {f}");
+            for d in diffs {
+                match classify(&d) {
+                    Some(id) => {
+                        seen.insert(id);
+                    }
+                    None => unexplained.push(d),
                 }
             }
         }
-        let diffs = compare(sc, &go, &ours);
-        println!(
-            "{}: {} nodes, {} differences",
-            sc.name,
-            sc.nodes,
-            diffs.len()
-        );
-        for d in diffs {
-            match classify(&d) {
-                Some(id) => {
-                    seen.insert(id);
-                }
-                None => unexplained.push(d),
-            }
-        }
-    }
-    let report = Path::new(env!("CARGO_TARGET_TMPDIR")).join("behaviour-diff.txt");
-    std::fs::write(
-        &report,
-        unexplained
-            .iter()
-            .map(|d| {
-                format!(
-                    "[{}] {} of {}:\n    Go:   {}\n    ours: {}\n",
-                    d.scenario, d.what, d.node, d.go, d.ours
-                )
-            })
-            .collect::<String>(),
-    )
-    .unwrap();
-    println!("unexplained differences written to {}", report.display());
-    assert!(
-        unexplained.is_empty(),
-        "{} differences from the Go provisioner that are neither fixed nor listed:\n{}",
-        unexplained.len(),
-        unexplained
-            .iter()
-            .take(12)
-            .map(|d| format!(
-                "[{}] {} of {}:\n    Go:   {}\n    ours: {}",
-                d.scenario, d.what, d.node, d.go, d.ours
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let known: BTreeSet<String> = KNOWN.iter().map(|(id, _)| id.to_string()).collect();
-    assert_eq!(
-        documented_ids(),
-        known,
-        "docs/src/migrating.md's list and the test's disagree"
-    );
-    for (id, _) in KNOWN {
+        let report = Path::new(env!("CARGO_TARGET_TMPDIR")).join("behaviour-diff.txt");
+        std::fs::write(
+            &report,
+            unexplained
+                .iter()
+                .map(|d| {
+                    format!(
+                        "[{}] {} of {}:\n    Go:   {}\n    ours: {}\n",
+                        d.scenario, d.what, d.node, d.go, d.ours
+                    )
+                })
+                .collect::<String>(),
+        )
+        .unwrap();
+        println!("unexplained differences written to {}", report.display());
         assert!(
-            seen.contains(id),
-            "{id} was not seen any more: take it off the list"
+            unexplained.is_empty(),
+            "{} differences from the Go provisioner that are neither fixed nor listed:\n{}",
+            unexplained.len(),
+            unexplained
+                .iter()
+                .take(12)
+                .map(|d| format!(
+                    "[{}] {} of {}:\n    Go:   {}\n    ours: {}",
+                    d.scenario, d.what, d.node, d.go, d.ours
+                ))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
+        let known: BTreeSet<String> = KNOWN.iter().map(|(id, _)| id.to_string()).collect();
+        assert_eq!(
+            documented_ids(),
+            known,
+            "docs/src/migrating.md's list and the test's disagree"
+        );
+        for (id, _) in KNOWN {
+            assert!(
+                seen.contains(id),
+                "{id} was not seen any more: take it off the list"
+            );
+        }
     }
 }
