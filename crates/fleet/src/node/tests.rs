@@ -163,7 +163,7 @@ fn presigned_csrs_are_served_for_the_default_subject_only() {
     let key = csr::generate_rsa_key(1024).unwrap();
     let pool = RsaKeyPool::from_keys(vec![key]).unwrap();
     let ids = vec!["n0.example.net".to_string(), "n1.example.net".to_string()];
-    let presigned = crate::presign_csrs(&pool, &ids).unwrap();
+    let presigned = crate::setup::presign_csrs(&pool, &ids).unwrap();
     assert_eq!(presigned.len(), 2);
     let shared = shared(pool, presigned.clone());
     let mut n = Node::new("n1.example.net".into(), 1, None, shared);

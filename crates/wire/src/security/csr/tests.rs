@@ -1,8 +1,14 @@
+use super::make::go_subject;
 use super::*;
 use crate::testing::test_key;
 use crate::testing::{openssl, run_ok, skip_without_openssl};
 use proptest::prelude::*;
-use std::sync::OnceLock;
+use regex::Regex;
+use rsa::pkcs8::DecodePublicKey;
+use rsa::traits::PublicKeyParts;
+use rsa::{RsaPrivateKey, RsaPublicKey};
+use std::sync::{Arc, OnceLock};
+use x509_cert::der::{Tag, Tagged};
 
 /// A CSR PEM for `cn` alone, signed with [`test_key`].
 fn csr_pem(cn: &str) -> String {
