@@ -4,7 +4,7 @@
 //! Checks that need it fail under CI (`CI` set, as `.ci/run` runs
 //! `scripts/test.sh`, which installs openssl) and are skipped loudly, with
 //! the marker `scripts/test.sh` counts, in a plain `cargo test` without it
-//! (the rule of `tests/support/peers.rs`).
+//! (the rule of `tests/it/support/peers.rs`).
 
 use crate::security::csr::generate_rsa_key;
 use rsa::RsaPrivateKey;

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// How long after the connection was last seen up a directed request may
 /// still be handed to the NATS client (see `publish_awaiting`): well inside
 /// the margin between a cut-off leader's pause and a standby's first
-/// request (1.2 s and more in tests/faults.rs), far above what a send takes
+/// request (1.2 s and more in tests/it/faults.rs), far above what a send takes
 /// when the client keeps up (microseconds).
 const SEND_WITHIN: Duration = Duration::from_millis(500);
 
