@@ -21,6 +21,12 @@ use std::time::Duration;
 const TOKEN: &str = "pr0v-t0ken-s3cret";
 const BROKER_PASSWORD: &str = "br0ker-pa55w0rd-s3cret";
 const NODES: usize = 2000;
+/// How long one request waits for its reply. Shorter than Go's default
+/// (22 s for `choria_provision`), so silent nodes fail fast, but with a
+/// margin: at 3 s a reply to `restart` came back late on a loaded 2-core
+/// machine, the retry restarted the node a second time, and the run failed
+/// its exactly-once check.
+const RPC_TIMEOUT: &str = "10s";
 
 /// Writes files into a run directory before the provisioner starts; returns
 /// more secrets.
@@ -156,7 +162,7 @@ impl Run {
             format!("helper: {helper:?}\n")
         };
         let yaml = format!(
-            "workers: 32\ninterval: 1m\ntoken: {TOKEN}\nsite: e2e\n{helper}choria_insecure: {}\nbroker_provisioning_password: {BROKER_PASSWORD}\nrpc_timeout: 3s\ndiscovery_window: 500ms\njwt_verify_cert: {}\n{}",
+            "workers: 32\ninterval: 1m\ntoken: {TOKEN}\nsite: e2e\n{helper}choria_insecure: {}\nbroker_provisioning_password: {BROKER_PASSWORD}\nrpc_timeout: {RPC_TIMEOUT}\ndiscovery_window: 500ms\njwt_verify_cert: {}\n{}",
             opts.protocol == Version::V1,
             issuer.public_hex(),
             opts.yaml.replace("{dir}", &here)
