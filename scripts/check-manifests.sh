@@ -6,7 +6,9 @@
 #   scripts/check-manifests.sh                 check; exit 1 on any failure
 #   scripts/check-manifests.sh --write-deploy  regenerate deploy/crd.yaml,
 #       deploy/rbac.yaml, deploy/operator.yaml and the chart's CRD copy from
-#       crds/provisioner.yaml and the chart's default render, then check
+#       crds/provisioner.yaml and the chart's default render, and the
+#       Dockerfile's image contract block from scripts/image-contract.env,
+#       then check
 #   scripts/check-manifests.sh --self-test     the checks' own unit tests
 #       (scripts/manifests/tests: each check on small inputs); exit 1 on failure
 #
@@ -35,11 +37,14 @@
 #      deploy/ equals the chart's default render (namespace choria-provisioner);
 #   6. the Dockerfile parses (BuildKit's parser, PyPI dockerfile), runs as 65532
 #      with the documented entrypoint, and .dockerignore lets in what it copies;
-#      its final stage and the image contract block of scripts/build-image.sh
-#      (which builds the image here from Debian packages, no registry) agree on
-#      user, entrypoint, cmd, workdir, HOME, binary path, packages and labels;
-#      its version is Cargo.toml's and deploy/ names that image. No image is
-#      built here (scripts/image-smoke.sh builds one and checks it);
+#      scripts/image-contract.env (the image's one definition, which
+#      scripts/build-image.sh builds from here with Debian packages, no
+#      registry) holds NAME='literal' lines only, the Dockerfile's
+#      `# >>> image contract` block is what it makes, and nothing outside the
+#      block overrides user, entrypoint, cmd, workdir, HOME, binary path,
+#      packages or labels; its version is Cargo.toml's and deploy/ names that
+#      image. No image is built here (scripts/image-smoke.sh builds one and
+#      checks it);
 #   7. the book: every Kubernetes object under docs/src/examples/ validates as
 #      in 3 (cert-manager's kinds have no schema there and are skipped with a
 #      note), and every alert the chart's PrometheusRule ships has its runbook,

@@ -141,6 +141,30 @@ ensure_image_tools() {
   done
 }
 
+# load_image_contract sets IMAGE_NAME, IMAGE_USER, IMAGE_USER_NAME, IMAGE_HOME,
+# IMAGE_WORKDIR, IMAGE_BINARY, IMAGE_ENTRYPOINT, IMAGE_CMD, IMAGE_PACKAGES,
+# IMAGE_TITLE, IMAGE_DESCRIPTION and IMAGE_LICENSES from
+# scripts/image-contract.env, the release image's one definition (the
+# Dockerfile's final stage is generated from it; scripts/check-manifests.sh
+# checks that the file holds NAME='literal' lines only).
+IMAGE_CONTRACT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/image-contract.env"
+IMAGE_CONTRACT_VARS="IMAGE_NAME IMAGE_USER IMAGE_USER_NAME IMAGE_HOME IMAGE_WORKDIR IMAGE_BINARY IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_PACKAGES IMAGE_TITLE IMAGE_DESCRIPTION IMAGE_LICENSES"
+load_image_contract() {
+  local var
+  if [ ! -r "$IMAGE_CONTRACT" ]; then
+    log "no image contract: $IMAGE_CONTRACT is missing"
+    return 1
+  fi
+  # shellcheck source=scripts/image-contract.env
+  . "$IMAGE_CONTRACT"
+  for var in $IMAGE_CONTRACT_VARS; do
+    if [ -z "${!var:-}" ]; then
+      log "the image contract $IMAGE_CONTRACT does not set $var"
+      return 1
+    fi
+  done
+}
+
 # podman_cmd runs podman with runc as its runtime (see ensure_image_tools;
 # PODMAN_RUNTIME overrides it).
 podman_cmd() { podman --runtime "${PODMAN_RUNTIME:-runc}" "$@"; }

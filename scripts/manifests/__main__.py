@@ -44,7 +44,7 @@ def run(tree, write_generated, report):
     book.check_runbooks(report, tree, rendered.get("prometheusRule"))
 
     report.section("Dockerfile")
-    image.check_dockerfile(report, tree)
+    image.check_dockerfile(report, tree, write_generated)
 
     report.line("\n== summary")
     counts = report.counts

@@ -27,7 +27,7 @@ class Tree:
         self.metrics_rs = os.path.join(root, "crates", "core", "src", "provision", "metrics.rs")
         self.dockerfile = os.path.join(root, "Dockerfile")
         self.dockerignore = os.path.join(root, ".dockerignore")
-        self.build_image = os.path.join(root, "scripts", "build-image.sh")
+        self.image_contract = os.path.join(root, "scripts", "image-contract.env")
         self.cargo_toml = os.path.join(root, "Cargo.toml")
         self.helper = os.path.join(root, "examples", "helper.sh")
 

@@ -1,8 +1,12 @@
-"""The release image: the Dockerfile parses (BuildKit's parser), runs as 65532
-with the documented entrypoint, .dockerignore lets in what it copies, and its
-final stage agrees with the image contract block of scripts/build-image.sh
-(user, entrypoint, cmd, workdir, HOME, binary path, packages, labels); its
-version is Cargo.toml's and deploy/ names that image."""
+"""The release image: scripts/image-contract.env is its one definition (user,
+entrypoint, cmd, workdir, HOME, binary path, packages, labels). The
+Dockerfile's final stage is generated from it between its `# >>> image
+contract` and `# <<< image contract` lines (--write-deploy writes them);
+scripts/build-image.sh, scripts/image-smoke.sh and scripts/node-tier.sh
+source the file. Here: the contract is NAME='literal' lines only, the
+Dockerfile parses (BuildKit's parser), its block is what the contract makes,
+nothing outside the block overrides it, .dockerignore lets in what it copies,
+and the version is Cargo.toml's."""
 
 import fnmatch
 import json
@@ -10,30 +14,78 @@ import os
 import re
 import shlex
 
-from .common import load_docs, read
+from .common import load_docs, read, write
 
 CONTRACT_KEYS = ["IMAGE_NAME", "IMAGE_USER", "IMAGE_USER_NAME", "IMAGE_HOME", "IMAGE_WORKDIR", "IMAGE_BINARY",
                  "IMAGE_ENTRYPOINT", "IMAGE_CMD", "IMAGE_PACKAGES", "IMAGE_TITLE", "IMAGE_DESCRIPTION",
                  "IMAGE_LICENSES"]
-CONTRACT_BLOCK_RE = re.compile(r"^# >>> image contract\n(.*?)^# <<< image contract$", re.M | re.S)
+
+# The Dockerfile's generated block: from its first marker line to its last.
+BLOCK_BEGIN = ("# >>> image contract: generated from scripts/image-contract.env by\n"
+               "# scripts/check-manifests.sh --write-deploy; edit that file, not these lines.\n")
+BLOCK_END = "# <<< image contract\n"
+BLOCK_RE = re.compile(r"^# >>> image contract\b.*?^# <<< image contract$\n?", re.M | re.S)
+# Where the Dockerfile's build stage leaves the binary.
+BUILD_OUTPUT = "/out/choria-provisioner"
 
 
 def parse_contract(text):
     """NAME='literal' lines (comments and blank lines aside) -> (values,
     offending lines). A line that is not one literal (a `$`, two words, no
-    NAME=) is refused: shells eval the block, this reads it."""
+    NAME=) is refused: shells source the file, this reads it."""
     values, bad = {}, []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         m = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(.*)", line)
-        words = shlex.split(m.group(2)) if m else []
+        try:
+            words = shlex.split(m.group(2)) if m else []
+        except ValueError:
+            words = []
         if not m or len(words) != 1 or "$" in m.group(2):
             bad.append(line)
             continue
         values[m.group(1)] = words[0]
     return values, bad
+
+
+def _quoted(value):
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def dockerfile_block(c):
+    """The Dockerfile's final stage as contract `c` makes it, marker lines included."""
+    uid, _, gid = c["IMAGE_USER"].partition(":")
+    name, home = c["IMAGE_USER_NAME"], c["IMAGE_HOME"]
+    return "".join([
+        BLOCK_BEGIN,
+        f"LABEL org.opencontainers.image.title={_quoted(c['IMAGE_TITLE'])} \\\n",
+        f"      org.opencontainers.image.description={_quoted(c['IMAGE_DESCRIPTION'])} \\\n",
+        '      org.opencontainers.image.version="${VERSION}" \\\n',
+        f"      org.opencontainers.image.licenses={_quoted(c['IMAGE_LICENSES'])}\n",
+        "RUN apt-get update \\\n",
+        f" && apt-get install -y --no-install-recommends {' '.join(c['IMAGE_PACKAGES'].split())} \\\n",
+        " && rm -rf /var/lib/apt/lists/* \\\n",
+        f" && groupadd --gid {gid} {name} \\\n",
+        f" && useradd --uid {uid} --gid {gid} --no-create-home --home-dir {home} --shell /usr/sbin/nologin {name} \\\n",
+        " && chmod 1777 /tmp\n",
+        f"COPY --from=build {BUILD_OUTPUT} {c['IMAGE_BINARY']}\n",
+        f"ENV HOME={home}\n",
+        f"WORKDIR {c['IMAGE_WORKDIR']}\n",
+        f"USER {c['IMAGE_USER']}\n",
+        f"ENTRYPOINT {c['IMAGE_ENTRYPOINT']}\n",
+        f"CMD {c['IMAGE_CMD']}\n",
+        BLOCK_END,
+    ])
+
+
+def with_block(dockerfile_text, block):
+    """The Dockerfile with its generated block replaced by `block`; None when
+    it has not exactly one."""
+    if len(BLOCK_RE.findall(dockerfile_text)) != 1:
+        return None
+    return BLOCK_RE.sub(lambda _: block, dockerfile_text)
 
 
 def dockerignore_included(rules, path):
@@ -49,24 +101,29 @@ def dockerignore_included(rules, path):
 
 
 def load_contract(report, tree):
-    """The values scripts/build-image.sh declares between its `# >>> image
-    contract` and `# <<< image contract` lines (each offending line a
-    failure); None without that block."""
-    rel = tree.rel(tree.build_image)
-    m = CONTRACT_BLOCK_RE.search(read(tree.build_image))
-    if not m:
-        report.fail(f"{rel} has no '# >>> image contract' ... '# <<< image contract' block")
+    """scripts/image-contract.env's values (each offending line a failure);
+    None without the file."""
+    rel = tree.rel(tree.image_contract)
+    if not os.path.exists(tree.image_contract):
+        report.fail(f"{rel} is missing: it is the image's one definition")
         return None
-    values, bad = parse_contract(m.group(1))
+    values, bad = parse_contract(read(tree.image_contract))
     for line in bad:
         report.fail(f"{rel} image contract: not a NAME='literal' line: {line}")
     return values
 
 
-def check_dockerfile(report, tree):
+def check_dockerfile(report, tree, write_block=False):
     """Section "Dockerfile": everything about the Dockerfile and the contract."""
     import dockerfile
 
+    c = load_contract(report, tree)
+    complete = c is not None and all(k in c for k in CONTRACT_KEYS)
+    if write_block and complete:
+        new = with_block(read(tree.dockerfile), dockerfile_block(c))
+        if new is not None:
+            write(tree.dockerfile, new)
+            report.line(f"  wrote {tree.rel(tree.dockerfile)} (its image contract block)")
     try:
         cmds = dockerfile.parse_file(tree.dockerfile)
     except dockerfile.GoParseError as e:
@@ -92,21 +149,30 @@ def check_dockerfile(report, tree):
     missing = [s for s in sources if not dockerignore_included(rules, s) or not os.path.exists(os.path.join(tree.root, s))]
     report.check(not missing, f"COPY sources exist and pass .dockerignore: {', '.join(sources)}"
                  + (f" (not: {missing})" if missing else ""))
-    c = load_contract(report, tree)
     if c is not None:
         check_image_contract(report, tree, c, final)
 
 
 def check_image_contract(report, tree, c, final):
-    """The image scripts/build-image.sh makes without a registry and the
-    Dockerfile's final stage (`final`, parsed) promise the same user,
-    entrypoint, cmd, workdir, HOME, binary path, packages and labels
-    (scripts/image-smoke.sh then holds the built image to the same block)."""
-    rel = tree.rel(tree.build_image)
+    """The Dockerfile's final stage (`final`, parsed) is what contract `c`
+    makes: its block is generated from it, and the stage as a whole (the
+    lines outside the block could still override it) promises the same
+    user, entrypoint, cmd, workdir, HOME, binary path, packages and labels
+    (scripts/image-smoke.sh holds the built image to the same file)."""
+    rel = tree.rel(tree.image_contract)
     missing = [k for k in CONTRACT_KEYS if k not in c]
     if not report.check(not missing, f"{rel} declares the image contract ({len(c)} values)"
                         + (f"; missing {missing}" if missing else "")):
         return
+    text = read(tree.dockerfile)
+    blocks = BLOCK_RE.findall(text)
+    if len(blocks) != 1:
+        report.fail(f"Dockerfile has {len(blocks)} '# >>> image contract' ... '# <<< image contract' blocks, want 1")
+    else:
+        report.check(blocks[0] == dockerfile_block(c),
+                     f"Dockerfile's image contract block is generated from {rel}" if blocks[0] == dockerfile_block(c)
+                     else f"Dockerfile's image contract block differs from what {rel} makes "
+                          "(refresh: scripts/check-manifests.sh --write-deploy)")
     who = f"Dockerfile and {rel}"
 
     def agree(what, dockerfile, want):

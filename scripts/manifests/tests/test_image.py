@@ -1,6 +1,10 @@
+import os
+import subprocess
 import unittest
 
-from manifests.image import check_dockerfile, dockerignore_included, parse_contract
+from manifests.common import read
+from manifests.image import (CONTRACT_KEYS, check_dockerfile, dockerfile_block, dockerignore_included,
+                             parse_contract)
 
 from .support import TreeCase
 
@@ -28,6 +32,8 @@ RUN cargo build --release && install -D target/release/choria-provisioner /out/c
 
 FROM docker.io/library/debian:trixie-slim
 ARG VERSION=0.1.0
+# >>> image contract: generated from scripts/image-contract.env by
+# scripts/check-manifests.sh --write-deploy; edit that file, not these lines.
 LABEL org.opencontainers.image.title="choria-provisioner" \\
       org.opencontainers.image.description="Choria provisioner" \\
       org.opencontainers.image.version="${VERSION}" \\
@@ -44,6 +50,7 @@ WORKDIR /tmp
 USER 65532:65532
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"]
 CMD ["--help"]
+# <<< image contract
 """
 
 OPERATOR = """\
@@ -83,12 +90,10 @@ class ImageCase(TreeCase):
         self.put_contract(CONTRACT)
 
     def put_contract(self, values, text=None):
-        block = text if text is not None else contract_text(values)
-        self.put("scripts/build-image.sh", "#!/bin/sh\n# >>> image contract\n# a comment\n" + block
-                 + "# <<< image contract\necho build\n")
+        self.put("scripts/image-contract.env", "# the image\n\n" + (text if text is not None else contract_text(values)))
 
-    def check(self):
-        check_dockerfile(self.report, self.tree)
+    def check(self, write_block=False):
+        check_dockerfile(self.report, self.tree, write_block)
 
 
 class ContractTest(unittest.TestCase):
@@ -111,6 +116,21 @@ class ContractTest(unittest.TestCase):
         self.assertTrue(dockerignore_included(rules, "src/main.rs"))
         self.assertFalse(dockerignore_included(rules, "crates"))
         self.assertFalse(dockerignore_included(rules, "target"))
+
+
+class ContractReadersTest(unittest.TestCase):
+    def test_the_shell_and_python_read_the_same_contract(self):
+        """scripts/lib.sh load_image_contract sources the file, Python parses it:
+        the same names and values, and the same list of required names."""
+        scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run(
+            ["bash", "-c", 'set -eu; source "$1/lib.sh"; load_image_contract; echo "$IMAGE_CONTRACT_VARS"; '
+             'for v in $IMAGE_CONTRACT_VARS; do printf "%s=%s\\n" "$v" "${!v}"; done', "_", scripts],
+            check=True, capture_output=True, text=True).stdout.splitlines()
+        self.assertEqual(out[0].split(), CONTRACT_KEYS)
+        values, bad = parse_contract(read(os.path.join(scripts, "image-contract.env")))
+        self.assertEqual(bad, [])
+        self.assertEqual(dict(line.split("=", 1) for line in out[1:]), values)
 
 
 class DockerfileTest(ImageCase):
@@ -202,6 +222,54 @@ class DockerfileTest(ImageCase):
         self.check()
         self.assertFailure("deploy/ names the image build-image.sh tags, choria-provisioner:0.1.0 "
                            "(not: ['deploy/example-provisioner.yaml: elsewhere:1'])")
+
+
+class GeneratedBlockTest(ImageCase):
+    def test_the_block_is_what_the_contract_makes(self):
+        self.assertIn(dockerfile_block(CONTRACT), DOCKERFILE)
+        self.check()
+        self.assertIn("ok    Dockerfile's image contract block is generated from scripts/image-contract.env", self.output())
+
+    def test_a_contract_change_not_written_to_the_dockerfile_is_reported(self):
+        self.put_contract(dict(CONTRACT, IMAGE_DESCRIPTION="something else"))
+        self.check()
+        self.assertFailure("Dockerfile's image contract block differs from what scripts/image-contract.env makes "
+                           "(refresh: scripts/check-manifests.sh --write-deploy)")
+
+    def test_a_hand_edit_inside_the_block_is_reported(self):
+        self.put("Dockerfile", DOCKERFILE.replace("--no-install-recommends ca-certificates tini",
+                                                  "--no-install-recommends ca-certificates tini curl"))
+        self.check()
+        self.assertFailure("Dockerfile's image contract block differs")
+
+    def test_write_mode_regenerates_the_block_and_keeps_the_rest(self):
+        self.put_contract(dict(CONTRACT, IMAGE_WORKDIR="/work", IMAGE_LICENSES="MIT"))
+        self.check(write_block=True)
+        self.assertNoFailure()
+        text = read(os.path.join(self.root, "Dockerfile"))
+        self.assertIn("WORKDIR /work\n", text)
+        self.assertIn('org.opencontainers.image.licenses="MIT"\n', text)
+        self.assertTrue(text.startswith(DOCKERFILE.split("# >>>")[0]))
+
+    def test_an_instruction_after_the_block_that_overrides_it_is_reported(self):
+        self.put("Dockerfile", DOCKERFILE + "WORKDIR /\n")
+        self.check()
+        self.assertIn("ok    Dockerfile's image contract block is generated", self.output())
+        self.assertFailure("agree: WORKDIR /tmp (Dockerfile: /)")
+
+    def test_a_dockerfile_without_the_block_is_reported(self):
+        self.put("Dockerfile", DOCKERFILE.replace("# >>> image contract", "# image contract"))
+        self.check(write_block=True)
+        self.assertFailure("Dockerfile has 0 '# >>> image contract' ... '# <<< image contract' blocks, want 1")
+
+    def test_a_missing_contract_is_reported(self):
+        os.remove(os.path.join(self.root, "scripts", "image-contract.env"))
+        self.check()
+        self.assertFailure("scripts/image-contract.env is missing: it is the image's one definition")
+
+    def test_label_values_are_quoted(self):
+        block = dockerfile_block(dict(CONTRACT, IMAGE_DESCRIPTION='the "provisioner"'))
+        self.assertIn('org.opencontainers.image.description="the \\"provisioner\\"" \\\n', block)
 
 
 if __name__ == "__main__":
