@@ -72,7 +72,7 @@ die() { log "build-image: $*"; exit 1; }
 # shellcheck disable=SC1091 # the machine's own file
 RELEASE="$(. /etc/os-release && [ "${ID:-}" = debian ] && printf '%s' "${VERSION_CODENAME:-}")" || true
 [ -n "$RELEASE" ] || die "this machine is not Debian (/etc/os-release): the root filesystem must be its release so that glibc matches the binary"
-VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+VERSION="$(image_version)"
 [ -n "$VERSION" ] || die "no workspace.package version in Cargo.toml"
 TAG="$IMAGE_NAME:$VERSION"
 

@@ -45,7 +45,8 @@ KUBECTL="${KUBECTL_BIN:-$CACHE_BIN/kubectl}"
 # The contract, from the one place it is written (scripts/image-contract.env:
 # IMAGE_NAME, IMAGE_USER, ...).
 load_image_contract || { log "image-smoke: no image contract"; exit 1; }
-VERSION="$(sed -n '/^\[package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+VERSION="$(image_version)"
+[ -n "$VERSION" ] || { log "image-smoke: no workspace.package version in Cargo.toml"; exit 1; }
 TAG="$IMAGE_NAME:$VERSION"
 
 began=$(date +%s%N)

@@ -147,7 +147,8 @@ done
 
 [ "$(id -u)" = 0 ] || { log "node-tier: needs root (containerd, kubelet, iptables, mounts)"; exit 1; }
 
-VERSION="$(sed -n '/^\[package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+VERSION="$(image_version)"
+[ -n "$VERSION" ] || { log "node-tier: no workspace.package version in Cargo.toml"; exit 1; }
 load_image_contract || { log "node-tier: no image contract"; exit 1; }
 [ -n "$ARCHIVE" ] || ARCHIVE="$CACHE_DIR/image/$IMAGE_NAME-$VERSION.oci.tar"
 # What the manifests say (image: choria-provisioner:0.1.0) is what the kubelet
