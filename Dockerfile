@@ -34,14 +34,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # is the one it runs with.
 FROM docker.io/library/debian:${DEBIAN_RELEASE}-slim
 ARG VERSION=0.1.0
+# The rest of this stage is the image contract (labels, packages, user,
+# binary path, HOME, workdir, entrypoint, cmd): scripts/image-contract.env
+# defines it, for this file and for scripts/build-image.sh, and says why each
+# package is there.
+# >>> image contract: generated from scripts/image-contract.env by
+# scripts/check-manifests.sh --write-deploy; edit that file, not these lines.
 LABEL org.opencontainers.image.title="choria-provisioner" \
       org.opencontainers.image.description="Choria provisioner, Kubernetes operator and provisioning-mode fleet simulator" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-# ca-certificates: the broker and the Kubernetes client trust the system roots
-# unless told otherwise. tini: PID 1, so helper processes that escaped their
-# process group (a daemonising helper script) are reaped, not left as zombies;
-# the provisioner itself only reaps the helpers it started.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
@@ -54,3 +56,4 @@ WORKDIR /tmp
 USER 65532:65532
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"]
 CMD ["--help"]
+# <<< image contract

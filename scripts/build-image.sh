@@ -10,11 +10,13 @@
 #   scripts/build-image.sh --refresh-base   make the Debian root filesystem again
 #                                           (security updates of its packages)
 #
-# The Dockerfile builds the same image for those with registry access; both
-# declare the same contract (user, entrypoint, cmd, workdir, HOME, binary path,
-# packages, labels): scripts/check-manifests.sh compares the block below with
-# the Dockerfile's final stage, scripts/image-smoke.sh with `podman image
-# inspect` of the image this script built.
+# The Dockerfile builds the same image for those with registry access. What
+# the image is (user, entrypoint, cmd, workdir, HOME, binary path, packages,
+# labels) is written once, in scripts/image-contract.env: this script builds
+# from it, the Dockerfile's final stage is generated from it
+# (scripts/check-manifests.sh --write-deploy, which fails when they differ),
+# and scripts/image-smoke.sh compares `podman image inspect` of the image this
+# script built with it.
 #
 # What it makes, all in the project cache ($HOME/.cache/choria-provisioner-rs/image):
 #   rootfs-<release>-<key>.tar      the Debian part (mmdebstrap --variant=essential
@@ -27,10 +29,10 @@
 # information (`debug = 1` in Cargo.toml's release profile is for perf; symbols
 # stay, so a panic's backtrace still names functions).
 #
-# Nothing is rebuilt when the stamp (a hash of the binary, this script and the
-# root filesystem's recipe) matches; an image missing from podman's storage is
-# loaded back from the archive. Prints the image, the archive and the sizes on
-# stdout.
+# Nothing is rebuilt when the stamp (a hash of the binary, this script, the
+# image contract and the root filesystem's recipe) matches; an image missing
+# from podman's storage is loaded back from the archive. Prints the image, the
+# archive and the sizes on stdout.
 #
 # Needs root (mmdebstrap, podman) and Debian; installs podman, runc, mmdebstrap
 # and binutils with apt-get when missing (scripts/lib.sh ensure_image_tools).
@@ -46,23 +48,8 @@ cd "$ROOT"
 source "$ROOT/scripts/lib.sh"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
 
-# >>> image contract
-# scripts/check-manifests.sh reads this block (NAME='literal' lines only) and
-# compares it with the Dockerfile's final stage; scripts/image-smoke.sh
-# compares it with the built image.
-IMAGE_NAME='choria-provisioner'
-IMAGE_USER='65532:65532'
-IMAGE_USER_NAME='nonroot'
-IMAGE_HOME='/tmp'
-IMAGE_WORKDIR='/tmp'
-IMAGE_BINARY='/usr/local/bin/choria-provisioner'
-IMAGE_ENTRYPOINT='["/usr/bin/tini", "--", "/usr/local/bin/choria-provisioner"]'
-IMAGE_CMD='["--help"]'
-IMAGE_PACKAGES='ca-certificates tini'
-IMAGE_TITLE='choria-provisioner'
-IMAGE_DESCRIPTION='Choria provisioner, Kubernetes operator and provisioning-mode fleet simulator'
-IMAGE_LICENSES='Apache-2.0'
-# <<< image contract
+# The image contract: IMAGE_NAME, IMAGE_USER, ... (scripts/image-contract.env).
+load_image_contract || exit 1
 
 BIN=""
 REFRESH_BASE=0
@@ -85,7 +72,7 @@ die() { log "build-image: $*"; exit 1; }
 # shellcheck disable=SC1091 # the machine's own file
 RELEASE="$(. /etc/os-release && [ "${ID:-}" = debian ] && printf '%s' "${VERSION_CODENAME:-}")" || true
 [ -n "$RELEASE" ] || die "this machine is not Debian (/etc/os-release): the root filesystem must be its release so that glibc matches the binary"
-VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+VERSION="$(image_version)"
 [ -n "$VERSION" ] || die "no workspace.package version in Cargo.toml"
 TAG="$IMAGE_NAME:$VERSION"
 
@@ -167,7 +154,8 @@ BASE_KEY="$({ printf '%s\n' "$RELEASE" "${MMDEBSTRAP_ARGS[@]}"; cat "${sources[@
 BASE="$IMAGE_DIR/rootfs-$RELEASE-$BASE_KEY.tar"
 
 BIN_SUM="$(sha256sum "$BIN" | cut -d' ' -f1)"
-STAMP="$(printf '%s\n' "$BIN_SUM" "$(sha256sum "$SELF" | cut -d' ' -f1)" "$BASE_KEY" "$VERSION" | sha256sum | cut -d' ' -f1)"
+STAMP="$(printf '%s\n' "$BIN_SUM" "$(sha256sum "$SELF" | cut -d' ' -f1)" "$(sha256sum "$IMAGE_CONTRACT" | cut -d' ' -f1)" \
+  "$BASE_KEY" "$VERSION" | sha256sum | cut -d' ' -f1)"
 stamp_field() { if [ -f "$STAMP_FILE" ]; then sed -n "s/^$1=//p" "$STAMP_FILE" | head -n1; fi; }
 image_id() { podman_cmd image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true; }
 # drop_untagged ID: removes image ID (and its intermediate layers) when no

@@ -2,10 +2,11 @@
 # The image smoke tier: builds the release image here (scripts/build-image.sh)
 # and proves that it works as an image, not only as a binary:
 #
-#   1. the image's configuration (podman image inspect) is the contract that
-#      scripts/build-image.sh declares and scripts/check-manifests.sh holds
-#      the Dockerfile to: user, entrypoint, cmd, workdir, HOME, labels; inside
-#      it the user exists, /tmp is 1777, sh and the CA bundle are there;
+#   1. the image's configuration (podman image inspect) is the contract of
+#      scripts/image-contract.env, which scripts/build-image.sh builds from and
+#      the Dockerfile's final stage is generated from: user, entrypoint, cmd,
+#      workdir, HOME, labels; inside it the user exists, /tmp is 1777, sh
+#      and the CA bundle are there;
 #   2. `--version` prints the crate version;
 #   3. `run` in the container (host network, its configuration mounted read-only
 #      as the chart mounts it) provisions a simulated fleet on a test
@@ -41,10 +42,11 @@ ETCD="${ETCD_BIN:-$CACHE_BIN/etcd}"
 APISERVER="${KUBE_APISERVER_BIN:-$CACHE_BIN/kube-apiserver}"
 KUBECTL="${KUBECTL_BIN:-$CACHE_BIN/kubectl}"
 
-# The contract, from the one place it is written (IMAGE_NAME, IMAGE_USER, ...).
-eval "$(sed -n '/^# >>> image contract$/,/^# <<< image contract$/p' "$ROOT/scripts/build-image.sh")"
-[ -n "${IMAGE_NAME:-}" ] || { log "image-smoke: no image contract block in scripts/build-image.sh"; exit 1; }
-VERSION="$(sed -n '/^\[package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
+# The contract, from the one place it is written (scripts/image-contract.env:
+# IMAGE_NAME, IMAGE_USER, ...).
+load_image_contract || { log "image-smoke: no image contract"; exit 1; }
+VERSION="$(image_version)"
+[ -n "$VERSION" ] || { log "image-smoke: no workspace.package version in Cargo.toml"; exit 1; }
 TAG="$IMAGE_NAME:$VERSION"
 
 began=$(date +%s%N)
@@ -121,7 +123,7 @@ timed "build-image.sh" "$t"
 
 t=$(now)
 podman_cmd image inspect "$TAG" >"$WORK/inspect.json" || die "podman image inspect $TAG"
-# shellcheck disable=SC2153 # IMAGE_HOME is set by the eval of the contract
+# shellcheck disable=SC2153 # IMAGE_HOME is set by load_image_contract
 python3 - "$WORK/inspect.json" "$IMAGE_USER" "$IMAGE_ENTRYPOINT" "$IMAGE_CMD" "$IMAGE_WORKDIR" "$IMAGE_HOME" \
   "$IMAGE_TITLE" "$IMAGE_DESCRIPTION" "$VERSION" "$IMAGE_LICENSES" <<'PY' ||
 import json, sys
@@ -141,7 +143,7 @@ for b in bad:
     print(f"  {b}", file=sys.stderr)
 sys.exit(1 if bad else 0)
 PY
-  die "the image's configuration is not the contract in scripts/build-image.sh"
+  die "the image's configuration is not the contract in scripts/image-contract.env"
 pass "podman image inspect: user $IMAGE_USER, entrypoint $IMAGE_ENTRYPOINT, cmd $IMAGE_CMD, workdir $IMAGE_WORKDIR, HOME=$IMAGE_HOME, OCI labels"
 
 # shellcheck disable=SC2016 # expanded by the image's /bin/sh

@@ -141,6 +141,38 @@ ensure_image_tools() {
   done
 }
 
+# load_image_contract sets IMAGE_NAME, IMAGE_USER, IMAGE_USER_NAME, IMAGE_HOME,
+# IMAGE_WORKDIR, IMAGE_BINARY, IMAGE_ENTRYPOINT, IMAGE_CMD, IMAGE_PACKAGES,
+# IMAGE_TITLE, IMAGE_DESCRIPTION and IMAGE_LICENSES from
+# scripts/image-contract.env, the release image's one definition (the
+# Dockerfile's final stage is generated from it; scripts/check-manifests.sh
+# checks that the file holds NAME='literal' lines only).
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+IMAGE_CONTRACT="$REPO_ROOT/scripts/image-contract.env"
+IMAGE_CONTRACT_VARS="IMAGE_NAME IMAGE_USER IMAGE_USER_NAME IMAGE_HOME IMAGE_WORKDIR IMAGE_BINARY IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_PACKAGES IMAGE_TITLE IMAGE_DESCRIPTION IMAGE_LICENSES"
+load_image_contract() {
+  local var
+  if [ ! -r "$IMAGE_CONTRACT" ]; then
+    log "no image contract: $IMAGE_CONTRACT is missing"
+    return 1
+  fi
+  # shellcheck source=scripts/image-contract.env
+  . "$IMAGE_CONTRACT"
+  for var in $IMAGE_CONTRACT_VARS; do
+    if [ -z "${!var:-}" ]; then
+      log "the image contract $IMAGE_CONTRACT does not set $var"
+      return 1
+    fi
+  done
+}
+
+# image_version prints the version the image is tagged and labelled with:
+# Cargo.toml's [workspace.package] version (the root package inherits it).
+image_version() {
+  sed -n '/^\[workspace.package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' \
+    "$REPO_ROOT/Cargo.toml" | head -n1
+}
+
 # podman_cmd runs podman with runc as its runtime (see ensure_image_tools;
 # PODMAN_RUNTIME overrides it).
 podman_cmd() { podman --runtime "${PODMAN_RUNTIME:-runc}" "$@"; }

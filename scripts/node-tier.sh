@@ -147,9 +147,9 @@ done
 
 [ "$(id -u)" = 0 ] || { log "node-tier: needs root (containerd, kubelet, iptables, mounts)"; exit 1; }
 
-VERSION="$(sed -n '/^\[package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n1)"
-eval "$(sed -n '/^# >>> image contract$/,/^# <<< image contract$/p' "$ROOT/scripts/build-image.sh")"
-[ -n "${IMAGE_NAME:-}" ] || { log "node-tier: no image contract block in scripts/build-image.sh"; exit 1; }
+VERSION="$(image_version)"
+[ -n "$VERSION" ] || { log "node-tier: no workspace.package version in Cargo.toml"; exit 1; }
+load_image_contract || { log "node-tier: no image contract"; exit 1; }
 [ -n "$ARCHIVE" ] || ARCHIVE="$CACHE_DIR/image/$IMAGE_NAME-$VERSION.oci.tar"
 # What the manifests say (image: choria-provisioner:0.1.0) is what the kubelet
 # asks containerd for, normalised.

@@ -90,6 +90,8 @@ fi
 log "install helpers on an empty cache (scripts/check-install.sh)"
 "$ROOT/scripts/check-install.sh"
 
+log "manifests: the checks' own unit tests (scripts/manifests/tests)"
+"$ROOT/scripts/check-manifests.sh" --self-test
 log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
 log "layers inside the crates: no import cycle, rooms, sizes (scripts/check-layers.py)"
