@@ -166,7 +166,7 @@ fn configuration_page() -> String {
     let mut p = String::new();
     p.push_str("# `provisioner.yaml`\n\n");
     p.push_str(&generated_notice(
-        "`src/config/schema.rs` (every key, its type and doc comment) and the parser's effective \
+        "`crates/config/src/schema.rs` (every key, its type and doc comment) and the parser's effective \
          settings for a file that sets nothing (the defaults `run --check` prints)",
     ));
     p.push_str(
@@ -194,13 +194,13 @@ fn configuration_page() -> String {
             let (meaning, doc_default) = split_doc(f.doc);
             assert!(
                 !meaning.is_empty(),
-                "the key {key} has no doc comment in src/config/schema.rs: say what it means \
+                "the key {key} has no doc comment in crates/config/src/schema.rs: say what it means \
                  there (the book's reference is made from it)"
             );
             let parsed_default = effective.get(&key).filter(|_| ty != "section");
             let default = match (parsed_default, doc_default) {
                 (Some(_), Some(_)) => panic!(
-                    "{key}: its doc comment in src/config/schema.rs states a default, and the \
+                    "{key}: its doc comment in crates/config/src/schema.rs states a default, and the \
                      parser reports one too: remove the doc's `Default:` paragraph"
                 ),
                 (Some(v), None) => shown_default(&key, v),
