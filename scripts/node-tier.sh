@@ -259,6 +259,12 @@ else
   tail -n 20 "$CACHE_DIR/node-tier-build-helm.log" | sed 's/^/  | /' >&2
 fi
 
+step "the integration-test binary (it judges the timeline: tests/it/node_tier.rs)"
+STEP_LOGS=("$CACHE_DIR/node-tier-test-build.log")
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+cargo test --no-run --quiet --test it >"$CACHE_DIR/node-tier-test-build.log" 2>&1 || die "cargo test --no-run --test it failed"
+pass "built"
+
 step "release image archive"
 if [ ! -s "$ARCHIVE" ] && [ "$ARCHIVE_GIVEN" = 0 ]; then
   STEP_LOGS=("$CACHE_DIR/node-tier-image.log")
@@ -1143,48 +1149,14 @@ lease_holder() { kc -n "$PNS" get lease provisioner -o jsonpath='{.spec.holderId
 # leader's last sample to the new one's first), samples with two leaders,
 # and the longest stretch without any. Prints "handover OLD NEW GAP_S THEN"
 # lines (THEN: what OLD reported in NEW's first sample: leader=0,
-# not-answering, no-address),
-# "double T IPS" lines and a final "stats SAMPLES LONGEST_NO_LEADER_S".
+# not-answering, no-address), "double T PODS" lines and a final
+# "stats SAMPLES LONGEST_NO_LEADER_S". Judged in Rust, with tests of its
+# own: tests/it/node_tier.rs.
 analyse() {
-  python3 - "$TIMELINE" "$W/podwatch.log" "$(($1 / 1000000))" "$(($2 / 1000000))" <<'PY'
-import sys
-timeline, podwatch, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-names = {}
-for line in open(podwatch):
-    w = line.split()
-    if len(w) == 2:
-        names[w[0]] = w[1]
-name = lambda ip: names.get(ip, ip)
-prev = prev_t = None
-samples = 0
-no_leader_since = None
-longest = 0
-for line in open(timeline):
-    w = line.split()
-    if not w or not line.endswith("\n"):
-        continue
-    t = int(w[0])
-    if t > t1:
-        break
-    leaders = [c.split(":")[0] for c in w[1:] if c.count(":") == 3 and c.split(":")[1] == "1"]
-    if t >= t0:
-        samples += 1
-        if len(leaders) > 1:
-            print("double", t, ",".join(name(i) for i in leaders))
-        if not leaders:
-            no_leader_since = no_leader_since or (prev_t if prev_t and prev_t >= t0 else t)
-        elif no_leader_since:
-            longest = max(longest, t - no_leader_since)
-            no_leader_since = None
-    if len(leaders) == 1:
-        if prev and leaders[0] != prev and t >= t0:
-            # what the old leader said in the new one's first sample
-            cell = [c for c in w[1:] if c.split(":")[0] == prev]
-            then = "no-address" if not cell else ("not-answering" if cell[0].endswith(":-") else "leader=" + cell[0].split(":")[1])
-            print("handover", name(prev), name(leaders[0]), "%.2f" % ((t - prev_t) / 1000), then)
-        prev, prev_t = leaders[0], t
-print("stats", samples, "%.2f" % (longest / 1000))
-PY
+  NODE_TIER_TIMELINE="$TIMELINE" NODE_TIER_PODWATCH="$W/podwatch.log" \
+    NODE_TIER_FROM_MS="$(($1 / 1000000))" NODE_TIER_TO_MS="$(($2 / 1000000))" \
+    cargo test --quiet --test it node_tier::analyse_the_node_tiers_timeline -- --ignored --exact --nocapture 2>"$W/analyse.log" |
+    sed -n '/^--- analysis ---$/,/^--- end ---$/{/^---/d;p}'
 }
 wait_until 60 "Deployment $PNS/provisioner (made by the operator)" kc -n "$PNS" get deployment provisioner
 kc -n "$PNS" rollout status deployment/provisioner --timeout=120s >"$W/rollout-provisioner.log" 2>&1 ||
@@ -1337,33 +1309,10 @@ fleet_rc=0
 wait "$FLEET_PID" || fleet_rc=$?
 [ "$fleet_rc" = 0 ] || die "the fleet exited with $fleet_rc"
 FLEET_WALL_S="$(secs "$t_apply" "$(now)")"
-once="$(python3 - "$JOURNAL" "$FLEET_NODES" <<'PY'
-import collections, json, sys
-journal, nodes = sys.argv[1], int(sys.argv[2])
-finals, actions = {}, collections.Counter()
-first = last = None
-for line in open(journal):
-    e = json.loads(line)
-    if e["kind"] == "final":
-        finals[e["node"]] = e
-    elif e["kind"] == "action" and e.get("outcome") == "ok" and e["action"] in ("configure", "restart"):
-        actions[(e["node"], e["action"])] += 1
-        t = e["time_us"]
-        first = t if first is None or t < first else first
-        last = t if last is None or t > last else last
-bad = []
-if len(finals) != nodes:
-    bad.append(f"{len(finals)} final states, not {nodes}")
-for n, f in sorted(finals.items()):
-    c, r = actions[(n, "configure")], actions[(n, "restart")]
-    if f["state"] != "provisioned" or f["configured"] != 1 or f["restarts"] != 1 or c != 1 or r != 1:
-        bad.append(f"{n}: state {f['state']}, configured {f['configured']}, restarts {f['restarts']}, configure ok {c}, restart ok {r}")
-hist = collections.Counter(actions[(n, "configure")] for n in finals)
-print("bad" if bad else "ok", len(finals), "%.1f" % ((last - first) / 1e6 if first else 0), dict(sorted(hist.items())))
-for b in bad[:10]:
-    print(" ", b)
-PY
-)" || die "reading the journal"
+# Judged in Rust, with tests of its own: tests/it/node_tier.rs.
+once="$(NODE_TIER_JOURNAL="$JOURNAL" NODE_TIER_NODES="$FLEET_NODES" \
+  cargo test --quiet --test it node_tier::judge_the_node_tiers_journal -- --ignored --exact --nocapture 2>"$W/once.log" |
+  sed -n '/^--- once ---$/,/^--- end ---$/{/^---/d;p}')" || die "reading the journal"
 printf '%s\n' "$once" >"$W/provisioned-once.txt"
 read -r verdict finals span _ <<<"$once"
 [ "$verdict" = ok ] || die "not every node was provisioned exactly once: $once"
