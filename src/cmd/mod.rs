@@ -56,11 +56,22 @@ pub struct GlobalArgs {
 }
 
 impl GlobalArgs {
-    /// What every subcommand but `run` logs with: stderr, `info` unless told.
+    /// What the long-running subcommands but `run` (`fleet`, `discover`,
+    /// `operator`) log with: stderr, `info` unless told.
     pub fn init_stderr_logging(&self) -> anyhow::Result<telemetry::LogGuard> {
+        self.init_stderr_logging_at("info")
+    }
+
+    /// What a read-only command (`nodes`) logs with: stderr, warnings only
+    /// unless told, so its output is all a terminal shows.
+    pub fn init_quiet_logging(&self) -> anyhow::Result<telemetry::LogGuard> {
+        self.init_stderr_logging_at("warn")
+    }
+
+    fn init_stderr_logging_at(&self, default: &str) -> anyhow::Result<telemetry::LogGuard> {
         telemetry::init(
             self.log_format,
-            &self.filter("info"),
+            &self.filter(default),
             &choria_config::LogTarget::Stderr,
         )
     }
@@ -104,7 +115,16 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        let mut matches = Cli::command().try_get_matches_from(args)?;
+        let mut matches = match Cli::command().try_get_matches_from(args) {
+            // clap's own message names the flag but not what it wants.
+            Err(e)
+                if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                    && e.to_string().contains("--config") =>
+            {
+                return Err(missing_config());
+            }
+            other => other?,
+        };
         let cli = Cli::from_arg_matches_mut(&mut matches)?;
         match (cli.command, cli.default_run) {
             (Some(command), None) => Ok((cli.global, command)),
@@ -114,12 +134,20 @@ impl Cli {
                 "run's options (--config, --choria-config, …) go after `run` or without a subcommand, not before another subcommand",
             )),
             // `subcommand_negates_reqs` lets an empty command line through.
-            (None, None) => Err(Cli::command().error(
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "--config is required (choria-provisioner [run] --config FILE); see --help for the subcommands",
-            )),
+            (None, None) => Err(missing_config()),
         }
     }
+}
+
+/// What `run` needs and how to give it, when `--config` is missing.
+fn missing_config() -> clap::Error {
+    Cli::command().error(
+        clap::error::ErrorKind::MissingRequiredArgument,
+        "--config is required: the provisioner's YAML, as the Go provisioner reads it, e.g.\n  \
+         choria-provisioner run --config /etc/choria-provisioner/choria-provisioner.yaml \
+         --choria-config /etc/choria-provisioner/choria.cfg\n\
+         (`choria-provisioner --help` lists the other subcommands)",
+    )
 }
 
 /// The binary's `main`: parse, then run the command.
@@ -164,7 +192,7 @@ pub fn main() -> ExitCode {
                 operator::run(args).await
             }
             Command::Nodes(args) => {
-                let _log = global.init_stderr_logging()?;
+                let _log = global.init_quiet_logging()?;
                 nodes::run(args).await
             }
             Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),
@@ -231,6 +259,23 @@ mod tests {
         match parse(args) {
             Ok((g, Command::Run(r))) => (g, r),
             other => panic!("{args:?} did not parse as run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_config_says_what_to_pass() {
+        for args in [
+            &[][..],
+            &["run"][..],
+            &["run", "--check"][..],
+            &["--debug"][..],
+        ] {
+            let e = parse(args).expect_err("no --config");
+            assert!(
+                e.contains("--config is required: the provisioner's YAML")
+                    && e.contains("run --config /etc/choria-provisioner/choria-provisioner.yaml"),
+                "{args:?}: {e}"
+            );
         }
     }
 

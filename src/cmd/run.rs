@@ -145,9 +145,13 @@ fn go_file_exist(path: &Path) -> bool {
     }
 }
 
-/// One line per second on stderr: what the demo shows while it runs. The
-/// rate covers the time from the first node worked to the last provisioned,
-/// so it stays put once the fleet is done instead of decaying.
+/// One line per second on stderr: what the demo shows while it runs.
+/// `not started`: names waiting in their lane; `in progress`: sequences
+/// running (most waiting for replies); `working`: those holding a
+/// `workers` slot; `remembered`: every node the registry holds, provisioned
+/// ones included for 60 s (so one seen again at once is not worked twice).
+/// The rate covers the time from the first node worked to the last
+/// provisioned, so it stays put once the fleet is done instead of decaying.
 async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
     let started = Instant::now();
     // Sampled ten times a second so the rate's span is right to 0.1 s;
@@ -169,11 +173,12 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
             continue;
         }
         eprintln!(
-            "[{:>5.1}s] provisioned {provisioned}  errors {}  waiting {}  queued {}  busy {busy}  ({}){}",
+            "[{:>5.1}s] provisioned {provisioned}  errors {}  not started {}  in progress {}  working {busy}  remembered {}  ({}){}",
             now.duration_since(started).as_secs_f64(),
             v("choria_provisioner_provision_errors"),
+            v("choria_provisioner_pending_nodes"),
+            v("choria_provisioner_sequences"),
             v("choria_provisioner_waiting_nodes"),
-            v("choria_provisioner_work_queue_entries"),
             match rate.per_minute() {
                 Some(r) => format!("{r:.0} nodes/min"),
                 None => "- nodes/min".into(),

@@ -21,10 +21,6 @@ impl ClientSetup {
     /// Credentials show only whether they are set.
     pub fn effective_settings(&self) -> Vec<(String, String)> {
         let c = &self.connect;
-        let path = |p: &Option<PathBuf>| {
-            p.as_ref()
-                .map_or_else(|| "(unset)".to_string(), |p| p.display().to_string())
-        };
         let signer = match &self.identity.signer {
             RequestSigner::V1Insecure => "none (choria_insecure: requests are not signed)",
             RequestSigner::V1Rsa { .. } => "x509 (RSA key of the file provider)",
@@ -41,10 +37,10 @@ impl ClientSetup {
             ("tls.required".into(), c.tls.required.to_string()),
             (
                 "tls.verify".into(),
-                if c.tls.insecure_skip_verify {
-                    "false (the broker's certificate is not verified)".into()
-                } else {
-                    format!("true (CA {})", path(&c.tls.ca_file))
+                match (c.tls.insecure_skip_verify, &c.tls.ca_file) {
+                    (true, _) => "no: the broker's certificate is not checked".into(),
+                    (false, Some(ca)) => format!("yes, against {}", ca.display()),
+                    (false, None) => "yes, against the system's trusted CAs".into(),
                 },
             ),
             (
