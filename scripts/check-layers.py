@@ -63,6 +63,8 @@ ROOM_ORDER = [
     "provision",
     "election",
     "records",
+    "admission",
+    "audit",
     "monitor",
     "backoff",
 ]
@@ -73,7 +75,9 @@ ROOMS = {
     "records": set(),
     "election": {"backoff"},
     "provision/text": set(),
+    "admission": {"provision/text"},
     "provision/metrics": {"monitor", "records"},
+    "audit": {"backoff", "records", "provision/metrics"},
     "provision/gate": {"provision/metrics"},
     "provision/suspects": {"provision/metrics"},
     "provision/ownership": {"election"},
@@ -84,23 +88,24 @@ ROOMS = {
     "provision/shared": {
         "monitor", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/ownership", "provision/signing", "provision/day_two/recorder",
-        "provision/pipeline/registry",
+        "provision/pipeline/registry", "admission", "audit",
     },
     "provision/sequence": {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/pipeline/lanes",
+        "provision/pipeline/lanes", "admission",
     },
     "provision/day_two": {
         "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",
         "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/day_two/recorder",
+        "provision/day_two/recorder", "audit",
     },
     "provision/kube": {"backoff", "monitor", "provision/gate", "provision/shared"},
     "provision/pipeline": {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",
         "provision/suspects", "provision/ownership", "provision/shared",
         "provision/sequence", "provision/pipeline/registry", "provision/pipeline/lanes",
+        "provision/text", "audit",
     },
     # The wiring (mod.rs, prepare.rs, stop.rs) starts and stops every room.
     "provision": set(ROOM_ORDER) - {"provision"},

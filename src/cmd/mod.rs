@@ -6,6 +6,7 @@
 //! Choria Helm chart's Deployment passes — runs the provisioner unchanged.
 //! `--debug` and the log options are accepted before or after the subcommand.
 
+pub mod audit;
 pub mod broker;
 pub mod crd;
 pub mod discover;
@@ -13,6 +14,7 @@ pub mod fleet;
 pub mod fleet_helper;
 pub mod nodes;
 pub mod operator;
+pub mod policy;
 pub mod run;
 
 use crate::telemetry::{self, LogFormat};
@@ -104,6 +106,12 @@ pub enum Command {
     /// List the records of provisioned nodes (`records:`), optionally only
     /// those whose credentials expire soon.
     Nodes(nodes::NodesArgs),
+    /// Read the audit stream (`audit:`): every decision about a node,
+    /// oldest first.
+    Audit(audit::AuditArgs),
+    /// Work with the admission policy: `policy eval` prints its decision
+    /// for one node's input document.
+    Policy(policy::PolicyArgs),
 }
 
 impl Cli {
@@ -161,9 +169,11 @@ pub fn main() -> ExitCode {
         Command::FleetHelper(args) => return fleet_helper::run(args),
         command => command,
     };
-    if let Command::Crd = &command {
-        return crd::run();
-    }
+    let command = match command {
+        Command::Crd => return crd::run(),
+        Command::Policy(args) => return policy::run(args),
+        command => command,
+    };
     if let Command::Run(args) = &command {
         if args.check {
             return run::check(args, &global);
@@ -195,7 +205,13 @@ pub fn main() -> ExitCode {
                 let _log = global.init_quiet_logging()?;
                 nodes::run(args).await
             }
-            Command::FleetHelper(_) | Command::Crd => unreachable!("run without a runtime"),
+            Command::Audit(args) => {
+                let _log = global.init_quiet_logging()?;
+                audit::run(args).await
+            }
+            Command::FleetHelper(_) | Command::Crd | Command::Policy(_) => {
+                unreachable!("run without a runtime")
+            }
         }
     });
     // Whatever is still running (a reconnecting broker connection, a

@@ -157,3 +157,80 @@ fn version_and_help_name_the_default_command() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--config"));
 }
+
+/// The policy of the book's "Attested provisioning" guide, in small.
+const ROLE_POLICY: &str = "package choria.provisioner\n\ndefault allow := false\n\n\
+allow if input.facts.role == \"web\"\n\n\
+deny_reason := sprintf(\"role %v is not provisioned here\", [input.facts.role]) if not allow\n";
+
+#[test]
+fn check_compiles_the_admission_policy_and_names_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = files(dir.path());
+    let policy = dir.path().join("admission.rego");
+    std::fs::write(&policy, ROLE_POLICY).unwrap();
+    let base = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(&yaml, format!("{base}rego_policy: {}\n", policy.display())).unwrap();
+    let args = ["--config", &yaml, "--choria-config", &cfg, "--check"];
+    let o = run(&args, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    // A syntax error, then a policy in another package: both refused,
+    // naming the file.
+    std::fs::write(&policy, "package choria.provisioner\nallow if {\n").unwrap();
+    let o = run(&args, dir.path());
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("does not compile") && out.contains("admission.rego"),
+        "{out}"
+    );
+    std::fs::write(&policy, "package choria\n\nallow := true\n").unwrap();
+    let o = run(&args, dir.path());
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("no package choria.provisioner"), "{out}");
+}
+
+#[test]
+fn policy_eval_prints_the_decision_and_exits_by_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("admission.rego");
+    std::fs::write(&policy, ROLE_POLICY).unwrap();
+    let input = dir.path().join("node.json");
+    let eval = |facts: &str| {
+        std::fs::write(
+            &input,
+            format!("{{\"identity\": \"n1.example.net\", \"facts\": {facts}}}"),
+        )
+        .unwrap();
+        run(
+            &[
+                "policy",
+                "eval",
+                "--policy",
+                policy.to_str().unwrap(),
+                "--input",
+                input.to_str().unwrap(),
+            ],
+            dir.path(),
+        )
+    };
+    let o = eval("{\"role\": \"web\"}");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["decision"], "allowed");
+    let o = eval("{\"role\": \"db\"}");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["decision"], "denied");
+    assert_eq!(out["reason"], "role db is not provisioned here");
+    // A policy that cannot be evaluated for this input refuses (exit 2).
+    std::fs::write(
+        &policy,
+        "package choria.provisioner\n\nallow if to_number(input.facts.role) > 1\n",
+    )
+    .unwrap();
+    let o = eval("{\"role\": \"db\"}");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("could not be evaluated"), "{}", text(&o));
+}

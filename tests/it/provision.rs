@@ -636,6 +636,77 @@ async fn deferred_nodes_are_provisioned_on_a_later_cycle() {
     );
 }
 
+/// Nodes 0–4 denied, 5–9 deferred, 10–19 allowed, by their number.
+const ADMISSION_POLICY: &str = r#"package choria.provisioner
+
+n := to_number(regex.find_n(`[0-9]+`, input.identity, 1)[0])
+
+allow if {
+    n >= 10
+    input.protocol == "v1"
+    "choria_provision" in input.agents
+}
+
+defer if {
+    n >= 5
+    n < 10
+}
+
+deny_reason := sprintf("node %d is in the retired rack", [n]) if n < 5
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_policy_refuses_and_defers_nodes_before_the_helper_sees_them() {
+    let mut run = Run::start(Options {
+        nodes: 20,
+        yaml: "features:\n  jwt: true\nadmission:\n  policy: {dir}/admission.rego\n".into(),
+        // The helper would shut nodes 0–9 down: any `shutdown` in the
+        // journal means it saw a node the policy stopped.
+        helper: vec!["--shutdown-match".into(), "^node-[0-9]\\.".into()],
+        prepare: Box::new(|dir, _| {
+            std::fs::write(dir.join("admission.rego"), ADMISSION_POLICY).unwrap();
+            Vec::new()
+        }),
+        ..Default::default()
+    })
+    .await;
+    run.wait_provisioned(10, Duration::from_secs(60)).await;
+    let p = run.provisioner();
+    p.wait_for_metric(
+        "choria_provisioner_admission{decision=\"denied\"",
+        5.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    p.wait_for_metric(
+        "choria_provisioner_admission{decision=\"deferred\"",
+        5.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let f = run.finish().await;
+    let allowed: Vec<String> = (10..20)
+        .map(|n| format!("node-{n}.fleet.example.net"))
+        .collect();
+    f.assert_provisioned_once(&allowed);
+    let configured = f.ok_actions("configure");
+    assert_eq!(
+        configured.len(),
+        10,
+        "only allowed nodes configured: {configured:?}"
+    );
+    assert!(
+        f.ok_actions("shutdown").is_empty(),
+        "the helper saw a node the policy stopped"
+    );
+    assert!(
+        f.logs
+            .contains("refused by the admission policy: node 3 is in the retired rack"),
+        "the policy's reason is logged"
+    );
+    assert!(f.logs.contains("deferred by the admission policy"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_helper_can_shut_nodes_down() {
     let mut run = Run::start(Options {

@@ -13,6 +13,8 @@
 //! the Go provisioner silently ignores (unknown keys, unused keys) are accepted,
 //! but reported as [`ConfigWarning`]s so typos become visible.
 
+pub mod admission;
+pub mod audit;
 pub mod choria;
 pub mod day_two;
 pub mod duration;

@@ -109,7 +109,8 @@ file_section! {
         /// Validity of the server JWTs issued with `features.ed25519`, a
         /// Choria duration such as `1y`, `90d` or `12h`.
         server_jwt_validity: String,
-        /// Accepted and ignored, as in Go.
+        /// The admission policy's Rego file, the same as `admission.policy`
+        /// (the Go provisioner reads this key and never uses it).
         rego_policy: String,
         /// Go's election switch: campaign in Choria Streams with Go's
         /// defaults (`election.backend: streams`).
@@ -151,6 +152,55 @@ file_section! {
         /// Ours: credentials renewed before they expire (below; needs
         /// `records`).
         renewal: RenewalFile,
+        /// Ours: the Rego policy every node must pass before anything is
+        /// signed or configured for it (below).
+        admission: AdmissionFile,
+        /// Ours: every decision about a node as a sealed event on a
+        /// JetStream stream (below; needs `records`).
+        audit: AuditFile,
+    }
+}
+
+file_section! {
+    /// `audit:` (ours).
+    pub struct AuditFile {
+        /// The JetStream stream.
+        ///
+        /// Default: `CHORIA_PROVISIONER_AUDIT`
+        stream: String,
+        /// Events are published on `<subject>.<site>.<type>` (`_` for no
+        /// site).
+        ///
+        /// Default: `choria.provisioner.audit`
+        subject: String,
+        /// How long events are kept.
+        ///
+        /// Default: `90d`
+        max_age: String,
+        /// The most the stream keeps, in bytes (at least 1 MiB); the oldest
+        /// events go first.
+        ///
+        /// Default: `1073741824` (1 GiB)
+        max_bytes: i64,
+        /// Create the stream when it is missing.
+        ///
+        /// Default: `true`
+        create_stream: bool,
+    }
+}
+
+file_section! {
+    /// `admission:` (ours).
+    pub struct AdmissionFile {
+        /// The Rego file: package `choria.provisioner`, rules `allow`
+        /// (bool), `deny_reason` (string) and `defer` (bool). Required
+        /// unless `rego_policy` names it.
+        policy: String,
+        /// The file is Rego v0 (rules without `if`, as OPA wrote them before
+        /// 1.0 and go-choria's own policies are).
+        ///
+        /// Default: `false`
+        rego_v0: bool,
     }
 }
 

@@ -4,6 +4,8 @@
 //! small parts they share: [`backoff`] and the monitoring endpoint
 //! ([`monitor`]).
 
+pub mod admission;
+pub mod audit;
 pub mod backoff;
 pub mod election;
 pub mod monitor;

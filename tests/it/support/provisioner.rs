@@ -249,13 +249,17 @@ pub fn http_body(head: &str, body: &str) -> String {
     out
 }
 
-/// Sums the samples of metric `name` in Prometheus text.
+/// Sums the samples of metric `name` in Prometheus text; `name` may hold
+/// the first labels (`m{decision="denied"`), in their written order.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            l.strip_prefix(name).is_some_and(|rest| {
+                rest.starts_with('{')
+                    || rest.starts_with(' ')
+                    || (name.contains('{') && (rest.starts_with(',') || rest.starts_with('}')))
+            })
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()

@@ -109,7 +109,8 @@ pub struct ProvisionerConfig {
     pub jwt_signing_token: Option<PathBuf>,
     /// Validity of issued server JWTs; default 1y.
     pub server_jwt_validity: Duration,
-    /// Accepted and ignored, as in Go.
+    /// Go's key for the admission policy's file, as written (see
+    /// [`ProvisionerConfig::admission`]).
     pub rego_policy: Option<String>,
     /// The legacy election switch; see [`ProvisionerConfig::election`].
     pub leader_election: bool,
@@ -141,6 +142,10 @@ pub struct ProvisionerConfig {
     pub records: Option<crate::day_two::RecordsConfig>,
     /// Credentials renewed before they expire (ours).
     pub renewal: Option<crate::day_two::RenewalConfig>,
+    /// The admission policy (ours; `admission:` or `rego_policy`).
+    pub admission: Option<crate::admission::AdmissionConfig>,
+    /// Every decision as a sealed event on a stream (ours; needs records).
+    pub audit: Option<crate::audit::AuditConfig>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }

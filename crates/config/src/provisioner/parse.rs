@@ -42,9 +42,6 @@ impl ProvisionerConfig {
         }
         let trust = trust(&sec)?;
         let rego_policy = non_empty(sec.string("rego_policy")?);
-        if rego_policy.is_some() {
-            w.push(ignored(&sec, "rego_policy"));
-        }
         let leader_election = sec.bool("leader_election")?.unwrap_or(false);
         let upgrades = upgrades(&sec)?;
         let features = features(file, &sec, w)?;
@@ -57,6 +54,8 @@ impl ProvisionerConfig {
         let lifetime =
             shortest_lifetime(&features, trust.server_jwt_validity, cert_manager.as_ref());
         let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
+        let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
+        let audit = crate::audit::audit(file, &sec, records.is_some(), w)?;
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -103,6 +102,8 @@ impl ProvisionerConfig {
             cert_manager,
             records,
             renewal,
+            admission,
+            audit,
             warnings,
         })
     }

@@ -192,6 +192,28 @@ impl ProvisionerConfig {
         if let Some(r) = &self.renewal {
             out.push(("renewal".into(), r.effective()));
         }
+        if let Some(a) = &self.admission {
+            out.push((
+                "admission".into(),
+                format!(
+                    "policy {}{}",
+                    a.policy.display(),
+                    if a.rego_v0 { " (Rego v0)" } else { "" }
+                ),
+            ));
+        }
+        if let Some(a) = &self.audit {
+            out.push((
+                "audit".into(),
+                format!(
+                    "stream {} on {}.>, kept {} or {} bytes",
+                    a.stream,
+                    a.subject,
+                    crate::duration::format_duration(a.max_age),
+                    a.max_bytes
+                ),
+            ));
+        }
         if let Some(c) = &self.cert_manager {
             out.push(("cert_manager".into(), cert_manager_summary(c)));
         }

@@ -335,18 +335,48 @@ fn workers_and_ports() {
 
 #[test]
 fn unused_keys_are_accepted_with_a_warning() {
-    let c = ok(&with_helper(
-        "broker_port: 4222\nrego_policy: /etc/x.rego\n",
-    ));
+    let c = ok(&with_helper("broker_port: 4222\n"));
     assert_eq!(c.broker_port, Some(4222));
-    assert_eq!(c.rego_policy.as_deref(), Some("/etc/x.rego"));
     assert_eq!(
         warnings(&c),
-        [
-            "provisioner.yaml: broker_port: accepted for compatibility but not used (the Go provisioner ignores it too)",
-            "provisioner.yaml: rego_policy: accepted for compatibility but not used (the Go provisioner ignores it too)"
-        ]
+        ["provisioner.yaml: broker_port: accepted for compatibility but not used (the Go provisioner ignores it too)"]
     );
+}
+
+#[test]
+fn rego_policy_and_admission_name_the_admission_policy() {
+    let c = ok(&with_helper("rego_policy: /etc/x.rego\n"));
+    let a = c
+        .admission
+        .clone()
+        .expect("rego_policy sets the admission policy");
+    assert_eq!(a.policy, PathBuf::from("/etc/x.rego"));
+    assert!(!a.rego_v0);
+    assert!(warnings(&c).is_empty(), "{:?}", warnings(&c));
+    let c = ok(&with_helper(
+        "admission:\n  policy: /p.rego\n  rego_v0: true\n",
+    ));
+    assert_eq!(
+        c.admission,
+        Some(crate::admission::AdmissionConfig {
+            policy: "/p.rego".into(),
+            rego_v0: true
+        })
+    );
+    let same = ok(&with_helper(
+        "rego_policy: /p.rego\nadmission: {policy: /p.rego}\n",
+    ));
+    assert_eq!(same.admission.unwrap().policy, PathBuf::from("/p.rego"));
+    let e = err(&with_helper(
+        "rego_policy: /a.rego\nadmission: {policy: /b.rego}\n",
+    ));
+    assert!(
+        e.contains("admission.policy") && e.contains("set one of the two"),
+        "{e}"
+    );
+    let e = err(&with_helper("admission: {rego_v0: true}\n"));
+    assert!(e.contains("admission.policy: required"), "{e}");
+    assert_eq!(ok(&with_helper("")).admission, None);
 }
 
 #[test]
@@ -737,7 +767,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         "helper: /bin/true\n",
         "helper: \"/usr/bin/helper --flag 'two words'\"\nworkers: 7\ninterval: 90m\nlogfile: stderr\nloglevel: debug\ntoken: t0k\n\
          lifecycle_component: pm\nchoria_insecure: true\nsite: dc2\nmonitor_port: 9100\nbroker_port: 4222\n\
-         broker_provisioning_password: pw\ncert_deny_list: [\"^a$\", \"\\\\.b$\"]\nserver_jwt_validity: 90d\nrego_policy: x.rego\n\
+         broker_provisioning_password: pw\ncert_deny_list: [\"^a$\", \"\\\\.b$\"]\nserver_jwt_validity: 90d\nrego_policy: x.rego\nadmission: {rego_v0: true}\n\
          upgrades_repository: https://repo.example.net\nupgrades_optional: true\nfeatures: {upgrades: true, pki: true}\n\
          discovery_timeout: 20s\ndiscovery_window: 1500ms\nhelper_timeout: 30s\nrpc_timeout: 4s\n",
         "helper: h\ntoken_file: /run/token\nbroker_provisioning_password_file: /run/pw\nleader_election: true\n",
@@ -750,7 +780,8 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
         "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666']}\n\
-         renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n",
+         renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n\
+         audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -796,7 +827,7 @@ fn every_schema_key_is_written_for_a_full_configuration() {
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
          configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n\
-         records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\n",
+         records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\naudit: {}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();
@@ -967,4 +998,24 @@ fn records_need_a_signing_key_and_renewal_a_lead_shorter_than_what_is_issued() {
         "helper: h\ntoken: t\n{cm}{records}renewal: {{before: 30d, choria_config: /r.cfg}}\n"
     ));
     assert!(e.contains("cert_manager.duration"), "{e}");
+}
+
+#[test]
+fn audit_needs_records_and_bounded_retention() {
+    let records = "records: {url: 'nats://r:4222', signing_key: /s}\n";
+    let c = ok(&format!("helper: h\n{records}audit: {{}}\n"));
+    let a = c.audit.expect("audit: {} turns it on");
+    assert_eq!(a.stream, crate::audit::DEFAULT_AUDIT_STREAM);
+    assert_eq!(a.max_age, crate::audit::DEFAULT_AUDIT_MAX_AGE);
+    let e = err("helper: h\naudit: {}\n");
+    assert!(e.contains("audit needs records"), "{e}");
+    let e = err(&format!("helper: h\n{records}audit: {{max_age: 0s}}\n"));
+    assert!(e.contains("audit.max_age") && e.contains("bounded"), "{e}");
+    let e = err(&format!("helper: h\n{records}audit: {{max_bytes: 10}}\n"));
+    assert!(e.contains("audit.max_bytes"), "{e}");
+    let e = err(&format!("helper: h\n{records}audit: {{subject: 'a.*'}}\n"));
+    assert!(
+        e.contains("audit.subject") && e.contains("no wildcards"),
+        "{e}"
+    );
 }

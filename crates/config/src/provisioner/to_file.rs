@@ -72,6 +72,8 @@ impl ProvisionerConfig {
             }),
             records: self.records.as_ref().map(|r| r.to_file()),
             renewal: self.renewal.as_ref().map(|r| r.to_file()),
+            admission: self.admission.as_ref().map(|a| a.to_file()),
+            audit: self.audit.as_ref().map(|a| a.to_file()),
             cert_manager: self.cert_manager.as_ref().map(|c| CertManagerFile {
                 issuer: Some(c.issuer.clone()),
                 issuer_kind: Some(c.issuer_kind.clone()),

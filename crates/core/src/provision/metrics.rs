@@ -66,6 +66,8 @@ pub struct Metrics {
     dropped_discoveries: IntCounter,
     pending_nodes: IntGauge,
     refused_values: IntCounterVec,
+    admission: IntCounterVec,
+    audit_events: IntCounterVec,
     lock_refusals: IntCounter,
     shard_members: IntGauge,
     records_written: IntCounter,
@@ -94,6 +96,12 @@ pub const SHARD_REFUSED_REASONS: [&str; 6] = [
 /// Labels of `choria_provisioner_cert_manager_requests{outcome}`: what
 /// [`super::signing::certmanager::SignError::outcome`] names.
 pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "timeout", "error"];
+/// Labels of `choria_provisioner_admission{decision}`: what the admission
+/// policy decided for a node (`error`: it could not be evaluated, and the
+/// node was refused).
+pub const ADMISSION_DECISIONS: [&str; 4] = ["allowed", "denied", "deferred", "error"];
+/// Labels of `choria_provisioner_audit_events{outcome}`.
+pub const AUDIT_OUTCOMES: [&str; 3] = ["written", "dropped", "error"];
 /// Labels of `choria_provisioner_renewals{outcome}`.
 pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
 
@@ -371,6 +379,18 @@ impl Metrics {
                 "place",
                 &REFUSED_PLACES,
             ),
+            admission: labelled(
+                "choria_provisioner_admission",
+                "Nodes evaluated by the admission policy, by its decision (error: it could not be evaluated, and the node was refused)",
+                "decision",
+                &ADMISSION_DECISIONS,
+            ),
+            audit_events: labelled(
+                "choria_provisioner_audit_events",
+                "Audit events by what became of them: written to the stream, dropped (too many waiting), or a failed attempt to write (retried)",
+                "outcome",
+                &AUDIT_OUTCOMES,
+            ),
             site: site.to_string(),
             registry,
         }
@@ -378,6 +398,16 @@ impl Metrics {
 
     pub fn ignored_reply(&self, reason: &str) {
         self.ignored_replies.with_label_values(&[reason]).inc();
+    }
+
+    /// `decision`: one of [`ADMISSION_DECISIONS`].
+    pub fn admission(&self, decision: &str) {
+        self.admission.with_label_values(&[decision]).inc();
+    }
+
+    /// `outcome`: one of [`AUDIT_OUTCOMES`].
+    pub fn audit_event(&self, outcome: &str) {
+        self.audit_events.with_label_values(&[outcome]).inc();
     }
 
     pub fn conflicting_reply(&self) {

@@ -35,7 +35,7 @@ pub mod shared;
 pub mod signing;
 mod stop;
 pub mod suspects;
-mod text;
+pub(crate) mod text;
 
 pub use prepare::{prepare, PrepareError, Prepared};
 pub use shared::Shared;
@@ -80,6 +80,8 @@ pub enum RunError {
     Unsupported(String),
     #[error("records: {0}")]
     Records(#[from] crate::records::store::RecordsError),
+    #[error(transparent)]
+    Admission(#[from] crate::admission::PolicyError),
 }
 
 /// How this process runs, beyond its two files.
@@ -112,6 +114,7 @@ pub fn needs_kubernetes(cfg: &ProvisionerConfig, resource: bool) -> bool {
         || cfg.election.backend == choria_config::ElectionBackend::Lease
 }
 
+type AuditRx = mpsc::Receiver<(crate::audit::event::Kind, crate::audit::event::Event)>;
 type FinisherRx = mpsc::UnboundedReceiver<(Arc<registry::Ticket>, Duration)>;
 
 /// The `run` subcommand's work, until `shutdown` fires.
@@ -121,6 +124,8 @@ pub struct Provisioner {
     version: String,
     /// What the record writer takes (with `records:`).
     records_rx: Option<mpsc::UnboundedReceiver<crate::records::Record>>,
+    /// What the audit writer takes (with `audit:`).
+    audit_rx: Option<AuditRx>,
     pod_name: Option<String>,
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
@@ -165,8 +170,26 @@ impl Provisioner {
             }
             None => (day_two::recorder::Recorder::off(), None),
         };
+        let (auditor, audit_rx) = match cfg.audit {
+            Some(_) => {
+                let site = if cfg.site.is_empty() { "-" } else { &cfg.site };
+                let (a, rx) = crate::audit::writer::Auditor::new(
+                    format!("choria-provisioner/{site}/{me}"),
+                    metrics.clone(),
+                );
+                (a, Some(rx))
+            }
+            None => (crate::audit::writer::Auditor::off(), None),
+        };
         let signing = Signing::new(&cfg, &options.kube, options.resource.as_ref())?;
+        let admission = cfg
+            .admission
+            .as_ref()
+            .map(crate::admission::Policy::load)
+            .transpose()?;
         let shared = Shared {
+            admission,
+            auditor,
             me,
             gate,
             registry,
@@ -190,6 +213,7 @@ impl Provisioner {
             setup,
             version: options.version,
             records_rx,
+            audit_rx,
             pod_name,
             trigger_rx,
             finisher_rx,
@@ -211,6 +235,7 @@ impl Provisioner {
             setup,
             version,
             records_rx,
+            audit_rx,
             pod_name,
             mut trigger_rx,
             finisher_rx,
@@ -233,6 +258,7 @@ impl Provisioner {
         announce(&client, &shared.cfg, &setup, &version, &nats).await;
 
         start_day_two(&shared, records_rx, &stop_tasks, &mut tasks)?;
+        start_audit(&shared, audit_rx, &stop_tasks, &mut tasks)?;
         let credentials = shared.signing.credentials.clone();
         tasks.spawn(credentials.watch(stop_tasks.clone()));
         let pool = lanes::Pool::new();
@@ -353,6 +379,31 @@ fn start_day_two(
         records.clone(),
         sealer,
         format!("choria-provisioner records {}", shared.me),
+        rx,
+        shared.metrics.clone(),
+        stop.clone(),
+    ));
+    Ok(())
+}
+
+/// The audit writer, with `audit:` (which needs `records:`).
+fn start_audit(
+    shared: &Arc<Shared>,
+    audit_rx: Option<AuditRx>,
+    stop: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), RunError> {
+    let cfg = &shared.cfg;
+    let (Some(records), Some(audit), Some(rx)) = (&cfg.records, &cfg.audit, audit_rx) else {
+        return Ok(());
+    };
+    let key = choria_wire::security::seal::SealKey::from_file(&records.signing_key)
+        .map_err(crate::records::store::RecordsError::Key)?;
+    tasks.spawn(crate::audit::writer::run(
+        records.clone(),
+        audit.clone(),
+        key,
+        cfg.site.clone(),
         rx,
         shared.metrics.clone(),
         stop.clone(),

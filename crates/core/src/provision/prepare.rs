@@ -18,6 +18,8 @@ pub enum PrepareError {
     Renewal(#[source] ConfigError),
     #[error("records: {0}")]
     Records(#[source] crate::records::store::RecordsError),
+    #[error(transparent)]
+    Admission(#[from] crate::admission::PolicyError),
     #[error("could not set up TLS to the broker ({}): {source}", .file.display())]
     Tls {
         file: std::path::PathBuf,
@@ -76,6 +78,9 @@ pub fn prepare(
     }
     if let Some(r) = &cfg.records {
         crate::records::store::sealer(r, &cfg.site).map_err(PrepareError::Records)?;
+    }
+    if let Some(a) = &cfg.admission {
+        crate::admission::Policy::load(a)?;
     }
     if setup.connect.tls.is_custom() {
         setup

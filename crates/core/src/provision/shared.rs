@@ -40,10 +40,15 @@ pub struct Shared {
     pub ownership: Ownership,
     /// Where records of provisionings go (nowhere without `records:`).
     pub recorder: Recorder,
+    /// Where audit events go (nowhere without `audit:`).
+    pub auditor: crate::audit::writer::Auditor,
     /// Holds reconnects after a loss of leadership while disconnected.
     pub fence: Fence,
     /// What deciding and signing a node's configuration needs.
     pub signing: Signing,
+    /// The admission policy every node passes before it is decided for
+    /// (`admission:` or `rego_policy`).
+    pub admission: Option<crate::admission::Policy>,
     /// The `workers` slots: a sequence holds one only while it works.
     pub slots: Arc<Semaphore>,
     /// Fired at shutdown once in-flight nodes had their grace period: waits

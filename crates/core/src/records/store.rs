@@ -151,7 +151,8 @@ fn bad_bucket(get: &dyn std::fmt::Display, create: &str) -> String {
     format!("not found ({get}) and not created ({create})")
 }
 
-async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Client, RecordsError> {
+/// A connection to the records' JetStream (the audit stream uses it too).
+pub async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Client, RecordsError> {
     let read = |what: &'static str, path: &std::path::Path| {
         std::fs::read_to_string(path)
             .map(|s| s.trim().to_string())

@@ -29,6 +29,9 @@ pub enum Purpose {
     /// A member's Lease in shards mode (parts: Lease, holder, view,
     /// `<sequence>@<time>`).
     MemberLease,
+    /// An event on the audit stream (parts: stream, the event's text
+    /// without its seal).
+    Audit,
 }
 
 impl Purpose {
@@ -37,6 +40,7 @@ impl Purpose {
             Purpose::Record => b"choria-provisioner record v1",
             Purpose::Heartbeat => b"choria-provisioner heartbeat v1",
             Purpose::MemberLease => b"choria-provisioner member lease v1",
+            Purpose::Audit => b"choria-provisioner audit event v1",
         }
     }
 }

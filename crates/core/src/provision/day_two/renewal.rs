@@ -456,6 +456,11 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
                 let now = chrono::Utc::now().timestamp();
                 match outcome {
                     RenewalOutcome::Sent => {
+                        shared.auditor.event(
+                            crate::audit::event::Kind::Renewal,
+                            &identity,
+                            serde_json::json!({"step": "reprovision"}),
+                        );
                         state.schedule.asked(&identity, now, r.cfg.retry);
                         // It comes back through provisioning at once: the
                         // hold after its last success must not stop it.

@@ -81,6 +81,72 @@ pub(crate) async fn run(lane: Lane, shared: Arc<Shared>, client: Arc<ChoriaClien
     debug!(?lane, "dispatcher stopped");
 }
 
+/// The admission policy's own decision (or its fail-closed refusal), for
+/// a node that answered: a warning or an info line, at a bounded rate, as
+/// whoever holds the fleet's provisioning JWT can offer names the policy
+/// refuses; the node waits in the suspect lane like any failed one.
+fn not_admitted(shared: &Shared, ticket: &Ticket, e: &ProvisionError) {
+    shared.metrics.provision_error();
+    let deferred = matches!(e, ProvisionError::PolicyDeferred(_));
+    let kind = if deferred {
+        "admission deferred"
+    } else {
+        "admission refused"
+    };
+    if let crate::provision::suspects::Allow::Yes { suppressed } =
+        shared.logs.check(kind, std::time::Instant::now())
+    {
+        if deferred {
+            info!(node = %ticket.identity, reason = %e, suppressed_before = suppressed, "not provisioning the node this cycle");
+        } else {
+            warn!(node = %ticket.identity, reason = %e, suppressed_before = suppressed, "not provisioning the node");
+        }
+    }
+    shared.registry.failed(ticket);
+}
+
+/// The audit event of a sequence's end, when it was a decision about a node
+/// that answered: provisioned, shut down, refused by a check, denied by the
+/// policy, or deferred. Pauses, lost locks and names that never answered
+/// are not decisions (and anyone can make up names).
+fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) {
+    use crate::audit::event::Kind;
+    let because = |e: &ProvisionError| {
+        serde_json::json!({
+            "step": e.step(),
+            "reason": crate::provision::text::one_line(&e.to_string(), 500),
+        })
+    };
+    let (kind, data) = match result {
+        Ok(Outcome::Provisioned(record)) => (
+            Kind::Provisioned,
+            record
+                .as_ref()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .unwrap_or_else(|| serde_json::json!({})),
+        ),
+        Ok(Outcome::Shutdown) => (Kind::Shutdown, serde_json::json!({})),
+        Ok(Outcome::Upgrading { .. }) => return,
+        Err(e) => match e {
+            ProvisionError::PolicyDenied(_) | ProvisionError::Policy(_) => {
+                (Kind::Denied, because(e))
+            }
+            ProvisionError::PolicyDeferred(_) | ProvisionError::Deferred(_) => {
+                (Kind::Deferred, because(e))
+            }
+            ProvisionError::Jwt(_)
+            | ProvisionError::TokenMismatch
+            | ProvisionError::Ed25519(_)
+            | ProvisionError::Csr(_)
+            | ProvisionError::NoCsr
+            | ProvisionError::Refused(_)
+            | ProvisionError::Conflict(_) => (Kind::Refused, because(e)),
+            _ => return,
+        },
+    };
+    shared.auditor.event(kind, node, data);
+}
+
 /// Forgets its node when dropped before [`Lost::defuse`].
 struct Lost {
     shared: Arc<Shared>,
@@ -105,6 +171,7 @@ impl Drop for Lost {
 /// What a node's sequence ended with: metrics, the log line, and what the
 /// registry does with the node.
 fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionError>) {
+    audit(shared, &ticket.identity, &result);
     match result {
         Ok(Outcome::Provisioned(record)) => {
             shared.metrics.provisioned();
@@ -154,6 +221,11 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
             }
             shared.registry.failed(&ticket);
         }
+        Err(
+            e @ (ProvisionError::PolicyDenied(_)
+            | ProvisionError::Policy(_)
+            | ProvisionError::PolicyDeferred(_)),
+        ) => not_admitted(shared, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.
             match ticket.source {

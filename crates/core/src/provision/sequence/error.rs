@@ -60,6 +60,12 @@ pub enum ProvisionError {
     Upgrade { version: String, reason: String },
     #[error("the helper returned an empty configuration")]
     EmptyConfiguration,
+    #[error("refused by the admission policy: {0}")]
+    PolicyDenied(String),
+    #[error("deferred by the admission policy: {0}")]
+    PolicyDeferred(String),
+    #[error("refused: {0}")]
+    Policy(#[source] crate::admission::PolicyError),
     #[error("the node's identity matches the deny list pattern {0:?}")]
     DeniedIdentity(String),
     #[error("{0}")]
@@ -95,6 +101,9 @@ impl ProvisionError {
             ProvisionError::EmptyConfiguration => "choria_provision#configure",
             ProvisionError::Config(_) | ProvisionError::Key(_) => "config",
             ProvisionError::DeniedIdentity(_) => "deny_list",
+            ProvisionError::PolicyDenied(_)
+            | ProvisionError::PolicyDeferred(_)
+            | ProvisionError::Policy(_) => "admission",
             ProvisionError::Refused(_) => "grant",
             ProvisionError::Locked { rpc } => rpc,
             ProvisionError::Conflict(_) => "reply_window",

@@ -1,7 +1,8 @@
 //! The per-node sequence, step for step as the Go provisioner's `host`
 //! package runs it:
 //!
-//! jwt → gen25519 → rpcutil#inventory → gencsr → helper → (defer | shutdown)
+//! jwt → gen25519 → rpcutil#inventory → gencsr → (our admission policy)
+//! → helper → (defer | shutdown)
 //! → server JWT → private key encryption → release_update → configure → restart
 //!
 //! Each RPC is a directed request that must get one reply with status OK; it
@@ -19,10 +20,11 @@
 //! This file holds the sequence and the order of its stages (gather,
 //! settle, finish); each stage's steps live by what they do: `call` (one
 //! request with its tries), `ask` (what the node tells: JWT, key,
-//! inventory, CSR), `decide` (template, helper, cert-manager, server JWT,
+//! inventory, CSR), `admit` (the admission policy), `decide` (template, helper, cert-manager, server JWT,
 //! key encryption), `apply` (`release_update`, `configure`, `restart`,
 //! `shutdown`), `error` (one error per step).
 
+mod admit;
 mod apply;
 mod ask;
 mod call;
@@ -288,6 +290,7 @@ impl HostSequence {
         if !self.pending.is_empty() {
             self.settle().await?;
         }
+        self.admit()?;
         let mut response = self.decide().await?;
         crate::provision::signing::grants::check_configuration(&response.configuration)
             .map_err(|e| self.refused(e))?;

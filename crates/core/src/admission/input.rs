@@ -1,0 +1,108 @@
+//! The document the admission policy reads as `input`, made from what a
+//! node told us (all of it checked already, none of it trusted more for
+//! being here) and what we know of the node.
+//!
+//! ```json
+//! {
+//!   "identity": "n1.example.net",
+//!   "protocol": "v2",
+//!   "site": "dc1",
+//!   "version": "0.30.2",
+//!   "facts": {"...": "..."},
+//!   "agents": ["choria_provision", "rpcutil"],
+//!   "collectives": ["provisioning"],
+//!   "classes": [],
+//!   "inventory": {"...": "the whole rpcutil#inventory reply"},
+//!   "csr": {"common_name": "n1.example.net", "dns_names": [], "ip_addresses": [], "email_addresses": [], "uris": []},
+//!   "jwt": {"chs": true, "chu": "...", "ou": "...", "extensions": {}, "exp": 1767225600},
+//!   "ed25519_public_key": "hex",
+//!   "evidence": null,
+//!   "record": null
+//! }
+//! ```
+//!
+//! `csr`, `jwt` and `ed25519_public_key` are `null` when the feature that
+//! fetches them is off. The provisioning JWT's token (`cht`) and broker
+//! password (`chpwd`) are left out: a policy has no use for them, and a
+//! policy's `print` or a test's input file should not carry them.
+
+use super::PolicyError;
+use choria_wire::security::tokens::ProvisioningClaims;
+use serde_json::{json, Map, Value};
+
+/// Claims of the provisioning JWT never given to a policy.
+const SECRET_CLAIMS: [&str; 2] = ["cht", "chpwd"];
+
+/// What a node told us, and what we know of it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeInput<'a> {
+    pub identity: &'a str,
+    /// `v1` or `v2`.
+    pub protocol: &'a str,
+    pub site: &'a str,
+    /// The `rpcutil#inventory` reply as JSON text.
+    pub inventory: &'a str,
+    /// The CSR's PEM, with the `pki` feature.
+    pub csr: Option<&'a str>,
+    /// The verified provisioning JWT's claims, with the `jwt` feature.
+    pub jwt: Option<&'a ProvisioningClaims>,
+    /// The node's ed25519 public key (hex), with the `ed25519` feature.
+    pub ed25519_public_key: Option<&'a str>,
+}
+
+impl NodeInput<'_> {
+    /// The `input` document.
+    pub fn document(&self) -> Result<Value, PolicyError> {
+        let inventory: Value = if self.inventory.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str(self.inventory)
+                .map_err(|e| PolicyError::Input(format!("the inventory is not JSON: {e}")))?
+        };
+        let field = |name: &str, empty: Value| inventory.get(name).cloned().unwrap_or(empty);
+        let jwt = match self.jwt {
+            Some(claims) => {
+                let mut v = serde_json::to_value(claims)
+                    .map_err(|e| PolicyError::Input(format!("the JWT's claims: {e}")))?;
+                if let Some(map) = v.as_object_mut() {
+                    for secret in SECRET_CLAIMS {
+                        map.remove(secret);
+                    }
+                }
+                v
+            }
+            None => Value::Null,
+        };
+        Ok(json!({
+            "identity": self.identity,
+            "protocol": self.protocol,
+            "site": self.site,
+            "version": field("version", Value::String(String::new())),
+            "facts": field("facts", Value::Object(Map::new())),
+            "agents": field("agents", json!([])),
+            "collectives": field("collectives", json!([])),
+            "classes": field("classes", json!([])),
+            "csr": self.csr.map_or(Value::Null, csr),
+            "jwt": jwt,
+            "ed25519_public_key": self.ed25519_public_key,
+            "evidence": Value::Null,
+            "record": Value::Null,
+            "inventory": inventory,
+        }))
+    }
+}
+
+/// The names a CSR asks for; `null` when it cannot be read (it was checked
+/// when it arrived, so that does not happen for a node in a sequence).
+fn csr(pem: &str) -> Value {
+    match choria_wire::security::csr::parse_csr(pem) {
+        Ok(info) => json!({
+            "common_name": info.common_name,
+            "dns_names": info.dns_names,
+            "ip_addresses": info.ip_addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "email_addresses": info.email_addresses,
+            "uris": info.uris,
+        }),
+        Err(_) => Value::Null,
+    }
+}

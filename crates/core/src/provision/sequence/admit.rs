@@ -1,0 +1,51 @@
+//! The admission policy's decision for the node, once everything it told us
+//! is in and every reply window was read, and before the template, the
+//! helper or any signer sees it.
+
+use super::{HostSequence, ProvisionError};
+use crate::admission::input::NodeInput;
+use crate::admission::Decision;
+use tracing::warn;
+
+impl HostSequence {
+    /// Passes when there is no policy or it allows the node; a denial, a
+    /// deferral and a policy that cannot be evaluated all stop the node
+    /// here (counted by decision).
+    pub(super) fn admit(&self) -> Result<(), ProvisionError> {
+        let Some(policy) = &self.shared.admission else {
+            return Ok(());
+        };
+        let protocol = self.client.version().to_string();
+        let input = NodeInput {
+            identity: &self.identity,
+            protocol: &protocol,
+            site: &self.shared.cfg.site,
+            inventory: &self.got.inventory,
+            csr: self.got.csr.as_ref().map(|c| c.csr.as_str()),
+            jwt: self.got.jwt.as_ref(),
+            ed25519_public_key: self.got.ed25519.as_ref().map(|e| e.public_key.as_str()),
+        };
+        let decision = input.document().and_then(|doc| policy.evaluate(&doc));
+        let metrics = &self.shared.metrics;
+        match decision {
+            Ok(Decision::Allowed) => {
+                metrics.admission("allowed");
+                self.step("admitted by the admission policy");
+                Ok(())
+            }
+            Ok(Decision::Denied(reason)) => {
+                metrics.admission("denied");
+                Err(ProvisionError::PolicyDenied(reason))
+            }
+            Ok(Decision::Deferred(reason)) => {
+                metrics.admission("deferred");
+                Err(ProvisionError::PolicyDeferred(reason))
+            }
+            Err(e) => {
+                metrics.admission("error");
+                warn!(node = &*self.identity, error = %e, "the admission policy failed; refusing the node");
+                Err(ProvisionError::Policy(e))
+            }
+        }
+    }
+}
