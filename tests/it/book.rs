@@ -21,8 +21,8 @@ mod crd;
 mod render;
 
 use choria_config::schema::{
-    CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, Field, ProvisionerFile,
-    RecordsFile, RenewalFile,
+    AdmissionFile, AuditFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
+    FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile,
 };
 use choria_config::{parse_duration, ProvisionerConfig};
 use choria_core::monitor::Exposition;
@@ -76,6 +76,8 @@ fn section(ty: &str) -> Option<&'static [Field]> {
         "CertManagerFile" => CertManagerFile::FIELDS,
         "RecordsFile" => RecordsFile::FIELDS,
         "RenewalFile" => RenewalFile::FIELDS,
+        "AdmissionFile" => AdmissionFile::FIELDS,
+        "AuditFile" => AuditFile::FIELDS,
         _ => return None,
     })
 }

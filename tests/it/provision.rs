@@ -639,7 +639,11 @@ async fn deferred_nodes_are_provisioned_on_a_later_cycle() {
 /// Nodes 0–4 denied, 5–9 deferred, 10–19 allowed, by their number.
 const ADMISSION_POLICY: &str = r#"package choria.provisioner
 
-n := to_number(regex.find_n(`[0-9]+`, input.identity, 1)[0])
+digits := trim_left(regex.find_n(`[0-9]+`, input.identity, 1)[0], "0")
+
+n := 0 if digits == ""
+
+n := to_number(digits) if digits != ""
 
 allow if {
     n >= 10
@@ -662,7 +666,7 @@ async fn the_admission_policy_refuses_and_defers_nodes_before_the_helper_sees_th
         yaml: "features:\n  jwt: true\nadmission:\n  policy: {dir}/admission.rego\n".into(),
         // The helper would shut nodes 0–9 down: any `shutdown` in the
         // journal means it saw a node the policy stopped.
-        helper: vec!["--shutdown-match".into(), "^node-[0-9]\\.".into()],
+        helper: vec!["--shutdown-match".into(), "^node-0*[0-9]\\.".into()],
         prepare: Box::new(|dir, _| {
             std::fs::write(dir.join("admission.rego"), ADMISSION_POLICY).unwrap();
             Vec::new()
@@ -685,9 +689,15 @@ async fn the_admission_policy_refuses_and_defers_nodes_before_the_helper_sees_th
     )
     .await;
     let f = run.finish().await;
-    let allowed: Vec<String> = (10..20)
-        .map(|n| format!("node-{n}.fleet.example.net"))
+    let number = |node: &str| -> u32 {
+        let digits: String = node.chars().filter(char::is_ascii_digit).collect();
+        digits.parse().unwrap()
+    };
+    let allowed: Vec<String> = all_nodes(&f)
+        .into_iter()
+        .filter(|n| number(n) >= 10)
         .collect();
+    assert_eq!(allowed.len(), 10, "{allowed:?}");
     f.assert_provisioned_once(&allowed);
     let configured = f.ok_actions("configure");
     assert_eq!(

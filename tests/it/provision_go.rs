@@ -80,18 +80,8 @@ async fn real_v1_server_is_provisioned_with_pki() {
         .unwrap_or_else(|e| panic!("the node's certificate is not from the test CA: {e}"));
     assert_eq!(pki::certificate_common_name(&cert).unwrap(), id);
     assert_eq!(std::fs::read_to_string(ssl.join("ca.pem")).unwrap(), ca_pem);
-    let public_of = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let public_of =
+        |args: &[&str]| crate::support::stdout_of(std::process::Command::new("openssl").args(args));
     let private = ssl.join("private.pem");
     assert_eq!(
         public_of(&[

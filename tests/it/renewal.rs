@@ -408,3 +408,135 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     assert!(p.wait_exit(Duration::from_secs(5)).success());
     fleet.finish().await;
 }
+
+/// Every node's decision on the audit stream, sealed, and `audit` reads it
+/// back: the provisioned with what they were issued, the one the admission
+/// policy denied with its reason, and an event someone else published
+/// shown as unverified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_is_on_the_audit_stream_and_audit_reads_it_back() {
+    const FLEET: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let ca = choria_fleet::ca::CertificateAuthority::generate("audit CA").unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let _fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerOptions::at([nats.url()]),
+        nodes: FLEET,
+        token: TOKEN.into(),
+        key_pool_size: 2,
+        journal: Some(dir.path().join("journal.jsonl")),
+        ..Default::default()
+    })
+    .await;
+    std::fs::write(
+        dir.path().join("admission.rego"),
+        "package choria.provisioner\n\nallow if not startswith(input.identity, \"node-000.\")\n\n\
+         deny_reason := \"node 0 is retired\" if not allow\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "workers: 4\ntoken: {TOKEN}\nsite: audit\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 1h\n\
+         features:\n  pki: true\nrego_policy: {policy}\n\
+         records:\n  url: {url}\n  bucket: AUDITED\n  signing_key: {seed}\n\
+         audit:\n  stream: AUDIT_TEST\n  max_age: 1d\n",
+        bin = binary(),
+        ca = dir.path().join("ca.pem").display(),
+        key = dir.path().join("ca.key").display(),
+        policy = dir.path().join("admission.rego").display(),
+        url = nats.url(),
+        seed = crate::support::signing_key(dir.path()).display(),
+    );
+    let choria = crate::support::plain_client_cfg("provisioner.audit.example.net", &nats.url());
+    let mut p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_audit_events{outcome=\"written\"",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    // Someone else publishes on the audit subjects.
+    let other = async_nats::connect(nats.url()).await.unwrap();
+    let forged = serde_json::json!({
+        "specversion": "1.0", "id": "x", "source": "choria-provisioner/audit/evil",
+        "type": "io.choria.provisioner.v1.provisioned", "subject": "node-000.fleet.example.net",
+        "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json",
+        "data": {"mode": "helper"}, "choriasealkey": "00", "choriasealsig": "AA=="
+    });
+    async_nats::jetstream::new(other)
+        .publish(
+            "choria.provisioner.audit.audit.provisioned",
+            forged.to_string().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let audit = |args: &[&str]| {
+        crate::support::stdout_of(
+            std::process::Command::new(binary())
+                .arg("audit")
+                .args(args)
+                .arg("--config")
+                .arg(dir.path().join("provisioner.yaml")),
+        )
+    };
+    let events: Vec<Value> = audit(&["--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |kind: &str, verified: bool| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["type"] == format!("io.choria.provisioner.v1.{kind}"))
+            .filter(|e| e["verified"] == verified)
+            .collect()
+    };
+    let provisioned = of("provisioned", true);
+    assert_eq!(provisioned.len(), FLEET - 1, "{events:#?}");
+    for e in &provisioned {
+        assert_eq!(e["data"]["mode"], "helper", "{e}");
+        assert!(e["data"]["certificate"]["serial"].is_string(), "{e}");
+        // The replica's name: its identity and a suffix of its own.
+        assert!(
+            e["source"]
+                .as_str()
+                .unwrap()
+                .starts_with("choria-provisioner/audit/provisioner.audit.example.net"),
+            "{e}"
+        );
+    }
+    let denied = of("denied", true);
+    assert!(!denied.is_empty(), "{events:#?}");
+    assert_eq!(denied[0]["subject"], "node-000.fleet.example.net");
+    assert_eq!(denied[0]["data"]["step"], "admission");
+    assert!(
+        denied[0]["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("node 0 is retired"),
+        "{}",
+        denied[0]
+    );
+    assert_eq!(
+        of("provisioned", false).len(),
+        1,
+        "the forged event is unverified"
+    );
+    let table = audit(&["--node", "node-000.fleet.example.net"]);
+    assert!(
+        table.contains("admission: refused by the admission policy: node 0 is retired"),
+        "{table}"
+    );
+    assert!(table.contains("UNVERIFIED"), "{table}");
+    let all = events.iter().map(Value::to_string).collect::<String>();
+    assert!(!all.contains(TOKEN), "no token on the audit stream");
+    drop(p);
+}

@@ -390,3 +390,21 @@ pub fn check_gencsr_reply(node: &str, r: &RpcResult) -> CsrInfo {
     );
     info
 }
+
+/// Runs `cmd`, asserts that it succeeded (with its stderr if not), and
+/// returns its stdout.
+pub fn stdout_of(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A Choria client configuration for `identity` on a plain NATS server at
+/// `url` (v1, insecure: the test networks of the day-two tiers).
+pub fn plain_client_cfg(identity: &str, url: &str) -> String {
+    format!("identity = {identity}\nplugin.choria.middleware_hosts = {url}\n")
+}
