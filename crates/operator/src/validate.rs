@@ -642,10 +642,12 @@ mod tests {
             json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://c:4222"]}}, "tokenSecret": {"name": "t", "key": "token"}}),
             &["spec.renewal.broker needs credentials"],
         );
-        one(
-            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "soon"}, "tokenSecret": {"name": "t", "key": "token"}}),
-            &["the provisioner would refuse its configuration", "before"],
-        );
+        for before in ["soon", "0s", "100%", "1e1%"] {
+            one(
+                json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": before}, "tokenSecret": {"name": "t", "key": "token"}}),
+                &["the provisioner would refuse its configuration", "before"],
+            );
+        }
         assert!(problems(json!({"election": {"mode": "Shards", "backend": "streams"}})).is_empty());
         one(
             json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d"}}),

@@ -434,7 +434,8 @@ pub struct RecordsSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RenewalSpec {
     /// When a credential is due: this long before it expires (`30d`,
-    /// `12h`) or when this share of its lifetime is left (`20%`).
+    /// `12h`: a positive duration) or when this share of its lifetime is
+    /// left (`20%`: above 0% and below 100%).
     pub before: String,
     /// Due times move earlier by a stable share of this per node, so a
     /// fleet provisioned at once is not renewed at once (default `0s`).
