@@ -48,7 +48,12 @@
 #   7. the book: every Kubernetes object under docs/src/examples/ validates as
 #      in 3 (cert-manager's kinds have no schema there and are skipped with a
 #      note), and every alert the chart's PrometheusRule ships has its runbook,
-#      a `## <alert>` section of docs/src/operations/alerts.md.
+#      a `## <alert>` section of docs/src/operations/alerts.md;
+#   8. the chart's README: its Alert table lists exactly the alerts the
+#      PrometheusRule ships, its Values table tunes exactly the alerts
+#      values.yaml has, and its RBAC tables hold every rule of every
+#      ClusterRole and Role of the default render with the same verbs, and
+#      nothing else.
 #
 # Tools (PyPI kubernetes-validate, helm-python-sdk, jsonschema, dockerfile) are installed once
 # into the project cache's virtualenv ($HOME/.cache/choria-provisioner-rs/venv).
