@@ -66,7 +66,7 @@ EXAMPLE = """\
 apiVersion: provisioning.choria.io/v1alpha1
 kind: Provisioner
 metadata: {name: p}
-spec: {image: "choria-provisioner:0.1.0"}
+spec: {replicas: 2}
 """
 
 
@@ -214,14 +214,21 @@ class DockerfileTest(ImageCase):
         self.assertFailure("Dockerfile: label version ${VERSION} with ARG VERSION=0.2.0, Cargo.toml's version "
                            "(found ['VERSION=0.1.0'])")
         self.assertFailure("deploy/ names the image build-image.sh tags, choria-provisioner:0.2.0 (not: "
-                           "['deploy/operator.yaml: choria-provisioner:0.1.0', "
-                           "'deploy/example-provisioner.yaml: choria-provisioner:0.1.0'])")
+                           "['deploy/operator.yaml: choria-provisioner:0.1.0'])")
 
     def test_deploy_naming_another_image_is_reported(self):
-        self.put("deploy/example-provisioner.yaml", EXAMPLE.replace("choria-provisioner:0.1.0", "elsewhere:1"))
+        self.put("deploy/operator.yaml", OPERATOR.replace("choria-provisioner:0.1.0", "elsewhere:1"))
         self.check()
         self.assertFailure("deploy/ names the image build-image.sh tags, choria-provisioner:0.1.0 "
-                           "(not: ['deploy/example-provisioner.yaml: elsewhere:1'])")
+                           "(not: ['deploy/operator.yaml: elsewhere:1'])")
+
+    def test_an_example_provisioner_naming_an_image_is_reported(self):
+        # The operator's default policy refuses any image but its own, which
+        # each install chooses: an example that names one does not apply.
+        self.put("deploy/example-provisioner-x.yaml", EXAMPLE.replace("{replicas: 2}", '{image: "choria-provisioner:0.1.0"}'))
+        self.check()
+        self.assertFailure("deploy/'s example Provisioners name no image (the operator's own runs) "
+                           "(they do: ['deploy/example-provisioner-x.yaml: choria-provisioner:0.1.0'])")
 
 
 class GeneratedBlockTest(ImageCase):
