@@ -43,8 +43,11 @@
 #      `# >>> image contract` block is what it makes, and nothing outside the
 #      block overrides user, entrypoint, cmd, workdir, HOME, binary path,
 #      packages or labels; its version is Cargo.toml's and deploy/ names that
-#      image. No image is built here (scripts/image-smoke.sh builds one and
-#      checks it);
+#      image (deploy/'s example Provisioners name none). A Dockerfile under
+#      docs/src/examples/ (an image made from ours) parses, builds FROM an
+#      ARG BASE defaulting to our image, names the contract's binary and
+#      init and ends as its user. No image is built here
+#      (scripts/image-smoke.sh builds one and checks it);
 #   7. the book: every Kubernetes object under docs/src/examples/ validates as
 #      in 3 (cert-manager's kinds have no schema there and are skipped with a
 #      note), and every alert the chart's PrometheusRule ships has its runbook,

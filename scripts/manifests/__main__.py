@@ -46,6 +46,7 @@ def run(tree, write_generated, report):
 
     report.section("Dockerfile")
     image.check_dockerfile(report, tree, write_generated)
+    image.check_book_dockerfiles(report, tree)
 
     report.line("\n== summary")
     counts = report.counts

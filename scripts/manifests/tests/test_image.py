@@ -3,8 +3,8 @@ import subprocess
 import unittest
 
 from manifests.common import read
-from manifests.image import (CONTRACT_KEYS, check_dockerfile, dockerfile_block, dockerignore_included,
-                             parse_contract)
+from manifests.image import (CONTRACT_KEYS, check_book_dockerfiles, check_dockerfile, dockerfile_block,
+                             dockerignore_included, parse_contract)
 
 from .support import TreeCase
 
@@ -277,6 +277,39 @@ class GeneratedBlockTest(ImageCase):
     def test_label_values_are_quoted(self):
         block = dockerfile_block(dict(CONTRACT, IMAGE_DESCRIPTION='the "provisioner"'))
         self.assertIn('org.opencontainers.image.description="the \\"provisioner\\"" \\\n', block)
+
+
+DERIVED = """\
+ARG BASE=registry.example.net/choria-provisioner:0.1.0-abc
+FROM ${BASE}
+USER root
+RUN printf 'exec /usr/bin/tini -s -- /usr/local/bin/choria-provisioner "$@"' >/usr/sbin/choria-provisioner
+USER 65532:65532
+"""
+
+
+class BookDockerfileTest(ImageCase):
+    def check_book(self, text):
+        self.put("docs/src/examples/migrating/Dockerfile", text)
+        check_book_dockerfiles(self.report, self.tree)
+
+    def test_an_image_made_from_ours_passes(self):
+        self.check_book(DERIVED)
+        self.assertNoFailure()
+        self.assertIn("ok    docs/src/examples/migrating/Dockerfile: FROM our image (ARG BASE)", self.output())
+
+    def test_another_base_is_reported(self):
+        self.check_book(DERIVED.replace("registry.example.net/choria-provisioner:0.1.0-abc", "debian:trixie-slim"))
+        self.assertFailure("FROM ['${BASE}'] with ARG BASE=['debian:trixie-slim'], want FROM ${BASE} defaulting "
+                           "to choria-provisioner:")
+
+    def test_ending_as_root_is_reported(self):
+        self.check_book(DERIVED.replace("USER 65532:65532\n", ""))
+        self.assertFailure("ends as USER root, want 65532:65532")
+
+    def test_a_binary_path_the_image_does_not_have_is_reported(self):
+        self.check_book(DERIVED.replace("/usr/local/bin/choria-provisioner", "/usr/sbin/choria-provisioner.real"))
+        self.assertFailure("names no /usr/local/bin/choria-provisioner")
 
 
 if __name__ == "__main__":
