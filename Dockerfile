@@ -3,7 +3,12 @@
 # choria-provisioner: the provisioner, the Kubernetes operator and the fleet
 # simulator in one image.
 #
-#   docker build -t choria-provisioner:0.1.0 .
+#   docker build -t choria-provisioner:0.1.0-$(git rev-parse --short=12 HEAD) .
+#
+# Give each build a tag of its own (above: the commit), or deploy it by
+# digest: a node that pulled a tag once does not pull it again
+# (imagePullPolicy IfNotPresent), so an image pushed again under that tag
+# never reaches it.
 #
 # Not built in CI (no container engine there); see README.md.
 #

@@ -3,7 +3,12 @@
 # root filesystem is made from Debian packages with mmdebstrap (the machine's
 # own apt sources, the machine's own Debian release, so the glibc the binary
 # was linked against here is the one it runs with), and podman turns it and
-# the binary from `cargo build --release` into choria-provisioner:<version>.
+# the binary from `cargo build --release` into choria-provisioner:<version>,
+# tagged choria-provisioner:<version>-<id> as well: <id> is the first 12 hex
+# digits of the image's ID (the digest of its configuration, which names every
+# layer), so that tag changes whenever the image does. Push that one: a tag
+# pushed again with another image never reaches a node that cached the first
+# (pullPolicy IfNotPresent).
 #
 #   scripts/build-image.sh                  build, or reuse when nothing changed
 #   scripts/build-image.sh --bin PATH       put this binary in (no cargo build)
@@ -25,14 +30,15 @@
 #                                   until its recipe or the apt sources change
 #   choria-provisioner-<version>.oci.tar   `podman save --format oci-archive`
 #   choria-provisioner-<version>.stamp     what the archive was built from
-# and the image in podman's storage. The binary goes in without its debug
+# and the image in podman's storage, under both tags (the previous build's own
+# tag is removed when a new image replaces it). The binary goes in without its debug
 # information (`debug = 1` in Cargo.toml's release profile is for perf; symbols
 # stay, so a panic's backtrace still names functions).
 #
 # Nothing is rebuilt when the stamp (a hash of the binary, this script, the
 # image contract and the root filesystem's recipe) matches; an image missing
-# from podman's storage is loaded back from the archive. Prints the image, the
-# archive and the sizes on stdout.
+# from podman's storage is loaded back from the archive. Prints the image, its
+# build's own tag, the archive and the sizes on stdout.
 #
 # Needs root (mmdebstrap, podman) and Debian; installs podman, runc, mmdebstrap
 # and binutils with apt-get when missing (scripts/lib.sh ensure_image_tools).
@@ -158,6 +164,8 @@ STAMP="$(printf '%s\n' "$BIN_SUM" "$(sha256sum "$SELF" | cut -d' ' -f1)" "$(sha2
   "$BASE_KEY" "$VERSION" | sha256sum | cut -d' ' -f1)"
 stamp_field() { if [ -f "$STAMP_FILE" ]; then sed -n "s/^$1=//p" "$STAMP_FILE" | head -n1; fi; }
 image_id() { podman_cmd image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true; }
+# build_tag ID: the tag of this build alone, <name>:<version>-<12 hex of ID>.
+build_tag() { printf '%s:%s-%s' "$IMAGE_NAME" "$VERSION" "${1:0:12}"; }
 # drop_untagged ID: removes image ID (and its intermediate layers) when no
 # name is left on it, say an earlier build of ours whose tag moved on; an
 # image someone tagged or a container uses stays.
@@ -173,6 +181,7 @@ report() {
   size="$(podman_cmd image inspect --format '{{.Size}}' "$TAG")"
   archive_size="$(stat -c %s "$ARCHIVE")"
   printf 'image:   %s (%s)\n' "$TAG" "${id:0:12}"
+  printf 'build:   %s (this image only: push this tag)\n' "$(build_tag "$id")"
   printf 'archive: %s\n' "$ARCHIVE"
   printf 'size:    %s MiB image, %s MiB archive\n' \
     "$(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1048576 }')" \
@@ -190,6 +199,7 @@ if [ "$REFRESH_BASE" = 0 ] && [ -f "$ARCHIVE" ] && [ "$(stamp_field stamp)" = "$
     drop_untagged "$have"
   fi
   [ "$(image_id)" = "$want" ] || die "loading $ARCHIVE did not give image $want"
+  podman_cmd tag "$want" "$(build_tag "$want")"
   log "$TAG is up to date (stamp matches) ($(elapsed) s)"
   report
   exit 0
@@ -239,14 +249,19 @@ podman_cmd build --quiet --layers --format oci --tag "$TAG" --file "$ctx/Contain
   || die "podman build failed"
 new_id="$(image_id)"
 [ -n "$new_id" ] || die "podman build made no image $TAG"
-# The image this script made last time, now untagged.
-if [ "$old_id" != "$new_id" ]; then drop_untagged "$old_id"; fi
+podman_cmd tag "$new_id" "$(build_tag "$new_id")"
+# The image this script made last time: its own tag goes, and the image too
+# when no other name is left on it.
+if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
+  podman_cmd untag "$old_id" "$(build_tag "$old_id")" >/dev/null 2>&1 || true
+  drop_untagged "$old_id"
+fi
 
 log "podman save --format oci-archive"
 rm -f "$ARCHIVE" "$STAMP_FILE"
 podman_cmd save --quiet --format oci-archive --output "$WORK/image.oci.tar" "$TAG"
 mv "$WORK/image.oci.tar" "$ARCHIVE"
-printf 'stamp=%s\nimage_id=%s\nbinary_sha256=%s\nrelease=%s\nbase=%s\n' \
-  "$STAMP" "$new_id" "$BIN_SUM" "$RELEASE" "$(basename "$BASE")" >"$STAMP_FILE"
+printf 'stamp=%s\nimage_id=%s\nbuild_tag=%s\nbinary_sha256=%s\nrelease=%s\nbase=%s\n' \
+  "$STAMP" "$new_id" "$(build_tag "$new_id")" "$BIN_SUM" "$RELEASE" "$(basename "$BASE")" >"$STAMP_FILE"
 log "built $TAG in $(elapsed) s"
 report

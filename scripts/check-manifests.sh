@@ -43,12 +43,20 @@
 #      `# >>> image contract` block is what it makes, and nothing outside the
 #      block overrides user, entrypoint, cmd, workdir, HOME, binary path,
 #      packages or labels; its version is Cargo.toml's and deploy/ names that
-#      image. No image is built here (scripts/image-smoke.sh builds one and
-#      checks it);
+#      image (deploy/'s example Provisioners name none). A Dockerfile under
+#      docs/src/examples/ (an image made from ours) parses, builds FROM an
+#      ARG BASE defaulting to our image, names the contract's binary and
+#      init and ends as its user. No image is built here
+#      (scripts/image-smoke.sh builds one and checks it);
 #   7. the book: every Kubernetes object under docs/src/examples/ validates as
 #      in 3 (cert-manager's kinds have no schema there and are skipped with a
 #      note), and every alert the chart's PrometheusRule ships has its runbook,
-#      a `## <alert>` section of docs/src/operations/alerts.md.
+#      a `## <alert>` section of docs/src/operations/alerts.md;
+#   8. the chart's README: its Alert table lists exactly the alerts the
+#      PrometheusRule ships, its Values table tunes exactly the alerts
+#      values.yaml has, and its RBAC tables hold every rule of every
+#      ClusterRole and Role of the default render with the same verbs, and
+#      nothing else.
 #
 # Tools (PyPI kubernetes-validate, helm-python-sdk, jsonschema, dockerfile) are installed once
 # into the project cache's virtualenv ($HOME/.cache/choria-provisioner-rs/venv).

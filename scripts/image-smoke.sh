@@ -5,8 +5,9 @@
 #   1. the image's configuration (podman image inspect) is the contract of
 #      scripts/image-contract.env, which scripts/build-image.sh builds from and
 #      the Dockerfile's final stage is generated from: user, entrypoint, cmd,
-#      workdir, HOME, labels; inside it the user exists, /tmp is 1777, sh
-#      and the CA bundle are there;
+#      workdir, HOME, labels; the build's own tag (<version>-<image ID>)
+#      names it too; inside it the user exists, /tmp is 1777, sh and the CA
+#      bundle are there;
 #   2. `--version` prints the crate version;
 #   3. `run` in the container (host network, its configuration mounted read-only
 #      as the chart mounts it) provisions a simulated fleet on a test
@@ -145,6 +146,14 @@ sys.exit(1 if bad else 0)
 PY
   die "the image's configuration is not the contract in scripts/image-contract.env"
 pass "podman image inspect: user $IMAGE_USER, entrypoint $IMAGE_ENTRYPOINT, cmd $IMAGE_CMD, workdir $IMAGE_WORKDIR, HOME=$IMAGE_HOME, OCI labels"
+# The build's own tag (the one to push): <version>-<start of the image's ID>,
+# on this same image.
+id="$(podman_cmd image inspect --format '{{.Id}}' "$TAG")"
+build_tag="$(sed -n 's/^build: *\([^ ]*\).*/\1/p' "$WORK/build.out")"
+[ "$build_tag" = "$TAG-${id:0:12}" ] || die "build-image.sh reported the build's tag '$build_tag', want $TAG-${id:0:12}"
+[ "$(podman_cmd image inspect --format '{{.Id}}' "$build_tag" 2>/dev/null)" = "$id" ] ||
+  die "$build_tag does not name the image $TAG names (${id:0:12})"
+pass "the build's own tag $build_tag names the same image"
 
 # shellcheck disable=SC2016 # expanded by the image's /bin/sh
 inside="$(podman_cmd run --rm --network none "${ULIMITS[@]}" --entrypoint /bin/sh "$TAG" -c '

@@ -160,7 +160,7 @@ fi
 # delete, pause and a broker outage. Behind CHORIA_NODE_TIER=1: it needs root,
 # adds a bridge and iptables rules while it runs, and its first build (kubelet,
 # controller-manager, scheduler, helm: ~12 min cold) does not fit CI's budget
-# next to the rest; warm it takes ~2 min (docs/src/guides/kubernetes.md, "Tested on a real kubelet").
+# next to the rest; warm it takes ~2 min (docs/src/contributing.md, "Tested on a real kubelet").
 node_status=0
 if [ "${CHORIA_NODE_TIER:-0}" = 1 ]; then
   log "node tier: real pods on a real kubelet (scripts/node-tier.sh)"

@@ -14,6 +14,7 @@ manifests/tests instead. One module per group of checks:
   chart       helm lint and render of the chart, its variants and refused values
   deploy      deploy/ as the chart's default render
   book        the book's Kubernetes examples and the alerts' runbooks
+  readme      the chart's README: its alert and RBAC tables against the render
   image       scripts/image-contract.env, the Dockerfile and .dockerignore
   __main__    the order the checks run in, the summary and the exit status
 """

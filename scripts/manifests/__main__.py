@@ -5,8 +5,8 @@ import os
 import sys
 from importlib.metadata import version
 
-from . import book, chart, crd, deploy, image, monitoring
-from .common import KUBE, Tree
+from . import book, chart, crd, deploy, image, monitoring, readme
+from .common import KUBE, RELEASE, Tree
 from .report import Report
 from .validate import Validator
 
@@ -42,9 +42,11 @@ def run(tree, write_generated, report):
 
     book.check_examples(report, tree, validator)
     book.check_runbooks(report, tree, rendered.get("prometheusRule"))
+    readme.check_chart_readme(report, tree, rendered.get("default"), rendered.get("prometheusRule"), RELEASE)
 
     report.section("Dockerfile")
     image.check_dockerfile(report, tree, write_generated)
+    image.check_book_dockerfiles(report, tree)
 
     report.line("\n== summary")
     counts = report.counts

@@ -17,6 +17,8 @@ class Tree:
         self.root = root
         self.chart = os.path.join(root, "charts", "choria-provisioner-operator")
         self.chart_crd = os.path.join(self.chart, "files", "crds", "provisioner.yaml")
+        self.chart_readme = os.path.join(self.chart, "README.md")
+        self.chart_values = os.path.join(self.chart, "values.yaml")
         self.chart_dashboard = os.path.join(self.chart, "dashboards", "choria-provisioner.json")
         self.our_dashboard = os.path.join(self.chart, "dashboards", "choria-provisioner-day-two.json")
         self.upstream_dashboard = os.path.join(root, "..", "shared", "peers", "go-provisioner", "dashboard.json")

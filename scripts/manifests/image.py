@@ -240,12 +240,56 @@ def check_image_contract(report, tree, c, final):
                  + ("" if args == [f"VERSION={cargo}"] else f" (found {args})"))
     tag = f"{c['IMAGE_NAME']}:{cargo}"
     named = []
-    for f in ("operator.yaml", "example-provisioner.yaml"):
+    pinned = []
+    for f in sorted(n for n in os.listdir(tree.deploy) if n.endswith((".yaml", ".yml"))):
         for d in load_docs(read(os.path.join(tree.deploy, f))):
             if d.get("kind") == "Deployment":
                 named += [(f, k["image"]) for k in d["spec"]["template"]["spec"]["containers"]]
-            elif d.get("kind") == "Provisioner":
-                named.append((f, d.get("spec", {}).get("image")))
+            elif d.get("kind") == "Provisioner" and (d.get("spec") or {}).get("image"):
+                pinned.append(f"deploy/{f}: {d['spec']['image']}")
     wrong = [f"deploy/{f}: {i}" for f, i in named if i != tag]
     report.check(bool(named) and not wrong, f"deploy/ names the image build-image.sh tags, {tag}"
                  + (f" (not: {wrong})" if wrong else ""))
+    # A Provisioner naming an image is refused by the operator's default
+    # policy unless that is the operator's own image, which an install
+    # chooses (image.repository): the examples leave spec.image out.
+    report.check(not pinned, "deploy/'s example Provisioners name no image (the operator's own runs)"
+                 + (f" (they do: {pinned})" if pinned else ""))
+
+
+def check_book_dockerfiles(report, tree):
+    """Every Dockerfile under docs/src/examples (an image made from ours, such
+    as the one for the Choria Helm chart) parses, builds FROM an ARG BASE
+    whose default is our image, still runs our binary and init from the
+    contract's paths, and ends as the contract's user."""
+    import dockerfile
+
+    c = load_contract(report, tree)
+    if c is None or any(k not in c for k in ("IMAGE_NAME", "IMAGE_BINARY", "IMAGE_USER", "IMAGE_ENTRYPOINT")):
+        return
+    init = json.loads(c["IMAGE_ENTRYPOINT"])[0]
+    for directory, _, files in sorted(os.walk(tree.book_examples)):
+        for n in sorted(f for f in files if f == "Dockerfile"):
+            path = os.path.join(directory, n)
+            rel = tree.rel(path)
+            try:
+                cmds = dockerfile.parse_file(path)
+            except dockerfile.GoParseError as e:
+                report.fail(f"{rel} does not parse: {e}")
+                continue
+            base = [v.split("=", 1)[1] for x in cmds if x.cmd == "ARG" for v in x.value if v.startswith("BASE=")]
+            froms = [x.value[0] for x in cmds if x.cmd == "FROM"]
+            users = [x.value[0] for x in cmds if x.cmd == "USER"]
+            text = read(path)
+            named = re.sub(r"[:@].*$", "", base[0]).rsplit("/", 1)[-1] if base else None
+            problems = []
+            if froms != ["${BASE}"] or named != c["IMAGE_NAME"]:
+                problems.append(f"FROM {froms} with ARG BASE={base}, want FROM ${{BASE}} defaulting to {c['IMAGE_NAME']}:…")
+            if not users or users[-1] != c["IMAGE_USER"]:
+                problems.append(f"ends as USER {users[-1] if users else '-'}, want {c['IMAGE_USER']}")
+            for what in (c["IMAGE_BINARY"], init):
+                if what not in text:
+                    problems.append(f"names no {what}")
+            report.no_problems(problems, f"{rel}: FROM our image (ARG BASE), runs {c['IMAGE_BINARY']} "
+                                         f"under {init}, ends as USER {c['IMAGE_USER']}")
+

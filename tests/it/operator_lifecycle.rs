@@ -113,6 +113,10 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         json!({"tokenSecret": {"name": "t", "key": "token"},
                "records": {"urls": ["nats://records:4222"], "user": "rec", "passwordSecret": {"name": "rec", "key": "password"}},
                "renewal": {"before": "30d"}}),
+        json!({"tokenSecret": {"name": "t", "key": "token"}, "records": {"urls": ["nats://records:4222"]},
+               "renewal": {"before": "99.5%"}}),
+        json!({"tokenSecret": {"name": "t", "key": "token"}, "records": {"urls": ["nats://records:4222"]},
+               "renewal": {"before": "1h30m"}}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
         let p = provisioner_with(&format!("valid-{i}"), spec.clone());
@@ -197,7 +201,15 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d"}}),
          "spec.tokenSecret: Invalid value: \"object\": spec.renewal asks nodes to reprovision with their provisioning token: set spec.tokenSecret"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "100%"}}),
-         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
+         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a positive duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
+        // The provisioner's renewal.before refuses these too
+        // (choria_config::day_two::Before::parse).
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "0s"}}),
+         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a positive duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "0.01d"}}),
+         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a positive duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "1e1%"}}),
+         "spec.renewal.before: Invalid value: \"string\": spec.renewal.before must be a positive duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d", "rate": 0}}),
          "spec.renewal.rate: Invalid value: \"integer\": spec.renewal.rate must be at least 1 renewal per minute (default 100)"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://choria:4222"]}}}),

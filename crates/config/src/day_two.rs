@@ -67,11 +67,33 @@ pub struct RecordsConfig {
 pub enum Before {
     /// This long before it expires.
     Duration(Duration),
-    /// When this share of its lifetime (0 < share <= 1) is left.
+    /// When this share of its lifetime (0 < share < 1) is left.
     Share(f64),
 }
 
 impl Before {
+    /// `renewal.before` as written: a positive Choria duration, or a share
+    /// above 0% and below 100% written as a decimal number and `%` (`20%`,
+    /// `12.5%`). The CRD's rule for `spec.renewal.before` accepts the same
+    /// (`choria_k8s::crd::validation`; only the spaces around a duration,
+    /// which Choria durations allow, it does not): a share of 100% would
+    /// make every credential due as soon as it is issued.
+    pub fn parse(raw: &str) -> Result<Before, String> {
+        if let Some(number) = raw.strip_suffix('%') {
+            return match decimal(number) {
+                Some(v) if v > 0.0 && v < 100.0 => Ok(Before::Share(v / 100.0)),
+                _ => Err(format!(
+                    "{raw:?} is not a share above 0% and below 100% written as a decimal number, such as 20% (100% would renew every credential as soon as it is issued)"
+                )),
+            };
+        }
+        match super::duration::parse_duration(raw) {
+            Ok(d) if !d.is_zero() => Ok(Before::Duration(d)),
+            Ok(_) => Err(format!("{raw:?} is not a positive duration")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// How long before `expires` a credential issued at `issued` is due.
     pub fn lead(&self, issued: i64, expires: i64) -> Duration {
         match *self {
@@ -332,21 +354,7 @@ pub(crate) fn renewal(
             "required: how long before expiry (a duration such as 30d) or which share of the lifetime left (such as 20%)",
         ));
     };
-    let before = match raw.trim().strip_suffix('%') {
-        Some(p) => match p.trim().parse::<f64>() {
-            Ok(v) if v > 0.0 && v < 100.0 => Before::Share(v / 100.0),
-            _ => {
-                return Err(r.error(
-                    "before",
-                    format!("{raw:?} is not a share above 0% and below 100% (100% would renew every credential as soon as it is issued)"),
-                ))
-            }
-        },
-        None => match r.duration("before")? {
-            Some((_, d)) if !d.is_zero() => Before::Duration(d),
-            _ => return Err(r.error("before", format!("{raw:?} is not a positive duration"))),
-        },
-    };
+    let before = Before::parse(&raw).map_err(|e| r.error("before", e))?;
     let jitter = match r.duration("jitter")? {
         Some((raw, d)) if !raw.trim().is_empty() => d,
         _ => Duration::ZERO,
@@ -381,6 +389,17 @@ pub(crate) fn renewal(
         collective,
         retry,
     }))
+}
+
+/// A number written as digits with an optional decimal point (`20`, `12.5`,
+/// `.5`, `5.`): no sign, exponent, space or name such as `inf`.
+fn decimal(s: &str) -> Option<f64> {
+    let (whole, fraction) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if whole.len() + fraction.len() == 0 || !digits(whole) || !digits(fraction) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// A lifetime the configuration issues, and the setting that says so.
@@ -427,6 +446,39 @@ pub(crate) fn check_lead(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn before_is_a_positive_duration_or_a_share_below_100_percent() {
+        let share = |raw: &str| match Before::parse(raw) {
+            Ok(Before::Share(s)) => s,
+            other => panic!("{raw}: {other:?}"),
+        };
+        assert_eq!(share("20%"), 0.2);
+        assert_eq!(share("12.5%"), 0.125);
+        assert_eq!(share(".5%"), 0.005);
+        assert!((share("99.9%") - 0.999).abs() < 1e-12);
+        assert_eq!(
+            Before::parse("30d").unwrap(),
+            Before::Duration(Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(
+            Before::parse("1h30m").unwrap(),
+            Before::Duration(Duration::from_secs(5400))
+        );
+        // What the CRD's rule refuses too.
+        for raw in [
+            "100%", "0%", "150%", "%", "-5%", "+20%", "1e1%", "20 %", "inf%", "NaN%", "20%%",
+        ] {
+            let e = Before::parse(raw).unwrap_err();
+            assert!(e.contains("above 0% and below 100%"), "{raw}: {e}");
+        }
+        for raw in ["0s", "0d", "0.01d"] {
+            let e = Before::parse(raw).unwrap_err();
+            assert!(e.contains("not a positive duration"), "{raw}: {e}");
+        }
+        assert!(Before::parse("soon").is_err());
+        assert!(Before::parse("20").is_err(), "a number without a unit or %");
+    }
 
     #[test]
     fn before_as_a_share_follows_the_lifetime() {

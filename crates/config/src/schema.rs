@@ -258,8 +258,9 @@ file_section! {
 file_section! {
     /// `renewal:` (ours).
     pub struct RenewalFile {
-        /// When a credential is due: this long before it expires (`30d`), or
-        /// when this share of its lifetime is left (`20%`). Required.
+        /// When a credential is due: this long before it expires (`30d`, a
+        /// positive duration), or when this share of its lifetime is left
+        /// (`20%`, above 0% and below 100%). Required.
         before: String,
         /// Due times move earlier by a stable share of this per node, so a
         /// fleet provisioned at once is not renewed at once.

@@ -642,10 +642,12 @@ mod tests {
             json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://c:4222"]}}, "tokenSecret": {"name": "t", "key": "token"}}),
             &["spec.renewal.broker needs credentials"],
         );
-        one(
-            json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "soon"}, "tokenSecret": {"name": "t", "key": "token"}}),
-            &["the provisioner would refuse its configuration", "before"],
-        );
+        for before in ["soon", "0s", "100%", "1e1%"] {
+            one(
+                json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": before}, "tokenSecret": {"name": "t", "key": "token"}}),
+                &["the provisioner would refuse its configuration", "before"],
+            );
+        }
         assert!(problems(json!({"election": {"mode": "Shards", "backend": "streams"}})).is_empty());
         one(
             json!({"records": {"urls": ["nats://r:4222"]}, "renewal": {"before": "30d"}}),
@@ -662,9 +664,18 @@ mod examples {
 
     /// Every Provisioner shipped in deploy/ and shown in the book
     /// (docs/src/examples/) passes what the operator checks, the
-    /// provisioner's own parsers included (not just the CRD schema).
+    /// provisioner's own parsers included (not just the CRD schema), and
+    /// the operator's default policy whatever image the operator was
+    /// installed with (the chart's `image.repository` is the installer's):
+    /// so none may name an image.
     #[test]
     fn the_shipped_example_provisioners_are_valid() {
+        let policies = [
+            crate::policy::Policy::new(choria_k8s::crd::default_image()),
+            crate::policy::Policy::new(
+                "registry.example.net/choria-provisioner:0.1.0-5f0c1e2a9b3d",
+            ),
+        ];
         let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
         let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("deploy"))
             .unwrap()
@@ -699,6 +710,15 @@ mod examples {
                 v["metadata"]["uid"] = "u".into();
                 let p: Provisioner = serde_json::from_value(v).unwrap();
                 assert_eq!(validate(&p), Vec::<String>::new(), "{}", path.display());
+                for policy in &policies {
+                    assert_eq!(
+                        policy.check(&p),
+                        Vec::<String>::new(),
+                        "{}: refused by the operator's default policy with its own image {}",
+                        path.display(),
+                        policy.default_image
+                    );
+                }
                 seen += 1;
             }
         }

@@ -3,8 +3,8 @@ import subprocess
 import unittest
 
 from manifests.common import read
-from manifests.image import (CONTRACT_KEYS, check_dockerfile, dockerfile_block, dockerignore_included,
-                             parse_contract)
+from manifests.image import (CONTRACT_KEYS, check_book_dockerfiles, check_dockerfile, dockerfile_block,
+                             dockerignore_included, parse_contract)
 
 from .support import TreeCase
 
@@ -66,7 +66,7 @@ EXAMPLE = """\
 apiVersion: provisioning.choria.io/v1alpha1
 kind: Provisioner
 metadata: {name: p}
-spec: {image: "choria-provisioner:0.1.0"}
+spec: {replicas: 2}
 """
 
 
@@ -214,14 +214,21 @@ class DockerfileTest(ImageCase):
         self.assertFailure("Dockerfile: label version ${VERSION} with ARG VERSION=0.2.0, Cargo.toml's version "
                            "(found ['VERSION=0.1.0'])")
         self.assertFailure("deploy/ names the image build-image.sh tags, choria-provisioner:0.2.0 (not: "
-                           "['deploy/operator.yaml: choria-provisioner:0.1.0', "
-                           "'deploy/example-provisioner.yaml: choria-provisioner:0.1.0'])")
+                           "['deploy/operator.yaml: choria-provisioner:0.1.0'])")
 
     def test_deploy_naming_another_image_is_reported(self):
-        self.put("deploy/example-provisioner.yaml", EXAMPLE.replace("choria-provisioner:0.1.0", "elsewhere:1"))
+        self.put("deploy/operator.yaml", OPERATOR.replace("choria-provisioner:0.1.0", "elsewhere:1"))
         self.check()
         self.assertFailure("deploy/ names the image build-image.sh tags, choria-provisioner:0.1.0 "
-                           "(not: ['deploy/example-provisioner.yaml: elsewhere:1'])")
+                           "(not: ['deploy/operator.yaml: elsewhere:1'])")
+
+    def test_an_example_provisioner_naming_an_image_is_reported(self):
+        # The operator's default policy refuses any image but its own, which
+        # each install chooses: an example that names one does not apply.
+        self.put("deploy/example-provisioner-x.yaml", EXAMPLE.replace("{replicas: 2}", '{image: "choria-provisioner:0.1.0"}'))
+        self.check()
+        self.assertFailure("deploy/'s example Provisioners name no image (the operator's own runs) "
+                           "(they do: ['deploy/example-provisioner-x.yaml: choria-provisioner:0.1.0'])")
 
 
 class GeneratedBlockTest(ImageCase):
@@ -270,6 +277,39 @@ class GeneratedBlockTest(ImageCase):
     def test_label_values_are_quoted(self):
         block = dockerfile_block(dict(CONTRACT, IMAGE_DESCRIPTION='the "provisioner"'))
         self.assertIn('org.opencontainers.image.description="the \\"provisioner\\"" \\\n', block)
+
+
+DERIVED = """\
+ARG BASE=registry.example.net/choria-provisioner:0.1.0-abc
+FROM ${BASE}
+USER root
+RUN printf 'exec /usr/bin/tini -s -- /usr/local/bin/choria-provisioner "$@"' >/usr/sbin/choria-provisioner
+USER 65532:65532
+"""
+
+
+class BookDockerfileTest(ImageCase):
+    def check_book(self, text):
+        self.put("docs/src/examples/migrating/Dockerfile", text)
+        check_book_dockerfiles(self.report, self.tree)
+
+    def test_an_image_made_from_ours_passes(self):
+        self.check_book(DERIVED)
+        self.assertNoFailure()
+        self.assertIn("ok    docs/src/examples/migrating/Dockerfile: FROM our image (ARG BASE)", self.output())
+
+    def test_another_base_is_reported(self):
+        self.check_book(DERIVED.replace("registry.example.net/choria-provisioner:0.1.0-abc", "debian:trixie-slim"))
+        self.assertFailure("FROM ['${BASE}'] with ARG BASE=['debian:trixie-slim'], want FROM ${BASE} defaulting "
+                           "to choria-provisioner:")
+
+    def test_ending_as_root_is_reported(self):
+        self.check_book(DERIVED.replace("USER 65532:65532\n", ""))
+        self.assertFailure("ends as USER root, want 65532:65532")
+
+    def test_a_binary_path_the_image_does_not_have_is_reported(self):
+        self.check_book(DERIVED.replace("/usr/local/bin/choria-provisioner", "/usr/sbin/choria-provisioner.real"))
+        self.assertFailure("names no /usr/local/bin/choria-provisioner")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@
 //! Secrets the provisioner reads as mounted files. Doc comments become the
 //! schema's descriptions, so `kubectl explain provisioner.spec` documents it.
 //!
-//! Status is shared by two field managers: the operator owns `conditions`,
-//! `observedGeneration` and `readyReplicas`; the leading provisioner pod owns
-//! `leader` and `provisioned`.
+//! Status is shared by field managers: the operator owns `conditions`,
+//! `observedGeneration`, `readyReplicas`, `replicas` and `selector`; the
+//! provisioner pods write `leader`, `provisioned`, `records` and
+//! `renewalsDue`, and in shards mode each member its own entry of `members`.
 
 mod reference;
 pub mod status_patch;
@@ -77,9 +78,11 @@ pub const DEFAULT_REPLICAS: i32 = 2;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProvisionerSpec {
-    /// Provisioner pods. With an election only the leader provisions; the
-    /// others stand by to take over. A PodDisruptionBudget keeps one running
-    /// when there are at least two.
+    /// Provisioner pods. In `Leader` mode only the leader provisions and the
+    /// others stand by to take over; in `Shards` mode each works its share.
+    /// With two or more, a PodDisruptionBudget bounds node drains: it keeps
+    /// one pod running in `Leader` mode (`minAvailable: 1`) and lets one go
+    /// at a time in `Shards` mode (`maxUnavailable: 1`).
     #[serde(default = "default_replicas")]
     pub replicas: i32,
 
@@ -431,7 +434,8 @@ pub struct RecordsSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RenewalSpec {
     /// When a credential is due: this long before it expires (`30d`,
-    /// `12h`) or when this share of its lifetime is left (`20%`).
+    /// `12h`: a positive duration) or when this share of its lifetime is
+    /// left (`20%`: above 0% and below 100%).
     pub before: String,
     /// Due times move earlier by a stable share of this per node, so a
     /// fleet provisioned at once is not renewed at once (default `0s`).
@@ -589,7 +593,7 @@ impl PodOverrides {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProvisionerStatus {
-    /// `Ready`, `LeaderElected`, `Paused` and `Degraded`.
+    /// `Ready`, `Progressing`, `LeaderElected`, `Paused` and `Degraded`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -602,8 +606,9 @@ pub struct ProvisionerStatus {
     /// Ready provisioner pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
-    /// Nodes provisioned by the leading pod since it started, as written by
-    /// that pod.
+    /// Nodes the pods of this Provisioner provisioned, added up across
+    /// replicas and failovers: each pod adds what it provisioned since its
+    /// own last write (in `Shards` mode every member adds its share).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioned: Option<i64>,
     /// Pods of the Deployment (the `scale` subresource's count).

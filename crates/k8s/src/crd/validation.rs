@@ -382,10 +382,15 @@ pub fn rules() -> Vec<Rule> {
             "has(self.tlsCertSecret) == has(self.tlsKeySecret)",
             "spec.records.tlsCertSecret and spec.records.tlsKeySecret go together",
         ),
+        // The provisioner's `renewal.before` takes exactly these
+        // (`choria_config::day_two::Before::parse`).
         rule(
             "spec.renewal.before",
-            format!("self.matches('{GO_DURATION}') || self.matches('{LONG_DURATION}') || (self.matches('{PERCENT}') && double(self.substring(0, self.size() - 1)) > 0.0 && double(self.substring(0, self.size() - 1)) < 100.0)"),
-            "spec.renewal.before must be a duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)",
+            format!(
+                "(self.matches('{GO_DURATION}') && duration(self) > duration('0s')) || (self.matches('{LONG_DURATION}') && {} >= 1.0) || (self.matches('{PERCENT}') && double(self.substring(0, self.size() - 1)) > 0.0 && double(self.substring(0, self.size() - 1)) < 100.0)",
+                long_hours("self")
+            ),
+            "spec.renewal.before must be a positive duration before expiry (30d, 12h) or a share of the lifetime left (20%, above 0 and below 100)",
         ),
         rule(
             "spec.renewal.rate",
