@@ -16,6 +16,7 @@ pub mod nodes;
 pub mod operator;
 pub mod policy;
 pub mod run;
+pub mod token;
 
 use crate::telemetry::{self, LogFormat};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -109,6 +110,9 @@ pub enum Command {
     /// Read the audit stream (`audit:`): every decision about a node,
     /// oldest first.
     Audit(audit::AuditArgs),
+    /// Mint provisioning JWTs: `token issue` binds one to a node's identity
+    /// (a join token).
+    Token(token::TokenArgs),
     /// Work with the admission policy: `policy eval` prints its decision
     /// for one node's input document.
     Policy(policy::PolicyArgs),
@@ -172,6 +176,15 @@ pub fn main() -> ExitCode {
     let command = match command {
         Command::Crd => return crd::run(),
         Command::Policy(args) => return policy::run(args),
+        Command::Token(args) => {
+            return match token::run(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("Error: {}", error_text(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
         command => command,
     };
     if let Command::Run(args) = &command {
@@ -209,7 +222,7 @@ pub fn main() -> ExitCode {
                 let _log = global.init_quiet_logging()?;
                 audit::run(args).await
             }
-            Command::FleetHelper(_) | Command::Crd | Command::Policy(_) => {
+            Command::FleetHelper(_) | Command::Crd | Command::Policy(_) | Command::Token(_) => {
                 unreachable!("run without a runtime")
             }
         }

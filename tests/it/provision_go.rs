@@ -99,14 +99,7 @@ async fn real_v1_server_is_provisioned_with_pki() {
     // Back in the default collective, out of provisioning, over TLS that the
     // file provider verifies with the CA configure delivered.
     bench.assert_connected_in(id, "mcollective");
-    let v1 = ChoriaClient::new(
-        bench.watcher.clone(),
-        Identity {
-            identity: PROVISIONER.into(),
-            caller: format!("choria={PROVISIONER}"),
-            signer: RequestSigner::V1Insecure,
-        },
-    );
+    let v1 = bench.insecure_v1_client();
     assert!(
         discover_provisionable(&v1).await.is_empty(),
         "{id} no longer answers in the provisioning collective"
@@ -454,4 +447,78 @@ async fn a_real_v2_server_is_renewed_twice_before_its_credentials_expire() {
         return;
     };
     renew_a_v2_server_twice(&mut bench, "renewed-v2.provision.example.net", None).await;
+}
+
+// ---------------------------------------------------------------------------
+// Join tokens: a provisioning JWT minted for one node.
+// ---------------------------------------------------------------------------
+
+/// `token issue` mints a provisioning JWT bound to one identity, which a
+/// real go-choria server takes unchanged; the node it was issued for is
+/// provisioned, and a second server using a copy of it under another name
+/// is refused (and left in provisioning mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_token_provisions_its_node_and_is_refused_under_another_name() {
+    let Some(mut bench) =
+        Bench::start("a_join_token_provisions_its_node_and_is_refused_under_another_name").await
+    else {
+        return;
+    };
+    let id = "joined.provision.example.net";
+    let thief = "thief.provision.example.net";
+    let jwt = crate::support::stdout_of(
+        std::process::Command::new(crate::support::provisioner::binary()).args([
+            "token",
+            "issue",
+            "--identity",
+            id,
+            "--ttl",
+            "1h",
+            "--signer",
+            s(&bench.signers.rsa_key),
+            "--token",
+            TOKEN,
+            "--urls",
+            &bench.url(),
+        ]),
+    );
+    let claims = tokens::parse_provisioning_token_unverified(jwt.trim()).unwrap();
+    assert_eq!(claims.bound_identity().unwrap(), Some(id));
+
+    let settings = file_provider_settings(&bench.path(id).join("ssl"));
+    let helper = bench.helper(&settings, &serde_json::json!({}));
+    let choria_cfg = format!(
+        "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+        bench.url()
+    );
+    let yaml = format!(
+        "jwt_verify_cert: {}\nfeatures:\n  jwt: true\n  pki: true\nchoria_insecure: true\n",
+        s(&bench.signers.rsa_public)
+    );
+    let mut p = bench.provisioner("joined", &yaml, &choria_cfg, &helper);
+    p.wait_for_metric("choria_provisioner_discover_cycles", 1.0, STARTUP_TIMEOUT)
+        .await;
+    let mut server = bench.server_with_jwt(id, jwt.trim()).await;
+    bench
+        .wait_provisioned_and_restarted(&mut p, &mut server)
+        .await;
+    let _thief = bench.server_with_jwt(thief, jwt.trim()).await;
+    p.wait_for_metric(
+        "choria_provisioner_provision_errors",
+        1.0,
+        PROVISION_TIMEOUT,
+    )
+    .await;
+    let v1 = bench.insecure_v1_client();
+    let waiting = discover_provisionable(&v1).await;
+    assert!(
+        waiting.iter().any(|n| n == thief),
+        "{thief} is still in provisioning mode: {waiting:?}"
+    );
+    assert_eq!(p.metric("choria_provisioner_provisioned"), 1.0);
+    let logs = bench.stop_and_check_log(p);
+    assert!(
+        logs.contains(&format!("was issued for {id}, not for this name")),
+        "the refusal names the token's node"
+    );
 }

@@ -243,6 +243,12 @@ impl GoServer {
             args.push("--protocol-v2");
         }
         choria_tool(bin, dir, &args);
+        Self::start_in(bin, dir, identity)
+    }
+
+    /// Starts a server in `dir`, whose `provisioning.jwt` is there already
+    /// (made by something else than `choria jwt prov`).
+    pub fn start_in(bin: &Path, dir: &Path, identity: &str) -> GoServer {
         // Must exist; its contents are ignored in provisioning mode.
         std::fs::write(dir.join("server.conf"), "loglevel = debug\n").unwrap();
         let log = std::fs::File::create(dir.join("server.log")).unwrap();

@@ -261,6 +261,19 @@ impl Bench {
         self.broker.url()
     }
 
+    /// A v1 client as the provisioner, unsigned: what asks who is still in
+    /// provisioning mode.
+    pub fn insecure_v1_client(&self) -> choria_wire::client::ChoriaClient {
+        choria_wire::client::ChoriaClient::new(
+            self.watcher.clone(),
+            choria_wire::client::Identity {
+                identity: PROVISIONER.into(),
+                caller: format!("choria={PROVISIONER}"),
+                signer: choria_wire::protocol::RequestSigner::V1Insecure,
+            },
+        )
+    }
+
     /// A real server of `version` in provisioning mode, in `<work>/<identity>`,
     /// once it announced itself.
     pub async fn server(&mut self, identity: &str, version: Version) -> GoServer {
@@ -273,6 +286,22 @@ impl Bench {
             version,
             TOKEN,
         );
+        self.announced(server).await
+    }
+
+    /// A real server started with `jwt` as its `provisioning.jwt`, once it
+    /// announced itself.
+    pub async fn server_with_jwt(&mut self, identity: &str, jwt: &str) -> GoServer {
+        let dir = self.path(identity);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("provisioning.jwt"), jwt).unwrap();
+        let server = GoServer::start_in(&self.bin, &dir, identity);
+        self.announced(server).await
+    }
+
+    async fn announced(&mut self, server: GoServer) -> GoServer {
+        let identity = server.identity.clone();
+        let identity = identity.as_str();
         let e = self
             .events
             .wait_for(

@@ -12,7 +12,7 @@
 //!   "agents": ["choria_provision", "rpcutil"],
 //!   "collectives": ["provisioning"],
 //!   "classes": [],
-//!   "inventory": {"...": "the whole rpcutil#inventory reply"},
+//!   "inventory": {"...": "the rest of the rpcutil#inventory reply"},
 //!   "csr": {"common_name": "n1.example.net", "dns_names": [], "ip_addresses": [], "email_addresses": [], "uris": []},
 //!   "jwt": {"chs": true, "chu": "...", "ou": "...", "extensions": {}, "exp": 1767225600},
 //!   "ed25519_public_key": "hex",
@@ -21,7 +21,10 @@
 //! }
 //! ```
 //!
-//! `csr`, `jwt` and `ed25519_public_key` are `null` when the feature that
+//! `inventory` holds what the reply has besides the fields above (each
+//! value is given once: a node's facts can be large, and every byte is
+//! converted for the policy). `csr`, `jwt` and `ed25519_public_key` are
+//! `null` when the feature that
 //! fetches them is off. The provisioning JWT's token (`cht`) and broker
 //! password (`chpwd`) are left out: a policy has no use for them, and a
 //! policy's `print` or a test's input file should not carry them.
@@ -53,13 +56,13 @@ pub struct NodeInput<'a> {
 impl NodeInput<'_> {
     /// The `input` document.
     pub fn document(&self) -> Result<Value, PolicyError> {
-        let inventory: Value = if self.inventory.trim().is_empty() {
-            json!({})
+        let mut inventory: Map<String, Value> = if self.inventory.trim().is_empty() {
+            Map::new()
         } else {
             serde_json::from_str(self.inventory)
-                .map_err(|e| PolicyError::Input(format!("the inventory is not JSON: {e}")))?
+                .map_err(|e| PolicyError::Input(format!("the inventory is not an object: {e}")))?
         };
-        let field = |name: &str, empty: Value| inventory.get(name).cloned().unwrap_or(empty);
+        let mut field = |name: &str, empty: Value| inventory.remove(name).unwrap_or(empty);
         let jwt = match self.jwt {
             Some(claims) => {
                 let mut v = serde_json::to_value(claims)
@@ -73,15 +76,20 @@ impl NodeInput<'_> {
             }
             None => Value::Null,
         };
+        let version = field("version", Value::String(String::new()));
+        let facts = field("facts", Value::Object(Map::new()));
+        let agents = field("agents", json!([]));
+        let collectives = field("collectives", json!([]));
+        let classes = field("classes", json!([]));
         Ok(json!({
             "identity": self.identity,
             "protocol": self.protocol,
             "site": self.site,
-            "version": field("version", Value::String(String::new())),
-            "facts": field("facts", Value::Object(Map::new())),
-            "agents": field("agents", json!([])),
-            "collectives": field("collectives", json!([])),
-            "classes": field("classes", json!([])),
+            "version": version,
+            "facts": facts,
+            "agents": agents,
+            "collectives": collectives,
+            "classes": classes,
             "csr": self.csr.map_or(Value::Null, csr),
             "jwt": jwt,
             "ed25519_public_key": self.ed25519_public_key,

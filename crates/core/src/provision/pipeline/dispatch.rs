@@ -136,6 +136,7 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
             }
             ProvisionError::Jwt(_)
             | ProvisionError::TokenMismatch
+            | ProvisionError::IdentityBound { .. }
             | ProvisionError::Ed25519(_)
             | ProvisionError::Csr(_)
             | ProvisionError::NoCsr

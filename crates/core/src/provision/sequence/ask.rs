@@ -62,6 +62,16 @@ impl HostSequence {
                 return Err(ProvisionError::TokenMismatch);
             }
         }
+        // A join token names the one node it was minted for: under any
+        // other name it is someone else's (a copied file, a stolen token).
+        match claims.bound_identity().map_err(ProvisionError::Jwt)? {
+            Some(bound) if bound != &*self.identity => {
+                return Err(ProvisionError::IdentityBound {
+                    bound: choria_wire::identity::shown(bound),
+                })
+            }
+            _ => {}
+        }
         self.got.jwt = Some(claims);
         Ok(())
     }

@@ -34,6 +34,8 @@ pub enum ProvisionError {
     },
     #[error("could not validate JWT: {0}")]
     Jwt(#[source] TokenError),
+    #[error("could not validate JWT: the node's provisioning JWT was issued for {bound}, not for this name")]
+    IdentityBound { bound: String },
     #[error("could not validate JWT: the node's provisioning JWT expects a different token (its cht claim) than `token` in the provisioner configuration")]
     TokenMismatch,
     #[error("could not verify the ed25519 public key: {0}")]
@@ -89,7 +91,9 @@ impl ProvisionError {
             ProvisionError::Rpc { rpc, .. } | ProvisionError::Unconfirmed { rpc, .. } => rpc,
             ProvisionError::Paused(_) | ProvisionError::Abandoned => "pause",
             ProvisionError::Stale(_) => "queue",
-            ProvisionError::Jwt(_) | ProvisionError::TokenMismatch => "choria_provision#jwt",
+            ProvisionError::Jwt(_)
+            | ProvisionError::TokenMismatch
+            | ProvisionError::IdentityBound { .. } => "choria_provision#jwt",
             ProvisionError::Ed25519(_) => "choria_provision#gen25519",
             ProvisionError::Csr(_) | ProvisionError::NoCsr => "choria_provision#gencsr",
             ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",

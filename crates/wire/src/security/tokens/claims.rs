@@ -118,7 +118,31 @@ impl fmt::Debug for ProvisioningClaims {
     }
 }
 
+/// The `extensions` key of a provisioning JWT minted for one node (a join
+/// token): the identity it may be used under.
+pub const BOUND_IDENTITY: &str = "identity";
+
 impl ProvisioningClaims {
+    /// The identity this JWT is bound to (`extensions.identity`), when it
+    /// is a join token; an `identity` that is not a non-empty string is an
+    /// error, never "unbound".
+    pub fn bound_identity(&self) -> Result<Option<&str>, TokenError> {
+        match self.extensions.as_ref().and_then(|e| e.get(BOUND_IDENTITY)) {
+            None => Ok(None),
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(_) => Err(TokenError::InvalidClaims(format!(
+                "extensions.{BOUND_IDENTITY} must be a node's identity"
+            ))),
+        }
+    }
+
+    /// Binds this JWT to one node's identity (`token issue`).
+    pub fn bind_identity(&mut self, identity: &str) {
+        self.extensions
+            .get_or_insert_with(serde_json::Map::new)
+            .insert(BOUND_IDENTITY.into(), identity.into());
+    }
+
     /// `tokens.NewProvisioningClaims` for tests and simulators: `chpd` true,
     /// `chs` false, `ou` `choria`, `purpose` and `sub` `choria_provisioning`,
     /// default issuer. Set other public fields afterwards as needed. One of

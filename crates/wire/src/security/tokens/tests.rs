@@ -1002,3 +1002,36 @@ proptest! {
         let _ = TokenVerifyKey::from_pem_or_hex(&pem_like);
     }
 }
+
+#[test]
+fn a_join_token_names_its_node_and_nothing_else_binds() {
+    let now = chrono::Utc::now().timestamp();
+    let mut c =
+        ProvisioningClaims::new_at("t", "nats://b:4222", "", Duration::from_secs(60), now).unwrap();
+    assert_eq!(c.bound_identity().unwrap(), None);
+    c.extensions = Some(serde_json::Map::new());
+    assert_eq!(
+        c.bound_identity().unwrap(),
+        None,
+        "other extensions bind nothing"
+    );
+    c.bind_identity("n1.example.net");
+    assert_eq!(c.bound_identity().unwrap(), Some("n1.example.net"));
+    // Round trip through a signed token.
+    let key = TokenSigningKey::Ed25519(ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+    let jwt = key.sign(&c).unwrap();
+    let back = parse_provisioning_token(&jwt, &key.verify_key()).unwrap();
+    assert_eq!(back.bound_identity().unwrap(), Some("n1.example.net"));
+    // A binding that is not a name refuses rather than binds nothing.
+    for bad in [
+        serde_json::json!(""),
+        serde_json::json!(3),
+        serde_json::json!(["n1"]),
+    ] {
+        c.extensions
+            .as_mut()
+            .unwrap()
+            .insert(BOUND_IDENTITY.into(), bad);
+        assert!(c.bound_identity().is_err());
+    }
+}
