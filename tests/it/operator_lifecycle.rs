@@ -87,6 +87,7 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         // The book's quick start on Kubernetes.
         "docs/src/examples/kubernetes/provisioner.yaml",
         "docs/src/examples/kubernetes/provisioner-day-two.yaml",
+        "docs/src/examples/kubernetes/private-registry.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -934,6 +935,7 @@ fn pod_additions_bounded(c: &Cluster) {
     ] {
         let e = dry_run(c, &provisioner_with("beyond", spec.clone()).to_string())
             .expect_err("beyond the policy");
+        println!("  refused when written: {}", e.trim());
         assert!(e.contains(message) && e.contains("ValidatingAdmissionPolicy"), "{spec}: {e}");
     }
 
