@@ -1003,9 +1003,10 @@ fn stored_before_the_policy(c: &Cluster) {
     let mut binding: Value =
         serde_json::from_str(&c.cp.kubectl_ok(&["get", kind, &name, "-o", "json"])).unwrap();
     c.cp.kubectl_ok(&["delete", kind, &name]);
+    let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
     let stored = provisioner_with(
         "stored",
-        json!({"pod": {"priorityClassName": "system-cluster-critical"}}),
+        json!({"pod": {"priorityClassName": "system-cluster-critical", "volumes": [claim]}}),
     )
     .to_string();
     let apply_stored = || c.cp.kubectl_stdin(&["apply", "-f", "-"], &stored);
@@ -1039,23 +1040,33 @@ fn stored_before_the_policy(c: &Cluster) {
     wait_for("the binding back", Duration::from_secs(10), || {
         dry_run(c, &probe).err()
     });
-    let other = json!({"spec": {"pod": {"priorityClassName": "system-node-critical"}}}).to_string();
-    let out = c.cp.kubectl(&[
-        "patch",
-        PROV,
-        "stored",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        &other,
-    ]);
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "a changed priority class was admitted"
+    // A change of what the policy bounds is refused, naming the flag.
+    let refused = |pod: Value, flag: &str| {
+        let patch = json!({"spec": {"pod": pod}}).to_string();
+        let args = [
+            "patch",
+            PROV,
+            "stored",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            &patch,
+        ];
+        let out = c.cp.kubectl(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(flag), "{pod}: {e}");
+    };
+    refused(
+        json!({"priorityClassName": "system-node-critical"}),
+        "--allowed-priority-class",
     );
-    assert!(e.contains("--allowed-priority-class"), "{e}");
+    let another = json!({"name": "more", "persistentVolumeClaim": {"claimName": "more"}});
+    refused(
+        json!({"volumes": [claim, another]}),
+        "--allowed-volume-type",
+    );
+    // What was stored is let by.
     patch_spec(&c.cp, "stored", json!({"paused": true}));
     patch_spec(&c.cp, "stored", json!({"pod": {"labels": {"team": "ops"}}}));
     c.cp.kubectl_ok(&["delete", "provisioner", "stored", "-n", NS, "--wait=false"]);
