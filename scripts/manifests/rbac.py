@@ -24,10 +24,12 @@ NEEDED = DELEGATED + [
     # only, never read.
     ("", "secrets", {"create"}),
 ]
-# The ClusterRole for the admission policy bounding provisioner pods'
-# CertificateRequests (src/operator/admission.rs): create, and get/patch of
-# exactly that policy and its binding.
+# The ClusterRole for the admission policies (crates/operator/src/admission.rs):
+# create, and get/patch of exactly the operator's two policies and their
+# bindings, bounding provisioner pods' CertificateRequests and Provisioners'
+# spec.pod. Each suffix of the release's full name -> the flag naming it.
 ADMISSION_SUFFIX = "-pod-certificaterequests"
+ADMISSION_POLICIES = {ADMISSION_SUFFIX: "--admission-policy", "-provisioners": "--provisioner-admission-policy"}
 ADMISSION_RESOURCES = ["validatingadmissionpolicies", "validatingadmissionpolicybindings"]
 # The ClusterRoles the operator binds to provisioner pods (suffix of the release's
 # full name -> the one rule they hold), holding only `bind` on them by name.
@@ -63,7 +65,7 @@ def wildcard_problems(docs):
 def operator_role_problems(docs, own):
     """The operator's ClusterRole `own` holds exactly NEEDED plus `bind` on its
     pod ClusterRoles, which hold exactly their rule and which the Deployment's
-    args name; so does the admission policy's ClusterRole."""
+    args name; so does the admission policies' ClusterRole."""
     problems = []
     rules = own["rules"]
     fullname = own["metadata"]["name"]
@@ -98,13 +100,14 @@ def operator_role_problems(docs, own):
     want = [
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ADMISSION_RESOURCES, "verbs": ["create"]},
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ADMISSION_RESOURCES,
-         "resourceNames": [name], "verbs": ["get", "patch"]},
+         "resourceNames": [fullname + suffix for suffix in ADMISSION_POLICIES], "verbs": ["get", "patch"]},
     ]
     have = [dict(r, verbs=sorted(r.get("verbs", []))) for r in found[0]["rules"]] if found else None
     if have != want:
         problems.append(f"ClusterRole {name} holds {have}, want exactly {want}")
-    if args and f"--admission-policy={name}" not in args:
-        problems.append(f"the operator is not told --admission-policy={name}: {args}")
+    for suffix, flag in ADMISSION_POLICIES.items():
+        if args and f"{flag}={fullname}{suffix}" not in args:
+            problems.append(f"the operator is not told {flag}={fullname}{suffix}: {args}")
     return problems
 
 

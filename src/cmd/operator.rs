@@ -1,6 +1,7 @@
 //! `choria-provisioner operator`: the Kubernetes operator.
 
 use anyhow::Result;
+use choria_k8s::crd::VolumeType;
 use choria_operator::{admission, build, policy::IssuerPattern, OperatorOptions};
 use std::time::Duration;
 
@@ -41,11 +42,32 @@ pub struct OperatorArgs {
         default_values_t = choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES.map(String::from)
     )]
     pub allowed_usages: Vec<String>,
+    /// A PriorityClass a Provisioner's pods may have (`spec.pod.priorityClassName`);
+    /// `*` stands for any run of characters. Repeat it, or separate with
+    /// commas. Default: none.
+    #[arg(long = "allowed-priority-class", value_delimiter = ',')]
+    pub allowed_priority_classes: Vec<String>,
+    /// A volume type `spec.pod.volumes` may use: secret, configMap,
+    /// emptyDir, projected, downwardAPI or persistentVolumeClaim (others,
+    /// such as hostPath, never). Repeat it, or separate with commas.
+    #[arg(
+        long = "allowed-volume-type",
+        value_delimiter = ',',
+        default_values_t = VolumeType::DEFAULT_ALLOWED
+    )]
+    pub allowed_volume_types: Vec<VolumeType>,
     /// The ValidatingAdmissionPolicy (and binding) bounding the
     /// CertificateRequests a Provisioner's pods may make, applied when the
     /// operator leads; empty: none (then only the spec is bounded).
     #[arg(long, default_value = admission::DEFAULT_POLICY_NAME)]
     pub admission_policy: String,
+    /// The ValidatingAdmissionPolicy (and binding) refusing, when a
+    /// Provisioner is written, a `spec.pod` priority class or volume type
+    /// beyond `--allowed-priority-class` and `--allowed-volume-type`;
+    /// applied when the operator leads; empty: none (then the operator
+    /// refuses such a Provisioner once it is stored).
+    #[arg(long, default_value = admission::DEFAULT_PROVISIONER_POLICY_NAME)]
+    pub provisioner_admission_policy: String,
     /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
     /// its pods when they elect through a Lease.
     #[arg(long, default_value = build::DEFAULT_LEASE_CLUSTER_ROLE)]
@@ -83,7 +105,10 @@ impl From<OperatorArgs> for OperatorOptions {
             allowed_images,
             allowed_cluster_issuers,
             allowed_usages,
+            allowed_priority_classes,
+            allowed_volume_types,
             admission_policy,
+            provisioner_admission_policy,
             lease_cluster_role,
             cert_manager_cluster_role,
             lease_duration,
@@ -98,7 +123,10 @@ impl From<OperatorArgs> for OperatorOptions {
             allowed_images,
             allowed_cluster_issuers,
             allowed_usages,
+            allowed_priority_classes,
+            allowed_volume_types,
             admission_policy,
+            provisioner_admission_policy,
             lease_cluster_role,
             cert_manager_cluster_role,
             lease_duration,
@@ -138,6 +166,13 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_type_a_provisioner_may_never_use_is_refused() {
+        let argv = ["operator", "--allowed-volume-type=hostPath"];
+        let e = Cli::try_parse_from(argv).err().unwrap().to_string();
+        assert!(e.contains("never allowed"), "{e}");
+    }
+
+    #[test]
     fn lists_repeat_or_are_separated_with_commas() {
         let o = options(&[
             "--image=r.example.net/cp:1",
@@ -145,6 +180,9 @@ mod tests {
             "--allowed-cluster-issuer=corp-ca",
             "--allowed-cluster-issuer=X.example.net/y",
             "--allowed-usage=client auth",
+            "--allowed-priority-class=choria-*,fleet-high",
+            "--allowed-volume-type=secret",
+            "--allowed-volume-type=persistentVolumeClaim",
             "--leader-election=false",
             "--lease-duration=1m",
         ]);
@@ -161,6 +199,11 @@ mod tests {
             ]
         );
         assert_eq!(o.allowed_usages, ["client auth"]);
+        assert_eq!(o.allowed_priority_classes, ["choria-*", "fleet-high"]);
+        assert_eq!(
+            o.allowed_volume_types,
+            [VolumeType::Secret, VolumeType::PersistentVolumeClaim]
+        );
         assert!(!o.leader_election);
         assert_eq!(o.lease_duration, Duration::from_secs(60));
     }

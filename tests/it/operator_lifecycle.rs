@@ -5,6 +5,9 @@
 //!
 //! * validation at admission: `kubectl apply` accepts the shipped examples and
 //!   refuses each invalid variant with its message (the CRD's CEL rules);
+//! * spec.pod at admission: no `hostPath`, the operator's admission policy
+//!   refuses a priority class or volume type beyond its flags (but lets an
+//!   edit of what was stored by), and what is allowed lands in the Deployment;
 //! * idle cost: an idle Provisioner with three replicas, measured from the
 //!   API server's own `apiserver_request_total`;
 //! * busy cost: status writes carrying the provisioned count never set off
@@ -84,6 +87,7 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         // The book's quick start on Kubernetes.
         "docs/src/examples/kubernetes/provisioner.yaml",
         "docs/src/examples/kubernetes/provisioner-day-two.yaml",
+        "docs/src/examples/kubernetes/private-registry.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -117,6 +121,7 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
                "renewal": {"before": "99.5%"}}),
         json!({"tokenSecret": {"name": "t", "key": "token"}, "records": {"urls": ["nats://records:4222"]},
                "renewal": {"before": "1h30m"}}),
+        json!({"pod": pod_additions()}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
         let p = provisioner_with(&format!("valid-{i}"), spec.clone());
@@ -214,6 +219,28 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.renewal.rate: Invalid value: \"integer\": spec.renewal.rate must be at least 1 renewal per minute (default 100)"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "renewal": {"before": "30d", "broker": {"urls": ["nats://choria:4222"]}}}),
          "spec.renewal.broker.tlsSecret: Invalid value: \"object\": spec.renewal.broker needs credentials the nodes' policies allow: tlsSecret (x509) or clientJwtSecret (protocol v2)"),
+        (json!({"pod": {"imagePullSecrets": ["Registry Login"]}}),
+         "spec.pod.imagePullSecrets: Invalid value: \"array\": spec.pod.imagePullSecrets must be Secrets' names"),
+        (json!({"pod": {"priorityClassName": "High"}}),
+         "spec.pod.priorityClassName: Invalid value: \"string\": spec.pod.priorityClassName must be a PriorityClass's name"),
+        (json!({"pod": {"env": [{"name": "POD_NAME", "value": "x"}]}}),
+         "spec.pod.env[0]: Invalid value: \"object\": spec.pod.env[].name is set by the operator or read by the provisioner itself (POD_NAME, POD_NAMESPACE"),
+        (json!({"pod": {"env": [{"name": "CHORIA_PROVISIONER_LOG", "value": "trace"}]}}),
+         "spec.pod.env[0]: Invalid value: \"object\": spec.pod.env[].name is set by the operator"),
+        (json!({"pod": {"env": [{"name": "HELPER", "valueFrom": {"secretKeyRef": {"name": "s", "key": "../k"}}}]}}),
+         "spec.pod.env[0].valueFrom.secretKeyRef: Invalid value: \"object\": spec.pod.env[].valueFrom.secretKeyRef must name a Secret of this namespace and one of its keys"),
+        (json!({"pod": {"volumes": [{"name": "secret-0", "emptyDir": {}}]}}),
+         "spec.pod.volumes[0]: Invalid value: \"object\": spec.pod.volumes[].name is one of the operator's own volumes"),
+        (json!({"pod": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t", "audience": "vault"}}]}}]}}),
+         "spec.pod.volumes[0].projected: Invalid value: \"object\": spec.pod.volumes[].projected may only project secret, configMap and downwardAPI"),
+        (json!({"pod": {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/choria-provisioner/extra"}]}}),
+         "spec.pod.volumeMounts[0]: Invalid value: \"object\": spec.pod.volumeMounts[].mountPath must not be at, in or above /etc/choria-provisioner or /tmp"),
+        (json!({"pod": {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/var/../etc"}]}}),
+         "spec.pod.volumeMounts[0]: Invalid value: \"object\": spec.pod.volumeMounts[].mountPath must be an absolute path"),
+        (json!({"pod": {"volumeMounts": [{"name": "missing", "mountPath": "/missing"}]}}),
+         "spec.pod.volumeMounts: Invalid value: \"object\": spec.pod.volumeMounts[].name must name a volume of spec.pod.volumes"),
+        (json!({"pod": {"volumes": [{"name": "ca", "secret": {"secretName": "ca"}}], "volumeMounts": [{"name": "ca", "mountPath": "/etc/ca", "readOnly": false}]}}),
+         "spec.pod.volumeMounts: Invalid value: \"object\": spec.pod.volumeMounts[].readOnly cannot be false"),
     ];
     let mut seen = Vec::new();
     for (i, (spec, message)) in invalid.into_iter().enumerate() {
@@ -851,6 +878,212 @@ fn certificate_request(
     .to_string()
 }
 
+/// What `spec.pod` adds to the pods: a private registry's login, the
+/// helper's environment and CA material, scratch space.
+fn pod_additions() -> Value {
+    json!({
+        "imagePullSecrets": ["registry-login"],
+        "env": [
+            {"name": "HELPER_CA", "value": "/etc/helper-ca/ca.crt"},
+            {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "helper-api", "key": "token"}}},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "volumes": [
+            {"name": "helper-ca", "secret": {"secretName": "helper-ca"}},
+            {"name": "scratch", "emptyDir": {}},
+        ],
+        "volumeMounts": [
+            {"name": "helper-ca", "mountPath": "/etc/helper-ca"},
+            {"name": "scratch", "mountPath": "/var/helper"},
+        ],
+    })
+}
+
+/// `spec.pod` bounded when a Provisioner is written: a `hostPath` volume
+/// cannot be asked for (kubectl's strict validation names the unknown
+/// field; without it the API server prunes it and the CRD's rule finds a
+/// volume without a source), and the operator's admission policy refuses a
+/// priority class or a claim the shipped policy does not allow. What is
+/// allowed lands in the Deployment.
+fn pod_additions_bounded(c: &Cluster) {
+    wait_for(
+        "the operator's admission policy for Provisioners",
+        Duration::from_secs(30),
+        || {
+            (c.operator
+                .metric("choria_provisioner_operator_provisioner_admission_policy")
+                == 1.0)
+                .then_some(())
+        },
+    );
+    let host_path = provisioner_with(
+        "host-path",
+        json!({"pod": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                       "volumeMounts": [{"name": "root", "mountPath": "/host"}]}}),
+    )
+    .to_string();
+    let e = dry_run(c, &host_path).expect_err("a hostPath volume");
+    assert!(e.contains("hostPath"), "{e}");
+    let out = c.cp.kubectl_stdin(
+        &["apply", "--dry-run=server", "--validate=false", "-f", "-"],
+        &host_path,
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && e.contains("spec.pod.volumes[] needs exactly one source")
+            && e.contains("hostPath and the other sources are never allowed"),
+        "{e}"
+    );
+    for (spec, message) in [
+        (
+            json!({"pod": {"priorityClassName": "system-cluster-critical"}}),
+            "spec.pod.priorityClassName must be a PriorityClass the cluster admin lets Provisioners use (--allowed-priority-class): none",
+        ),
+        (
+            json!({"pod": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+            "spec.pod.volumes may only use the volume types the cluster admin allows (--allowed-volume-type): secret, configMap, emptyDir, projected, downwardAPI",
+        ),
+    ] {
+        let e = dry_run(c, &provisioner_with("beyond", spec.clone()).to_string())
+            .expect_err("beyond the policy");
+        println!("  refused when written: {}", e.trim());
+        assert!(e.contains(message) && e.contains("ValidatingAdmissionPolicy"), "{spec}: {e}");
+    }
+
+    apply(
+        &c.cp,
+        &provisioner_with("additions", json!({"pod": pod_additions()})).to_string(),
+    );
+    let d = wait_for(
+        "the Deployment with the additions",
+        Duration::from_secs(30),
+        || try_get(&c.cp, "deployment", NS, "additions"),
+    );
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "registry-login"}]));
+    assert!(pod.get("priorityClassName").is_none(), "{pod}");
+    let container = &pod["containers"][0];
+    let names = |list: &Value, key: &str| -> Vec<String> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e[key].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&container["env"], "name"),
+        [
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "HELPER_CA",
+            "API_TOKEN",
+            "NODE"
+        ]
+    );
+    let volumes = names(&pod["volumes"], "name");
+    assert_eq!(volumes[volumes.len() - 2..], ["helper-ca", "scratch"]);
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    assert_eq!(
+        mounts[mounts.len() - 2..],
+        [
+            json!({"name": "helper-ca", "mountPath": "/etc/helper-ca", "readOnly": true}),
+            json!({"name": "scratch", "mountPath": "/var/helper"}),
+        ]
+    );
+    c.cp.kubectl_ok(&[
+        "delete",
+        "provisioner",
+        "additions",
+        "-n",
+        NS,
+        "--wait=false",
+    ]);
+    stored_before_the_policy(c);
+}
+
+/// A Provisioner stored before the policy forbade what it asks for (here:
+/// while the policy's binding was away) may still be edited, paused, given
+/// labels; only a change of what the policy bounds is refused.
+fn stored_before_the_policy(c: &Cluster) {
+    let flag = "--provisioner-admission-policy=";
+    let name = shipped_operator_args(0)
+        .into_iter()
+        .find_map(|a| a.strip_prefix(flag).map(str::to_string))
+        .expect("the shipped operator is told its policy");
+    let kind = "validatingadmissionpolicybinding";
+    let mut binding: Value =
+        serde_json::from_str(&c.cp.kubectl_ok(&["get", kind, &name, "-o", "json"])).unwrap();
+    c.cp.kubectl_ok(&["delete", kind, &name]);
+    let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
+    let stored = provisioner_with(
+        "stored",
+        json!({"pod": {"priorityClassName": "system-cluster-critical", "volumes": [claim]}}),
+    )
+    .to_string();
+    let apply_stored = || c.cp.kubectl_stdin(&["apply", "-f", "-"], &stored);
+    wait_for(
+        "the Provisioner admitted without the binding",
+        Duration::from_secs(10),
+        || apply_stored().status.success().then_some(()),
+    );
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        binding["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let out =
+        c.cp.kubectl_stdin(&["create", "-f", "-"], &binding.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A new Provisioner asking for it is refused once the binding is seen.
+    let probe = provisioner_with(
+        "probe",
+        json!({"pod": {"priorityClassName": "system-cluster-critical"}}),
+    )
+    .to_string();
+    wait_for("the binding back", Duration::from_secs(10), || {
+        dry_run(c, &probe).err()
+    });
+    // A change of what the policy bounds is refused, naming the flag.
+    let refused = |pod: Value, flag: &str| {
+        let patch = json!({"spec": {"pod": pod}}).to_string();
+        let args = [
+            "patch",
+            PROV,
+            "stored",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            &patch,
+        ];
+        let out = c.cp.kubectl(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(flag), "{pod}: {e}");
+    };
+    refused(
+        json!({"priorityClassName": "system-node-critical"}),
+        "--allowed-priority-class",
+    );
+    let another = json!({"name": "more", "persistentVolumeClaim": {"claimName": "more"}});
+    refused(
+        json!({"volumes": [claim, another]}),
+        "--allowed-volume-type",
+    );
+    // What was stored is let by.
+    patch_spec(&c.cp, "stored", json!({"paused": true}));
+    patch_spec(&c.cp, "stored", json!({"pod": {"labels": {"team": "ops"}}}));
+    c.cp.kubectl_ok(&["delete", "provisioner", "stored", "-n", NS, "--wait=false"]);
+}
+
 /// What a Provisioner's pods may ask cert-manager for is bounded at the API
 /// server, not only in its spec: with its ServiceAccount's token (which a
 /// helper in the pod can read), a CertificateRequest is refused for another
@@ -1023,6 +1256,10 @@ async fn operator_lifecycle_on_a_real_apiserver() {
     let t = Instant::now();
     pods_bounded_at_admission(&c);
     stage("pods bounded at admission", t);
+
+    let t = Instant::now();
+    pod_additions_bounded(&c);
+    stage("spec.pod additions bounded and applied", t);
 
     let t = Instant::now();
     let idle_pods = idle_cost(&c, &nats);

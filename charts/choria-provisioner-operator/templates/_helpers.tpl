@@ -85,6 +85,15 @@ what provisioner pods may ask cert-manager for.
 {{- printf "%s-pod-certificaterequests" (include "cpo.fullname" .) }}
 {{- end }}
 
+{{/*
+The ValidatingAdmissionPolicy (and its binding) the operator applies to refuse,
+when a Provisioner is written, a spec.pod priority class or volume type the
+policy values do not allow.
+*/}}
+{{- define "cpo.provisionerAdmissionPolicy" -}}
+{{- printf "%s-provisioners" (include "cpo.fullname" .) }}
+{{- end }}
+
 {{- define "cpo.leaseNamespace" -}}
 {{- default .Release.Namespace .Values.watchNamespace }}
 {{- end }}

@@ -14,7 +14,14 @@
 //! parameter (a Provisioner's ServiceAccount is named after it), so one
 //! policy serves them all; requests by anyone else are left alone.
 //!
+//! A second policy ([`provisioners`]) bounds the Provisioners themselves:
+//! what of `spec.pod` depends on the admin's choice (priority classes,
+//! volume types) is refused when the Provisioner is written, not only
+//! reported by the operator once it is stored.
+//!
 //! Needs Kubernetes 1.30 (admissionregistration.k8s.io/v1).
+
+mod provisioners;
 
 use super::policy::{Policy, CERT_MANAGER_GROUP};
 use choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES;
@@ -30,6 +37,63 @@ use std::collections::BTreeMap;
 /// The policy's (and its binding's) name unless the operator is told
 /// another (`--admission-policy`).
 pub const DEFAULT_POLICY_NAME: &str = "choria-provisioner-certificaterequests";
+/// The name of the policy (and binding) bounding Provisioners unless the
+/// operator is told another (`--provisioner-admission-policy`).
+pub const DEFAULT_PROVISIONER_POLICY_NAME: &str = "choria-provisioner-provisioners";
+
+/// What an admission policy of the operator bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bounded {
+    /// The CertificateRequests a Provisioner's pods make.
+    CertificateRequests,
+    /// The Provisioners' `spec.pod`.
+    Provisioners,
+}
+
+impl Bounded {
+    /// The flag that names its policy.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Bounded::CertificateRequests => "--admission-policy",
+            Bounded::Provisioners => "--provisioner-admission-policy",
+        }
+    }
+
+    /// What it bounds, for the log.
+    pub fn what(self) -> &'static str {
+        match self {
+            Bounded::CertificateRequests => "the CertificateRequests of Provisioner pods",
+            Bounded::Provisioners => {
+                "the priority classes and volume types of Provisioners' spec.pod"
+            }
+        }
+    }
+
+    /// What goes unbounded without it, for the log.
+    pub fn without(self) -> &'static str {
+        match self {
+            Bounded::CertificateRequests => {
+                "a Provisioner's pods may ask cert-manager for any issuer, usage or a CA certificate"
+            }
+            Bounded::Provisioners => {
+                "a Provisioner asking for a priority class or volume type the policy does not allow is stored, and only refused by the operator"
+            }
+        }
+    }
+
+    /// The policy and its binding named `name`.
+    pub fn objects(
+        self,
+        name: &str,
+        policy: &Policy,
+        namespace: Option<&str>,
+    ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        match self {
+            Bounded::CertificateRequests => certificate_request_policy(name, policy, namespace),
+            Bounded::Provisioners => provisioners::provisioner_policy(name, policy, namespace),
+        }
+    }
+}
 
 /// A CEL string literal.
 fn cel(s: &str) -> String {
@@ -70,6 +134,38 @@ pub fn certificate_request_policy(
     policy: &Policy,
     namespace: Option<&str>,
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    // Every Provisioner of the request's namespace is a parameter; a
+    // namespace without one has no Provisioner ServiceAccounts.
+    let params = ParamRef {
+        selector: Some(LabelSelector::default()),
+        parameter_not_found_action: Some("Allow".into()),
+        ..Default::default()
+    };
+    policy_and_binding(name, policy_spec(policy), Some(params), namespace)
+}
+
+/// What a policy matches: creates and updates of `resource` in `group`,
+/// in any version.
+fn writes_of(group: &str, resource: &str) -> MatchResources {
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: Some(vec![group.into()]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+            resources: Some(vec![resource.into()]),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// A policy named `name` and its binding, labelled as the operator's.
+fn policy_and_binding(
+    name: &str,
+    spec: ValidatingAdmissionPolicySpec,
+    params: Option<ParamRef>,
+    namespace: Option<&str>,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     let meta = ObjectMeta {
         name: Some(name.into()),
         labels: Some(BTreeMap::from([(
@@ -80,12 +176,12 @@ pub fn certificate_request_policy(
     };
     let binding = ValidatingAdmissionPolicyBinding {
         metadata: meta.clone(),
-        spec: Some(binding_spec(name, namespace)),
+        spec: Some(binding_spec(name, params, namespace)),
     };
     (
         ValidatingAdmissionPolicy {
             metadata: meta,
-            spec: Some(policy_spec(policy)),
+            spec: Some(spec),
             status: None,
         },
         binding,
@@ -109,16 +205,7 @@ fn policy_spec(policy: &Policy) -> ValidatingAdmissionPolicySpec {
             api_version: Some(API_VERSION.into()),
             kind: Some(KIND.into()),
         }),
-        match_constraints: Some(MatchResources {
-            resource_rules: Some(vec![NamedRuleWithOperations {
-                api_groups: Some(vec![CERT_MANAGER_GROUP.into()]),
-                api_versions: Some(vec!["*".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["certificaterequests".into()]),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
+        match_constraints: Some(writes_of(CERT_MANAGER_GROUP, "certificaterequests")),
         match_conditions: Some(vec![MatchCondition {
             name: "service-accounts".into(),
             expression: "request.userInfo.username.startsWith('system:serviceaccount:')".into(),
@@ -208,18 +295,15 @@ fn admin_issuer(policy: &Policy) -> String {
     .join(" || ")
 }
 
-/// The binding: every Provisioner of the request's namespace a parameter,
-/// in `namespace` only when given.
-fn binding_spec(name: &str, namespace: Option<&str>) -> ValidatingAdmissionPolicyBindingSpec {
+/// The binding: denying, with `params`, in `namespace` only when given.
+fn binding_spec(
+    name: &str,
+    params: Option<ParamRef>,
+    namespace: Option<&str>,
+) -> ValidatingAdmissionPolicyBindingSpec {
     ValidatingAdmissionPolicyBindingSpec {
         policy_name: Some(name.into()),
-        // Every Provisioner of the request's namespace is a parameter;
-        // a namespace without one has no Provisioner ServiceAccounts.
-        param_ref: Some(ParamRef {
-            selector: Some(LabelSelector::default()),
-            parameter_not_found_action: Some("Allow".into()),
-            ..Default::default()
-        }),
+        param_ref: params,
         match_resources: namespace.map(|ns| MatchResources {
             namespace_selector: Some(LabelSelector {
                 match_labels: Some(BTreeMap::from([(
@@ -234,16 +318,18 @@ fn binding_spec(name: &str, namespace: Option<&str>) -> ValidatingAdmissionPolic
     }
 }
 
-/// Applies both (server-side, forced: they are the operator's), the policy
-/// first; one that already carries the hash of what it would apply is left
-/// alone, so a restarted operator writes nothing.
+/// Applies the policy of `bounded` and its binding (server-side, forced:
+/// they are the operator's), the policy first; one that already carries
+/// the hash of what it would apply is left alone, so a restarted operator
+/// writes nothing.
 pub async fn apply(
     client: &kube::Client,
+    bounded: Bounded,
     name: &str,
     policy: &Policy,
     namespace: Option<&str>,
 ) -> Result<(), kube::Error> {
-    let (vap, binding) = certificate_request_policy(name, policy, namespace);
+    let (vap, binding) = bounded.objects(name, policy, namespace);
     apply_one(client, name, &vap).await?;
     apply_one(client, name, &binding).await
 }

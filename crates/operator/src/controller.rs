@@ -1,9 +1,10 @@
 //! The controller the leader runs, one per term: a fresh one each time the
 //! replica wins the Lease, stopped when it loses it or shuts down.
 
+use super::admission::{self, Bounded};
 use super::metrics::Metrics;
 use super::reconcile::{self, Context, OwnedKind, Stores};
-use super::{admission, build, policy, scoped, OperatorError, DRAIN};
+use super::{build, policy, scoped, OperatorError, DRAIN};
 use choria_k8s::crd::Provisioner;
 use choria_k8s::describe_error as describe;
 use futures::StreamExt;
@@ -37,6 +38,8 @@ pub(crate) struct Shared {
     pub(crate) settings: build::Settings,
     /// The admission policy's name; empty: none.
     pub(crate) admission_policy: String,
+    /// The name of the admission policy bounding Provisioners; empty: none.
+    pub(crate) provisioner_admission_policy: String,
 }
 
 /// Runs a controller for each term `leading` says we lead, until
@@ -87,13 +90,20 @@ pub(crate) async fn lead(
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    let _admission = AbortOnDrop(tokio::spawn(keep_admission_policy(
-        shared.client.clone(),
-        shared.admission_policy.clone(),
-        shared.settings.policy.clone(),
-        namespace.map(str::to_string),
-        shared.metrics.clone(),
-    )));
+    let keep = |bounded, name: &String| {
+        AbortOnDrop(tokio::spawn(keep_admission_policy(
+            shared.client.clone(),
+            bounded,
+            name.clone(),
+            shared.settings.policy.clone(),
+            namespace.map(str::to_string),
+            shared.metrics.clone(),
+        )))
+    };
+    let _admission = [
+        keep(Bounded::CertificateRequests, &shared.admission_policy),
+        keep(Bounded::Provisioners, &shared.provisioner_admission_policy),
+    ];
     let (controller, ctx) = controller(namespace, shared);
     let stop = CancellationToken::new();
     let stopped = stop.clone();
@@ -248,37 +258,52 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Keeps the admission policy applied for this term: looks every 5
-/// minutes (a read; it writes only what differs), every 30 s while it fails
-/// (an API server without admissionregistration.k8s.io/v1, or an operator
-/// without the RBAC for it, is told in the log each time).
+/// The gauge that says whether the policy of `bounded` is applied.
+fn set_gauge(metrics: &Metrics, bounded: Bounded, applied: bool) {
+    match bounded {
+        Bounded::CertificateRequests => metrics.set_admission_policy(applied),
+        Bounded::Provisioners => metrics.set_provisioner_admission_policy(applied),
+    }
+}
+
+/// Keeps the admission policy of `bounded` applied for this term: looks
+/// every 5 minutes (a read; it writes only what differs), every 30 s while
+/// it fails (an API server without admissionregistration.k8s.io/v1, or an
+/// operator without the RBAC for it, is told in the log each time).
 async fn keep_admission_policy(
     client: Client,
+    bounded: Bounded,
     name: String,
     policy: policy::Policy,
     namespace: Option<String>,
     metrics: Arc<Metrics>,
 ) {
+    let (flag, what) = (bounded.flag(), bounded.what());
     if name.is_empty() {
-        warn!("no admission policy (--admission-policy is empty): a Provisioner's pods may ask cert-manager for any issuer, usage or a CA certificate");
-        metrics.set_admission_policy(false);
+        warn!(
+            "no admission policy ({flag} is empty): {}",
+            bounded.without()
+        );
+        set_gauge(&metrics, bounded, false);
         return;
     }
     let mut told = false;
     loop {
-        let wait = match admission::apply(&client, &name, &policy, namespace.as_deref()).await {
+        let applied =
+            admission::apply(&client, bounded, &name, &policy, namespace.as_deref()).await;
+        let wait = match applied {
             Ok(()) => {
                 if !told {
-                    info!(policy = %name, "CertificateRequests of Provisioner pods are bounded by the admission policy");
+                    info!(policy = %name, "{what} are bounded by the admission policy");
                     told = true;
                 }
-                metrics.set_admission_policy(true);
+                set_gauge(&metrics, bounded, true);
                 Duration::from_secs(300)
             }
             Err(e) => {
-                metrics.set_admission_policy(false);
+                set_gauge(&metrics, bounded, false);
                 told = false;
-                error!(policy = %name, error = %describe(&e), "cannot apply the admission policy bounding Provisioner pods' CertificateRequests (needs Kubernetes 1.30 and the chart's RBAC); retrying in 30 s");
+                error!(policy = %name, error = %describe(&e), "cannot apply the admission policy bounding {what} (needs Kubernetes 1.30 and the chart's RBAC); retrying in 30 s");
                 Duration::from_secs(30)
             }
         };
@@ -302,6 +327,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             settings: fixtures::settings(),
             admission_policy: String::new(),
+            provisioner_admission_policy: String::new(),
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({

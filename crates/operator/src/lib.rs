@@ -136,6 +136,7 @@ pub async fn run_with(
         metrics,
         settings,
         admission_policy: options.admission_policy.clone(),
+        provisioner_admission_policy: options.provisioner_admission_policy.clone(),
     };
     let namespace = options.namespace.as_deref();
     let outcome =

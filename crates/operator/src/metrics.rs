@@ -13,6 +13,7 @@ pub struct Metrics {
     invalid: IntCounter,
     leader: IntGauge,
     admission_policy: IntGauge,
+    provisioner_admission_policy: IntGauge,
 }
 
 impl Default for Metrics {
@@ -53,18 +54,25 @@ impl Metrics {
             "1 once this leader applied the ValidatingAdmissionPolicy that bounds Provisioner pods' CertificateRequests; 0 while it could not (or none is configured)",
         ))
         .expect("valid metric");
+        let provisioner_admission_policy = IntGauge::with_opts(Opts::new(
+            "choria_provisioner_operator_provisioner_admission_policy",
+            "1 once this leader applied the ValidatingAdmissionPolicy that bounds the priority class and volume types of Provisioners' spec.pod; 0 while it could not (or none is configured)",
+        ))
+        .expect("valid metric");
         for c in [
             Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(failures.clone()),
             Box::new(invalid.clone()),
             Box::new(leader.clone()),
             Box::new(admission_policy.clone()),
+            Box::new(provisioner_admission_policy.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
         Metrics {
             registry,
             admission_policy,
+            provisioner_admission_policy,
             reconciliations,
             failures,
             invalid,
@@ -86,6 +94,10 @@ impl Metrics {
 
     pub fn set_admission_policy(&self, applied: bool) {
         self.admission_policy.set(i64::from(applied));
+    }
+
+    pub fn set_provisioner_admission_policy(&self, applied: bool) {
+        self.provisioner_admission_policy.set(i64::from(applied));
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -3,7 +3,7 @@
 
 use super::{admission, build, policy, OperatorError, LEASE_NAME};
 use choria_config::{ElectionBackend as ConfigBackend, ElectionConfig};
-use choria_k8s::crd;
+use choria_k8s::crd::{self, VolumeType};
 use std::time::Duration;
 
 /// What `choria-provisioner operator` can be told (`cmd::operator` in the
@@ -30,10 +30,20 @@ pub struct OperatorOptions {
     pub allowed_cluster_issuers: Vec<policy::IssuerPattern>,
     /// Key usages the nodes' certificates may carry (cert-manager's names).
     pub allowed_usages: Vec<String>,
+    /// PriorityClasses a Provisioner's pods may have; `*` stands for any
+    /// run of characters. Empty: none.
+    pub allowed_priority_classes: Vec<String>,
+    /// Volume types `spec.pod.volumes` may use.
+    pub allowed_volume_types: Vec<VolumeType>,
     /// The ValidatingAdmissionPolicy (and binding) bounding the
     /// CertificateRequests a Provisioner's pods may make, applied when the
     /// operator leads; empty: none (then only the spec is bounded).
     pub admission_policy: String,
+    /// The ValidatingAdmissionPolicy (and binding) bounding what a
+    /// Provisioner's `spec.pod` may ask for beyond the CRD's rules (its
+    /// priority class, volume types), applied when the operator leads;
+    /// empty: none (then the operator refuses such a spec once stored).
+    pub provisioner_admission_policy: String,
     /// The ClusterRole granting Leases, bound in a Provisioner's namespace to
     /// its pods when they elect through a Lease.
     pub lease_cluster_role: String,
@@ -53,7 +63,8 @@ pub struct OperatorOptions {
 impl Default for OperatorOptions {
     /// The command line's defaults (a test of `cmd::operator` keeps them
     /// equal): all namespaces, leader-elected, only its own image, no
-    /// issuer beyond a Provisioner's namespace.
+    /// issuer beyond a Provisioner's namespace, no priority class, every
+    /// volume type but a claim.
     fn default() -> Self {
         OperatorOptions {
             namespace: None,
@@ -65,7 +76,10 @@ impl Default for OperatorOptions {
             allowed_usages: choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES
                 .map(String::from)
                 .to_vec(),
+            allowed_priority_classes: Vec::new(),
+            allowed_volume_types: VolumeType::DEFAULT_ALLOWED.to_vec(),
             admission_policy: admission::DEFAULT_POLICY_NAME.into(),
+            provisioner_admission_policy: admission::DEFAULT_PROVISIONER_POLICY_NAME.into(),
             lease_cluster_role: build::DEFAULT_LEASE_CLUSTER_ROLE.into(),
             cert_manager_cluster_role: build::DEFAULT_CERT_MANAGER_CLUSTER_ROLE.into(),
             lease_duration: Duration::from_secs(15),
@@ -118,6 +132,12 @@ impl OperatorOptions {
             .collect();
         settings.policy.cluster_issuers = self.allowed_cluster_issuers.clone();
         settings.policy.usages = self.allowed_usages.clone();
+        settings.policy.priority_classes = self
+            .allowed_priority_classes
+            .iter()
+            .map(policy::Pattern::new)
+            .collect();
+        settings.policy.volume_types = self.allowed_volume_types.clone();
         settings.lease_cluster_role = self.lease_cluster_role.clone();
         settings.cert_manager_cluster_role = self.cert_manager_cluster_role.clone();
         Ok(settings)
@@ -136,6 +156,8 @@ mod tests {
         let s = OperatorOptions::default().settings().unwrap();
         assert_eq!(s.policy.default_image, crd::default_image());
         assert!(s.policy.images.is_empty() && s.policy.cluster_issuers.is_empty());
+        assert!(s.policy.priority_classes.is_empty());
+        assert_eq!(s.policy.volume_types, VolumeType::DEFAULT_ALLOWED);
         assert_eq!(
             s.policy.usages,
             choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES
@@ -152,10 +174,14 @@ mod tests {
                 "X.example.net/y".parse().unwrap(),
             ],
             allowed_usages: vec!["client auth".into()],
+            allowed_priority_classes: vec!["choria-*".into()],
+            allowed_volume_types: vec![VolumeType::Secret],
             ..Default::default()
         }
         .settings()
         .unwrap();
+        assert!(s.policy.priority_class_allowed("choria-high"));
+        assert_eq!(s.policy.volume_types, [VolumeType::Secret]);
         assert_eq!(s.policy.default_image, "r.example.net/cp:1");
         assert_eq!(s.policy.images.len(), 2);
         assert_eq!(s.policy.cluster_issuers.len(), 2);

@@ -12,13 +12,18 @@
 //!   cert-manager `Issuer` lives in the Provisioner's own namespace, whose
 //!   users control it anyway);
 //! * which key usages a certificate may carry (default: a Choria server's
-//!   four: digital signature, key encipherment, server auth, client auth).
+//!   four: digital signature, key encipherment, server auth, client auth);
+//! * which PriorityClass the pods may have (default: none; a priority
+//!   decides whose pods are preempted cluster-wide);
+//! * which volume types `spec.pod.volumes` may use (default: all but
+//!   `persistentVolumeClaim`; a claim's data outlives the pod and may be
+//!   another workload's).
 //!
 //! A `Provisioner` outside them is refused before anything is applied, with
 //! a message that says what was asked and what is allowed.
 
 use choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES;
-use choria_k8s::crd::{CertManagerSpec, Provisioner};
+use choria_k8s::crd::{CertManagerSpec, PodOverrides, Provisioner, VolumeType};
 
 /// cert-manager's API group: its `Issuer` is namespaced, its
 /// `ClusterIssuer` cluster-wide.
@@ -132,6 +137,10 @@ pub struct Policy {
     pub cluster_issuers: Vec<IssuerPattern>,
     /// Key usages a certificate may carry.
     pub usages: Vec<String>,
+    /// PriorityClasses `spec.pod.priorityClassName` may name; empty: none.
+    pub priority_classes: Vec<Pattern>,
+    /// Volume types `spec.pod.volumes` may use.
+    pub volume_types: Vec<VolumeType>,
 }
 
 impl Policy {
@@ -142,7 +151,14 @@ impl Policy {
             images: Vec::new(),
             cluster_issuers: Vec::new(),
             usages: DEFAULT_CERT_MANAGER_USAGES.map(String::from).to_vec(),
+            priority_classes: Vec::new(),
+            volume_types: VolumeType::DEFAULT_ALLOWED.to_vec(),
         }
+    }
+
+    /// Whether `spec.pod.priorityClassName` may be `name`.
+    pub fn priority_class_allowed(&self, name: &str) -> bool {
+        self.priority_classes.iter().any(|p| p.matches(name))
     }
 
     /// The image the pods run.
@@ -185,7 +201,46 @@ impl Policy {
             problems.extend(self.check_issuer(cm));
             problems.extend(self.check_usages(cm));
         }
+        problems.extend(self.check_pod(&p.spec.pod));
         problems
+    }
+
+    /// `spec.pod`'s priority and volume types.
+    fn check_pod(&self, pod: &PodOverrides) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(name) = &pod.priority_class_name {
+            if !self.priority_class_allowed(name) {
+                let allowed = if self.priority_classes.is_empty() {
+                    "none".to_string()
+                } else {
+                    list(&self.priority_classes)
+                };
+                problems.push(format!(
+                    "spec.pod.priorityClassName {name:?} is not a PriorityClass this operator lets Provisioners use; allowed: {allowed} (the cluster admin's --allowed-priority-class)"
+                ));
+            }
+        }
+        for (i, v) in pod.volumes.iter().enumerate() {
+            for t in v.types() {
+                if !self.volume_types.contains(&t) {
+                    problems.push(format!(
+                        "spec.pod.volumes[{i}] ({:?}) uses the volume type {t}, which this operator does not allow; allowed: {} (the cluster admin's --allowed-volume-type)",
+                        v.name,
+                        self.allowed_volume_types()
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
+    /// The allowed volume types, for a message.
+    pub fn allowed_volume_types(&self) -> String {
+        if self.volume_types.is_empty() {
+            "none".into()
+        } else {
+            list(&self.volume_types)
+        }
     }
 
     fn check_issuer(&self, cm: &CertManagerSpec) -> Option<String> {
@@ -360,6 +415,43 @@ mod tests {
         assert_eq!(p.to_string(), "ca");
         let p: IssuerPattern = "X.example.com/ca".parse().unwrap();
         assert_eq!(p.to_string(), "X.example.com/ca");
+    }
+
+    #[test]
+    fn priority_classes_only_when_listed() {
+        let mut pol = policy();
+        assert!(pol.check(&provisioner(json!({"pod": {}}))).is_empty());
+        let asks = provisioner(json!({"pod": {"priorityClassName": "system-node-critical"}}));
+        assert_eq!(
+            pol.check(&asks),
+            ["spec.pod.priorityClassName \"system-node-critical\" is not a PriorityClass this operator lets Provisioners use; allowed: none (the cluster admin's --allowed-priority-class)"]
+        );
+        pol.priority_classes = vec![Pattern::new("choria-*")];
+        assert!(pol.check(&asks)[0].contains("allowed: choria-* ("));
+        let listed = provisioner(json!({"pod": {"priorityClassName": "choria-high"}}));
+        assert!(pol.check(&listed).is_empty());
+    }
+
+    #[test]
+    fn volume_types_beyond_the_allowed_are_refused() {
+        let mut pol = policy();
+        let volumes = provisioner(json!({"pod": {"volumes": [
+            {"name": "ca", "secret": {"secretName": "ca"}},
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        ]}}));
+        assert_eq!(
+            pol.check(&volumes),
+            ["spec.pod.volumes[2] (\"data\") uses the volume type persistentVolumeClaim, which this operator does not allow; allowed: secret, configMap, emptyDir, projected, downwardAPI (the cluster admin's --allowed-volume-type)"]
+        );
+        pol.volume_types.push(VolumeType::PersistentVolumeClaim);
+        assert!(pol.check(&volumes).is_empty());
+        pol.volume_types = vec![VolumeType::Secret];
+        let found = pol.check(&volumes);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("spec.pod.volumes[1] (\"scratch\") uses the volume type emptyDir")
+        );
     }
 
     #[test]

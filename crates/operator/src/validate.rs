@@ -8,6 +8,8 @@
 //! too.
 
 use super::build;
+
+mod pod;
 use choria_config::names::is_dns_label;
 use choria_config::provisioner::MIN_INTERVAL;
 use choria_config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
@@ -35,6 +37,7 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     election(s, problem);
     records_and_renewal(s, problem);
     helper(s, problem);
+    pod::check(&s.pod, problem);
 
     // The provisioner's own rules, applied to what the pods will read. Only
     // when the spec passed, so one mistake is not reported twice.
@@ -357,19 +360,23 @@ fn check_generated(p: &Provisioner) -> Vec<String> {
 }
 
 fn check_secret_ref(field: &str, r: &SecretKeyRef, problem: &mut dyn FnMut(String)) {
-    check_object_name(&format!("{field}.name"), &r.name, problem);
+    check_key_ref(field, "Secret", &r.name, &r.key, problem);
+}
+
+/// `name` and `key` of a Secret's or ConfigMap's key (`what`).
+fn check_key_ref(field: &str, what: &str, name: &str, key: &str, problem: &mut dyn FnMut(String)) {
+    check_object_name(&format!("{field}.name"), name, problem);
     // A key becomes a file name in the Secret's directory.
-    let valid_key = !r.key.is_empty()
-        && r.key.len() <= 253
-        && r.key != "."
-        && r.key != ".."
-        && r.key
+    let valid_key = !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
     if !valid_key {
         problem(format!(
-            "{field}.key {:?} is not a Secret key; use letters, digits, '-', '_' and '.'",
-            r.key
+            "{field}.key {key:?} is not a {what} key; use letters, digits, '-', '_' and '.'"
         ));
     }
 }

@@ -9,7 +9,8 @@ import tempfile
 import unittest
 
 from manifests.common import LEASE, Tree
-from manifests.rbac import ADMISSION_RESOURCES, ADMISSION_SUFFIX, NEEDED, POD_CLUSTER_ROLES, POD_ROLE_FLAGS
+from manifests.rbac import (ADMISSION_POLICIES, ADMISSION_RESOURCES, ADMISSION_SUFFIX, NEEDED, POD_CLUSTER_ROLES,
+                            POD_ROLE_FLAGS)
 from manifests.report import Report
 
 FULLNAME = "choria-provisioner-operator"
@@ -78,7 +79,7 @@ def deployment(args=None):
 
 def default_args():
     args = [f"{POD_ROLE_FLAGS[s]}={FULLNAME}{s}" for s in POD_CLUSTER_ROLES]
-    return ["operator"] + args + [f"--admission-policy={FULLNAME}{ADMISSION_SUFFIX}"]
+    return ["operator"] + args + [f"{flag}={FULLNAME}{s}" for s, flag in ADMISSION_POLICIES.items()]
 
 
 def good_operator_docs():
@@ -98,7 +99,7 @@ def good_operator_docs():
                      {"apiGroups": ["admissionregistration.k8s.io"], "resources": list(ADMISSION_RESOURCES),
                       "verbs": ["create"]},
                      {"apiGroups": ["admissionregistration.k8s.io"], "resources": list(ADMISSION_RESOURCES),
-                      "resourceNames": [admission], "verbs": ["get", "patch"]}]})
+                      "resourceNames": [FULLNAME + s for s in ADMISSION_POLICIES], "verbs": ["get", "patch"]}]})
     docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                  "metadata": meta(FULLNAME + "-lease", "choria-provisioner"),
                  "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},

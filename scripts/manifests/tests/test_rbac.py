@@ -72,6 +72,18 @@ class RbacTest(unittest.TestCase):
         docs.append(deployment([a for a in default_args() if not a.startswith("--admission-policy")]))
         assertProblem(self, rbac_problems(docs), "the operator is not told --admission-policy=")
 
+    def test_the_admission_policy_role_must_name_the_provisioners_policy(self):
+        docs = good_operator_docs()
+        rule = named(docs, "ClusterRole", FULLNAME + "-pod-certificaterequests")["rules"][1]
+        rule["resourceNames"] = [FULLNAME + "-pod-certificaterequests"]
+        assertProblem(self, rbac_problems(docs), f"ClusterRole {FULLNAME}-pod-certificaterequests holds")
+
+    def test_the_deployment_must_name_the_provisioners_admission_policy(self):
+        docs = [d for d in good_operator_docs() if d["kind"] != "Deployment"]
+        docs.append(deployment([a for a in default_args() if not a.startswith("--provisioner-admission-policy")]))
+        assertProblem(self, rbac_problems(docs),
+                      f"the operator is not told --provisioner-admission-policy={FULLNAME}-provisioners")
+
     def test_a_lease_role_that_does_not_cover_the_operators_own_lease_is_reported(self):
         docs = good_operator_docs()
         named(docs, "Role", FULLNAME + "-lease")["rules"][1]["resourceNames"] = ["someone-else"]

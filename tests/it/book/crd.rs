@@ -10,6 +10,9 @@ use std::fmt::Write as _;
 /// (affinity, tolerations, …): one row pointing at `kubectl explain`
 /// instead of hundreds.
 const MAX_NESTED_FIELDS: usize = 25;
+/// Our own types that embed Kubernetes ones: their fields are listed (the
+/// embedded types collapsed as above), however many fields those hold.
+const OWN_TYPES: [&str; 2] = ["spec.pod", "spec.pod.volumes"];
 
 pub fn page(crd_yaml: &str) -> String {
     let crd: Value = serde_norway::from_str(crd_yaml).expect("the CRD is YAML");
@@ -124,7 +127,7 @@ fn fields(p: &mut String, kind: &str, path: &str, node: &Value) {
     for (name, child) in props {
         let field = format!("{path}.{name}");
         let nested = count_fields(child);
-        let collapsed = nested > MAX_NESTED_FIELDS;
+        let collapsed = nested > MAX_NESTED_FIELDS && !OWN_TYPES.contains(&field.as_str());
         let mut description = child["description"]
             .as_str()
             .map(one_line)
@@ -136,7 +139,9 @@ fn fields(p: &mut String, kind: &str, path: &str, node: &Value) {
         if !constraints.is_empty() {
             write!(description, " ({})", constraints.join("; ")).unwrap();
         }
-        let refusals = refusals(child);
+        // A list's rules, then those of each of its items.
+        let mut refusals = refusals(child);
+        refusals.extend(self::refusals(&child["items"]));
         if !refusals.is_empty() {
             write!(description, " Refused otherwise: {}.", refusals.join("; ")).unwrap();
         }

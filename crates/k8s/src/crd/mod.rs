@@ -13,13 +13,18 @@
 //! provisioner pods write `leader`, `provisioned`, `records` and
 //! `renewalsDue`, and in shards mode each member its own entry of `members`.
 
+pub mod pod;
 mod reference;
 pub mod status_patch;
 pub mod validation;
 
+pub use pod::{
+    PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
+    RESERVED_VOLUMES,
+};
 pub use reference::{owner_reference, ResourceRef};
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -243,7 +248,8 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal: Option<RenewalSpec>,
 
-    /// Placement and metadata of the provisioner pods.
+    /// Placement, metadata, pull secrets, environment, volumes and priority
+    /// of the provisioner pods, within what the cluster admin allows.
     #[serde(default, skip_serializing_if = "PodOverrides::is_empty")]
     pub pod: PodOverrides,
 }
@@ -560,33 +566,6 @@ pub struct IssuerRef {
     /// Default `cert-manager.io`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-}
-
-/// Pod placement and metadata.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodOverrides {
-    /// Node labels the pods must run on.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-    /// Taints the pods tolerate.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tolerations: Vec<Toleration>,
-    /// Node and pod (anti-)affinity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
-    /// Extra pod annotations.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    /// Extra pod labels (the operator's selector labels win).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-}
-
-impl PodOverrides {
-    fn is_empty(&self) -> bool {
-        *self == PodOverrides::default()
-    }
 }
 
 /// Observed state.

@@ -5,16 +5,20 @@
 //!
 //! They cover every static rule of the spec: exclusive features, a helper or
 //! templates, what `features` need, broker credentials, names and keys,
-//! duration formats and their minimums, ranges. What the API server cannot
-//! see (Secrets, issuers, the provisioner's own parsers over the generated
-//! files, the cluster admin's policy) stays with the operator, which also
-//! still checks everything here: objects stored before a rule existed are not
-//! checked again until they change.
+//! duration formats and their minimums, ranges, and `spec.pod`'s additions
+//! (`validation/pod.rs`: names, what the operator keeps for itself, bounds).
+//! What the API server cannot see (Secrets, issuers, the provisioner's own
+//! parsers over the generated files, the cluster admin's policy) stays with
+//! the operator, which also still checks everything here: objects stored
+//! before a rule existed are not checked again until they change.
 //!
 //! Strings a rule matches get a `maxLength`, which keeps each rule's
 //! estimated cost inside the API server's budget.
 
 use serde_json::{json, Value};
+
+mod pod;
+pub use pod::{ENV_NAME, MAX_ENV, MAX_ENV_VALUE, MAX_MOUNTS, MAX_VOLUMES};
 
 /// A Go duration (`time.ParseDuration`): combinable s, m, h and smaller
 /// units. Written without backslashes, which CEL strings would need escaped.
@@ -461,6 +465,7 @@ pub fn rules() -> Vec<Rule> {
     for at in SECRET_REFS {
         all.extend(secret_ref(at));
     }
+    all.extend(pod::rules());
     all
 }
 
@@ -512,6 +517,7 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         b.push((at, "name", 253));
         b.push((at, "key", 253));
     }
+    b.extend(pod::bounds());
     b
 }
 

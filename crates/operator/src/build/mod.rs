@@ -16,15 +16,16 @@ use choria_config::schema::{
     RecordsFile, RenewalFile,
 };
 use choria_k8s::crd::{
-    BrokerSpec, ElectionBackend, ElectionMode, Provisioner, ProvisionerSpec, RecordsSpec,
-    RenewalSpec, SecretKeyRef,
+    BrokerSpec, ElectionBackend, ElectionMode, PodOverrides, PodVolume, Provisioner,
+    ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
-    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, LocalObjectReference, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};

@@ -408,6 +408,108 @@ fn pod_overrides_and_image_settings() {
 }
 
 #[test]
+fn pod_additions_land_in_the_deployment() {
+    let p = provisioner(json!({"pod": {
+        "imagePullSecrets": ["registry-login"],
+        "priorityClassName": "choria-high",
+        "env": [
+            {"name": "HELPER_CA", "value": "/etc/helper-ca/ca.crt"},
+            {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+        ],
+        "volumes": [
+            {"name": "helper-ca", "secret": {"secretName": "helper-ca"}},
+            {"name": "scratch", "emptyDir": {"sizeLimit": "64Mi"}},
+        ],
+        "volumeMounts": [
+            {"name": "helper-ca", "mountPath": "/etc/helper-ca"},
+            {"name": "scratch", "mountPath": "/var/helper", "readOnly": false},
+        ],
+    }}));
+    assert_eq!(crate::validate::validate(&p), Vec::<String>::new());
+    let d = deployment_of(&p);
+    let pod = pod(&d);
+    let v = serde_json::to_value(pod).unwrap();
+    assert_eq!(v["imagePullSecrets"], json!([{"name": "registry-login"}]));
+    assert_eq!(v["priorityClassName"], "choria-high");
+    let volumes = v["volumes"].as_array().unwrap();
+    assert_eq!(
+        volumes[volumes.len() - 2..],
+        [
+            json!({"name": "helper-ca", "secret": {"secretName": "helper-ca"}}),
+            json!({"name": "scratch", "emptyDir": {"sizeLimit": "64Mi"}}),
+        ],
+        "the spec's after ours"
+    );
+    let c = &v["containers"][0];
+    let env: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(env, ["POD_NAME", "POD_NAMESPACE", "HELPER_CA", "API_TOKEN"]);
+    assert_eq!(
+        c["env"][3]["valueFrom"],
+        json!({"secretKeyRef": {"name": "api", "key": "token"}})
+    );
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert_eq!(
+        mounts[mounts.len() - 2..],
+        [
+            json!({"name": "helper-ca", "mountPath": "/etc/helper-ca", "readOnly": true}),
+            json!({"name": "scratch", "mountPath": "/var/helper", "readOnly": false}),
+        ],
+        "a Secret is mounted read-only even when the mount does not say so"
+    );
+}
+
+#[test]
+fn without_additions_the_pod_template_is_what_it_was() {
+    // An upgraded operator must not roll pods whose spec asks for none of
+    // the additions: nothing new appears in their template.
+    let v = serde_json::to_value(pod(&deployment_of(&provisioner(json!({}))))).unwrap();
+    for absent in ["imagePullSecrets", "priorityClassName"] {
+        assert!(v.get(absent).is_none(), "{absent}: {v}");
+    }
+    assert_eq!(v["containers"][0]["env"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn what_the_operator_mounts_and_sets_is_reserved_from_the_spec() {
+    use choria_k8s::crd::pod::{is_reserved_env, is_reserved_volume, shadows_operator_mount};
+    // Every Secret in use, the helper's ConfigMap, the signing key.
+    let mut p = jwt_spec();
+    p.spec.jwt_signing_token_secret = Some(SecretKeyRef {
+        name: "chain".into(),
+        key: "token".into(),
+    });
+    p.spec.records = Some(RecordsSpec {
+        urls: vec!["nats://records:4222".into()],
+        ..RecordsSpec::default()
+    });
+    let v = serde_json::to_value(pod(&deployment_of(&p))).unwrap();
+    let names = |list: &serde_json::Value, key: &str| -> Vec<String> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e[key].as_str().unwrap().to_string())
+            .collect()
+    };
+    let volumes = names(&v["volumes"], "name");
+    assert!(volumes.len() >= 6, "{volumes:?}");
+    for name in volumes {
+        assert!(is_reserved_volume(&name), "{name} is not reserved");
+    }
+    let c = &v["containers"][0];
+    for path in names(&c["volumeMounts"], "mountPath") {
+        assert!(shadows_operator_mount(&path), "{path} is not reserved");
+    }
+    for name in names(&c["env"], "name") {
+        assert!(is_reserved_env(&name), "{name} is not reserved");
+    }
+}
+
+#[test]
 fn checksum_follows_the_configuration_not_the_pause() {
     let base = annotation(&deployment_of(&provisioner(json!({"workers": 2}))));
     let paused = annotation(&deployment_of(&provisioner(

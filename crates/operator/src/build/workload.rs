@@ -48,6 +48,8 @@ pub fn deployment(p: &Provisioner, image: &str, checksum: &str) -> Result<Deploy
                     node_selector: non_empty(&s.pod.node_selector),
                     tolerations: (!s.pod.tolerations.is_empty()).then(|| s.pod.tolerations.clone()),
                     affinity: s.pod.affinity.clone(),
+                    priority_class_name: s.pod.priority_class_name.clone(),
+                    image_pull_secrets: pull_secrets(&s.pod),
                     ..PodSpec::default()
                 }),
             },
@@ -129,8 +131,35 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
             ..Volume::default()
         });
     }
+    // The spec's own after ours; validation keeps their names and paths
+    // apart from ours.
+    volumes.extend(s.pod.volumes.iter().map(PodVolume::to_volume));
+    mounts.extend(s.pod.volume_mounts.iter().map(|m| pod_mount(&s.pod, m)));
 
     (volumes, mounts)
+}
+
+/// A mount of `spec.pod`: read-only when the kubelet writes its volume
+/// (Secret, ConfigMap, projected, downward API), whatever it says.
+fn pod_mount(pod: &PodOverrides, m: &VolumeMount) -> VolumeMount {
+    let kubelet_written = pod
+        .volume(&m.name)
+        .is_some_and(|v| v.types().iter().any(|t| t.read_only()));
+    let mut m = m.clone();
+    if kubelet_written {
+        m.read_only = Some(true);
+    }
+    m
+}
+
+/// `spec.pod.imagePullSecrets` as the pod wants them; none when empty, so
+/// a spec without them builds the pod template it always did.
+fn pull_secrets(pod: &PodOverrides) -> Option<Vec<LocalObjectReference>> {
+    let refs = pod
+        .image_pull_secrets
+        .iter()
+        .map(|name| LocalObjectReference { name: name.clone() });
+    (!pod.image_pull_secrets.is_empty()).then(|| refs.collect())
 }
 
 /// The `provisioner` container: `run` with the mounted files, the pod's
@@ -178,10 +207,16 @@ fn container(
             "--provisioner".into(),
             format!("{ns}/{name}"),
         ]),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-        ]),
+        // Ours first; validation keeps the spec's names apart from ours.
+        env: Some(
+            [
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]
+            .into_iter()
+            .chain(s.pod.env.iter().cloned())
+            .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some(MONITOR_PORT_NAME.into()),
             container_port: s.monitor_port,

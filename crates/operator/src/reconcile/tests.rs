@@ -431,12 +431,20 @@ async fn a_provisioner_asking_for_more_than_the_admin_allows_is_refused() {
         "image": "busybox:latest",
         "features": {"pki": true},
         "pki": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}},
+        "pod": {
+            "priorityClassName": "system-cluster-critical",
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
     }));
     let r = run(resource).await;
     let note = assert_refused(&r, NOT_ALLOWED);
     assert!(
         note.contains("spec.image \"busybox:latest\" is not an image this operator may run")
-            && note.contains("ClusterIssuer \"corp-ca\""),
+            && note.contains("ClusterIssuer \"corp-ca\"")
+            && note.contains("spec.pod.priorityClassName \"system-cluster-critical\"")
+            && note.contains(
+                "spec.pod.volumes[0] (\"data\") uses the volume type persistentVolumeClaim"
+            ),
         "{note}"
     );
 }
