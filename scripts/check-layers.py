@@ -88,12 +88,12 @@ ROOMS = {
     "provision/shared": {
         "monitor", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/ownership", "provision/signing", "provision/day_two/recorder",
-        "provision/pipeline/registry", "admission", "audit",
+        "provision/pipeline/registry", "admission", "audit", "records",
     },
     "provision/sequence": {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/pipeline/lanes", "admission",
+        "provision/pipeline/lanes", "admission", "provision/text",
     },
     "provision/day_two": {
         "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",

@@ -15,6 +15,7 @@ pub mod fleet_helper;
 pub mod nodes;
 pub mod operator;
 pub mod policy;
+pub mod revoke;
 pub mod run;
 pub mod token;
 
@@ -110,6 +111,11 @@ pub enum Command {
     /// Read the audit stream (`audit:`): every decision about a node,
     /// oldest first.
     Audit(audit::AuditArgs),
+    /// Revoke a node's identity: never provisioned or renewed again
+    /// (`records:`).
+    Revoke(revoke::RevokeArgs),
+    /// Lift a revocation made by mistake.
+    Unrevoke(revoke::UnrevokeArgs),
     /// Mint provisioning JWTs: `token issue` binds one to a node's identity
     /// (a join token).
     Token(token::TokenArgs),
@@ -217,6 +223,14 @@ pub fn main() -> ExitCode {
             Command::Nodes(args) => {
                 let _log = global.init_quiet_logging()?;
                 nodes::run(args).await
+            }
+            Command::Revoke(args) => {
+                let _log = global.init_quiet_logging()?;
+                revoke::revoke(args).await
+            }
+            Command::Unrevoke(args) => {
+                let _log = global.init_quiet_logging()?;
+                revoke::unrevoke(args).await
             }
             Command::Audit(args) => {
                 let _log = global.init_quiet_logging()?;

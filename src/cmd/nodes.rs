@@ -53,6 +53,7 @@ pub async fn run(args: NodesArgs) -> Result<()> {
         .into_iter()
         .map(|read| Listed::new(read, cfg.renewal.as_ref(), now))
         .collect();
+    mark_revoked(&mut shown, records, &cfg.site).await?;
     if let Some(within) = args.expiring {
         let until = now + within.as_secs() as i64;
         shown.retain(|l| {
@@ -70,6 +71,48 @@ pub async fn run(args: NodesArgs) -> Result<()> {
         return Ok(());
     }
     print!("{}", table(&shown, now));
+    Ok(())
+}
+
+/// Marks the revoked nodes (and lists those revoked with no record).
+async fn mark_revoked(
+    shown: &mut Vec<Listed>,
+    records: &choria_config::day_two::RecordsConfig,
+    site: &str,
+) -> Result<()> {
+    let key = choria_wire::security::seal::SealKey::from_file(&records.signing_key)?;
+    let mut verifier = key.verifier();
+    for k in &records.verify_keys {
+        verifier = verifier.trusting(k)?;
+    }
+    let store = choria_core::records::revocations::RevocationStore::connect(
+        records,
+        key,
+        verifier,
+        site,
+        "choria-provisioner nodes",
+    )
+    .await
+    .context("reading the revocations")?;
+    for r in store.revoked().await? {
+        let one = |s: &str| choria_core::provision::one_line(s, 200);
+        let state = format!(
+            "REVOKED {} by {}: {}",
+            one(&r.time),
+            one(&r.by),
+            one(&r.reason)
+        );
+        match shown.iter_mut().find(|l| l.key == r.identity) {
+            Some(l) => l.state = state,
+            None => shown.push(Listed {
+                key: r.identity.clone(),
+                record: None,
+                verified: true,
+                state,
+            }),
+        }
+    }
+    shown.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(())
 }
 

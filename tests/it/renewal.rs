@@ -16,6 +16,36 @@ use std::time::{Duration, Instant};
 const TOKEN: &str = "ren3wal-t0ken";
 const NODES: usize = 40;
 
+/// A run directory holding `ca.pem` and `ca.key` (a CA named `name`), and
+/// a nats-server with JetStream (its store in the second directory).
+fn jetstream_and_ca(name: &str) -> (tempfile::TempDir, tempfile::TempDir, NatsServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let ca = choria_fleet::ca::CertificateAuthority::generate(name).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    (dir, store, nats)
+}
+
+/// `nodes` simulated servers that keep serving once provisioned (they
+/// answer `reprovision`), journaling into `journal`.
+async fn serving_fleet(nats: &NatsServer, nodes: usize, journal: &std::path::Path) -> RunningFleet {
+    RunningFleet::start(FleetOptions {
+        broker: BrokerOptions::at([nats.url()]),
+        nodes,
+        token: TOKEN.into(),
+        journal: Some(journal.to_path_buf()),
+        key_pool_size: 2,
+        serve_provisioned: true,
+        ..Default::default()
+    })
+    .await
+}
+
 /// Requests of `action` per node, with their senders.
 fn senders(journal: &[Value], action: &str) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -32,26 +62,9 @@ fn senders(journal: &[Value], action: &str) -> BTreeMap<String, Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start_with(&format!(
-        "jetstream {{ store_dir: \"{}\" }}\n",
-        store.path().display()
-    ));
-    let ca = choria_fleet::ca::CertificateAuthority::generate("renewal CA").unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let (dir, _store, nats) = jetstream_and_ca("renewal CA");
     let journal = dir.path().join("journal.jsonl");
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerOptions::at([nats.url()]),
-        nodes: NODES,
-        token: TOKEN.into(),
-        journal: Some(journal.clone()),
-        key_pool_size: 2,
-        serve_provisioned: true,
-        ..Default::default()
-    })
-    .await;
+    let fleet = serving_fleet(&nats, NODES, &journal).await;
     // Certificates valid 2 minutes, due with 90 % of that left: 12 s after
     // issue. The renewal client speaks to the nodes' collective.
     let renewal_cfg = dir.path().join("renewal.cfg");
@@ -229,26 +242,9 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     use choria_wire::security::seal::SealKey;
     use futures::StreamExt;
     const FLEET: usize = 12;
-    let dir = tempfile::tempdir().unwrap();
-    let store = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start_with(&format!(
-        "jetstream {{ store_dir: \"{}\" }}\n",
-        store.path().display()
-    ));
-    let ca = choria_fleet::ca::CertificateAuthority::generate("forged CA").unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let (dir, _store, nats) = jetstream_and_ca("forged CA");
     let journal = dir.path().join("journal.jsonl");
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerOptions::at([nats.url()]),
-        nodes: FLEET,
-        token: TOKEN.into(),
-        journal: Some(journal.clone()),
-        key_pool_size: 2,
-        serve_provisioned: true,
-        ..Default::default()
-    })
-    .await;
+    let fleet = serving_fleet(&nats, FLEET, &journal).await;
     let renewal_cfg = dir.path().join("renewal.cfg");
     std::fs::write(
         &renewal_cfg,
@@ -416,15 +412,7 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_is_on_the_audit_stream_and_audit_reads_it_back() {
     const FLEET: usize = 6;
-    let dir = tempfile::tempdir().unwrap();
-    let store = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start_with(&format!(
-        "jetstream {{ store_dir: \"{}\" }}\n",
-        store.path().display()
-    ));
-    let ca = choria_fleet::ca::CertificateAuthority::generate("audit CA").unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("ca.key"), ca.key_pem()).unwrap();
+    let (dir, _store, nats) = jetstream_and_ca("audit CA");
     let _fleet = RunningFleet::start(FleetOptions {
         broker: BrokerOptions::at([nats.url()]),
         nodes: FLEET,
@@ -539,4 +527,153 @@ async fn every_decision_is_on_the_audit_stream_and_audit_reads_it_back() {
     let all = events.iter().map(Value::to_string).collect::<String>();
     assert!(!all.contains(TOKEN), "no token on the audit stream");
     drop(p);
+}
+
+/// `revoke` before a node is provisioned keeps it out; after, keeps it from
+/// being renewed while the others are; `unrevoke` lifts it. Revocations are
+/// sealed values every replica follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
+    const FLEET: usize = 4;
+    let (dir, _store, nats) = jetstream_and_ca("revocation CA");
+    let journal = dir.path().join("journal.jsonl");
+    let renewal_cfg = dir.path().join("renewal.cfg");
+    std::fs::write(
+        &renewal_cfg,
+        crate::support::plain_client_cfg("renewal.example.net", &nats.url()),
+    )
+    .unwrap();
+    // Certificates valid 2 minutes, due with 90 % left: renewed 15 s after
+    // they are issued (the settling time after a provisioning).
+    let yaml = format!(
+        "workers: 4\ntoken: {TOKEN}\nsite: revoked\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 2m\n\
+         features:\n  pki: true\n\
+         records:\n  url: {url}\n  bucket: REVOKED_TEST\n  signing_key: {seed}\n\
+         renewal:\n  before: 90%\n  rate: 6000\n  retry: 30s\n  choria_config: {renewal}\n",
+        bin = binary(),
+        ca = dir.path().join("ca.pem").display(),
+        key = dir.path().join("ca.key").display(),
+        url = nats.url(),
+        seed = crate::support::signing_key(dir.path()).display(),
+        renewal = renewal_cfg.display(),
+    );
+    let cli_yaml = dir.path().join("cli.yaml");
+    std::fs::write(&cli_yaml, &yaml).unwrap();
+    let cli = |args: &[&str]| {
+        crate::support::stdout_of(
+            std::process::Command::new(binary())
+                .args(args)
+                .arg("--config")
+                .arg(&cli_yaml),
+        )
+    };
+    let (kept_out, cut_off) = ("node-001.fleet.example.net", "node-002.fleet.example.net");
+    cli(&["revoke", kept_out, "--reason", "lost in transit"]);
+
+    let _fleet = serving_fleet(&nats, FLEET, &journal).await;
+    let choria = crate::support::plain_client_cfg("provisioner.revoked.example.net", &nats.url());
+    let mut p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        (FLEET - 1) as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    p.wait_for_metric(
+        "choria_provisioner_revoked_refusals{action=\"provision\"",
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    cli(&["revoke", cut_off, "--reason", "decommissioned"]);
+    p.wait_for_metric(
+        "choria_provisioner_revocations",
+        2.0,
+        Duration::from_secs(15),
+    )
+    .await;
+
+    // The two others are renewed; the one revoked after its provisioning is not.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let configured = senders(&crate::support::read_journal_so_far(&journal), "configure");
+        let renewed = ["node-000.fleet.example.net", "node-003.fleet.example.net"]
+            .iter()
+            .all(|n| configured.get(*n).is_some_and(|s| s.len() >= 2));
+        if renewed {
+            assert_eq!(
+                configured.get(cut_off).map(Vec::len),
+                Some(1),
+                "{configured:?}"
+            );
+            assert_eq!(configured.get(kept_out), None, "{configured:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the others were not renewed within 90 s: {configured:?}\n{}",
+            p.logs_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    p.wait_for_metric(
+        "choria_provisioner_revoked_refusals{action=\"renewal\"",
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        p.logs()
+            .contains("the identity is revoked: lost in transit"),
+        "the refusal names the revocation's reason"
+    );
+    let listed = cli(&["nodes"]);
+    let line = |node: &str| {
+        listed
+            .lines()
+            .find(|l| l.starts_with(node))
+            .unwrap_or_else(|| panic!("{node} not listed:\n{listed}"))
+            .to_string()
+    };
+    assert!(
+        line(cut_off).contains("REVOKED") && line(cut_off).contains("decommissioned"),
+        "{listed}"
+    );
+    assert!(line(kept_out).contains("lost in transit"), "{listed}");
+    assert!(
+        !line("node-000.fleet.example.net").contains("REVOKED"),
+        "{listed}"
+    );
+    cli(&["unrevoke", kept_out]);
+    p.wait_for_metric_at_most(
+        "choria_provisioner_revocations",
+        1.0,
+        Duration::from_secs(15),
+    )
+    .await;
+    // A forged value in the revocations' bucket (unsealed) lifts nothing:
+    // it is counted as refused, and the other revocation holds.
+    let other = async_nats::connect(nats.url()).await.unwrap();
+    async_nats::jetstream::new(other)
+        .get_key_value("REVOKED_TEST_REVOCATIONS")
+        .await
+        .unwrap()
+        .put(
+            cut_off,
+            format!(r#"{{"identity":"{cut_off}","revoked":false}}"#)
+                .into_bytes()
+                .into(),
+        )
+        .await
+        .unwrap();
+    p.wait_for_metric(
+        "choria_provisioner_records_refused{reason=\"signature\"",
+        1.0,
+        Duration::from_secs(15),
+    )
+    .await;
+    // The gauge is refreshed every second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(p.metric("choria_provisioner_revocations"), 1.0);
 }

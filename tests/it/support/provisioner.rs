@@ -151,6 +151,24 @@ impl ProvisionerProcess {
         }
     }
 
+    /// Waits until metric `name` falls to `at_most`; panics with the log tail.
+    #[allow(dead_code)]
+    pub async fn wait_for_metric_at_most(&mut self, name: &str, at_most: f64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.metric(name);
+            if v <= at_most {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} is {v} after {timeout:?}, expected <= {at_most}; log tail:\n{}",
+                self.logs_tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .arg(format!("-{signal}"))

@@ -68,6 +68,8 @@ pub struct Metrics {
     refused_values: IntCounterVec,
     admission: IntCounterVec,
     audit_events: IntCounterVec,
+    revocations: IntGauge,
+    revoked_refusals: IntCounterVec,
     lock_refusals: IntCounter,
     shard_members: IntGauge,
     records_written: IntCounter,
@@ -102,6 +104,8 @@ pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "tim
 pub const ADMISSION_DECISIONS: [&str; 4] = ["allowed", "denied", "deferred", "error"];
 /// Labels of `choria_provisioner_audit_events{outcome}`.
 pub const AUDIT_OUTCOMES: [&str; 3] = ["written", "dropped", "error"];
+/// Labels of `choria_provisioner_revoked_refusals{action}`.
+pub const REVOKED_ACTIONS: [&str; 2] = ["provision", "renewal"];
 /// Labels of `choria_provisioner_renewals{outcome}`.
 pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
 
@@ -385,6 +389,16 @@ impl Metrics {
                 "decision",
                 &ADMISSION_DECISIONS,
             ),
+            revocations: gauge(
+                "choria_provisioner_revocations",
+                "Identities revoked now (sealed revocations read from the revocations bucket)",
+            ),
+            revoked_refusals: labelled(
+                "choria_provisioner_revoked_refusals",
+                "Provisionings and renewals refused because the identity is revoked",
+                "action",
+                &REVOKED_ACTIONS,
+            ),
             audit_events: labelled(
                 "choria_provisioner_audit_events",
                 "Audit events by what became of them: written to the stream, dropped (too many waiting), or a failed attempt to write (retried)",
@@ -403,6 +417,15 @@ impl Metrics {
     /// `decision`: one of [`ADMISSION_DECISIONS`].
     pub fn admission(&self, decision: &str) {
         self.admission.with_label_values(&[decision]).inc();
+    }
+
+    pub fn set_revocations(&self, n: usize) {
+        self.revocations.set(saturating_i64(n));
+    }
+
+    /// `action`: one of [`REVOKED_ACTIONS`].
+    pub fn revoked_refusal(&self, action: &str) {
+        self.revoked_refusals.with_label_values(&[action]).inc();
     }
 
     /// `outcome`: one of [`AUDIT_OUTCOMES`].

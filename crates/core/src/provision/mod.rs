@@ -188,6 +188,10 @@ impl Provisioner {
             .map(crate::admission::Policy::load)
             .transpose()?;
         let shared = Shared {
+            revoked: cfg
+                .records
+                .as_ref()
+                .map(|_| crate::records::revocations::Revoked::default()),
             admission,
             auditor,
             me,
@@ -375,6 +379,11 @@ fn start_day_two(
             stop.clone(),
         ));
     }
+    tasks.spawn(day_two::revocations::follow(
+        records.clone(),
+        shared.clone(),
+        stop.clone(),
+    ));
     tasks.spawn(day_two::recorder::run(
         records.clone(),
         sealer,

@@ -40,6 +40,8 @@ pub struct Shared {
     pub ownership: Ownership,
     /// Where records of provisionings go (nowhere without `records:`).
     pub recorder: Recorder,
+    /// The identities revoked now (with `records:`; `None` without).
+    pub revoked: Option<crate::records::revocations::Revoked>,
     /// Where audit events go (nowhere without `audit:`).
     pub auditor: crate::audit::writer::Auditor,
     /// Holds reconnects after a loss of leadership while disconnected.

@@ -32,6 +32,8 @@ pub enum Purpose {
     /// An event on the audit stream (parts: stream, the event's text
     /// without its seal).
     Audit,
+    /// A revocation (parts: bucket, key, site, the revocation's text).
+    Revocation,
 }
 
 impl Purpose {
@@ -41,6 +43,7 @@ impl Purpose {
             Purpose::Heartbeat => b"choria-provisioner heartbeat v1",
             Purpose::MemberLease => b"choria-provisioner member lease v1",
             Purpose::Audit => b"choria-provisioner audit event v1",
+            Purpose::Revocation => b"choria-provisioner revocation v1",
         }
     }
 }

@@ -5,3 +5,4 @@
 
 pub mod recorder;
 pub mod renewal;
+pub mod revocations;

@@ -568,6 +568,17 @@ impl Loop {
                 self.schedule.later(&node.identity, now, 30);
                 continue;
             }
+            // A revoked identity is never asked back: its credentials run
+            // out. Looked at again in a minute, in case it is unrevoked.
+            if shared
+                .revoked
+                .as_ref()
+                .is_some_and(|rv| rv.of(&node.identity).is_some())
+            {
+                self.schedule.later(&node.identity, now, 60);
+                shared.metrics.revoked_refusal("renewal");
+                continue;
+            }
             if !can_return(node.returns_until, now, r.cfg.retry) {
                 self.schedule.strand(&node.identity);
                 shared.metrics.renewal(RenewalOutcome::CannotReturn.label());

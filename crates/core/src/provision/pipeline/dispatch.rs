@@ -137,6 +137,7 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
             ProvisionError::Jwt(_)
             | ProvisionError::TokenMismatch
             | ProvisionError::IdentityBound { .. }
+            | ProvisionError::Revoked { .. }
             | ProvisionError::Ed25519(_)
             | ProvisionError::Csr(_)
             | ProvisionError::NoCsr
@@ -225,7 +226,8 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
         Err(
             e @ (ProvisionError::PolicyDenied(_)
             | ProvisionError::Policy(_)
-            | ProvisionError::PolicyDeferred(_)),
+            | ProvisionError::PolicyDeferred(_)
+            | ProvisionError::Revoked { .. }),
         ) => not_admitted(shared, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.

@@ -7,7 +7,34 @@ use crate::admission::input::NodeInput;
 use crate::admission::Decision;
 use tracing::warn;
 
+/// How long a sequence waits for the revocations to be read once before it
+/// refuses its node (retried later like any failure).
+const REVOCATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl HostSequence {
+    /// Refuses a revoked identity (with `records:`), and every identity
+    /// until the revocations were read once: a revocation holds from a
+    /// replica's first node on.
+    pub(super) async fn check_revoked(&self) -> Result<(), ProvisionError> {
+        let Some(revoked) = &self.shared.revoked else {
+            return Ok(());
+        };
+        let loaded = tokio::select! {
+            l = revoked.wait_loaded(REVOCATIONS_WAIT) => l,
+            _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        };
+        if !loaded {
+            return Err(ProvisionError::RevocationsUnknown);
+        }
+        if let Some(r) = revoked.of(&self.identity) {
+            self.shared.metrics.revoked_refusal("provision");
+            return Err(ProvisionError::Revoked {
+                reason: crate::provision::text::one_line(&r.reason, 200),
+            });
+        }
+        Ok(())
+    }
+
     /// Passes when there is no policy or it allows the node; a denial, a
     /// deferral and a policy that cannot be evaluated all stop the node
     /// here (counted by decision).

@@ -62,6 +62,10 @@ pub enum ProvisionError {
     Upgrade { version: String, reason: String },
     #[error("the helper returned an empty configuration")]
     EmptyConfiguration,
+    #[error("the identity is revoked: {reason}")]
+    Revoked { reason: String },
+    #[error("the revocations could not be read yet; not provisioning until they are")]
+    RevocationsUnknown,
     #[error("refused by the admission policy: {0}")]
     PolicyDenied(String),
     #[error("deferred by the admission policy: {0}")]
@@ -108,6 +112,7 @@ impl ProvisionError {
             ProvisionError::PolicyDenied(_)
             | ProvisionError::PolicyDeferred(_)
             | ProvisionError::Policy(_) => "admission",
+            ProvisionError::Revoked { .. } | ProvisionError::RevocationsUnknown => "revocation",
             ProvisionError::Refused(_) => "grant",
             ProvisionError::Locked { rpc } => rpc,
             ProvisionError::Conflict(_) => "reply_window",

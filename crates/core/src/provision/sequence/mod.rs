@@ -290,6 +290,7 @@ impl HostSequence {
         if !self.pending.is_empty() {
             self.settle().await?;
         }
+        self.check_revoked().await?;
         self.admit()?;
         let mut response = self.decide().await?;
         crate::provision::signing::grants::check_configuration(&response.configuration)
