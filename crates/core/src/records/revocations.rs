@@ -223,7 +223,8 @@ impl Revoked {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).loaded
     }
 
-    fn set_loaded(&self) {
+    /// Marks the revocations as read (also: there is no bucket to read).
+    pub fn set_loaded(&self) {
         self.inner.write().unwrap_or_else(|e| e.into_inner()).loaded = true;
         self.loaded.notify_waiters();
     }

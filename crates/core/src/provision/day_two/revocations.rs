@@ -58,6 +58,18 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
         };
         match result {
             Ok(()) => break,
+            // The bucket is someone else's to make (`create_bucket: false`)
+            // and is not there: nothing is revoked. Said loudly, and looked
+            // for again, rather than holding every node back.
+            Err(e @ crate::records::store::RecordsError::Bucket { .. })
+                if !records.create_bucket =>
+            {
+                revoked.set_loaded();
+                warn!(error = %e, "no revocations bucket and records.create_bucket is false: nothing can be revoked until it is created");
+                if !backoff.wait(&stop).await {
+                    break;
+                }
+            }
             Err(e) => {
                 warn!(error = %e, "cannot read the revocations; retrying (nodes wait until they are read)");
                 if !backoff.wait(&stop).await {
