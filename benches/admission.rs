@@ -65,6 +65,7 @@ fn admission(c: &mut Criterion) {
         csr: None,
         jwt: Some(&claims),
         ed25519_public_key: None,
+        record: None,
     };
     assert_eq!(
         policy.evaluate(&node(&web).document().unwrap()).unwrap(),

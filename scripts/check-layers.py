@@ -75,7 +75,7 @@ ROOMS = {
     "records": set(),
     "election": {"backoff"},
     "provision/text": set(),
-    "admission": {"provision/text"},
+    "admission": {"provision/text", "records"},
     "provision/metrics": {"monitor", "records"},
     "audit": {"backoff", "records", "provision/metrics"},
     "provision/gate": {"provision/metrics"},
@@ -93,7 +93,7 @@ ROOMS = {
     "provision/sequence": {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/pipeline/lanes", "admission", "provision/text",
+        "provision/pipeline/lanes", "admission", "provision/text", "audit",
     },
     "provision/day_two": {
         "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",

@@ -677,3 +677,82 @@ async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(p.metric("choria_provisioner_revocations"), 1.0);
 }
+
+/// Nodes that come back into provisioning while they hold valid
+/// credentials renewal did not ask them to replace (here: a second fleet
+/// under the same names, as a reinstall or an impostor would) are refused
+/// with `records.exclusive`, and flagged but provisioned without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_back_while_its_credentials_are_good_is_flagged_or_refused() {
+    const FLEET: usize = 3;
+    let (dir, _store, nats) = jetstream_and_ca("held CA");
+    let yaml = |exclusive: bool| {
+        format!(
+            "workers: 4\ntoken: {TOKEN}\nsite: held\nchoria_insecure: true\nrpc_timeout: 3s\n\
+             discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 1h\n\
+             features:\n  pki: true\n\
+             records:\n  url: {url}\n  bucket: HELD_TEST\n  signing_key: {seed}\n  exclusive: {exclusive}\n",
+            bin = binary(),
+            ca = dir.path().join("ca.pem").display(),
+            key = dir.path().join("ca.key").display(),
+            url = nats.url(),
+            seed = dir.path().join("records.seed").display(),
+        )
+    };
+    std::fs::copy(
+        crate::support::signing_key(dir.path()),
+        dir.path().join("records.seed"),
+    )
+    .unwrap();
+    let choria = crate::support::plain_client_cfg("provisioner.held.example.net", &nats.url());
+    let first = serving_fleet(&nats, FLEET, &dir.path().join("first.jsonl")).await;
+    let mut p = ProvisionerProcess::start_named(dir.path(), "a", &yaml(true), &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_records_written",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(p);
+    first.finish().await;
+    // The same names again, from other machines, to a provisioner that
+    // knows them only from the records (one that just provisioned them
+    // would ignore them for a minute).
+    let second_journal = dir.path().join("second.jsonl");
+    let _second = serving_fleet(&nats, FLEET, &second_journal).await;
+    let mut p = ProvisionerProcess::start_named(dir.path(), "b", &yaml(true), &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_held_reprovisions{outcome=\"refused\"",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    let configured = senders(
+        &crate::support::read_journal_so_far(&second_journal),
+        "configure",
+    );
+    assert!(
+        configured.is_empty(),
+        "refused, not configured: {configured:?}"
+    );
+    assert!(p.logs().contains("refused as records.exclusive is set"));
+    drop(p);
+
+    // Without exclusive: provisioned, and flagged.
+    let mut p = ProvisionerProcess::start_named(dir.path(), "c", &yaml(false), &choria, &[]);
+    p.wait_for_metric(
+        "choria_provisioner_held_reprovisions{outcome=\"flagged\"",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        FLEET as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(p
+        .logs()
+        .contains("still holds valid credentials renewal did not ask it to replace"));
+}

@@ -60,6 +60,10 @@ pub struct RecordsConfig {
     pub signing_key: PathBuf,
     /// Public keys (hex) whose seals are trusted besides `signing_key`'s.
     pub verify_keys: Vec<String>,
+    /// Refuse to provision an identity that still holds valid credentials
+    /// on record which renewal did not ask it to replace (otherwise it is
+    /// flagged and provisioned).
+    pub exclusive: bool,
 }
 
 /// When a credential is due for renewal.
@@ -157,6 +161,7 @@ impl RecordsConfig {
                 .map(|(_, k)| k.display().to_string()),
             signing_key: Some(self.signing_key.display().to_string()),
             verify_keys: (!self.verify_keys.is_empty()).then(|| self.verify_keys.clone()),
+            exclusive: Some(self.exclusive),
         }
     }
 
@@ -183,7 +188,7 @@ impl RecordsConfig {
                 0 => String::new(),
                 n => format!(" (and {n} more trusted)"),
             }
-        )
+        ) + if self.exclusive { ", exclusive" } else { "" }
     }
 }
 
@@ -309,6 +314,7 @@ pub(crate) fn records(
             )),
         },
         verify_keys: r.string_list("verify_keys")?.unwrap_or_default(),
+        exclusive: r.bool("exclusive")?.unwrap_or(false),
     };
     for (i, k) in cfg.verify_keys.iter().enumerate() {
         if choria_wire::security::parse_public_key_hex(k).is_err() {

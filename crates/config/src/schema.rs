@@ -252,6 +252,14 @@ file_section! {
         /// Public keys (64 hex characters each) whose seals are trusted too:
         /// the previous key, while records sealed with it remain.
         verify_keys: Vec<String>,
+        /// Refuse to provision a node whose identity still holds valid
+        /// credentials on record that renewal did not ask it to replace
+        /// (someone else answering under its name; a reinstalled node is
+        /// the honest case, see the Attested provisioning guide). Off: such
+        /// a provisioning is flagged (metric, audit event, log) and goes on.
+        ///
+        /// Default: `false`
+        exclusive: bool,
     }
 }
 

@@ -779,7 +779,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          \x20 server_claims: {collectives: [c1], ou: ops}\n  upgrade: '{{ values.v }}'\n",
         "features: {pki: true}\ncert_manager: {issuer: ca, issuer_kind: ClusterIssuer, namespace: ns, duration: 2160h, usages: [client auth], timeout: 1m, keep: 5m}\n\
          configuration_template: {configuration: {a: b}}\n",
-        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666']}\n\
+        "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666'], exclusive: true}\n\
          renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n\
          audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n",
     ];

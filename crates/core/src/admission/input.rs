@@ -17,7 +17,7 @@
 //!   "jwt": {"chs": true, "chu": "...", "ou": "...", "extensions": {}, "exp": 1767225600},
 //!   "ed25519_public_key": "hex",
 //!   "evidence": null,
-//!   "record": null
+//!   "record": {"provisioned_unix": 1765000000, "expires_unix": 1765086400, "renewal_asked_unix": 0, "holds_unasked": true}
 //! }
 //! ```
 //!
@@ -51,6 +51,8 @@ pub struct NodeInput<'a> {
     pub jwt: Option<&'a ProvisioningClaims>,
     /// The node's ed25519 public key (hex), with the `ed25519` feature.
     pub ed25519_public_key: Option<&'a str>,
+    /// What the records say it holds (with `records:`).
+    pub record: Option<crate::records::held::Standing>,
 }
 
 impl NodeInput<'_> {
@@ -94,7 +96,15 @@ impl NodeInput<'_> {
             "jwt": jwt,
             "ed25519_public_key": self.ed25519_public_key,
             "evidence": Value::Null,
-            "record": Value::Null,
+            "record": match self.record {
+                Some(r) => json!({
+                    "provisioned_unix": r.provisioned_unix,
+                    "expires_unix": r.expires_unix,
+                    "renewal_asked_unix": r.renewal_asked_unix,
+                    "holds_unasked": r.holds_unasked(chrono::Utc::now().timestamp()),
+                }),
+                None => Value::Null,
+            },
             "inventory": inventory,
         }))
     }

@@ -38,6 +38,9 @@ pub enum Kind {
     Shutdown,
     /// Renewal asked it to reprovision.
     Renewal,
+    /// Provisioned again while it held valid credentials renewal did not
+    /// ask it to replace.
+    Held,
 }
 
 impl Kind {
@@ -49,16 +52,18 @@ impl Kind {
             Kind::Deferred => "deferred",
             Kind::Shutdown => "shutdown",
             Kind::Renewal => "renewal",
+            Kind::Held => "held",
         }
     }
 
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Provisioned,
         Kind::Refused,
         Kind::Denied,
         Kind::Deferred,
         Kind::Shutdown,
         Kind::Renewal,
+        Kind::Held,
     ];
 }
 

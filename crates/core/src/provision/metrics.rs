@@ -69,6 +69,7 @@ pub struct Metrics {
     admission: IntCounterVec,
     audit_events: IntCounterVec,
     revocations: IntGauge,
+    held_reprovisions: IntCounterVec,
     revoked_refusals: IntCounterVec,
     lock_refusals: IntCounter,
     shard_members: IntGauge,
@@ -104,6 +105,8 @@ pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "tim
 pub const ADMISSION_DECISIONS: [&str; 4] = ["allowed", "denied", "deferred", "error"];
 /// Labels of `choria_provisioner_audit_events{outcome}`.
 pub const AUDIT_OUTCOMES: [&str; 3] = ["written", "dropped", "error"];
+/// Labels of `choria_provisioner_held_reprovisions{outcome}`.
+pub const HELD_OUTCOMES: [&str; 2] = ["flagged", "refused"];
 /// Labels of `choria_provisioner_revoked_refusals{action}`.
 pub const REVOKED_ACTIONS: [&str; 2] = ["provision", "renewal"];
 /// Labels of `choria_provisioner_renewals{outcome}`.
@@ -393,6 +396,12 @@ impl Metrics {
                 "choria_provisioner_revocations",
                 "Identities revoked now (sealed revocations read from the revocations bucket)",
             ),
+            held_reprovisions: labelled(
+                "choria_provisioner_held_reprovisions",
+                "Nodes back in provisioning while they held valid credentials renewal did not ask them to replace (a reinstall, or someone else under their name): flagged and provisioned, or refused with records.exclusive",
+                "outcome",
+                &HELD_OUTCOMES,
+            ),
             revoked_refusals: labelled(
                 "choria_provisioner_revoked_refusals",
                 "Provisionings and renewals refused because the identity is revoked",
@@ -421,6 +430,11 @@ impl Metrics {
 
     pub fn set_revocations(&self, n: usize) {
         self.revocations.set(saturating_i64(n));
+    }
+
+    /// `outcome`: one of [`HELD_OUTCOMES`].
+    pub fn held_reprovision(&self, outcome: &str) {
+        self.held_reprovisions.with_label_values(&[outcome]).inc();
     }
 
     /// `action`: one of [`REVOKED_ACTIONS`].

@@ -188,6 +188,10 @@ impl Provisioner {
             .map(crate::admission::Policy::load)
             .transpose()?;
         let shared = Shared {
+            held: cfg
+                .records
+                .as_ref()
+                .map(|_| crate::records::held::Held::default()),
             revoked: cfg
                 .records
                 .as_ref()
@@ -379,6 +383,12 @@ fn start_day_two(
             stop.clone(),
         ));
     }
+    tasks.spawn(day_two::holders::follow(
+        records.clone(),
+        sealer.clone(),
+        shared.clone(),
+        stop.clone(),
+    ));
     tasks.spawn(day_two::revocations::follow(
         records.clone(),
         shared.clone(),

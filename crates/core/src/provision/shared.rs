@@ -40,6 +40,8 @@ pub struct Shared {
     pub ownership: Ownership,
     /// Where records of provisionings go (nowhere without `records:`).
     pub recorder: Recorder,
+    /// What each identity holds on record (with `records:`).
+    pub held: Option<crate::records::held::Held>,
     /// The identities revoked now (with `records:`; `None` without).
     pub revoked: Option<crate::records::revocations::Revoked>,
     /// Where audit events go (nowhere without `audit:`).

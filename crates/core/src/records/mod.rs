@@ -17,6 +17,7 @@
 //! bucket, key and site ([`sealed`]); readers act only on records that
 //! verify.
 
+pub mod held;
 pub mod revocations;
 pub mod sealed;
 pub mod store;

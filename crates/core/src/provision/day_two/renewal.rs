@@ -461,6 +461,9 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
                             &identity,
                             serde_json::json!({"step": "reprovision"}),
                         );
+                        if let Some(held) = &shared.held {
+                            held.asked(&identity, now);
+                        }
                         state.schedule.asked(&identity, now, r.cfg.retry);
                         // It comes back through provisioning at once: the
                         // hold after its last success must not stop it.

@@ -138,6 +138,7 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
             | ProvisionError::TokenMismatch
             | ProvisionError::IdentityBound { .. }
             | ProvisionError::Revoked { .. }
+            | ProvisionError::HeldElsewhere { .. }
             | ProvisionError::Ed25519(_)
             | ProvisionError::Csr(_)
             | ProvisionError::NoCsr
@@ -227,7 +228,8 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
             e @ (ProvisionError::PolicyDenied(_)
             | ProvisionError::Policy(_)
             | ProvisionError::PolicyDeferred(_)
-            | ProvisionError::Revoked { .. }),
+            | ProvisionError::Revoked { .. }
+            | ProvisionError::HeldElsewhere { .. }),
         ) => not_admitted(shared, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.

@@ -32,7 +32,55 @@ impl HostSequence {
                 reason: crate::provision::text::one_line(&r.reason, 200),
             });
         }
+        self.check_held().await
+    }
+
+    /// A node back while it holds valid credentials renewal did not ask it
+    /// to replace: flagged (metric, audit, log), and refused with
+    /// `records.exclusive`.
+    async fn check_held(&self) -> Result<(), ProvisionError> {
+        if let Some(held) = &self.shared.held {
+            let loaded = tokio::select! {
+                l = held.wait_loaded(REVOCATIONS_WAIT) => l,
+                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            };
+            if !loaded {
+                return Err(ProvisionError::RevocationsUnknown);
+            }
+        }
+        let now = chrono::Utc::now().timestamp();
+        let Some(standing) = self.standing() else {
+            return Ok(());
+        };
+        if !standing.holds_unasked(now) {
+            return Ok(());
+        }
+        let exclusive = self
+            .shared
+            .cfg
+            .records
+            .as_ref()
+            .is_some_and(|r| r.exclusive);
+        let outcome = if exclusive { "refused" } else { "flagged" };
+        self.shared.metrics.held_reprovision(outcome);
+        let expires = chrono::DateTime::from_timestamp(standing.expires_unix, 0)
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_default();
+        if exclusive {
+            return Err(ProvisionError::HeldElsewhere { expires });
+        }
+        warn!(node = &*self.identity, credentials_expire = %expires, "SECURITY: provisioning a node that still holds valid credentials renewal did not ask it to replace: a reinstalled node, or someone else answering under its name (records.exclusive refuses these)");
+        self.shared.auditor.event(
+            crate::audit::event::Kind::Held,
+            &self.identity,
+            serde_json::json!({"step": "records", "reason": format!("still held valid credentials, expiring {expires}")}),
+        );
         Ok(())
+    }
+
+    /// What the records say this identity holds, if anything.
+    fn standing(&self) -> Option<crate::records::held::Standing> {
+        self.shared.held.as_ref()?.of(&self.identity)
     }
 
     /// Passes when there is no policy or it allows the node; a denial, a
@@ -51,6 +99,7 @@ impl HostSequence {
             csr: self.got.csr.as_ref().map(|c| c.csr.as_str()),
             jwt: self.got.jwt.as_ref(),
             ed25519_public_key: self.got.ed25519.as_ref().map(|e| e.public_key.as_str()),
+            record: self.standing(),
         };
         let decision = input.document().and_then(|doc| policy.evaluate(&doc));
         let metrics = &self.shared.metrics;

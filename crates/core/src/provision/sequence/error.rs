@@ -64,7 +64,9 @@ pub enum ProvisionError {
     EmptyConfiguration,
     #[error("the identity is revoked: {reason}")]
     Revoked { reason: String },
-    #[error("the revocations could not be read yet; not provisioning until they are")]
+    #[error("the identity still holds valid credentials (until {expires}) that renewal did not ask it to replace; refused as records.exclusive is set")]
+    HeldElsewhere { expires: String },
+    #[error("the revocations and records could not be read yet; not provisioning until they are")]
     RevocationsUnknown,
     #[error("refused by the admission policy: {0}")]
     PolicyDenied(String),
@@ -113,6 +115,7 @@ impl ProvisionError {
             | ProvisionError::PolicyDeferred(_)
             | ProvisionError::Policy(_) => "admission",
             ProvisionError::Revoked { .. } | ProvisionError::RevocationsUnknown => "revocation",
+            ProvisionError::HeldElsewhere { .. } => "records",
             ProvisionError::Refused(_) => "grant",
             ProvisionError::Locked { rpc } => rpc,
             ProvisionError::Conflict(_) => "reply_window",
