@@ -7,7 +7,6 @@ use anyhow::{bail, Context, Result};
 use choria_config::duration::parse_duration;
 use choria_config::ProvisionerConfig;
 use choria_core::audit::event::Opened;
-use choria_wire::security::seal::SealKey;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,10 +46,7 @@ pub async fn run(args: AuditArgs) -> Result<()> {
             args.config.display()
         );
     };
-    let mut verifier = SealKey::from_file(&records.signing_key)?.verifier();
-    for k in &records.verify_keys {
-        verifier = verifier.trusting(k)?;
-    }
+    let (_, verifier) = choria_core::records::store::seal_keys(records)?;
     let since = args
         .since
         .and_then(|d| chrono::Duration::from_std(d).ok())
@@ -124,13 +120,9 @@ fn summary(data: &serde_json::Value) -> String {
 }
 
 /// What anyone may have published, fit for one terminal line: no control
-/// characters (a forged event must not move the cursor), at most 300
-/// characters.
+/// characters (a forged event must not move the cursor), cut at 300.
 fn one_line(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect()
+    choria_core::provision::one_line(s, 300)
 }
 
 #[cfg(test)]

@@ -80,11 +80,7 @@ async fn mark_revoked(
     records: &choria_config::day_two::RecordsConfig,
     site: &str,
 ) -> Result<()> {
-    let key = choria_wire::security::seal::SealKey::from_file(&records.signing_key)?;
-    let mut verifier = key.verifier();
-    for k in &records.verify_keys {
-        verifier = verifier.trusting(k)?;
-    }
+    let (key, verifier) = choria_core::records::store::seal_keys(records)?;
     let store = choria_core::records::revocations::RevocationStore::connect(
         records,
         key,

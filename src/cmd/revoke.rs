@@ -8,7 +8,6 @@
 use anyhow::{bail, Context, Result};
 use choria_config::ProvisionerConfig;
 use choria_core::records::revocations::{Revocation, RevocationStore};
-use choria_wire::security::seal::SealKey;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -65,8 +64,7 @@ async fn write(config: &std::path::Path, node: &str, revoked: bool, reason: &str
             config.display()
         );
     };
-    let key = SealKey::from_file(&records.signing_key)?;
-    let verifier = key.verifier();
+    let (key, verifier) = choria_core::records::store::seal_keys(records)?;
     let store = RevocationStore::connect(
         records,
         key,

@@ -32,12 +32,22 @@ pub enum RecordsError {
 /// The sealer `cfg` describes for `site`: its signing key (read now) and
 /// the keys it trusts besides.
 pub fn sealer(cfg: &RecordsConfig, site: &str) -> Result<Sealer, RecordsError> {
+    let (key, verifier) = seal_keys(cfg)?;
+    Ok(Sealer::new(key, verifier, &cfg.bucket, site))
+}
+
+/// `records.signing_key` (read now) and a verifier trusting it and
+/// `records.verify_keys`: what records, revocations and audit events are
+/// sealed and opened with.
+pub fn seal_keys(
+    cfg: &RecordsConfig,
+) -> Result<(SealKey, choria_wire::security::seal::SealVerifier), RecordsError> {
     let key = SealKey::from_file(&cfg.signing_key).map_err(RecordsError::Key)?;
     let mut verifier = key.verifier();
     for k in &cfg.verify_keys {
         verifier = verifier.trusting(k).map_err(RecordsError::Key)?;
     }
-    Ok(Sealer::new(key, verifier, &cfg.bucket, site))
+    Ok((key, verifier))
 }
 
 /// The bucket, open.

@@ -5,7 +5,6 @@ use crate::backoff::Backoff;
 use crate::provision::shared::Shared;
 use crate::records::revocations::RevocationStore;
 use choria_config::day_two::RecordsConfig;
-use choria_wire::security::seal::SealKey;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -29,18 +28,12 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
         })
     };
     loop {
-        let store = match SealKey::from_file(&records.signing_key) {
-            Ok(key) => {
-                let mut verifier = key.verifier();
-                for k in &records.verify_keys {
-                    if let Ok(v) = verifier.clone().trusting(k) {
-                        verifier = v;
-                    }
-                }
+        let store = match crate::records::store::seal_keys(&records) {
+            Ok((key, verifier)) => {
                 let name = format!("choria-provisioner revocations {}", shared.me);
                 RevocationStore::connect(&records, key, verifier, &shared.cfg.site, &name).await
             }
-            Err(e) => Err(crate::records::store::RecordsError::Key(e)),
+            Err(e) => Err(e),
         };
         let result = match store {
             Ok(store) => {
