@@ -747,10 +747,22 @@ pub fn fleet_options(
 /// The API server's requests so far, by `verb resource[/subresource]`, from
 /// its own `apiserver_request_total`.
 pub fn apiserver_requests(cp: &ControlPlane) -> std::collections::BTreeMap<String, f64> {
+    apiserver_counts(cp, "apiserver_request_total{")
+}
+
+/// The long-running requests (watches) open now, keyed like
+/// [`apiserver_requests`]. The apiserver counts a WATCH in
+/// `apiserver_request_total` only when it ends, so a watch held open
+/// since the start shows here and not there.
+pub fn apiserver_open_requests(cp: &ControlPlane) -> std::collections::BTreeMap<String, f64> {
+    apiserver_counts(cp, "apiserver_longrunning_requests{")
+}
+
+fn apiserver_counts(cp: &ControlPlane, prefix: &str) -> std::collections::BTreeMap<String, f64> {
     let text = cp.kubectl_ok(&["get", "--raw", "/metrics"]);
     let mut requests = std::collections::BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
