@@ -66,6 +66,7 @@ fn admission(c: &mut Criterion) {
         jwt: Some(&claims),
         ed25519_public_key: None,
         record: None,
+        evidence: None,
     };
     assert_eq!(
         policy.evaluate(&node(&web).document().unwrap()).unwrap(),

@@ -64,6 +64,7 @@ ROOM_ORDER = [
     "election",
     "records",
     "admission",
+    "evidence",
     "audit",
     "monitor",
     "backoff",
@@ -75,7 +76,8 @@ ROOMS = {
     "records": set(),
     "election": {"backoff"},
     "provision/text": set(),
-    "admission": {"provision/text", "records"},
+    "admission": {"provision/text", "records", "evidence"},
+    "evidence": {"records"},
     "provision/metrics": {"monitor", "records"},
     "audit": {"backoff", "records", "provision/metrics"},
     "provision/gate": {"provision/metrics"},
@@ -88,12 +90,12 @@ ROOMS = {
     "provision/shared": {
         "monitor", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/ownership", "provision/signing", "provision/day_two/recorder",
-        "provision/pipeline/registry", "admission", "audit", "records",
+        "provision/pipeline/registry", "admission", "audit", "records", "evidence",
     },
     "provision/sequence": {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/pipeline/lanes", "admission", "provision/text", "audit",
+        "provision/pipeline/lanes", "admission", "provision/text", "audit", "evidence",
     },
     "provision/day_two": {
         "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",

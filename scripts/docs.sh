@@ -34,7 +34,7 @@ if [ "$update" = 1 ]; then
   ensure_rust
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
   log "rewriting docs/src/reference/ from the code (tests/it/book.rs)"
-  UPDATE_REFERENCE=1 cargo test --quiet --test it book:: -- --test-threads 1 >&2
+  UPDATE_REFERENCE=1 cargo test --workspace --quiet --test it book:: -- --test-threads 1 >&2
 fi
 
 rm -rf "$out"

@@ -262,7 +262,7 @@ fi
 step "the integration-test binary (it judges the timeline: tests/it/node_tier.rs)"
 STEP_LOGS=("$CACHE_DIR/node-tier-test-build.log")
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
-cargo test --no-run --quiet --test it >"$CACHE_DIR/node-tier-test-build.log" 2>&1 || die "cargo test --no-run --test it failed"
+cargo test --workspace --no-run --quiet --test it >"$CACHE_DIR/node-tier-test-build.log" 2>&1 || die "cargo test --no-run --test it failed"
 pass "built"
 
 step "release image archive"
@@ -1155,7 +1155,7 @@ lease_holder() { kc -n "$PNS" get lease provisioner -o jsonpath='{.spec.holderId
 analyse() {
   NODE_TIER_TIMELINE="$TIMELINE" NODE_TIER_PODWATCH="$W/podwatch.log" \
     NODE_TIER_FROM_MS="$(($1 / 1000000))" NODE_TIER_TO_MS="$(($2 / 1000000))" \
-    cargo test --quiet --test it node_tier::analyse_the_node_tiers_timeline -- --ignored --exact --nocapture 2>"$W/analyse.log" |
+    cargo test --workspace --quiet --test it node_tier::analyse_the_node_tiers_timeline -- --ignored --exact --nocapture 2>"$W/analyse.log" |
     sed -n '/^--- analysis ---$/,/^--- end ---$/{/^---/d;p}'
 }
 wait_until 60 "Deployment $PNS/provisioner (made by the operator)" kc -n "$PNS" get deployment provisioner
@@ -1311,7 +1311,7 @@ wait "$FLEET_PID" || fleet_rc=$?
 FLEET_WALL_S="$(secs "$t_apply" "$(now)")"
 # Judged in Rust, with tests of its own: tests/it/node_tier.rs.
 once="$(NODE_TIER_JOURNAL="$JOURNAL" NODE_TIER_NODES="$FLEET_NODES" \
-  cargo test --quiet --test it node_tier::judge_the_node_tiers_journal -- --ignored --exact --nocapture 2>"$W/once.log" |
+  cargo test --workspace --quiet --test it node_tier::judge_the_node_tiers_journal -- --ignored --exact --nocapture 2>"$W/once.log" |
   sed -n '/^--- once ---$/,/^--- end ---$/{/^---/d;p}')" || die "reading the journal"
 printf '%s\n' "$once" >"$W/provisioned-once.txt"
 read -r verdict finals span _ <<<"$once"

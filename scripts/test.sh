@@ -123,7 +123,7 @@ set +e
 cargo test --workspace --no-fail-fast --lib --bins --tests -- --skip ::alone:: --test-threads "$threads" 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
 log "cargo test: the tests that want the machine to themselves (alone), one at a time"
-cargo test --no-fail-fast --test it -- ::alone:: --test-threads 1 2>&1 | tee -a "$results"
+cargo test --workspace --no-fail-fast --test it -- ::alone:: --test-threads 1 2>&1 | tee -a "$results"
 alone_status=${PIPESTATUS[0]}
 [ "$status" -ne 0 ] || status=$alone_status
 set -e

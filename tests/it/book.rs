@@ -22,7 +22,7 @@ mod render;
 
 use choria_config::schema::{
     AdmissionFile, AuditFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
-    FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile,
+    EvidenceFile, FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile,
 };
 use choria_config::{parse_duration, ProvisionerConfig};
 use choria_core::monitor::Exposition;
@@ -78,6 +78,7 @@ fn section(ty: &str) -> Option<&'static [Field]> {
         "RenewalFile" => RenewalFile::FIELDS,
         "AdmissionFile" => AdmissionFile::FIELDS,
         "AuditFile" => AuditFile::FIELDS,
+        "EvidenceFile" => EvidenceFile::FIELDS,
         _ => return None,
     })
 }

@@ -29,6 +29,7 @@ mod node_tier;
 mod operator_e2e;
 mod operator_lifecycle;
 mod pipeline;
+mod production;
 mod provision;
 mod provision_go;
 mod renewal;

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 /// The tests of this file share two cores: one at a time, so the failover
 /// figures measure the election rather than a neighbouring control plane.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Lease timings of the pods (client-go's rule: 4 > 3 > 1.2 × 1).
 const LEASE_DURATION: Duration = Duration::from_secs(4);

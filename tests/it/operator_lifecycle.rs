@@ -88,6 +88,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         "docs/src/examples/kubernetes/provisioner.yaml",
         "docs/src/examples/kubernetes/provisioner-day-two.yaml",
         "docs/src/examples/kubernetes/private-registry.yaml",
+        // The production guide's part two.
+        "docs/src/examples/kubernetes/provisioner-production.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -674,9 +676,14 @@ fn operator_handover(c: &mut Cluster) -> (f64, f64) {
     );
 
     // A Provisioner whose spec keeps changing, so there is always work.
-    c.cp.kubectl_stdin(
+    let applied = c.cp.kubectl_stdin(
         &["apply", "-f", "-"],
         &provisioner_with("churn", json!({})).to_string(),
+    );
+    assert!(
+        applied.status.success(),
+        "the churn Provisioner was refused: {}",
+        String::from_utf8_lossy(&applied.stderr)
     );
     let churning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let churn = {
@@ -704,7 +711,11 @@ fn operator_handover(c: &mut Cluster) -> (f64, f64) {
                         &patch,
                     ])
                     .output();
-                std::thread::sleep(Duration::from_millis(200));
+                // Slower than the controller's debounce: a trigger within
+                // it postpones the reconciliation, so patches closer than
+                // that (a quick kubectl on a quiet machine took ~80 ms, so
+                // 200 ms apart was ~280 ms) starve it of any reconcile.
+                std::thread::sleep(2 * choria_operator::DEBOUNCE);
             }
         })
     };

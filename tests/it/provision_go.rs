@@ -522,3 +522,192 @@ async fn a_join_token_provisions_its_node_and_is_refused_under_another_name() {
         "the refusal names the token's node"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Cloud instance identity evidence (`evidence:`).
+// ---------------------------------------------------------------------------
+
+/// A document as AWS's instance metadata serves it, for `instance`.
+fn aws_document(instance: &str) -> String {
+    let pending = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    format!(
+        "{{\n  \"accountId\" : \"123456789012\",\n  \"architecture\" : \"x86_64\",\n  \"availabilityZone\" : \"eu-west-1a\",\n  \
+         \"imageId\" : \"ami-0abc\",\n  \"instanceId\" : \"{instance}\",\n  \"instanceType\" : \"t3.micro\",\n  \
+         \"pendingTime\" : \"{pending}\",\n  \"privateIp\" : \"10.0.0.7\",\n  \"region\" : \"eu-west-1\",\n  \"version\" : \"2017-09-30\"\n}}"
+    )
+}
+
+/// `facts.json` holding `document` signed by the "region" key in `dir`,
+/// as a unit before choria-server would write it from the metadata service.
+fn evidence_facts(dir: &Path, name: &str, document: &str) -> std::path::PathBuf {
+    let doc = format!("{name}.document");
+    std::fs::write(dir.join(&doc), document).unwrap();
+    let signature = crate::support::gopeers::openssl_output(
+        dir,
+        &["dgst", "-sha256", "-sign", "region-key.pem", &doc],
+    );
+    use base64::Engine as _;
+    let signature = base64::engine::general_purpose::STANDARD.encode(signature);
+    let facts = dir.join(format!("{name}.facts.json"));
+    std::fs::write(
+        &facts,
+        serde_json::json!({
+            "role": "web",
+            "instance_identity": {"aws": {"document": document, "signature": signature}},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    facts
+}
+
+/// Real go-choria servers carry an AWS instance identity document in the
+/// facts file their provisioning JWT names (`choria jwt prov --facts`):
+/// the node whose document verifies is provisioned, and its instance is
+/// bound to its name; a second server presenting a copy of that document
+/// under another name, and a third with no evidence, are refused and left
+/// in provisioning mode; the admission policy reads the verified instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() {
+    let Some(mut bench) =
+        Bench::start("instance_evidence_admits_its_node_and_one_instance_gets_one_identity").await
+    else {
+        return;
+    };
+    let work = bench.path("");
+    // The region's certificate, as AWS publishes one per region (RSA 1024
+    // for the `signature` form).
+    let openssl = |args: &[&str]| crate::support::gopeers::openssl(&work, args);
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:1024",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=Amazon Web Services LLC",
+        "-keyout",
+        "region-key.pem",
+        "-out",
+        "region.pem",
+    ]);
+    let (id, copy, bare) = (
+        "web-1.evidence.example.net",
+        "copy.evidence.example.net",
+        "bare.evidence.example.net",
+    );
+    let facts = evidence_facts(&work, "web-1", &aws_document("i-0abc1234"));
+    let (bin, signer, url) = (
+        bench.bin.clone(),
+        bench.signers.rsa_key.clone(),
+        bench.url(),
+    );
+    let prov_jwt = |facts: Option<&Path>| {
+        let file = work.join(format!("prov-{}.jwt", uuid::Uuid::new_v4().simple()));
+        let mut args = vec![
+            "jwt".to_string(),
+            "prov".into(),
+            s(&file).into(),
+            s(&signer).into(),
+            "--token".into(),
+            TOKEN.into(),
+            "--urls".into(),
+            url.clone(),
+            "--default".into(),
+        ];
+        if let Some(f) = facts {
+            args.extend(["--facts".into(), s(f).into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        choria_tool(&bin, &work, &args);
+        std::fs::read_to_string(file).unwrap()
+    };
+    let store = tempfile::tempdir().unwrap();
+    let js = crate::support::NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let policy = work.join("admission.rego");
+    std::fs::write(
+        &policy,
+        "package choria.provisioner\nimport rego.v1\n\
+         default allow := false\n\
+         allow if input.evidence.provider == \"aws\"\n\
+         deny_reason := \"no evidence\" if not input.evidence\n",
+    )
+    .unwrap();
+    let settings = file_provider_settings(&bench.path(id).join("ssl"));
+    let helper = bench.helper(&settings, &serde_json::json!({}));
+    let choria_cfg = format!(
+        "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
+        bench.url()
+    );
+    let yaml = format!(
+        "jwt_verify_cert: {}\nfeatures:\n  jwt: true\n  pki: true\nchoria_insecure: true\n\
+         records:\n  url: {}\n  signing_key: {}\n\
+         evidence:\n  aws_certificates: {}\n  aws_accounts: [\"123456789012\"]\n  instance_age: 1h\n\
+         admission:\n  policy: {}\n",
+        s(&bench.signers.rsa_public),
+        js.url(),
+        s(&crate::support::signing_key(&work)),
+        s(&work.join("region.pem")),
+        s(&policy),
+    );
+    let mut p = bench.provisioner("evidence", &yaml, &choria_cfg, &helper);
+    p.wait_for_metric("choria_provisioner_discover_cycles", 1.0, STARTUP_TIMEOUT)
+        .await;
+    let mut server = bench
+        .server_with_jwt(id, prov_jwt(Some(&facts)).trim())
+        .await;
+    bench
+        .wait_provisioned_and_restarted(&mut p, &mut server)
+        .await;
+    // A copy of web-1's document (anyone on the node could read it) under
+    // another name, and a node with no evidence at all.
+    let _copy = bench
+        .server_with_jwt(copy, prov_jwt(Some(&facts)).trim())
+        .await;
+    let _bare = bench.server_with_jwt(bare, prov_jwt(None).trim()).await;
+    p.wait_for_metric(
+        "choria_provisioner_evidence{outcome=\"bound_elsewhere\"",
+        1.0,
+        PROVISION_TIMEOUT,
+    )
+    .await;
+    p.wait_for_metric(
+        "choria_provisioner_evidence{outcome=\"missing\"",
+        1.0,
+        PROVISION_TIMEOUT,
+    )
+    .await;
+    let v1 = bench.insecure_v1_client();
+    let waiting = discover_provisionable(&v1).await;
+    for refused in [copy, bare] {
+        assert!(
+            waiting.iter().any(|n| n == refused),
+            "{refused} is still in provisioning mode: {waiting:?}"
+        );
+    }
+    assert_eq!(p.metric("choria_provisioner_provisioned"), 1.0);
+    assert_eq!(
+        p.metric("choria_provisioner_evidence{outcome=\"verified\""),
+        1.0
+    );
+    assert_eq!(
+        p.metric("choria_provisioner_admission{decision=\"allowed\""),
+        1.0
+    );
+    let logs = bench.stop_and_check_log(p);
+    assert!(
+        logs.contains(&format!(
+            "instance aws.123456789012.i-0abc1234 was provisioned as {id}: one instance, one identity"
+        )),
+        "the copy's refusal names the instance and its identity"
+    );
+    assert!(
+        logs.contains("no instance identity evidence"),
+        "the bare node's refusal says why"
+    );
+}

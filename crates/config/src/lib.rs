@@ -19,6 +19,7 @@ pub mod choria;
 pub mod day_two;
 pub mod duration;
 pub mod election;
+pub mod evidence;
 pub mod interpolation;
 pub mod names;
 pub mod provisioner;

@@ -158,6 +158,48 @@ file_section! {
         /// Ours: every decision about a node as a sealed event on a
         /// JetStream stream (below; needs `records`).
         audit: AuditFile,
+        /// Ours: the cloud instance identity document every node must
+        /// present, verified before the admission policy (below).
+        evidence: EvidenceFile,
+    }
+}
+
+file_section! {
+    /// `evidence:` (ours).
+    pub struct EvidenceFile {
+        /// PEM certificates (one per AWS region, from AWS's "public
+        /// certificates" page, the RSA ones for the `signature` form) that
+        /// verify the instance identity documents nodes present.
+        aws_certificates: String,
+        /// AWS account ids (12 digits) whose instances may be provisioned.
+        ///
+        /// Default: any
+        aws_accounts: Vec<String>,
+        /// Google's signing certificates for GCP instance identity tokens:
+        /// the JSON `{"kid": "PEM", ...}` that
+        /// `https://www.googleapis.com/oauth2/v1/certs` serves, or a PEM
+        /// bundle. Google rotates them: refresh the file.
+        gcp_certificates: String,
+        /// The audience a GCP token must be for; `{identity}` is the
+        /// node's name, so a token is good under one name only.
+        ///
+        /// Default: `choria:{identity}`
+        gcp_audience: String,
+        /// GCP project ids whose instances may be provisioned.
+        ///
+        /// Default: any
+        gcp_projects: Vec<String>,
+        /// Refuse instances launched longer ago than this (AWS
+        /// `pendingTime`, GCP `instance_creation_timestamp`).
+        ///
+        /// Default: any age
+        instance_age: String,
+        /// An instance is provisioned under one identity only: the first
+        /// identity it is provisioned as is kept beside the records (needs
+        /// `records`), and its evidence is refused under any other.
+        ///
+        /// Default: `true`
+        one_identity_per_instance: bool,
     }
 }
 

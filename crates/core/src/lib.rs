@@ -8,6 +8,7 @@ pub mod admission;
 pub mod audit;
 pub mod backoff;
 pub mod election;
+pub mod evidence;
 pub mod monitor;
 pub mod provision;
 pub mod records;

@@ -107,6 +107,11 @@ pub fn choria_tool(bin: &Path, dir: &Path, args: &[&str]) -> String {
 }
 
 pub fn openssl(dir: &Path, args: &[&str]) {
+    openssl_output(dir, args);
+}
+
+/// Runs openssl with `args` in `dir`; what it wrote on stdout.
+pub fn openssl_output(dir: &Path, args: &[&str]) -> Vec<u8> {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -117,6 +122,7 @@ pub fn openssl(dir: &Path, args: &[&str]) {
         "openssl {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
 }
 
 /// Provisioning-JWT signers as the Go tooling makes them: an RSA key pair

@@ -381,6 +381,12 @@ impl ControlPlane {
         path
     }
 
+    /// The kubeconfig of `admin` (system:masters), for commands a test runs
+    /// as the cluster's administrator would.
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
     /// Runs kubectl as `admin`.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_with(&self.admin_kubeconfig, args, None)

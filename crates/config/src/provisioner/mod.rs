@@ -146,6 +146,8 @@ pub struct ProvisionerConfig {
     pub admission: Option<crate::admission::AdmissionConfig>,
     /// Every decision as a sealed event on a stream (ours; needs records).
     pub audit: Option<crate::audit::AuditConfig>,
+    /// The instance identity evidence every node must present (ours).
+    pub evidence: Option<crate::evidence::EvidenceConfig>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }

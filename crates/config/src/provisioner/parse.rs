@@ -56,6 +56,7 @@ impl ProvisionerConfig {
         let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
         let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
         let audit = crate::audit::audit(file, &sec, records.is_some(), w)?;
+        let evidence = crate::evidence::evidence(file, &sec, records.is_some(), w)?;
         let election = ElectionConfig::resolve(
             file,
             sec.node("election").cloned(),
@@ -104,6 +105,7 @@ impl ProvisionerConfig {
             renewal,
             admission,
             audit,
+            evidence,
             warnings,
         })
     }

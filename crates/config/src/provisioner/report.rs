@@ -214,6 +214,9 @@ impl ProvisionerConfig {
                 ),
             ));
         }
+        if let Some(e) = &self.evidence {
+            out.push(("evidence".into(), e.effective()));
+        }
         if let Some(c) = &self.cert_manager {
             out.push(("cert_manager".into(), cert_manager_summary(c)));
         }

@@ -781,7 +781,9 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          configuration_template: {configuration: {a: b}}\n",
         "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666'], exclusive: true}\n\
          renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n\
-         audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n",
+         audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n\
+         evidence: {aws_certificates: /aws.pem, aws_accounts: ['123456789012'], gcp_certificates: /g.json, gcp_audience: 'x:{identity}', gcp_projects: [p1], instance_age: 2h, one_identity_per_instance: true}\n",
+        "helper: h\nevidence: {aws_certificates: /aws.pem, one_identity_per_instance: false}\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -827,7 +829,8 @@ fn every_schema_key_is_written_for_a_full_configuration() {
         "helper: h\ntoken: t\nbroker_provisioning_password: p\nlogfile: f\nloglevel: info\nbroker_port: 1\n\
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
          configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n\
-         records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\naudit: {}\n",
+         records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\naudit: {}\n\
+         evidence: {aws_certificates: /a.pem}\n",
     )
     .unwrap();
     let yaml = c.to_file().to_yaml().unwrap();
@@ -1018,4 +1021,37 @@ fn audit_needs_records_and_bounded_retention() {
         e.contains("audit.subject") && e.contains("no wildcards"),
         "{e}"
     );
+}
+
+#[test]
+fn evidence_needs_certificates_bounds_and_records_for_its_bindings() {
+    let records = "records: {url: 'nats://r:4222', signing_key: /s}\n";
+    let c = ok(&format!(
+        "helper: h\n{records}evidence: {{aws_certificates: /a.pem}}\n"
+    ));
+    let e = c.evidence.expect("evidence: turns it on");
+    assert!(
+        e.one_identity_per_instance,
+        "one identity per instance by default"
+    );
+    assert_eq!(e.gcp_audience, crate::evidence::DEFAULT_GCP_AUDIENCE);
+    for (yaml, says) in [
+        ("evidence: {}\n", "aws_certificates or gcp_certificates"),
+        ("evidence: {aws_certificates: /a.pem}\n", "needs records"),
+        (
+            "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, aws_accounts: ['12']}\n",
+            "12 digits",
+        ),
+        (
+            "evidence: {gcp_certificates: /g.json, one_identity_per_instance: false, gcp_audience: choria}\n",
+            "{identity}",
+        ),
+        (
+            "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, instance_age: 0s}\n",
+            "instance_age",
+        ),
+    ] {
+        let e = err(&format!("helper: h\n{yaml}"));
+        assert!(e.contains(says), "{yaml}: {e}");
+    }
 }

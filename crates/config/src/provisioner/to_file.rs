@@ -74,6 +74,7 @@ impl ProvisionerConfig {
             renewal: self.renewal.as_ref().map(|r| r.to_file()),
             admission: self.admission.as_ref().map(|a| a.to_file()),
             audit: self.audit.as_ref().map(|a| a.to_file()),
+            evidence: self.evidence.as_ref().map(|e| e.to_file()),
             cert_manager: self.cert_manager.as_ref().map(|c| CertManagerFile {
                 issuer: Some(c.issuer.clone()),
                 issuer_kind: Some(c.issuer_kind.clone()),

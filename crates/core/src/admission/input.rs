@@ -16,7 +16,7 @@
 //!   "csr": {"common_name": "n1.example.net", "dns_names": [], "ip_addresses": [], "email_addresses": [], "uris": []},
 //!   "jwt": {"chs": true, "chu": "...", "ou": "...", "extensions": {}, "exp": 1767225600},
 //!   "ed25519_public_key": "hex",
-//!   "evidence": null,
+//!   "evidence": {"provider": "aws", "instance": "aws.123456789012.i-0abc", "account": "123456789012", "instance_id": "i-0abc", "region": "eu-west-1", "launched_unix": 1765000000, "details": {}},
 //!   "record": {"provisioned_unix": 1765000000, "expires_unix": 1765086400, "renewal_asked_unix": 0, "holds_unasked": true}
 //! }
 //! ```
@@ -53,6 +53,8 @@ pub struct NodeInput<'a> {
     pub ed25519_public_key: Option<&'a str>,
     /// What the records say it holds (with `records:`).
     pub record: Option<crate::records::held::Standing>,
+    /// Its verified instance identity (with `evidence:`).
+    pub evidence: Option<&'a crate::evidence::Evidence>,
 }
 
 impl NodeInput<'_> {
@@ -95,7 +97,7 @@ impl NodeInput<'_> {
             "csr": self.csr.map_or(Value::Null, csr),
             "jwt": jwt,
             "ed25519_public_key": self.ed25519_public_key,
-            "evidence": Value::Null,
+            "evidence": self.evidence.map_or(Value::Null, crate::evidence::Evidence::input),
             "record": match self.record {
                 Some(r) => json!({
                     "provisioned_unix": r.provisioned_unix,

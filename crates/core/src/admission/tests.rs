@@ -159,6 +159,7 @@ fn the_input_holds_the_nodes_facts_and_names_but_not_its_token() {
         jwt: Some(&claims),
         ed25519_public_key: Some("abcd"),
         record: None,
+        evidence: None,
     }
     .document()
     .unwrap();

@@ -9,21 +9,10 @@ use std::time::Duration;
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+mod labels;
 mod summary;
+pub use labels::*;
 use summary::Summary;
-
-/// Every RPC the provisioner performs, as `agent#action`; the `rpc`-labelled
-/// series are pre-created for each of them.
-pub const RPC_NAMES: [&str; 8] = [
-    "choria_provision#jwt",
-    "choria_provision#gen25519",
-    "rpcutil#inventory",
-    "choria_provision#gencsr",
-    "choria_provision#configure",
-    "choria_provision#restart",
-    "choria_provision#shutdown",
-    "choria_provision#release_update",
-];
 
 const SITE: &str = "site";
 const RPC: &str = "rpc";
@@ -67,6 +56,7 @@ pub struct Metrics {
     pending_nodes: IntGauge,
     refused_values: IntCounterVec,
     admission: IntCounterVec,
+    evidence: IntCounterVec,
     audit_events: IntCounterVec,
     revocations: IntGauge,
     held_reprovisions: IntCounterVec,
@@ -85,59 +75,6 @@ pub struct Metrics {
     ignored_shutdowns: IntCounter,
     sequences: IntGauge,
 }
-
-/// Labels of `choria_provisioner_shard_records_refused{reason}`.
-pub const SHARD_REFUSED_REASONS: [&str; 6] = [
-    "unsigned",
-    "signature",
-    "invalid",
-    "replayed",
-    "stale",
-    "too_many",
-];
-
-/// Labels of `choria_provisioner_cert_manager_requests{outcome}`: what
-/// [`super::signing::certmanager::SignError::outcome`] names.
-pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "timeout", "error"];
-/// Labels of `choria_provisioner_admission{decision}`: what the admission
-/// policy decided for a node (`error`: it could not be evaluated, and the
-/// node was refused).
-pub const ADMISSION_DECISIONS: [&str; 4] = ["allowed", "denied", "deferred", "error"];
-/// Labels of `choria_provisioner_audit_events{outcome}`.
-pub const AUDIT_OUTCOMES: [&str; 3] = ["written", "dropped", "error"];
-/// Labels of `choria_provisioner_held_reprovisions{outcome}`.
-pub const HELD_OUTCOMES: [&str; 2] = ["flagged", "refused"];
-/// Labels of `choria_provisioner_revoked_refusals{action}`.
-pub const REVOKED_ACTIONS: [&str; 2] = ["provision", "renewal"];
-/// Labels of `choria_provisioner_renewals{outcome}`.
-pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
-
-/// Labels of `choria_provisioner_rejected_identities{source}`.
-pub const IDENTITY_SOURCES: [&str; 2] = ["discovery", "event"];
-/// Labels of `choria_provisioner_refused_values{place}`: where a value from
-/// a node (through a template or the helper) would have landed.
-pub const REFUSED_PLACES: [&str; 8] = [
-    "setting",
-    "list_setting",
-    "action_policy",
-    "opa_policy",
-    "version",
-    "collectives",
-    "main_collective",
-    "pub_subjects",
-];
-/// Labels of `choria_provisioner_rejected_csrs{reason}`.
-pub const CSR_REASONS: [&str; 9] = [
-    "unparsable",
-    "unsupported_algorithm",
-    "bad_signature",
-    "common_name_count",
-    "common_name",
-    "foreign_dns_name",
-    "non_dns_san",
-    "denied_name",
-    "other",
-];
 
 impl Metrics {
     pub fn new(site: &str) -> Self {
@@ -392,6 +329,12 @@ impl Metrics {
                 "decision",
                 &ADMISSION_DECISIONS,
             ),
+            evidence: labelled(
+                "choria_provisioner_evidence",
+                "Nodes' cloud instance identity evidence, by outcome (every outcome but verified and forged_binding refused the node)",
+                "outcome",
+                &EVIDENCE_OUTCOMES,
+            ),
             revocations: gauge(
                 "choria_provisioner_revocations",
                 "Identities revoked now (sealed revocations read from the revocations bucket)",
@@ -426,6 +369,11 @@ impl Metrics {
     /// `decision`: one of [`ADMISSION_DECISIONS`].
     pub fn admission(&self, decision: &str) {
         self.admission.with_label_values(&[decision]).inc();
+    }
+
+    /// `outcome`: one of [`EVIDENCE_OUTCOMES`].
+    pub fn evidence(&self, outcome: &str) {
+        self.evidence.with_label_values(&[outcome]).inc();
     }
 
     pub fn set_revocations(&self, n: usize) {

@@ -82,6 +82,8 @@ pub enum RunError {
     Records(#[from] crate::records::store::RecordsError),
     #[error(transparent)]
     Admission(#[from] crate::admission::PolicyError),
+    #[error(transparent)]
+    Evidence(#[from] crate::evidence::EvidenceError),
 }
 
 /// How this process runs, beyond its two files.
@@ -187,7 +189,9 @@ impl Provisioner {
             .as_ref()
             .map(crate::admission::Policy::load)
             .transpose()?;
+        let evidence = crate::evidence::Gate::load(&cfg, &me)?;
         let shared = Shared {
+            evidence,
             held: cfg
                 .records
                 .as_ref()

@@ -20,6 +20,8 @@ pub enum PrepareError {
     Records(#[source] crate::records::store::RecordsError),
     #[error(transparent)]
     Admission(#[from] crate::admission::PolicyError),
+    #[error(transparent)]
+    Evidence(#[from] crate::evidence::EvidenceError),
     #[error("could not set up TLS to the broker ({}): {source}", .file.display())]
     Tls {
         file: std::path::PathBuf,
@@ -81,6 +83,9 @@ pub fn prepare(
     }
     if let Some(a) = &cfg.admission {
         crate::admission::Policy::load(a)?;
+    }
+    if let Some(e) = &cfg.evidence {
+        crate::evidence::Verifier::load(e)?;
     }
     if setup.connect.tls.is_custom() {
         setup

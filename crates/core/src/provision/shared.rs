@@ -53,6 +53,9 @@ pub struct Shared {
     /// The admission policy every node passes before it is decided for
     /// (`admission:` or `rego_policy`).
     pub admission: Option<crate::admission::Policy>,
+    /// The instance identity evidence every node must present
+    /// (`evidence:`).
+    pub evidence: Option<crate::evidence::Gate>,
     /// The `workers` slots: a sequence holds one only while it works.
     pub slots: Arc<Semaphore>,
     /// Fired at shutdown once in-flight nodes had their grace period: waits

@@ -64,26 +64,10 @@ impl RevocationStore {
         site: &str,
         name: &str,
     ) -> Result<Self, RecordsError> {
-        let nats = super::store::connect(cfg, name).await?;
-        let js = async_nats::jetstream::new(nats);
         let bucket = bucket(cfg);
-        let bucket_err = |reason: String| RecordsError::Bucket {
-            bucket: bucket.clone(),
-            reason,
-        };
-        let kv = match js.get_key_value(&bucket).await {
-            Ok(kv) => kv,
-            Err(e) if cfg.create_bucket => js
-                .create_key_value(kv::Config {
-                    bucket: bucket.clone(),
-                    description: "choria-provisioner: revoked identities".into(),
-                    history: 5,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|c| bucket_err(format!("not found ({e}) and not created ({c})")))?,
-            Err(e) => return Err(bucket_err(e.to_string())),
-        };
+        let kv =
+            super::store::open_bucket(cfg, &bucket, "choria-provisioner: revoked identities", name)
+                .await?;
         Ok(RevocationStore {
             kv,
             bucket,

@@ -230,3 +230,33 @@ pub async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Clie
             },
         })
 }
+
+/// A KV bucket of `cfg`'s JetStream beside the records (revocations,
+/// instance bindings), created with `description` when it is missing and
+/// `records.create_bucket` allows.
+pub async fn open_bucket(
+    cfg: &RecordsConfig,
+    bucket: &str,
+    description: &str,
+    name: &str,
+) -> Result<kv::Store, RecordsError> {
+    let nats = connect(cfg, name).await?;
+    let js = async_nats::jetstream::new(nats);
+    let bucket_err = |reason: String| RecordsError::Bucket {
+        bucket: bucket.to_string(),
+        reason,
+    };
+    match js.get_key_value(bucket).await {
+        Ok(kv) => Ok(kv),
+        Err(e) if cfg.create_bucket => js
+            .create_key_value(kv::Config {
+                bucket: bucket.to_string(),
+                description: description.into(),
+                history: 5,
+                ..Default::default()
+            })
+            .await
+            .map_err(|c| bucket_err(format!("not found ({e}) and not created ({c})"))),
+        Err(e) => Err(bucket_err(e.to_string())),
+    }
+}

@@ -34,6 +34,9 @@ pub enum Purpose {
     Audit,
     /// A revocation (parts: bucket, key, site, the revocation's text).
     Revocation,
+    /// The identity a cloud instance was first provisioned as (parts:
+    /// bucket, key, site, the binding's text).
+    InstanceBinding,
 }
 
 impl Purpose {
@@ -44,6 +47,7 @@ impl Purpose {
             Purpose::MemberLease => b"choria-provisioner member lease v1",
             Purpose::Audit => b"choria-provisioner audit event v1",
             Purpose::Revocation => b"choria-provisioner revocation v1",
+            Purpose::InstanceBinding => b"choria-provisioner instance binding v1",
         }
     }
 }

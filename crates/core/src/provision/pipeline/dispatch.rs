@@ -128,9 +128,10 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
         Ok(Outcome::Shutdown) => (Kind::Shutdown, serde_json::json!({})),
         Ok(Outcome::Upgrading { .. }) => return,
         Err(e) => match e {
-            ProvisionError::PolicyDenied(_) | ProvisionError::Policy(_) => {
-                (Kind::Denied, because(e))
-            }
+            ProvisionError::PolicyDenied(_)
+            | ProvisionError::Policy(_)
+            | ProvisionError::Evidence(_)
+            | ProvisionError::InstanceBound { .. } => (Kind::Denied, because(e)),
             ProvisionError::PolicyDeferred(_) | ProvisionError::Deferred(_) => {
                 (Kind::Deferred, because(e))
             }
@@ -229,7 +230,9 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
             | ProvisionError::Policy(_)
             | ProvisionError::PolicyDeferred(_)
             | ProvisionError::Revoked { .. }
-            | ProvisionError::HeldElsewhere { .. }),
+            | ProvisionError::HeldElsewhere { .. }
+            | ProvisionError::Evidence(_)
+            | ProvisionError::InstanceBound { .. }),
         ) => not_admitted(shared, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.

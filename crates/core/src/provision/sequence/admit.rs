@@ -86,7 +86,10 @@ impl HostSequence {
     /// Passes when there is no policy or it allows the node; a denial, a
     /// deferral and a policy that cannot be evaluated all stop the node
     /// here (counted by decision).
-    pub(super) fn admit(&self) -> Result<(), ProvisionError> {
+    pub(super) fn admit(
+        &self,
+        evidence: Option<&crate::evidence::Evidence>,
+    ) -> Result<(), ProvisionError> {
         let Some(policy) = &self.shared.admission else {
             return Ok(());
         };
@@ -100,6 +103,7 @@ impl HostSequence {
             jwt: self.got.jwt.as_ref(),
             ed25519_public_key: self.got.ed25519.as_ref().map(|e| e.public_key.as_str()),
             record: self.standing(),
+            evidence,
         };
         let decision = input.document().and_then(|doc| policy.evaluate(&doc));
         let metrics = &self.shared.metrics;

@@ -68,6 +68,12 @@ pub enum ProvisionError {
     HeldElsewhere { expires: String },
     #[error("the revocations and records could not be read yet; not provisioning until they are")]
     RevocationsUnknown,
+    #[error("{0}")]
+    Evidence(#[source] crate::evidence::EvidenceError),
+    #[error("instance {instance} was provisioned as {identity}: one instance, one identity")]
+    InstanceBound { instance: String, identity: String },
+    #[error("the instances' identities could not be read: {0}")]
+    BindingsUnknown(String),
     #[error("refused by the admission policy: {0}")]
     PolicyDenied(String),
     #[error("deferred by the admission policy: {0}")]
@@ -116,6 +122,9 @@ impl ProvisionError {
             | ProvisionError::Policy(_) => "admission",
             ProvisionError::Revoked { .. } | ProvisionError::RevocationsUnknown => "revocation",
             ProvisionError::HeldElsewhere { .. } => "records",
+            ProvisionError::Evidence(_)
+            | ProvisionError::InstanceBound { .. }
+            | ProvisionError::BindingsUnknown(_) => "evidence",
             ProvisionError::Refused(_) => "grant",
             ProvisionError::Locked { rpc } => rpc,
             ProvisionError::Conflict(_) => "reply_window",

@@ -30,6 +30,7 @@ mod ask;
 mod call;
 mod decide;
 mod error;
+mod evidence;
 pub mod version;
 
 pub use call::LOCK_REFUSED;
@@ -291,7 +292,8 @@ impl HostSequence {
             self.settle().await?;
         }
         self.check_revoked().await?;
-        self.admit()?;
+        let evidence = self.check_evidence().await?;
+        self.admit(evidence.as_ref())?;
         let mut response = self.decide().await?;
         crate::provision::signing::grants::check_configuration(&response.configuration)
             .map_err(|e| self.refused(e))?;

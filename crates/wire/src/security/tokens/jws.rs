@@ -150,3 +150,45 @@ pub(super) fn validate_times(std: &StandardClaims, now: i64) -> Result<(), Token
     }
     Ok(())
 }
+
+/// Verifies an RSA PKCS#1 v1.5 signature with SHA-256 of `msg` (what RS256
+/// signs, and the `signature` of an AWS instance identity document).
+pub fn verify_rsa_sha256(key: &RsaPublicKey, msg: &[u8], sig: &[u8]) -> Result<(), TokenError> {
+    verify_rsa(Alg::Rs256, key, msg, sig)
+}
+
+/// A compact RS256 JWS verified with the one of `keys` its header's `kid`
+/// names (keys with an empty id are tried for any token, and every key for
+/// a token without a `kid`): its claims, not yet checked for anything but
+/// their signature. For tokens of other issuers (a cloud's instance
+/// identity token), whose claims the caller checks itself.
+pub fn verify_rs256_jws(
+    token: &str,
+    keys: &[(String, RsaPublicKey)],
+) -> Result<serde_json::Value, TokenError> {
+    let d = decode_jws(token)?;
+    if d.alg != "RS256" {
+        return Err(TokenError::UnsupportedAlgorithm(clip(&d.alg)));
+    }
+    let header = b64_segment(token.split('.').next().unwrap_or_default(), "header")?;
+    let kid = serde_json::from_slice::<serde_json::Value>(&header)
+        .ok()
+        .and_then(|h| h.get("kid").and_then(|k| k.as_str()).map(str::to_string));
+    let candidates = keys
+        .iter()
+        .filter(|(id, _)| id.is_empty() || kid.as_deref().is_none_or(|k| k == id));
+    let mut tried = false;
+    for (_, key) in candidates {
+        tried = true;
+        if verify_rsa(Alg::Rs256, key, d.signing_input.as_bytes(), &d.signature).is_ok() {
+            return decode_claims(&d.claims);
+        }
+    }
+    match tried {
+        true => Err(TokenError::InvalidSignature),
+        false => Err(TokenError::Malformed(format!(
+            "no key {} among the configured ones",
+            clip(kid.as_deref().unwrap_or_default())
+        ))),
+    }
+}

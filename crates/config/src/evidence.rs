@@ -1,0 +1,177 @@
+//! `evidence:` (ours): a cloud instance identity document every node must
+//! present, verified before anything is signed or configured for it, and
+//! one instance, one identity.
+//!
+//! ```yaml
+//! evidence:
+//!   aws_certificates: /etc/choria-provisioner/aws-regions.pem
+//!   aws_accounts: ["123456789012"]
+//!   gcp_certificates: /etc/choria-provisioner/google-certs.json
+//!   gcp_audience: "choria:{identity}"
+//!   gcp_projects: [fleet-prod]
+//!   instance_age: 1h
+//!   one_identity_per_instance: true
+//! ```
+//!
+//! A node carries its evidence in its facts (the file its provisioning
+//! JWT's `chf` claim names, `choria jwt prov --facts`), under
+//! `instance_identity`; the core verifies it (`choria_core::evidence`), this
+//! only says with what.
+
+use super::duration::format_duration;
+use super::schema::EvidenceFile;
+use super::yaml::{Node, Section};
+use super::{ConfigError, ConfigWarning};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What `{identity}` in `gcp_audience` is replaced with.
+pub const IDENTITY_PLACEHOLDER: &str = "{identity}";
+
+/// `evidence:`, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvidenceConfig {
+    /// PEM certificates of the AWS regions whose `signature` the instance
+    /// identity documents carry.
+    pub aws_certificates: Option<PathBuf>,
+    /// AWS accounts whose instances may be provisioned; empty: any.
+    pub aws_accounts: Vec<String>,
+    /// Google's signing certificates (`{"kid": "PEM", ...}`, as
+    /// `https://www.googleapis.com/oauth2/v1/certs` serves them) or a PEM
+    /// bundle.
+    pub gcp_certificates: Option<PathBuf>,
+    /// The audience a GCP identity token must be for, `{identity}` the
+    /// node's name: binds the token to the name it is presented under.
+    pub gcp_audience: String,
+    /// GCP projects whose instances may be provisioned; empty: any.
+    pub gcp_projects: Vec<String>,
+    /// Refuse instances launched longer ago than this (AWS `pendingTime`,
+    /// GCP `instance_creation_timestamp`).
+    pub instance_age: Option<Duration>,
+    /// An instance is provisioned under one identity only (needs records).
+    pub one_identity_per_instance: bool,
+}
+
+impl EvidenceConfig {
+    pub fn to_file(&self) -> EvidenceFile {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let list = |l: &Vec<String>| (!l.is_empty()).then(|| l.clone());
+        EvidenceFile {
+            aws_certificates: path(&self.aws_certificates),
+            aws_accounts: list(&self.aws_accounts),
+            gcp_certificates: path(&self.gcp_certificates),
+            gcp_audience: Some(self.gcp_audience.clone()),
+            gcp_projects: list(&self.gcp_projects),
+            instance_age: self.instance_age.map(format_duration),
+            one_identity_per_instance: Some(self.one_identity_per_instance),
+        }
+    }
+
+    /// `run --check`'s line.
+    pub fn effective(&self) -> String {
+        let mut parts = Vec::new();
+        if self.aws_certificates.is_some() {
+            parts.push(match self.aws_accounts.len() {
+                0 => "aws (any account)".to_string(),
+                n => format!("aws ({n} account{})", if n == 1 { "" } else { "s" }),
+            });
+        }
+        if self.gcp_certificates.is_some() {
+            parts.push(format!(
+                "gcp (audience {}, {})",
+                self.gcp_audience,
+                match self.gcp_projects.len() {
+                    0 => "any project".to_string(),
+                    n => format!("{n} project{}", if n == 1 { "" } else { "s" }),
+                }
+            ));
+        }
+        if let Some(age) = self.instance_age {
+            parts.push(format!("launched within {}", format_duration(age)));
+        }
+        if self.one_identity_per_instance {
+            parts.push("one identity per instance".into());
+        }
+        format!("required: {}", parts.join(", "))
+    }
+}
+
+/// The default `gcp_audience`.
+pub const DEFAULT_GCP_AUDIENCE: &str = "choria:{identity}";
+
+pub(crate) fn evidence(
+    file: &Path,
+    sec: &Section,
+    has_records: bool,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<Option<EvidenceConfig>, ConfigError> {
+    if !sec.is_set("evidence") {
+        return Ok(None);
+    }
+    let e = Section::new(
+        file,
+        &format!("{}.", sec.key("evidence")),
+        sec.node("evidence").cloned().unwrap_or(Node::Null),
+        EvidenceFile::KEYS,
+        w,
+    )?;
+    let path = |key: &str| -> Result<Option<PathBuf>, ConfigError> {
+        Ok(e.string(key)?
+            .filter(|p| !p.trim().is_empty())
+            .map(PathBuf::from))
+    };
+    let aws_certificates = path("aws_certificates")?;
+    let gcp_certificates = path("gcp_certificates")?;
+    if aws_certificates.is_none() && gcp_certificates.is_none() {
+        return Err(e.error(
+            "aws_certificates",
+            "evidence needs aws_certificates or gcp_certificates: what verifies the instance identity documents",
+        ));
+    }
+    let aws_accounts = e.string_list("aws_accounts")?.unwrap_or_default();
+    if let Some(bad) = aws_accounts
+        .iter()
+        .find(|a| a.len() != 12 || !a.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(e.error(
+            "aws_accounts",
+            format!("{bad:?} is not an AWS account id (12 digits)"),
+        ));
+    }
+    let gcp_projects = e.string_list("gcp_projects")?.unwrap_or_default();
+    let gcp_audience = e
+        .string("gcp_audience")?
+        .filter(|a| !a.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_GCP_AUDIENCE.into());
+    if gcp_certificates.is_some() && !gcp_audience.contains(IDENTITY_PLACEHOLDER) {
+        return Err(e.error(
+            "gcp_audience",
+            format!("{gcp_audience:?} does not hold {IDENTITY_PLACEHOLDER}: a token for one node would then be good for any name"),
+        ));
+    }
+    let instance_age = match e.duration("instance_age")? {
+        Some((raw, d)) if d.is_zero() => {
+            return Err(e.error(
+                "instance_age",
+                format!("{raw:?} is zero; leave it out to accept instances of any age"),
+            ))
+        }
+        other => other.map(|(_, d)| d),
+    };
+    let one_identity_per_instance = e.bool("one_identity_per_instance")?.unwrap_or(true);
+    if one_identity_per_instance && !has_records {
+        return Err(e.error(
+            "one_identity_per_instance",
+            "needs records: the instances' identities are kept beside them (or set it to false)",
+        ));
+    }
+    Ok(Some(EvidenceConfig {
+        aws_certificates,
+        aws_accounts,
+        gcp_certificates,
+        gcp_audience,
+        gcp_projects,
+        instance_age,
+        one_identity_per_instance,
+    }))
+}

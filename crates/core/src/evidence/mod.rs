@@ -1,0 +1,350 @@
+//! Cloud instance identity evidence (`evidence:`): what a node must present,
+//! besides its provisioning JWT, before anything is signed for it — a
+//! document its cloud signed that names the instance it runs on — and the
+//! one identity each instance may be provisioned as.
+//!
+//! A go-choria server in provisioning mode reports the facts of the file
+//! its provisioning JWT's `chf` claim names (`choria jwt prov --facts`),
+//! read again for every inventory; whatever fetches the evidence at boot
+//! (cloud-init, a unit before choria-server) writes it there, under
+//! `instance_identity`:
+//!
+//! ```json
+//! {"instance_identity": {"aws": {"document": "<the document, verbatim>", "signature": "<base64>"}}}
+//! {"instance_identity": {"gcp": {"token": "<the identity token for audience choria:<identity>>"}}}
+//! ```
+//!
+//! Values travel as strings: go-choria re-encodes facts (key order, number
+//! types, HTML escaping), and a signature is over the exact bytes.
+//!
+//! * AWS: the instance identity document and its `signature` (RSA with
+//!   SHA-256 over the document), verified with the regions' certificates
+//!   (`aws_certificates`); the account must be listed (`aws_accounts`).
+//! * GCP: the instance identity token (RS256), verified with Google's
+//!   certificates (`gcp_certificates`), from `accounts.google.com`, for the
+//!   audience naming this node (`gcp_audience`), unexpired; the project
+//!   must be listed (`gcp_projects`).
+//!
+//! An AWS document carries no nonce and no name: a copy is good for as long
+//! as the instance lives. What a copy may cost is bounded by
+//! [`bindings`]: an instance is provisioned under one identity only, so a
+//! document copied from one node is refused under any other name.
+//!
+//! [`Verifier::verify`] is pure (it takes `now`); the bindings are the one
+//! part that talks to the bucket.
+
+pub mod bindings;
+mod parse;
+#[cfg(test)]
+mod tests;
+
+use choria_config::evidence::{EvidenceConfig, IDENTITY_PLACEHOLDER};
+use choria_wire::security::tokens::{verify_rs256_jws, verify_rsa_sha256, TokenVerifyKey};
+use rsa::RsaPublicKey;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The facts key the evidence is under.
+pub const FACT: &str = "instance_identity";
+
+/// How far a token's `iat` may be ahead of our clock.
+const CLOCK_SKEW: i64 = 60;
+
+/// A verified instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    /// `aws` or `gcp`.
+    pub provider: &'static str,
+    /// The account (AWS) or project (GCP).
+    pub account: String,
+    pub instance_id: String,
+    /// The region (AWS) or zone (GCP).
+    pub region: String,
+    /// When the instance was launched (AWS `pendingTime`, GCP
+    /// `instance_creation_timestamp`), Unix seconds.
+    pub launched_unix: Option<i64>,
+    /// The rest the policy may read (image, type; instance name, …).
+    pub details: Value,
+}
+
+impl Evidence {
+    /// The instance's key among all providers: `aws.<account>.<id>`,
+    /// `gcp.<project>.<id>` (every part checked to be letters, digits, `-`
+    /// and `_`, so it is also a KV key and a subject token).
+    pub fn instance(&self) -> String {
+        format!("{}.{}.{}", self.provider, self.account, self.instance_id)
+    }
+
+    /// What the admission policy reads as `input.evidence`.
+    pub fn input(&self) -> Value {
+        json!({
+            "provider": self.provider,
+            "instance": self.instance(),
+            "account": self.account,
+            "instance_id": self.instance_id,
+            "region": self.region,
+            "launched_unix": self.launched_unix,
+            "details": self.details,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error("cannot read {what} {}: {source}", .path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} {}: {reason}", .path.display())]
+    Load {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("the node presented no instance identity evidence (facts.{FACT})")]
+    Missing,
+    #[error("the instance identity evidence is malformed: {0}")]
+    Malformed(String),
+    #[error("the node presented {0} evidence, and evidence.{0}_certificates is not set")]
+    Unconfigured(&'static str),
+    #[error(
+        "the {0} instance identity signature does not verify with the configured certificates"
+    )]
+    Signature(&'static str),
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl EvidenceError {
+    /// The `outcome` label of `choria_provisioner_evidence`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EvidenceError::Missing => "missing",
+            EvidenceError::Malformed(_) | EvidenceError::Unconfigured(_) => "malformed",
+            EvidenceError::Signature(_) => "signature",
+            EvidenceError::Refused(_) => "refused",
+            EvidenceError::Read { .. } | EvidenceError::Load { .. } => "error",
+        }
+    }
+}
+
+/// The trust anchors and rules of `evidence:`, loaded.
+pub struct Verifier {
+    aws: Vec<RsaPublicKey>,
+    aws_accounts: Vec<String>,
+    gcp: Vec<(String, RsaPublicKey)>,
+    gcp_audience: String,
+    gcp_projects: Vec<String>,
+    instance_age: Option<Duration>,
+}
+
+impl Verifier {
+    /// Reads the certificates `cfg` names: an error names the file.
+    pub fn load(cfg: &EvidenceConfig) -> Result<Verifier, EvidenceError> {
+        let aws = match &cfg.aws_certificates {
+            Some(p) => parse::pem_keys(&read(p, "evidence.aws_certificates")?)
+                .map_err(|reason| load(p, "evidence.aws_certificates", reason))?
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect(),
+            None => Vec::new(),
+        };
+        let gcp = match &cfg.gcp_certificates {
+            Some(p) => parse::google_keys(&read(p, "evidence.gcp_certificates")?)
+                .map_err(|reason| load(p, "evidence.gcp_certificates", reason))?,
+            None => Vec::new(),
+        };
+        Ok(Verifier {
+            aws,
+            aws_accounts: cfg.aws_accounts.clone(),
+            gcp,
+            gcp_audience: cfg.gcp_audience.clone(),
+            gcp_projects: cfg.gcp_projects.clone(),
+            instance_age: cfg.instance_age,
+        })
+    }
+
+    /// The evidence in `facts` for a node presenting itself as
+    /// `identity`, verified at `now` (Unix seconds).
+    pub fn verify(
+        &self,
+        identity: &str,
+        facts: &Value,
+        now: i64,
+    ) -> Result<Evidence, EvidenceError> {
+        let Some(presented) = facts.get(FACT) else {
+            return Err(EvidenceError::Missing);
+        };
+        let evidence = match (presented.get("aws"), presented.get("gcp")) {
+            (Some(aws), None) => self.aws(aws)?,
+            (None, Some(gcp)) => self.gcp(identity, gcp, now)?,
+            _ => {
+                return Err(EvidenceError::Malformed(format!(
+                    "facts.{FACT} must hold one of aws or gcp"
+                )))
+            }
+        };
+        if let (Some(age), Some(launched)) = (self.instance_age, evidence.launched_unix) {
+            let limit = i64::try_from(age.as_secs()).unwrap_or(i64::MAX);
+            if now.saturating_sub(launched) > limit {
+                return Err(EvidenceError::Refused(format!(
+                    "instance {} was launched {} s ago, more than evidence.instance_age ({} s)",
+                    evidence.instance(),
+                    now - launched,
+                    limit
+                )));
+            }
+        }
+        Ok(evidence)
+    }
+
+    fn aws(&self, aws: &Value) -> Result<Evidence, EvidenceError> {
+        if self.aws.is_empty() {
+            return Err(EvidenceError::Unconfigured("aws"));
+        }
+        let field = |name: &str| {
+            aws.get(name).and_then(Value::as_str).ok_or_else(|| {
+                EvidenceError::Malformed(format!("facts.{FACT}.aws.{name} is not a string"))
+            })
+        };
+        let document = field("document")?;
+        let signature = parse::base64(field("signature")?)
+            .map_err(|e| EvidenceError::Malformed(format!("facts.{FACT}.aws.signature: {e}")))?;
+        if !self
+            .aws
+            .iter()
+            .any(|k| verify_rsa_sha256(k, document.as_bytes(), &signature).is_ok())
+        {
+            return Err(EvidenceError::Signature("aws"));
+        }
+        // Signed by AWS: from here on its content is trusted, but still
+        // checked for where it lands (a KV key, a log line).
+        let evidence = parse::aws_document(document).map_err(EvidenceError::Malformed)?;
+        if !self.aws_accounts.is_empty() && !self.aws_accounts.contains(&evidence.account) {
+            return Err(EvidenceError::Refused(format!(
+                "AWS account {} is not in evidence.aws_accounts",
+                evidence.account
+            )));
+        }
+        Ok(evidence)
+    }
+
+    fn gcp(&self, identity: &str, gcp: &Value, now: i64) -> Result<Evidence, EvidenceError> {
+        if self.gcp.is_empty() {
+            return Err(EvidenceError::Unconfigured("gcp"));
+        }
+        let token = gcp.get("token").and_then(Value::as_str).ok_or_else(|| {
+            EvidenceError::Malformed(format!("facts.{FACT}.gcp.token is not a string"))
+        })?;
+        let claims = verify_rs256_jws(token, &self.gcp).map_err(|e| match e {
+            choria_wire::security::tokens::TokenError::InvalidSignature => {
+                EvidenceError::Signature("gcp")
+            }
+            other => EvidenceError::Malformed(format!("the GCP identity token: {other}")),
+        })?;
+        let audience = self.gcp_audience.replace(IDENTITY_PLACEHOLDER, identity);
+        let evidence = parse::gcp_claims(&claims, &audience, now, CLOCK_SKEW)
+            .map_err(EvidenceError::Refused)?;
+        if !self.gcp_projects.is_empty() && !self.gcp_projects.contains(&evidence.account) {
+            return Err(EvidenceError::Refused(format!(
+                "GCP project {} is not in evidence.gcp_projects",
+                evidence.account
+            )));
+        }
+        Ok(evidence)
+    }
+}
+
+fn read(path: &Path, what: &'static str) -> Result<String, EvidenceError> {
+    std::fs::read_to_string(path).map_err(|source| EvidenceError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn load(path: &Path, what: &'static str, reason: String) -> EvidenceError {
+    EvidenceError::Load {
+        what,
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// An RSA public key from a PEM certificate or public key.
+fn rsa_key(pem: &str) -> Result<RsaPublicKey, String> {
+    match TokenVerifyKey::from_pem_or_hex(pem.trim_start().as_bytes()) {
+        Ok(TokenVerifyKey::Rsa(k)) => Ok(k),
+        Ok(_) => Err("not an RSA key".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `evidence:` at work: the verifier, and the bindings' bucket (connected
+/// on first use, and again after a failure, which refuses only the node
+/// at hand: it is retried at the next discovery).
+pub struct Gate {
+    pub verifier: Verifier,
+    bindings: Option<BindingsLink>,
+}
+
+struct BindingsLink {
+    records: choria_config::day_two::RecordsConfig,
+    site: String,
+    name: String,
+    store: tokio::sync::OnceCell<bindings::Bindings>,
+}
+
+impl Gate {
+    /// `None` without `evidence:`; an error names the file that is wrong.
+    pub fn load(
+        cfg: &choria_config::ProvisionerConfig,
+        me: &str,
+    ) -> Result<Option<Gate>, EvidenceError> {
+        let Some(e) = &cfg.evidence else {
+            return Ok(None);
+        };
+        let bindings = match (&cfg.records, e.one_identity_per_instance) {
+            (Some(records), true) => Some(BindingsLink {
+                records: records.clone(),
+                site: cfg.site.clone(),
+                name: format!("choria-provisioner instance bindings {me}"),
+                store: tokio::sync::OnceCell::new(),
+            }),
+            _ => None,
+        };
+        Ok(Some(Gate {
+            verifier: Verifier::load(e)?,
+            bindings,
+        }))
+    }
+
+    /// Binds `evidence`'s instance to `identity` (with
+    /// `one_identity_per_instance`); what it found, `None` when off.
+    pub async fn bind(
+        &self,
+        evidence: &Evidence,
+        identity: &str,
+        now: i64,
+    ) -> Result<Option<bindings::Bound>, crate::records::store::RecordsError> {
+        let Some(link) = &self.bindings else {
+            return Ok(None);
+        };
+        let store = link
+            .store
+            .get_or_try_init(|| async {
+                let (key, verifier) = crate::records::store::seal_keys(&link.records)?;
+                bindings::Bindings::connect(&link.records, key, verifier, &link.site, &link.name)
+                    .await
+            })
+            .await?;
+        store
+            .bind(&evidence.instance(), identity, now)
+            .await
+            .map(Some)
+    }
+}
