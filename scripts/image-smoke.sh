@@ -347,7 +347,7 @@ kc get --raw=/readyz --request-timeout=5s >/dev/null || { tail -n 20 "$K/kube-ap
 pass "etcd + kube-apiserver $("$APISERVER" --version | awk '{print $2}') ready in $(secs "$t" "$(now)") s"
 
 kc apply --server-side -f crds/provisioner.yaml >/dev/null || die "applying crds/provisioner.yaml"
-kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null ||
+crd_established provisioners.provisioning.choria.io kc ||
   die "the CRD did not become Established"
 kc apply -f deploy/namespace.yaml -f deploy/rbac.yaml >/dev/null || die "applying deploy/namespace.yaml and deploy/rbac.yaml"
 sa_token="$(kc create token choria-provisioner-operator -n choria-provisioner --duration=1h)" ||

@@ -203,3 +203,18 @@ wait_for_port() {
   log "nothing listens on port $1"
   return 1
 }
+
+# crd_established CRD KUBECTL_COMMAND...: waits up to 60 s until the CRD's
+# Established condition is True. `kubectl wait --for=condition=Established`
+# fails at once (".status.conditions accessor error: <nil>") when it asks
+# before the API server wrote the CRD's first status, so this asks again.
+crd_established() {
+  local crd=$1 status
+  shift
+  for _ in $(seq 120); do
+    status="$("$@" get crd "$crd" -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' 2>/dev/null || true)"
+    [ "$status" = True ] && return 0
+    sleep 0.5
+  done
+  return 1
+}

@@ -863,7 +863,7 @@ if [ -n "$HELM" ]; then
   rel="$(hm list -n "$NS" -o json | python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["name"] == "choria-provisioner-operator"][0]; print(r["status"], "revision", r["revision"], "chart", r["chart"], "app", r["app_version"])')" ||
     die "helm list"
   [[ "$rel" == deployed* ]] || die "helm status: $rel"
-  kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null ||
+  crd_established provisioners.provisioning.choria.io kc ||
     die "the chart's CRD is not Established"
   pass "helm: release choria-provisioner-operator $rel; operator Ready $OP_READY_S s after helm install started"
 else
@@ -872,7 +872,7 @@ else
   STEP_LOGS=("$W/kubelet.log")
   OPERATOR_VIA="kubectl apply -f deploy/ (FALLBACK: helm could not be built)"
   kc apply --server-side -f crds/provisioner.yaml >/dev/null || die "applying crds/provisioner.yaml"
-  kc wait --for=condition=Established --timeout=60s crd/provisioners.provisioning.choria.io >/dev/null || die "CRD not Established"
+  crd_established provisioners.provisioning.choria.io kc || die "CRD not Established"
   kc apply -f deploy/namespace.yaml -f deploy/rbac.yaml >/dev/null || die "applying deploy/namespace.yaml, deploy/rbac.yaml"
   wait_until 60 "ServiceAccount $NS/default" kc -n "$NS" get serviceaccount default
   t0=$(now)

@@ -90,6 +90,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         "docs/src/examples/kubernetes/private-registry.yaml",
         // The production guide's part two.
         "docs/src/examples/kubernetes/provisioner-production.yaml",
+        // The attested provisioning guide.
+        "docs/src/examples/kubernetes/provisioner-attested.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -124,6 +126,12 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         json!({"tokenSecret": {"name": "t", "key": "token"}, "records": {"urls": ["nats://records:4222"]},
                "renewal": {"before": "1h30m"}}),
         json!({"pod": pod_additions()}),
+        json!({"records": {"urls": ["nats://records:4222"]},
+               "admission": {"policy": {"name": "fleet-policy", "key": "admission.rego"}, "regoV0": true},
+               "evidence": {"gcpCertificates": {"name": "roots", "key": "google.json"}, "gcpAudience": "fleet:{identity}",
+                            "gcpProjects": ["fleet-prod"], "maxAge": "2h", "nodeName": "instance_name"},
+               "audit": {"stream": "AUDIT", "subject": "fleet.audit", "maxAge": "30d", "maxBytes": 1048576}}),
+        json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
         let p = provisioner_with(&format!("valid-{i}"), spec.clone());
@@ -243,6 +251,22 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.pod.volumeMounts: Invalid value: \"object\": spec.pod.volumeMounts[].name must name a volume of spec.pod.volumes"),
         (json!({"pod": {"volumes": [{"name": "ca", "secret": {"secretName": "ca"}}], "volumeMounts": [{"name": "ca", "mountPath": "/etc/ca", "readOnly": false}]}}),
          "spec.pod.volumeMounts: Invalid value: \"object\": spec.pod.volumeMounts[].readOnly cannot be false"),
+        (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}}}),
+         "spec.evidence: Invalid value: \"object\": spec.evidence keeps one identity per instance beside the records: set spec.records too (or spec.evidence.oneIdentityPerInstance: false)"),
+        (json!({"evidence": {"oneIdentityPerInstance": false}}),
+         "spec.evidence: Invalid value: \"object\": spec.evidence needs awsCertificates or gcpCertificates"),
+        (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false, "awsAccounts": ["1234"]}}),
+         "spec.evidence.awsAccounts: Invalid value: \"array\": spec.evidence.awsAccounts must be AWS account ids: 12 digits each"),
+        (json!({"evidence": {"gcpCertificates": {"name": "roots", "key": "g.json"}, "oneIdentityPerInstance": false, "gcpAudience": "choria"}}),
+         "spec.evidence.gcpAudience: Invalid value: \"string\": spec.evidence.gcpAudience must hold {identity}"),
+        (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false, "nodeName": "hostname"}}),
+         "spec.evidence.nodeName: Invalid value: \"string\": spec.evidence.nodeName must be instance_id or instance_name"),
+        (json!({"audit": {}}),
+         "spec.audit: Invalid value: \"object\": spec.audit goes through the records' connection"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "audit": {"maxBytes": 10}}),
+         "spec.audit.maxBytes: Invalid value: \"integer\": spec.audit.maxBytes must be at least 1 MiB"),
+        (json!({"admission": {"policy": {"name": "Fleet_Policy", "key": "a.rego"}}}),
+         "spec.admission.policy: Invalid value: \"object\": spec.admission.policy.name must be a ConfigMap's name"),
     ];
     let mut seen = Vec::new();
     for (i, (spec, message)) in invalid.into_iter().enumerate() {

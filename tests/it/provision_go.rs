@@ -238,27 +238,7 @@ async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
     // Back in the choria collective (the choria provider's default), out of
     // provisioning, over TLS verified with plugin.security.choria.ca.
     bench.assert_connected_in(id, "choria");
-    let v2 = ChoriaClient::new(
-        bench.watcher.clone(),
-        Identity {
-            identity: PROVISIONER.into(),
-            caller: "provisioner".into(),
-            signer: RequestSigner::V2 {
-                seed: Box::new(
-                    Ed25519KeyPair::from_seed_hex(
-                        std::fs::read_to_string(&client_seed).unwrap().trim(),
-                    )
-                    .unwrap()
-                    .signing_key()
-                    .clone(),
-                ),
-                jwt: std::fs::read_to_string(&client_jwt)
-                    .unwrap()
-                    .trim()
-                    .to_string(),
-            },
-        },
-    );
+    let v2 = v2_provisioner_client(&bench, &client_seed, &client_jwt);
     assert!(
         discover_provisionable(&v2).await.is_empty(),
         "{id} no longer answers in the provisioning collective"
@@ -561,8 +541,9 @@ fn evidence_facts(dir: &Path, name: &str, document: &str) -> std::path::PathBuf 
     facts
 }
 
-/// Real go-choria servers carry an AWS instance identity document in the
-/// facts file their provisioning JWT names (`choria jwt prov --facts`):
+/// Real go-choria v2 servers (an Organization Issuer network) carry an AWS
+/// instance identity document in the facts file their provisioning JWT
+/// names (`choria jwt prov --facts`):
 /// the node whose document verifies is provisioned, and its instance is
 /// bound to its name; a second server presenting a copy of that document
 /// under another name, and a third with no evidence, are refused and left
@@ -599,9 +580,10 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
         "bare.evidence.example.net",
     );
     let facts = evidence_facts(&work, "web-1", &aws_document("i-0abc1234"));
+    let org = V2Org::issue(&mut bench);
     let (bin, signer, url) = (
         bench.bin.clone(),
-        bench.signers.rsa_key.clone(),
+        bench.signers.issuer_seed.clone(),
         bench.url(),
     );
     let prov_jwt = |facts: Option<&Path>| {
@@ -616,6 +598,7 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
             "--urls".into(),
             url.clone(),
             "--default".into(),
+            "--protocol-v2".into(),
         ];
         if let Some(f) = facts {
             args.extend(["--facts".into(), s(f).into()]);
@@ -638,18 +621,14 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
          deny_reason := \"no evidence\" if not input.evidence\n",
     )
     .unwrap();
-    let settings = file_provider_settings(&bench.path(id).join("ssl"));
+    let settings = org.server_settings(&bench.path(id));
     let helper = bench.helper(&settings, &serde_json::json!({}));
-    let choria_cfg = format!(
-        "identity = {PROVISIONER}\nplugin.choria.middleware_hosts = {}\nplugin.security.provider = file\n",
-        bench.url()
-    );
+    let choria_cfg = org.choria_cfg(&bench);
     let yaml = format!(
-        "jwt_verify_cert: {}\nfeatures:\n  jwt: true\n  pki: true\nchoria_insecure: true\n\
-         records:\n  url: {}\n  signing_key: {}\n\
-         evidence:\n  aws_certificates: {}\n  aws_accounts: [\"123456789012\"]\n  instance_age: 1h\n\
+        "{}records:\n  url: {}\n  signing_key: {}\n\
+         evidence:\n  aws_certificates: {}\n  aws_accounts: [\"123456789012\"]\n  max_age: 1h\n\
          admission:\n  policy: {}\n",
-        s(&bench.signers.rsa_public),
+        org.yaml(),
         js.url(),
         s(&crate::support::signing_key(&work)),
         s(&work.join("region.pem")),
@@ -682,8 +661,8 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
         PROVISION_TIMEOUT,
     )
     .await;
-    let v1 = bench.insecure_v1_client();
-    let waiting = discover_provisionable(&v1).await;
+    let v2 = v2_provisioner_client(&bench, &org.client_seed, &org.client_jwt);
+    let waiting = discover_provisionable(&v2).await;
     for refused in [copy, bare] {
         assert!(
             waiting.iter().any(|n| n == refused),
@@ -710,4 +689,25 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
         logs.contains("no instance identity evidence"),
         "the bare node's refusal says why"
     );
+}
+
+/// A v2 client as the provisioner (its client JWT and seed), on the
+/// bench's watcher connection.
+fn v2_provisioner_client(bench: &Bench, seed: &Path, jwt: &Path) -> ChoriaClient {
+    ChoriaClient::new(
+        bench.watcher.clone(),
+        Identity {
+            identity: PROVISIONER.into(),
+            caller: "provisioner".into(),
+            signer: RequestSigner::V2 {
+                seed: Box::new(
+                    Ed25519KeyPair::from_seed_hex(std::fs::read_to_string(seed).unwrap().trim())
+                        .unwrap()
+                        .signing_key()
+                        .clone(),
+                ),
+                jwt: std::fs::read_to_string(jwt).unwrap().trim().to_string(),
+            },
+        },
+    )
 }

@@ -9,7 +9,8 @@
 //!   gcp_certificates: /etc/choria-provisioner/google-certs.json
 //!   gcp_audience: "choria:{identity}"
 //!   gcp_projects: [fleet-prod]
-//!   instance_age: 1h
+//!   max_age: 1h
+//!   node_name: instance_id
 //!   one_identity_per_instance: true
 //! ```
 //!
@@ -27,6 +28,24 @@ use std::time::Duration;
 
 /// What `{identity}` in `gcp_audience` is replaced with.
 pub const IDENTITY_PLACEHOLDER: &str = "{identity}";
+
+/// `evidence.node_name`: what of the instance the identity names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeName {
+    /// One of the identity's dot-separated labels is the instance id.
+    InstanceId,
+    /// The identity's first label is the instance's name (GCP).
+    InstanceName,
+}
+
+impl NodeName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeName::InstanceId => "instance_id",
+            NodeName::InstanceName => "instance_name",
+        }
+    }
+}
 
 /// `evidence:`, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +66,9 @@ pub struct EvidenceConfig {
     pub gcp_projects: Vec<String>,
     /// Refuse instances launched longer ago than this (AWS `pendingTime`,
     /// GCP `instance_creation_timestamp`).
-    pub instance_age: Option<Duration>,
+    pub max_age: Option<Duration>,
+    /// What of the instance the node's identity must name.
+    pub node_name: Option<NodeName>,
     /// An instance is provisioned under one identity only (needs records).
     pub one_identity_per_instance: bool,
 }
@@ -62,7 +83,8 @@ impl EvidenceConfig {
             gcp_certificates: path(&self.gcp_certificates),
             gcp_audience: Some(self.gcp_audience.clone()),
             gcp_projects: list(&self.gcp_projects),
-            instance_age: self.instance_age.map(format_duration),
+            max_age: self.max_age.map(format_duration),
+            node_name: self.node_name.map(|n| n.as_str().to_string()),
             one_identity_per_instance: Some(self.one_identity_per_instance),
         }
     }
@@ -86,8 +108,11 @@ impl EvidenceConfig {
                 }
             ));
         }
-        if let Some(age) = self.instance_age {
+        if let Some(age) = self.max_age {
             parts.push(format!("launched within {}", format_duration(age)));
+        }
+        if let Some(n) = self.node_name {
+            parts.push(format!("identity names the {}", n.as_str()));
         }
         if self.one_identity_per_instance {
             parts.push("one identity per instance".into());
@@ -149,14 +174,25 @@ pub(crate) fn evidence(
             format!("{gcp_audience:?} does not hold {IDENTITY_PLACEHOLDER}: a token for one node would then be good for any name"),
         ));
     }
-    let instance_age = match e.duration("instance_age")? {
+    let max_age = match e.duration("max_age")? {
         Some((raw, d)) if d.is_zero() => {
             return Err(e.error(
-                "instance_age",
+                "max_age",
                 format!("{raw:?} is zero; leave it out to accept instances of any age"),
             ))
         }
         other => other.map(|(_, d)| d),
+    };
+    let node_name = match e.string("node_name")?.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some("instance_id") => Some(NodeName::InstanceId),
+        Some("instance_name") => Some(NodeName::InstanceName),
+        Some(other) => {
+            return Err(e.error(
+                "node_name",
+                format!("{other:?} is neither instance_id nor instance_name"),
+            ))
+        }
     };
     let one_identity_per_instance = e.bool("one_identity_per_instance")?.unwrap_or(true);
     if one_identity_per_instance && !has_records {
@@ -171,7 +207,8 @@ pub(crate) fn evidence(
         gcp_certificates,
         gcp_audience,
         gcp_projects,
-        instance_age,
+        max_age,
+        node_name,
         one_identity_per_instance,
     }))
 }

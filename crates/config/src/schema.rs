@@ -193,7 +193,14 @@ file_section! {
         /// `pendingTime`, GCP `instance_creation_timestamp`).
         ///
         /// Default: any age
-        instance_age: String,
+        max_age: String,
+        /// What of the instance the node's identity must name:
+        /// `instance_id` (one of its dot-separated labels is the instance
+        /// id, as in `i-0abc123.web.example.net`) or `instance_name` (GCP:
+        /// its first label is the instance's name).
+        ///
+        /// Default: not compared (one instance, one identity still holds)
+        node_name: String,
         /// An instance is provisioned under one identity only: the first
         /// identity it is provisioned as is kept beside the records (needs
         /// `records`), and its evidence is refused under any other.

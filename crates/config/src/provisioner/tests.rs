@@ -782,7 +782,7 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
         "helper: h\ntoken: t\nrecords: {url: 'nats://a:4222,nats://b:4222', bucket: B, history: 9, create_bucket: false, user: u, password_file: /p, tls_ca: /ca, tls_cert: /c, tls_key: /k, signing_key: /s, verify_keys: ['5866666666666666666666666666666666666666666666666666666666666666'], exclusive: true}\n\
          renewal: {before: 20%, jitter: 1h, rate: 50, choria_config: /r.cfg, collective: choria, retry: 5m}\n\
          audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n\
-         evidence: {aws_certificates: /aws.pem, aws_accounts: ['123456789012'], gcp_certificates: /g.json, gcp_audience: 'x:{identity}', gcp_projects: [p1], instance_age: 2h, one_identity_per_instance: true}\n",
+         evidence: {aws_certificates: /aws.pem, aws_accounts: ['123456789012'], gcp_certificates: /g.json, gcp_audience: 'x:{identity}', gcp_projects: [p1], max_age: 2h, node_name: instance_id, one_identity_per_instance: true}\n",
         "helper: h\nevidence: {aws_certificates: /aws.pem, one_identity_per_instance: false}\n",
     ];
     for yaml in cases {
@@ -1047,8 +1047,12 @@ fn evidence_needs_certificates_bounds_and_records_for_its_bindings() {
             "{identity}",
         ),
         (
-            "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, instance_age: 0s}\n",
-            "instance_age",
+            "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, max_age: 0s}\n",
+            "max_age",
+        ),
+        (
+            "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, node_name: hostname}\n",
+            "neither instance_id nor instance_name",
         ),
     ] {
         let e = err(&format!("helper: h\n{yaml}"));

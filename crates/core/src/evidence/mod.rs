@@ -38,7 +38,7 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
-use choria_config::evidence::{EvidenceConfig, IDENTITY_PLACEHOLDER};
+use choria_config::evidence::{EvidenceConfig, NodeName, IDENTITY_PLACEHOLDER};
 use choria_wire::security::tokens::{verify_rs256_jws, verify_rsa_sha256, TokenVerifyKey};
 use rsa::RsaPublicKey;
 use serde_json::{json, Value};
@@ -139,7 +139,8 @@ pub struct Verifier {
     gcp: Vec<(String, RsaPublicKey)>,
     gcp_audience: String,
     gcp_projects: Vec<String>,
-    instance_age: Option<Duration>,
+    max_age: Option<Duration>,
+    node_name: Option<NodeName>,
 }
 
 impl Verifier {
@@ -164,7 +165,8 @@ impl Verifier {
             gcp,
             gcp_audience: cfg.gcp_audience.clone(),
             gcp_projects: cfg.gcp_projects.clone(),
-            instance_age: cfg.instance_age,
+            max_age: cfg.max_age,
+            node_name: cfg.node_name,
         })
     }
 
@@ -188,18 +190,42 @@ impl Verifier {
                 )))
             }
         };
-        if let (Some(age), Some(launched)) = (self.instance_age, evidence.launched_unix) {
+        if let (Some(age), Some(launched)) = (self.max_age, evidence.launched_unix) {
             let limit = i64::try_from(age.as_secs()).unwrap_or(i64::MAX);
             if now.saturating_sub(launched) > limit {
                 return Err(EvidenceError::Refused(format!(
-                    "instance {} was launched {} s ago, more than evidence.instance_age ({} s)",
+                    "instance {} was launched {} s ago, more than evidence.max_age ({} s)",
                     evidence.instance(),
                     now - launched,
                     limit
                 )));
             }
         }
+        self.names_node(identity, &evidence)?;
         Ok(evidence)
+    }
+
+    /// With `node_name`: the identity names the instance the evidence is
+    /// for.
+    fn names_node(&self, identity: &str, evidence: &Evidence) -> Result<(), EvidenceError> {
+        let named = match self.node_name {
+            None => return Ok(()),
+            Some(NodeName::InstanceId) => identity.split('.').any(|l| l == evidence.instance_id),
+            Some(NodeName::InstanceName) => {
+                let name = evidence.details["instance_name"]
+                    .as_str()
+                    .unwrap_or_default();
+                !name.is_empty() && identity.split('.').next() == Some(name)
+            }
+        };
+        match named {
+            true => Ok(()),
+            false => Err(EvidenceError::Refused(format!(
+                "the identity does not name instance {} (evidence.node_name: {})",
+                evidence.instance(),
+                self.node_name.map(NodeName::as_str).unwrap_or_default()
+            ))),
+        }
     }
 
     fn aws(&self, aws: &Value) -> Result<Evidence, EvidenceError> {

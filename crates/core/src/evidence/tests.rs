@@ -34,7 +34,8 @@ fn verifier(aws: &[&RsaPrivateKey], gcp: &[(&str, &RsaPrivateKey)]) -> Verifier 
             .collect(),
         gcp_audience: "choria:{identity}".into(),
         gcp_projects: vec![],
-        instance_age: None,
+        max_age: None,
+        node_name: None,
     }
 }
 
@@ -151,7 +152,7 @@ fn missing_malformed_and_unconfigured_evidence_is_refused_by_name() {
 }
 
 #[test]
-fn accounts_and_instance_age_bound_what_aws_evidence_admits() {
+fn accounts_and_max_age_bound_what_aws_evidence_admits() {
     let region = key(1024);
     let doc = document("123456789012", "i-0abc123");
     let facts = aws_facts(&doc, &sign(&region, doc.as_bytes()));
@@ -163,11 +164,11 @@ fn accounts_and_instance_age_bound_what_aws_evidence_admits() {
         "{e:?}"
     );
     v.aws_accounts = vec!["123456789012".into()];
-    v.instance_age = Some(Duration::from_secs(600));
+    v.max_age = Some(Duration::from_secs(600));
     assert!(v.verify("n1", &facts, NOW + 600).is_ok());
     let e = v.verify("n1", &facts, NOW + 601);
     assert!(
-        matches!(&e, Err(EvidenceError::Refused(m)) if m.contains("instance_age")),
+        matches!(&e, Err(EvidenceError::Refused(m)) if m.contains("max_age")),
         "{e:?}"
     );
 }
@@ -231,4 +232,34 @@ fn certificates_load_from_a_pem_bundle_and_googles_json() {
     );
     assert!(parse::pem_keys("no pem here").is_err());
     assert!(parse::google_keys("{\"k1\": \"not pem\"}").is_err());
+}
+
+#[test]
+fn node_name_makes_the_identity_name_its_instance() {
+    let region = key(1024);
+    let doc = document("123456789012", "i-0abc123");
+    let facts = aws_facts(&doc, &sign(&region, doc.as_bytes()));
+    let mut v = verifier(&[&region], &[]);
+    v.node_name = Some(NodeName::InstanceId);
+    assert!(v.verify("i-0abc123.web.example.net", &facts, NOW).is_ok());
+    let e = v.verify("web-1.example.net", &facts, NOW);
+    assert!(
+        matches!(&e, Err(EvidenceError::Refused(m)) if m.contains("does not name")),
+        "{e:?}"
+    );
+    let google = key(2048);
+    let mut v = verifier(&[], &[("k1", &google)]);
+    v.node_name = Some(NodeName::InstanceName);
+    let token = |id: &str| gcp_token(&google, "k1", gcp_claims(&format!("choria:{id}")));
+    let ok = json!({FACT: {"gcp": {"token": token("web-1.example.net")}}});
+    assert!(
+        v.verify("web-1.example.net", &ok, NOW).is_ok(),
+        "instance_name web-1"
+    );
+    let other = json!({FACT: {"gcp": {"token": token("db-1.example.net")}}});
+    let e = v.verify("db-1.example.net", &other, NOW);
+    assert!(
+        matches!(&e, Err(EvidenceError::Refused(m)) if m.contains("does not name")),
+        "{e:?}"
+    );
 }

@@ -13,11 +13,13 @@
 //! provisioner pods write `leader`, `provisioned`, `records` and
 //! `renewalsDue`, and in shards mode each member its own entry of `members`.
 
+mod attested;
 pub mod pod;
 mod reference;
 pub mod status_patch;
 pub mod validation;
 
+pub use attested::{AdmissionSpec, AuditSpec, ConfigMapKeyRef, EvidenceSpec};
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
     RESERVED_VOLUMES,
@@ -247,6 +249,19 @@ pub struct ProvisionerSpec {
     /// Renew credentials before they expire (`renewal:`): needs `records`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal: Option<RenewalSpec>,
+    /// The admission policy (`admission:`): a Rego file every node must
+    /// pass before anything is signed or configured for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSpec>,
+    /// The cloud instance identity evidence every node must present
+    /// (`evidence:`); one identity per instance (the default) needs
+    /// `records`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceSpec>,
+    /// Every decision about a node as a sealed event on a JetStream stream
+    /// (`audit:`): needs `records`, whose connection and key it uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditSpec>,
 
     /// Placement, metadata, pull secrets, environment, volumes and priority
     /// of the provisioner pods, within what the cluster admin allows.

@@ -46,7 +46,7 @@ pub const RESERVED_ENV_PREFIX: &str = "CHORIA_PROVISIONER_";
 /// mount of `spec.pod` may not be at, in or above either.
 pub const OPERATOR_MOUNT_ROOTS: [&str; 2] = ["/etc/choria-provisioner", "/tmp"];
 /// Names of the operator's own volumes, besides `secret-<n>`.
-pub const RESERVED_VOLUMES: [&str; 3] = ["config", "tmp", "helper"];
+pub const RESERVED_VOLUMES: [&str; 4] = ["config", "tmp", "helper", "admission"];
 
 /// Whether `spec.pod.env` may not set `name`.
 pub fn is_reserved_env(name: &str) -> bool {
@@ -115,7 +115,7 @@ pub struct PodOverrides {
     /// operator's `--allowed-volume-type`; by default every one but
     /// `persistentVolumeClaim`); others, such as `hostPath`, cannot be
     /// asked for. The operator's own names (`config`, `tmp`, `helper`,
-    /// `secret-<n>`) are refused.
+    /// `admission`, `secret-<n>`) are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "volumes_schema")]
     pub volumes: Vec<PodVolume>,

@@ -48,7 +48,7 @@ const LEASE_TIMINGS: [(&str, &str); 3] = [
     ("spec.election.retryPeriod", "2s"),
 ];
 /// The references to Secret keys.
-const SECRET_REFS: [&str; 11] = [
+const SECRET_REFS: [&str; 13] = [
     "spec.tokenSecret",
     "spec.brokerPasswordSecret",
     "spec.jwtVerifyKeySecret",
@@ -60,6 +60,8 @@ const SECRET_REFS: [&str; 11] = [
     "spec.records.tlsCaSecret",
     "spec.records.tlsCertSecret",
     "spec.records.tlsKeySecret",
+    "spec.evidence.awsCertificates",
+    "spec.evidence.gcpCertificates",
 ];
 /// A share of a lifetime, as `renewal.before` takes it.
 const PERCENT: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)%$";
@@ -187,6 +189,75 @@ fn object_name(at: &'static str, what: &str) -> Rule {
         format!("self.size() <= 253 && self.matches('{OBJECT_NAME}')"),
         format!("{at} must be {what}: lower case letters, digits, '-' and '.'"),
     )
+}
+
+/// `spec.admission`, `spec.evidence` and `spec.audit`: what the
+/// provisioner's `admission:`, `evidence:` and `audit:` refuse.
+fn attested() -> Vec<Rule> {
+    vec![
+        rule(
+            "spec.admission.policy",
+            format!("self.name.size() <= 253 && self.name.matches('{OBJECT_NAME}')"),
+            "spec.admission.policy.name must be a ConfigMap's name: lower case letters, digits, '-' and '.'",
+        ),
+        rule(
+            "spec.admission.policy",
+            format!("self.key.size() <= 253 && self.key.matches('{SECRET_KEY}') && self.key != '.' && self.key != '..'"),
+            "spec.admission.policy.key must be a ConfigMap key: letters, digits, '-', '_' and '.'",
+        ),
+        about(
+            "spec",
+            ".evidence",
+            "!has(self.evidence) || has(self.records) || (has(self.evidence.oneIdentityPerInstance) && !self.evidence.oneIdentityPerInstance)",
+            "spec.evidence keeps one identity per instance beside the records: set spec.records too (or spec.evidence.oneIdentityPerInstance: false)",
+        ),
+        rule(
+            "spec.evidence",
+            "has(self.awsCertificates) || has(self.gcpCertificates)",
+            "spec.evidence needs awsCertificates or gcpCertificates: the Secret that verifies the instance identity documents",
+        ),
+        rule(
+            "spec.evidence.awsAccounts",
+            "self.all(a, a.matches('^[0-9]{12}$'))",
+            "spec.evidence.awsAccounts must be AWS account ids: 12 digits each",
+        ),
+        rule(
+            "spec.evidence.gcpProjects",
+            "self.all(p, p.matches('^[-_a-zA-Z0-9]+$'))",
+            "spec.evidence.gcpProjects must be GCP project ids: letters, digits, '-' and '_'",
+        ),
+        rule(
+            "spec.evidence.gcpAudience",
+            "self.contains('{identity}')",
+            "spec.evidence.gcpAudience must hold {identity}: a token for one node would otherwise be good for any name",
+        ),
+        rule(
+            "spec.evidence.nodeName",
+            "self == 'instance_id' || self == 'instance_name'",
+            "spec.evidence.nodeName must be instance_id or instance_name",
+        ),
+        about(
+            "spec",
+            ".audit",
+            "!has(self.audit) || has(self.records)",
+            "spec.audit goes through the records' connection and is sealed with their key: set spec.records too",
+        ),
+        rule(
+            "spec.audit.stream",
+            "self.matches('^[-_a-zA-Z0-9]+$')",
+            "spec.audit.stream must be a stream name: letters, digits, '-' and '_'",
+        ),
+        rule(
+            "spec.audit.subject",
+            "self.matches('^[-_a-zA-Z0-9]+([.][-_a-zA-Z0-9]+)*$')",
+            "spec.audit.subject must be a subject prefix: dot-separated tokens of letters, digits, '-' and '_', no wildcards",
+        ),
+        rule(
+            "spec.audit.maxBytes",
+            "self >= 1048576",
+            "spec.audit.maxBytes must be at least 1 MiB (1048576); the stream's size is bounded, but not to nothing",
+        ),
+    ]
 }
 
 /// Every rule, in the order they are documented.
@@ -459,6 +530,9 @@ pub fn rules() -> Vec<Rule> {
     all.extend(duration_rules("spec.pki.certManager.keep", None));
     all.extend(duration_rules("spec.renewal.jitter", None));
     all.extend(duration_rules("spec.renewal.retry", Some(("0s", ""))));
+    all.extend(duration_rules("spec.evidence.maxAge", Some(("0s", ""))));
+    all.extend(duration_rules("spec.audit.maxAge", Some(("0s", ""))));
+    all.extend(attested());
     for (at, default) in LEASE_TIMINGS {
         all.extend(lease_timing(at, default));
     }
@@ -497,6 +571,16 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.renewal.broker.identity", "maxLength", 253),
         ("spec.renewal.broker.tlsSecret", "maxLength", 253),
         ("spec.renewal.broker.clientJwtSecret", "maxLength", 253),
+        ("spec.admission.policy", "name", 253),
+        ("spec.admission.policy", "key", 253),
+        ("spec.evidence.awsAccounts", "maxItems", 64),
+        ("spec.evidence.awsAccounts[]", "maxLength", 12),
+        ("spec.evidence.gcpProjects", "maxItems", 64),
+        ("spec.evidence.gcpProjects[]", "maxLength", 64),
+        ("spec.evidence.gcpAudience", "maxLength", 253),
+        ("spec.evidence.nodeName", "maxLength", 16),
+        ("spec.audit.stream", "maxLength", 64),
+        ("spec.audit.subject", "maxLength", 253),
     ];
     let durations = [
         "spec.interval",
@@ -504,6 +588,8 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         "spec.pki.certManager.keep",
         "spec.renewal.jitter",
         "spec.renewal.retry",
+        "spec.evidence.maxAge",
+        "spec.audit.maxAge",
     ];
     let leases = LEASE_TIMINGS.map(|(at, _)| at);
     for at in durations

@@ -95,6 +95,12 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             file
         }),
         renewal: s.renewal.as_ref().map(renewal_file),
+        admission: s.admission.as_ref().map(|a| AdmissionFile {
+            policy: Some(format!("{ADMISSION_DIR}/{}", a.policy.key)),
+            rego_v0: a.rego_v0,
+        }),
+        evidence: s.evidence.as_ref().map(evidence_file),
+        audit: s.audit.as_ref().map(audit_file),
         ..Default::default()
     };
     let body = doc.to_yaml().map_err(|e| BuildError::Serialize {
@@ -125,6 +131,32 @@ fn records_file(r: &RecordsSpec, signing_key: Option<SecretKeyRef>) -> RecordsFi
         tls_key: r.tls_key_secret.as_ref().map(ref_path),
         signing_key: signing_key.as_ref().map(ref_path),
         ..Default::default()
+    }
+}
+
+/// `evidence:`: the certificates are the mounted Secret files.
+fn evidence_file(e: &EvidenceSpec) -> EvidenceFile {
+    let list = |l: &Vec<String>| (!l.is_empty()).then(|| l.clone());
+    EvidenceFile {
+        aws_certificates: e.aws_certificates.as_ref().map(ref_path),
+        aws_accounts: list(&e.aws_accounts),
+        gcp_certificates: e.gcp_certificates.as_ref().map(ref_path),
+        gcp_audience: e.gcp_audience.clone(),
+        gcp_projects: list(&e.gcp_projects),
+        max_age: e.max_age.clone(),
+        node_name: e.node_name.clone(),
+        one_identity_per_instance: e.one_identity_per_instance,
+    }
+}
+
+/// `audit:`: the stream is created by the pods when it is missing.
+fn audit_file(a: &AuditSpec) -> AuditFile {
+    AuditFile {
+        stream: a.stream.clone(),
+        subject: a.subject.clone(),
+        max_age: a.max_age.clone(),
+        max_bytes: a.max_bytes,
+        create_stream: None,
     }
 }
 

@@ -12,12 +12,12 @@
 
 use super::policy::Policy;
 use choria_config::schema::{
-    CertManagerFile, ConfigurationTemplateFile, ElectionFile, FeaturesFile, ProvisionerFile,
-    RecordsFile, RenewalFile,
+    AdmissionFile, AuditFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
+    EvidenceFile, FeaturesFile, ProvisionerFile, RecordsFile, RenewalFile,
 };
 use choria_k8s::crd::{
-    BrokerSpec, ElectionBackend, ElectionMode, PodOverrides, PodVolume, Provisioner,
-    ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
+    AuditSpec, BrokerSpec, ElectionBackend, ElectionMode, EvidenceSpec, PodOverrides, PodVolume,
+    Provisioner, ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -41,6 +41,8 @@ pub const CONFIG_DIR: &str = "/etc/choria-provisioner/config";
 pub const SECRETS_DIR: &str = "/etc/choria-provisioner/secrets";
 /// Where `spec.helper.configMap` is mounted.
 pub const HELPER_DIR: &str = "/etc/choria-provisioner/helper";
+/// Where `spec.admission.policy`'s ConfigMap key is mounted.
+pub const ADMISSION_DIR: &str = "/etc/choria-provisioner/admission";
 /// The ConfigMap key of the provisioner's configuration.
 pub const PROVISIONER_YAML: &str = "provisioner.yaml";
 /// The ConfigMap key of the Choria client configuration.
@@ -242,6 +244,7 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
     let mut mounts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let records = spec.records.as_ref();
     let signing = signing_key_ref(name, spec);
+    let evidence = spec.evidence.as_ref();
     let refs = [
         &spec.token_secret,
         &spec.broker_password_secret,
@@ -249,6 +252,9 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
         &spec.jwt_signing_key_secret,
         &spec.jwt_signing_token_secret,
     ];
+    let evidence_refs = evidence
+        .into_iter()
+        .flat_map(|e| [&e.aws_certificates, &e.gcp_certificates]);
     let record_refs = records.into_iter().flat_map(|r| {
         [
             &r.credentials_secret,
@@ -262,6 +268,7 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
     for r in refs
         .into_iter()
         .chain(record_refs)
+        .chain(evidence_refs)
         .flatten()
         .chain(signing.as_ref())
     {

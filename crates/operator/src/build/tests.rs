@@ -928,3 +928,71 @@ fn a_signing_key_is_made_once_for_records_and_shards_and_mounted() {
     assert!(signing_key_secret(&jwt_spec()).unwrap().is_none());
     assert!(config(&jwt_spec()).election.signing_key.is_none());
 }
+
+/// `spec.admission`, `spec.evidence` and `spec.audit` become the
+/// provisioner's `admission:`, `evidence:` and `audit:`, the policy's
+/// ConfigMap key and the evidence Secrets mounted where those point.
+#[test]
+fn admission_evidence_and_audit_reach_the_pods() {
+    let p = provisioner(json!({
+        "helper": null,
+        "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+        "records": {"urls": ["nats://records:4222"]},
+        "admission": {"policy": {"name": "fleet-policy", "key": "admission.rego"}, "regoV0": true},
+        "evidence": {
+            "awsCertificates": {"name": "cloud-roots", "key": "aws.pem"},
+            "awsAccounts": ["123456789012"],
+            "maxAge": "2h",
+            "nodeName": "instance_id",
+        },
+        "audit": {"maxAge": "30d", "maxBytes": 2097152},
+    }));
+    let cfg = config(&p);
+    let a = cfg.admission.as_ref().expect("admission");
+    assert_eq!(
+        a.policy,
+        PathBuf::from("/etc/choria-provisioner/admission/admission.rego")
+    );
+    assert!(a.rego_v0);
+    let e = cfg.evidence.as_ref().expect("evidence");
+    assert_eq!(
+        e.aws_certificates,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/cloud-roots/aws.pem"
+        ))
+    );
+    assert_eq!(e.aws_accounts, ["123456789012"]);
+    assert_eq!(e.max_age, Some(std::time::Duration::from_secs(7200)));
+    assert!(e.one_identity_per_instance);
+    let audit = cfg.audit.as_ref().expect("audit");
+    assert_eq!(audit.max_bytes, 2_097_152);
+
+    let d = deployment_of(&p);
+    let spec = pod(&d);
+    let admission = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "admission")
+        .expect("the policy's volume");
+    let cm = admission.config_map.as_ref().unwrap();
+    assert_eq!(cm.name, "fleet-policy");
+    assert_eq!(cm.items.as_ref().unwrap()[0].key, "admission.rego");
+    let secrets: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.secret.as_ref()?.secret_name.as_deref())
+        .collect();
+    assert!(secrets.contains(&"cloud-roots"), "{secrets:?}");
+    let mounts: Vec<&str> = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(
+        mounts.contains(&"/etc/choria-provisioner/admission"),
+        "{mounts:?}"
+    );
+}

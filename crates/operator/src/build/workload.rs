@@ -131,6 +131,23 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
             ..Volume::default()
         });
     }
+    if let Some(a) = &s.admission {
+        mounts.push(read_only("admission", ADMISSION_DIR));
+        volumes.push(Volume {
+            name: "admission".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: a.policy.name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: a.policy.key.clone(),
+                    path: a.policy.key.clone(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o444),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
     // The spec's own after ours; validation keeps their names and paths
     // apart from ours.
     volumes.extend(s.pod.volumes.iter().map(PodVolume::to_volume));

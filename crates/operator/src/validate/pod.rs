@@ -111,7 +111,7 @@ fn volume(field: &str, v: &PodVolume, problem: &mut dyn FnMut(String)) {
         ));
     } else if is_reserved_volume(name) {
         problem(format!(
-            "{field}.name {name:?} is one of the operator's own volumes (config, tmp, helper, secret-<n>); choose another name"
+            "{field}.name {name:?} is one of the operator's own volumes (config, tmp, helper, admission, secret-<n>); choose another name"
         ));
     }
     if v.types().len() != 1 {

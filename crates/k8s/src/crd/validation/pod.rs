@@ -102,7 +102,7 @@ fn volume_rules() -> Vec<Rule> {
                 "!(self.name in [{}]) && !self.name.matches('^secret-[0-9]+$')",
                 quoted_list(RESERVED_VOLUMES)
             ),
-            "spec.pod.volumes[].name is one of the operator's own volumes (config, tmp, helper, secret-<n>); choose another name",
+            "spec.pod.volumes[].name is one of the operator's own volumes (config, tmp, helper, admission, secret-<n>); choose another name",
         ),
         rule(
             "spec.pod.volumes[]",

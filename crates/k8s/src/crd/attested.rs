@@ -1,0 +1,84 @@
+//! The attested-provisioning sections of a `Provisioner`: `spec.admission`,
+//! `spec.evidence` and `spec.audit`, each the `provisioner.yaml` section of
+//! the same name (the operator writes them, `build/config.rs`).
+
+use super::SecretKeyRef;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The admission policy (`admission:` of `provisioner.yaml`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionSpec {
+    /// The Rego file: a key of a ConfigMap in this namespace (package
+    /// `choria.provisioner`, rules `allow`, `deny_reason`, `defer`).
+    pub policy: ConfigMapKeyRef,
+    /// The file is Rego v0 (rules without `if`; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rego_v0: Option<bool>,
+}
+
+/// Cloud instance identity evidence (`evidence:` of `provisioner.yaml`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvidenceSpec {
+    /// The AWS regions' certificates (PEM) that verify instance identity
+    /// documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_certificates: Option<SecretKeyRef>,
+    /// AWS account ids (12 digits) whose instances may be provisioned
+    /// (default: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aws_accounts: Vec<String>,
+    /// Google's certificates (`oauth2/v1/certs` JSON, or PEM) that verify
+    /// GCP instance identity tokens; refresh the Secret as Google rotates
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gcp_certificates: Option<SecretKeyRef>,
+    /// The audience a GCP token must be for; `{identity}` is the node's
+    /// name (default `choria:{identity}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gcp_audience: Option<String>,
+    /// GCP project ids whose instances may be provisioned (default: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gcp_projects: Vec<String>,
+    /// Refuse instances launched longer ago than this (a Go or Choria
+    /// duration; default: any age).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+    /// What of the instance the node's identity must name: `instance_id`
+    /// or `instance_name` (default: not compared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// An instance is provisioned under one identity only (default true;
+    /// needs `records`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_identity_per_instance: Option<bool>,
+}
+
+/// The audit stream (`audit:` of `provisioner.yaml`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditSpec {
+    /// The JetStream stream (default `CHORIA_PROVISIONER_AUDIT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// The subject prefix (default `choria.provisioner.audit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// How long events are kept (default `90d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+    /// The most the stream keeps, in bytes, at least 1 MiB (default 1 GiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<i64>,
+}
+
+/// A key of a ConfigMap in this resource's namespace, mounted as a file.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct ConfigMapKeyRef {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// The key in the ConfigMap.
+    pub key: String,
+}
