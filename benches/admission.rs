@@ -88,13 +88,13 @@ fn admission(c: &mut Criterion) {
     g.bench_function("allowed_node", |b| {
         b.iter(|| {
             let doc = node(black_box(&web)).document().unwrap();
-            black_box(policy.evaluate(&doc).unwrap())
+            black_box(policy.evaluate_owned(doc).unwrap())
         })
     });
     g.bench_function("denied_node", |b| {
         b.iter(|| {
             let doc = node(black_box(&mail)).document().unwrap();
-            black_box(policy.evaluate(&doc).unwrap())
+            black_box(policy.evaluate_owned(doc).unwrap())
         })
     });
     g.finish();

@@ -53,14 +53,17 @@ fn a_rule_of_the_wrong_type_is_an_error_not_a_decision() {
     let p = policy("package choria.provisioner\n\nallow := \"yes\"\n");
     let e = p.evaluate(&json!({})).unwrap_err();
     assert!(matches!(e, PolicyError::Type { rule: "allow", .. }), "{e}");
-    let p = policy("package choria.provisioner\n\nallow := true\ndeny_reason := 3\n");
+    // deny_reason is read for a node that is not allowed (an allowed one
+    // has no use for it, and is spared its cost).
+    let p = policy("package choria.provisioner\n\nallow := input.ok\ndeny_reason := 3\n");
     assert!(matches!(
-        p.evaluate(&json!({})).unwrap_err(),
+        p.evaluate(&json!({"ok": false})).unwrap_err(),
         PolicyError::Type {
             rule: "deny_reason",
             ..
         }
     ));
+    assert_eq!(p.evaluate(&json!({"ok": true})).unwrap(), Decision::Allowed);
 }
 
 #[test]
