@@ -270,6 +270,11 @@ impl Verifier {
             choria_wire::security::tokens::TokenError::InvalidSignature => {
                 EvidenceError::Signature("gcp")
             }
+            other if other.to_string().contains("none of the given keys") => {
+                EvidenceError::Malformed(format!(
+                    "the GCP identity token: {other}; Google rotates its signing keys: refresh evidence.gcp_certificates from https://www.googleapis.com/oauth2/v1/certs"
+                ))
+            }
             other => EvidenceError::Malformed(format!("the GCP identity token: {other}")),
         })?;
         let audience = self.gcp_audience.replace(IDENTITY_PLACEHOLDER, identity);

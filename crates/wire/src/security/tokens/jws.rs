@@ -187,7 +187,7 @@ pub fn verify_rs256_jws(
     match tried {
         true => Err(TokenError::InvalidSignature),
         false => Err(TokenError::Malformed(format!(
-            "no key {} among the configured ones",
+            "signed with key {}, which none of the given keys is",
             clip(kid.as_deref().unwrap_or_default())
         ))),
     }
