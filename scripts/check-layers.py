@@ -102,7 +102,11 @@ ROOMS = {
         "provision/signing", "provision/shared", "provision/pipeline/registry",
         "provision/day_two/recorder", "audit",
     },
-    "provision/kube": {"backoff", "monitor", "provision/gate", "provision/shared"},
+    # spec.revocations: the pods write the resource's list into the
+    # revocations' bucket (records), reasons cut to one line (text).
+    "provision/kube": {
+        "backoff", "monitor", "provision/gate", "provision/shared", "records", "provision/text",
+    },
     "provision/pipeline": {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",
         "provision/suspects", "provision/ownership", "provision/shared",

@@ -1590,3 +1590,136 @@ fn certificaterequest_watches(cp: &ControlPlane) -> f64 {
         |m: BTreeMap<String, f64>| m.get("WATCH certificaterequests").copied().unwrap_or(0.0);
     watches(apiserver_requests(cp)) + watches(apiserver_open_requests(cp))
 }
+
+/// `spec.revocations` (issue 33): the pod writes each listed identity as a
+/// sealed revocation (the operator cannot: it may not read the signing
+/// key), the node is refused and `status.revoked` and `status.refused`
+/// say so; taken out of the list, the identity is lifted and provisioned at
+/// the next discovery. A revocation written with `choria-provisioner
+/// revoke` is not the list's to lift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_revocations_are_written_by_the_pods_and_lifted_when_removed() {
+    const NODES: usize = 12;
+    let Some(bins) = ControlPlane::available() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(&bins);
+    let cp = &c.cp;
+    c.create_namespace();
+    let store = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start_with(&format!(
+        "jetstream {{ store_dir: \"{}\" }}\n",
+        store.path().display()
+    ));
+    let journal = c.dir.path().join("journal.jsonl");
+    let fleet = RunningFleet::start(fleet_options(&nats, NODES, &journal)).await;
+    let (listed, by_hand) = (fleet.identities[0].clone(), fleet.identities[1].clone());
+    fleet_provisioner_with(
+        &c,
+        "revoking",
+        &nats,
+        (1, 4),
+        "0",
+        "2s",
+        json!({
+            "records": {"urls": [nats.url()]},
+            "revocations": [{"identity": listed, "reason": "stolen laptop"}],
+        }),
+    );
+    let deployment = get(cp, "deployment", NS, "revoking");
+    let kubeconfig = pod_kubeconfig(&c, "revoking");
+    let pod = start_pod(&c, &deployment, "revoking-5d8c7b9f4-r2k7q", &kubeconfig);
+
+    // Every node but the listed one is provisioned; the listed one is
+    // refused as revoked, and the status counts both.
+    wait_for("the others provisioned", Duration::from_secs(90), || {
+        (pod.metric("choria_provisioner_provisioned") >= (NODES - 1) as f64).then_some(())
+    });
+    let p = wait_for(
+        "status.revoked and status.refused",
+        Duration::from_secs(30),
+        || {
+            let p = c.provisioner("revoking");
+            (p["status"]["revoked"] == 1 && p["status"]["refused"].as_i64() >= Some(1)).then_some(p)
+        },
+    );
+    // The gauge follows the bucket (every second): the written revocation.
+    wait_for("the revocation read back", Duration::from_secs(10), || {
+        (pod.metric("choria_provisioner_revocations") == 1.0).then_some(())
+    });
+    assert!(pod.metric("choria_provisioner_revoked_refusals") >= 1.0);
+    let configured = |node: &str| {
+        read_journal_so_far(&journal)
+            .iter()
+            .filter(|e| e["kind"] == "action" && e["node"] == node)
+            .filter(|e| e["action"] == "configure" && e["outcome"] == "ok")
+            .count()
+    };
+    assert_eq!(configured(&listed), 0, "a listed node was configured");
+    assert!(
+        pod.logs().contains("revoked by spec.revocations"),
+        "{}",
+        pod.tail(20)
+    );
+    println!(
+        "status while listed: revoked {} refused {}",
+        p["status"]["revoked"], p["status"]["refused"]
+    );
+
+    // A revocation by hand, with the pod's own configuration.
+    let config = c
+        .dir
+        .path()
+        .join("revoking-5d8c7b9f4-r2k7q")
+        .join(choria_operator::build::CONFIG_DIR.trim_start_matches('/'))
+        .join(PROVISIONER_YAML);
+    let cli = |args: &[&str]| {
+        let out = Command::new(crate::support::provisioner::binary())
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (out.stdout, String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8(stdout).unwrap()
+    };
+    cli(&["revoke", &by_hand, "--reason", "by hand"]);
+    wait_for("two revoked", Duration::from_secs(30), || {
+        (c.provisioner("revoking")["status"]["revoked"] == 2).then_some(())
+    });
+
+    // Out of the list: lifted by the pod, which discovers at once (the
+    // interval is a minute); the revocation by hand stays.
+    let lifted = Instant::now();
+    patch_spec(cp, "revoking", json!({"revocations": null}));
+    wait_for(
+        "the listed node provisioned",
+        Duration::from_secs(45),
+        || (configured(&listed) >= 1).then_some(()),
+    );
+    println!(
+        "lifted and provisioned {:.1?} after the spec change",
+        lifted.elapsed()
+    );
+    assert!(pod.logs().contains("lifted: no longer in spec.revocations"));
+    let p = wait_for("one revoked", Duration::from_secs(30), || {
+        let p = c.provisioner("revoking");
+        (p["status"]["revoked"] == 1).then_some(p)
+    });
+    // The one left is the one revoked by hand.
+    let nodes = cli(&["nodes"]);
+    let revoked: Vec<&str> = nodes.lines().filter(|l| l.contains("REVOKED")).collect();
+    assert!(
+        revoked.len() == 1 && revoked[0].contains(&by_hand) && revoked[0].contains("by hand"),
+        "{nodes}"
+    );
+    assert!(
+        p["status"]["provisioned"].as_i64() >= Some((NODES - 1) as i64),
+        "{}",
+        p["status"]
+    );
+    drop(pod);
+    fleet.finish().await;
+}

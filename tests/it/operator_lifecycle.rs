@@ -130,7 +130,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
                "admission": {"policy": {"name": "fleet-policy", "key": "admission.rego"}, "regoV0": true},
                "evidence": {"gcpCertificates": {"name": "roots", "key": "google.json"}, "gcpAudience": "fleet:{identity}",
                             "gcpProjects": ["fleet-prod"], "maxAge": "2h", "nodeName": "instance_name"},
-               "audit": {"stream": "AUDIT", "subject": "fleet.audit", "maxAge": "30d", "maxBytes": 1048576}}),
+               "audit": {"stream": "AUDIT", "subject": "fleet.audit", "maxAge": "30d", "maxBytes": 1048576},
+               "revocations": [{"identity": "n1.example.net", "reason": "stolen laptop"}, {"identity": "web_2", "reason": "decommissioned"}]}),
         json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
@@ -267,6 +268,14 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.audit.maxBytes: Invalid value: \"integer\": spec.audit.maxBytes must be at least 1 MiB"),
         (json!({"admission": {"policy": {"name": "Fleet_Policy", "key": "a.rego"}}}),
          "spec.admission.policy: Invalid value: \"object\": spec.admission.policy.name must be a ConfigMap's name"),
+        (json!({"revocations": [{"identity": "n1", "reason": "stolen"}]}),
+         "spec.revocations: Invalid value: \"object\": spec.revocations are written beside the records"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1.*", "reason": "stolen"}]}),
+         "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].identity must be a node's identity"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "two\nlines"}]}),
+         "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].reason must be one line of text"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "a"}, {"identity": "n1", "reason": "b"}]}),
+         "spec.revocations[1]: Duplicate value"),
     ];
     let mut seen = Vec::new();
     for (i, (spec, message)) in invalid.into_iter().enumerate() {

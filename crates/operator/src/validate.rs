@@ -36,6 +36,7 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     durations(s, problem);
     election(s, problem);
     records_and_renewal(s, problem);
+    revocations(s, problem);
     helper(s, problem);
     pod::check(&s.pod, problem);
 
@@ -303,6 +304,37 @@ fn records_and_renewal(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     }
 }
 
+/// `spec.revocations`: what the API server's rules check, and what the
+/// pods would refuse to write.
+fn revocations(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    if s.revocations.is_empty() {
+        return;
+    }
+    if s.records.is_none() {
+        problem("spec.revocations are written beside the records and sealed with their key: set spec.records too".into());
+    }
+    if s.revocations.len() > choria_k8s::crd::MAX_REVOCATIONS as usize {
+        problem(format!(
+            "spec.revocations lists {} identities, more than {}: revoke the rest with choria-provisioner revoke",
+            s.revocations.len(),
+            choria_k8s::crd::MAX_REVOCATIONS
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, r) in s.revocations.iter().enumerate() {
+        if let Err(e) = choria_wire::identity::validate(&r.identity) {
+            problem(format!("spec.revocations[{i}].identity: {e}"));
+        } else if !seen.insert(r.identity.as_str()) {
+            problem(format!("spec.revocations[{i}].identity is listed twice"));
+        }
+        if r.reason.trim().is_empty() || r.reason.contains(['\n', '\r']) || r.reason.len() > 500 {
+            problem(format!(
+                "spec.revocations[{i}].reason must be one line of text, not empty, at most 500 bytes"
+            ));
+        }
+    }
+}
+
 /// `spec.helper`, or else `spec.nodeConfiguration`: what configures the nodes.
 fn helper(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     match &s.helper {
@@ -407,6 +439,28 @@ mod tests {
         for f in fragments {
             assert!(found[0].contains(f), "{spec}: {:?} lacks {f:?}", found[0]);
         }
+    }
+
+    #[test]
+    fn revocations_need_records_identities_and_one_line_reasons() {
+        let records = json!({"urls": ["nats://r:4222"]});
+        one(
+            json!({"revocations": [{"identity": "n1", "reason": "stolen"}]}),
+            &["spec.revocations are written beside the records"],
+        );
+        one(
+            json!({"records": records, "revocations": [{"identity": "n1.*", "reason": "x"}]}),
+            &["spec.revocations[0].identity"],
+        );
+        one(
+            json!({"records": records, "revocations": [{"identity": "n1", "reason": "a"}, {"identity": "n1", "reason": "b"}]}),
+            &["spec.revocations[1].identity is listed twice"],
+        );
+        one(
+            json!({"records": records, "revocations": [{"identity": "n1", "reason": "two\nlines"}]}),
+            &["spec.revocations[0].reason must be one line"],
+        );
+        assert!(problems(json!({"records": records, "revocations": [{"identity": "n1.example", "reason": "stolen"}]})).is_empty());
     }
 
     #[test]

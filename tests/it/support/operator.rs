@@ -600,8 +600,30 @@ pub fn fleet_provisioner(
     helper_sleep: &str,
     rpc_timeout: &str,
 ) -> Value {
+    fleet_provisioner_with(
+        c,
+        name,
+        nats,
+        (replicas, workers),
+        helper_sleep,
+        rpc_timeout,
+        json!({}),
+    )
+}
+
+/// [`fleet_provisioner`] with `extra` merged into its spec (top-level keys
+/// replace the defaults').
+pub fn fleet_provisioner_with(
+    c: &Cluster,
+    name: &str,
+    nats: &NatsServer,
+    (replicas, workers): (i32, i32),
+    helper_sleep: &str,
+    rpc_timeout: &str,
+    extra: Value,
+) -> Value {
     token_secret(&c.cp, name);
-    let resource = json!({
+    let mut resource = json!({
         "apiVersion": "provisioning.choria.io/v1alpha1",
         "kind": "Provisioner",
         "metadata": {"name": name, "namespace": NS},
@@ -625,6 +647,9 @@ pub fn fleet_provisioner(
             },
         },
     });
+    for (k, v) in extra.as_object().expect("extra spec fields") {
+        resource["spec"][k] = v.clone();
+    }
     apply(&c.cp, &resource.to_string());
     let p = c.observed(name);
     assert_eq!(

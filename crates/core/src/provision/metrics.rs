@@ -37,6 +37,7 @@ pub struct Metrics {
     discovery_errors: IntCounter,
     provision_errors: IntCounter,
     provisioned: IntCounter,
+    refused_nodes: IntCounter,
     paused: IntGauge,
     busy_workers: IntGauge,
     work_queue_entries: IntGauge,
@@ -184,6 +185,10 @@ impl Metrics {
             provisioned: counter(
                 "choria_provisioner_provisioned",
                 "How many nodes were successfully provisioned",
+            ),
+            refused_nodes: counter(
+                "choria_provisioner_refused_nodes",
+                "Refusals of nodes that answered: by the admission policy, evidence, a revocation, held credentials, the token, the CSR or conflicting replies (what the audit stream records as denied or refused); a node refused again at a later discovery counts again",
             ),
             paused: gauge(
                 "choria_provisioner_paused",
@@ -552,6 +557,11 @@ impl Metrics {
 
     pub fn provision_error(&self) {
         self.provision_errors.inc();
+    }
+
+    /// A node that answered was refused (see `choria_provisioner_refused_nodes`).
+    pub fn refused_node(&self) {
+        self.refused_nodes.inc();
     }
 
     pub fn provisioned(&self) {

@@ -198,6 +198,10 @@ pub struct Revoked {
 #[derive(Default)]
 struct State {
     by_identity: HashMap<String, Revocation>,
+    /// What the `Provisioner` resource lists (`spec.revocations`), by
+    /// identity, with its reason: revoked from the moment the pod reads
+    /// the list, before its sealed revocation is written and read back.
+    listed: HashMap<String, String>,
     loaded: bool,
 }
 
@@ -234,16 +238,46 @@ impl Revoked {
         }
     }
 
-    /// The revocation of `identity`, if it is revoked now.
-    pub fn of(&self, identity: &str) -> Option<Revocation> {
-        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        s.by_identity.get(identity).filter(|r| r.revoked).cloned()
+    /// Takes the resource's list (identity, reason) in place of the last.
+    pub fn set_listed(&self, listed: impl IntoIterator<Item = (String, String)>) {
+        let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        s.listed = listed.into_iter().collect();
     }
 
-    /// How many identities are revoked now.
+    /// The revocation of `identity`, if it is revoked now (in the bucket,
+    /// or listed by the resource).
+    pub fn of(&self, identity: &str) -> Option<Revocation> {
+        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = s.by_identity.get(identity).filter(|r| r.revoked) {
+            return Some(r.clone());
+        }
+        s.listed.get(identity).map(|reason| Revocation {
+            identity: identity.to_string(),
+            revoked: true,
+            reason: reason.clone(),
+            time: String::new(),
+            time_unix: 0,
+            by: "spec.revocations".into(),
+            site: String::new(),
+        })
+    }
+
+    /// Every identity's latest value, lifted ones too.
+    pub fn all(&self) -> HashMap<String, Revocation> {
+        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        s.by_identity.clone()
+    }
+
+    /// How many identities are revoked now (in the bucket, or listed).
     pub fn count(&self) -> usize {
         let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        s.by_identity.values().filter(|r| r.revoked).count()
+        let stored = s.by_identity.values().filter(|r| r.revoked).count();
+        let listed_only = s
+            .listed
+            .keys()
+            .filter(|i| !s.by_identity.get(*i).is_some_and(|r| r.revoked))
+            .count();
+        stored + listed_only
     }
 }
 
@@ -261,6 +295,20 @@ mod tests {
             by: "admin".into(),
             site: "s".into(),
         }
+    }
+
+    #[test]
+    fn a_listed_identity_is_revoked_before_its_revocation_is_read_back() {
+        let set = Revoked::default();
+        set.set_listed([("n1".to_string(), "stolen".to_string())]);
+        assert_eq!(set.of("n1").map(|r| r.reason), Some("stolen".into()));
+        assert_eq!(set.count(), 1);
+        set.set(r("n1", true, 5));
+        assert_eq!(set.count(), 1, "counted once when both say so");
+        set.set_listed([]);
+        assert!(set.of("n1").is_some(), "the stored revocation holds");
+        set.set(r("n1", false, 6));
+        assert_eq!((set.of("n1"), set.count()), (None, 0));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The attested-provisioning sections of a `Provisioner`: `spec.admission`,
 //! `spec.evidence` and `spec.audit`, each the `provisioner.yaml` section of
-//! the same name (the operator writes them, `build/config.rs`).
+//! the same name (the operator writes them, `build/config.rs`), and
+//! `spec.revocations`, which the pods read from the resource itself (as
+//! they read `spec.paused`) and write as sealed revocations: only they hold
+//! the key that seals them.
 
 use super::SecretKeyRef;
 use schemars::JsonSchema;
@@ -81,4 +84,23 @@ pub struct ConfigMapKeyRef {
     pub name: String,
     /// The key in the ConfigMap.
     pub key: String,
+}
+
+/// One identity `spec.revocations` revokes: never provisioned or renewed
+/// again while it is listed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct RevokedNode {
+    /// The node's identity.
+    pub identity: String,
+    /// Why, as `choria-provisioner nodes` and the audit stream show it.
+    pub reason: String,
+}
+
+/// The most identities `spec.revocations` lists (a bound on the rules'
+/// cost; more belong in the bucket, through `choria-provisioner revoke`).
+pub const MAX_REVOCATIONS: i64 = 1000;
+
+/// `spec.revocations` is a map keyed by identity: each listed once.
+pub(super) fn revocations_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    super::pod::keyed::<RevokedNode>(generator, "identity")
 }

@@ -16,19 +16,22 @@
 mod attested;
 pub mod pod;
 mod reference;
+mod status;
 pub mod status_patch;
 pub mod validation;
 
-pub use attested::{AdmissionSpec, AuditSpec, ConfigMapKeyRef, EvidenceSpec};
+pub use attested::{
+    AdmissionSpec, AuditSpec, ConfigMapKeyRef, EvidenceSpec, RevokedNode, MAX_REVOCATIONS,
+};
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
     RESERVED_VOLUMES,
 };
 pub use reference::{owner_reference, ResourceRef};
+pub use status::{Member, ProvisionerStatus};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -262,6 +265,13 @@ pub struct ProvisionerSpec {
     /// (`audit:`): needs `records`, whose connection and key it uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditSpec>,
+    /// Identities never to provision or renew again, as `choria-provisioner
+    /// revoke` does: the pods write each as a sealed revocation in the
+    /// records' revocations bucket, and lift it again when it leaves this
+    /// list (only those this list revoked). Needs `records`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "attested::revocations_schema")]
+    pub revocations: Vec<RevokedNode>,
 
     /// Placement, metadata, pull secrets, environment, volumes and priority
     /// of the provisioner pods, within what the cluster admin allows.
@@ -581,93 +591,6 @@ pub struct IssuerRef {
     /// Default `cert-manager.io`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-}
-
-/// Observed state.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProvisionerStatus {
-    /// `Ready`, `Progressing`, `LeaderElected`, `Paused` and `Degraded`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "conditions_schema")]
-    pub conditions: Vec<Condition>,
-    /// The `metadata.generation` the operator last acted on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// The pod that leads, as written by that pod.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub leader: Option<String>,
-    /// Ready provisioner pods.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_replicas: Option<i32>,
-    /// Nodes the pods of this Provisioner provisioned, added up across
-    /// replicas and failovers: each pod adds what it provisioned since its
-    /// own last write (in `Shards` mode every member adds its share).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provisioned: Option<i64>,
-    /// Pods of the Deployment (the `scale` subresource's count).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<i32>,
-    /// The pods' label selector (the `scale` subresource's, for an HPA).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<String>,
-    /// `spec.election.mode: Shards`: the live members, each written by
-    /// itself, and pruned by the members when one leaves the membership.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "members_schema")]
-    pub members: Vec<Member>,
-    /// Nodes on record whose credentials expire (with `renewal`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub records: Option<i64>,
-    /// Nodes whose credentials are inside their renewal window and not
-    /// renewed yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renewals_due: Option<i64>,
-}
-
-/// One replica of a sharded Provisioner.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Member {
-    /// Its member name (the pod's name and a suffix), the provisioning
-    /// lock's caller.
-    pub name: String,
-    /// The pod.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    /// Nodes it provisioned since it started.
-    #[serde(default)]
-    pub provisioned: i64,
-}
-
-/// Members as a map keyed by `name`: each pod applies its own entry.
-fn members_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let mut schema = generator.subschema_for::<Vec<Member>>();
-    schema.insert("x-kubernetes-list-type".into(), "map".into());
-    schema.insert(
-        "x-kubernetes-list-map-keys".into(),
-        serde_json::json!(["name"]),
-    );
-    schema
-}
-
-/// Conditions as a map keyed by `type`, so server-side apply merges each
-/// condition instead of replacing the list.
-fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let mut schema = generator.subschema_for::<Vec<Condition>>();
-    schema.insert("x-kubernetes-list-type".into(), "map".into());
-    schema.insert(
-        "x-kubernetes-list-map-keys".into(),
-        serde_json::json!(["type"]),
-    );
-    schema
-}
-
-impl ProvisionerStatus {
-    /// The condition of this type, if set.
-    pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.conditions.iter().find(|c| c.type_ == type_)
-    }
 }
 
 /// The CRD: the schema derived from the types, with the admission rules of

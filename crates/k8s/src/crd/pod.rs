@@ -286,7 +286,10 @@ impl std::str::FromStr for VolumeType {
 
 /// A list the API server keeps as a map keyed by `key`: each entry unique,
 /// and merged by key under server-side apply.
-fn keyed<T: JsonSchema>(generator: &mut schemars::SchemaGenerator, key: &str) -> schemars::Schema {
+pub(super) fn keyed<T: JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+    key: &str,
+) -> schemars::Schema {
     let mut schema = generator.subschema_for::<Vec<T>>();
     schema.insert("x-kubernetes-list-type".into(), "map".into());
     schema.insert(

@@ -28,6 +28,8 @@ const GO_DURATION: &str = "^(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m
 const LONG_DURATION: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)[wWdDMyY]$";
 /// An object name (RFC 1123 subdomain).
 const OBJECT_NAME: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A node's identity (`choria_wire::identity::validate`).
+const IDENTITY: &str = "^[A-Za-z0-9_-]+([.][A-Za-z0-9_-]+)*$";
 /// A Secret key: a file name of letters, digits, `-`, `_` and `.`.
 const SECRET_KEY: &str = "^[-._a-zA-Z0-9]+$";
 /// The longest duration string considered.
@@ -256,6 +258,22 @@ fn attested() -> Vec<Rule> {
             "spec.audit.maxBytes",
             "self >= 1048576",
             "spec.audit.maxBytes must be at least 1 MiB (1048576); the stream's size is bounded, but not to nothing",
+        ),
+        about(
+            "spec",
+            ".revocations",
+            "!has(self.revocations) || size(self.revocations) == 0 || has(self.records)",
+            "spec.revocations are written beside the records and sealed with their key: set spec.records too",
+        ),
+        rule(
+            "spec.revocations[]",
+            format!("self.identity.matches('{IDENTITY}')"),
+            "spec.revocations[].identity must be a node's identity: dot-separated labels of letters, digits, '-' and '_'",
+        ),
+        rule(
+            "spec.revocations[]",
+            "self.reason.size() > 0 && !self.reason.contains('\\n')",
+            "spec.revocations[].reason must be one line of text, not empty",
         ),
     ]
 }
@@ -581,6 +599,9 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.evidence.nodeName", "maxLength", 16),
         ("spec.audit.stream", "maxLength", 64),
         ("spec.audit.subject", "maxLength", 253),
+        ("spec.revocations", "maxItems", crate::crd::MAX_REVOCATIONS),
+        ("spec.revocations[].identity", "maxLength", 253),
+        ("spec.revocations[].reason", "maxLength", 500),
     ];
     let durations = [
         "spec.interval",

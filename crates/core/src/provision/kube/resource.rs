@@ -69,8 +69,14 @@ pub struct Write {
     /// With renewal: nodes on record and nodes due, as this replica sees
     /// the records (every replica follows all of them).
     pub renewal: Option<RenewalCounts>,
+    /// Refusals of nodes, added up like `provisioned`.
+    pub refused: u64,
+    /// With records: identities revoked now, as this replica sees them.
+    pub revoked: Option<u64>,
     /// This replica's own count the write includes.
     pub counted: u64,
+    /// This replica's own count of refusals the write includes.
+    pub refused_counted: u64,
     /// The resourceVersion it was computed from: the write is conditional
     /// on it, so two replicas never lose each other's counts.
     pub resource_version: Option<String>,
@@ -85,6 +91,8 @@ impl Write {
             provisioned: Some(self.provisioned as i64),
             records: self.renewal.map(|c| c.records as i64),
             renewals_due: self.renewal.map(|c| c.due as i64),
+            refused: Some(self.refused as i64),
+            revoked: self.revoked.map(|n| n as i64),
             ..ProvisionerStatus::default()
         };
         StatusApply::new(status)
@@ -114,6 +122,9 @@ pub struct RenewalCounts {
 ///   so a failover loses nothing a replica wrote; a replica writes its
 ///   count at most every [`STATUS_REFRESH`], and at once when it stops
 ///   leading;
+/// * `status.refused` counts refusals of nodes the same way;
+/// * with records, a working replica keeps `status.revoked` as it sees the
+///   revocations, like the renewal counts below;
 /// * with renewal, a working replica (the leader, or a member in shards
 ///   mode) writes the counts of records and of renewals due when the status
 ///   shows others, at most every [`STATUS_REFRESH`]; every write carries
@@ -124,11 +135,17 @@ pub struct Reporter {
     me: Me,
     /// With renewal: the counts as this replica sees them now.
     pub renewal: Option<RenewalCounts>,
+    /// With records: identities revoked now, as this replica sees them.
+    pub revoked: Option<u64>,
+    /// Refusals of nodes this replica counted since it started.
+    pub refused: u64,
     /// This replica provisions now (leads, or works its shard).
     pub working: bool,
     last_renewal_write: Option<Instant>,
     /// Our count as of our last successful write.
     reported: u64,
+    /// Our count of refusals as of our last successful write.
+    reported_refused: u64,
     last_count_write: Option<Instant>,
     /// Since when the status has not named the holder.
     wrong_since: Option<Instant>,
@@ -142,9 +159,12 @@ impl Reporter {
         Reporter {
             me,
             renewal: None,
+            revoked: None,
+            refused: 0,
             working: false,
             last_renewal_write: None,
             reported: 0,
+            reported_refused: 0,
             last_count_write: None,
             wrong_since: None,
             leading: false,
@@ -184,7 +204,8 @@ impl Reporter {
                 || shown.as_deref() == Some(self.me.shown.as_str())
                 || now.duration_since(*self.wrong_since.get_or_insert(now)) >= SETTLE);
         let delta = counted.saturating_sub(self.reported);
-        let count_due = delta > 0
+        let refused_delta = self.refused.saturating_sub(self.reported_refused);
+        let count_due = (delta > 0 || refused_delta > 0)
             && (self.flush
                 || self
                     .last_count_write
@@ -196,9 +217,11 @@ impl Reporter {
                 records: r.max(0) as u64,
                 due: d.max(0) as u64,
             });
+        let shows_revoked = status.revoked.map(|n| n.max(0) as u64);
+        let gauges_differ = (self.renewal.is_some() && self.renewal != shows)
+            || (self.revoked.is_some() && self.revoked != shows_revoked);
         let renewal_due = self.working
-            && self.renewal.is_some()
-            && self.renewal != shows
+            && gauges_differ
             && self
                 .last_renewal_write
                 .is_none_or(|t| now.duration_since(t) >= STATUS_REFRESH);
@@ -209,20 +232,24 @@ impl Reporter {
             leader: if correct { want } else { shown },
             provisioned: status.provisioned.unwrap_or(0).max(0) as u64 + delta,
             renewal: self.renewal,
+            refused: status.refused.unwrap_or(0).max(0) as u64 + refused_delta,
+            revoked: self.revoked,
             counted,
+            refused_counted: self.refused,
             resource_version: p.metadata.resource_version.clone(),
         })
     }
 
     /// `w` was written.
     pub fn written(&mut self, w: &Write, now: Instant) {
-        if w.counted != self.reported {
+        if w.counted != self.reported || w.refused_counted != self.reported_refused {
             self.last_count_write = Some(now);
         }
-        if w.renewal.is_some() {
+        if w.renewal.is_some() || w.revoked.is_some() {
             self.last_renewal_write = Some(now);
         }
         self.reported = w.counted;
+        self.reported_refused = w.refused_counted;
         self.flush = false;
         self.wrong_since = None;
     }
@@ -252,13 +279,13 @@ impl MemberWrite {
     /// kept list (a merge patch replaces a list whole).
     pub fn patch(&self, name: &str) -> MemberPatch {
         match self {
-            MemberWrite::Entry(m) => MemberPatch::Apply(
+            MemberWrite::Entry(m) => MemberPatch::Apply(Box::new(
                 StatusApply::new(ProvisionerStatus {
                     members: vec![m.clone()],
                     ..ProvisionerStatus::default()
                 })
                 .named(name),
-            ),
+            )),
             MemberWrite::Prune {
                 kept,
                 resource_version,
@@ -270,7 +297,8 @@ impl MemberWrite {
 /// What [`MemberWrite::patch`] sends.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MemberPatch {
-    Apply(StatusApply),
+    /// Boxed: a whole status is much larger than a list of members.
+    Apply(Box<StatusApply>),
     Merge(MembersMerge),
 }
 
@@ -380,6 +408,18 @@ pub async fn run(
     };
     let api = resource.api(client);
     let (seen_tx, seen) = watch::channel(None);
+    let revocations = async {
+        if let Some(records) = shared.cfg.records.clone() {
+            super::revocations::apply(
+                resource.clone(),
+                records,
+                shared.clone(),
+                seen.clone(),
+                stop.clone(),
+            )
+            .await
+        }
+    };
     tokio::join!(
         follow(
             api.clone(),
@@ -388,7 +428,16 @@ pub async fn run(
             seen_tx,
             stop.clone()
         ),
-        report(api, resource, me, shared, renewal, seen, stop),
+        revocations,
+        report(
+            api,
+            resource.clone(),
+            me,
+            shared.clone(),
+            renewal,
+            seen.clone(),
+            stop.clone()
+        ),
     );
 }
 
@@ -425,6 +474,21 @@ async fn follow(
             None => return,
         };
         let want = obj.spec.paused;
+        // Before the first version opens the gate: a listed identity is
+        // refused from the pod's first node on, not once its revocation
+        // was written and read back.
+        if let Some(revoked) = &shared.revoked {
+            revoked.set_listed(
+                obj.spec
+                    .revocations
+                    .iter()
+                    .filter(|n| choria_wire::identity::validate(&n.identity).is_ok())
+                    .map(|n| {
+                        let reason = crate::provision::text::one_line(&n.reason, 500);
+                        (n.identity.clone(), reason)
+                    }),
+            );
+        }
         seen.send_replace(Some(Arc::new(obj)));
         if paused == Some(want) {
             continue;
@@ -504,6 +568,12 @@ async fn report(
             records: value("choria_provisioner_records"),
             due: value("choria_provisioner_renewals_due"),
         });
+        reporter.refused = value("choria_provisioner_refused_nodes");
+        reporter.revoked = shared
+            .revoked
+            .as_ref()
+            .filter(|r| r.is_loaded())
+            .map(|r| r.count() as u64);
         let who = holder.borrow().clone();
         let Some(write) = reporter.decide(&p, who.as_deref(), counted, Instant::now()) else {
             continue;
@@ -541,7 +611,7 @@ async fn write_members(
 ) -> bool {
     let result = match w.patch(&resource.name) {
         MemberPatch::Apply(body) => {
-            api.patch_status(&resource.name, apply, &Patch::Apply(body))
+            api.patch_status(&resource.name, apply, &Patch::Apply(*body))
                 .await
         }
         MemberPatch::Merge(body) => {

@@ -148,6 +148,9 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
             _ => return,
         },
     };
+    if matches!(kind, Kind::Denied | Kind::Refused) {
+        shared.metrics.refused_node();
+    }
     shared.auditor.event(kind, node, data);
 }
 

@@ -37,7 +37,10 @@ fn write(leader: Option<&str>, provisioned: u64, counted: u64, rv: u64) -> Optio
         leader: leader.map(str::to_string),
         provisioned,
         renewal: None,
+        refused: 0,
+        revoked: None,
         counted,
+        refused_counted: 0,
         resource_version: Some(rv.to_string()),
     })
 }
@@ -167,7 +170,10 @@ fn the_write_is_conditional_on_what_it_read() {
     assert_eq!(body["metadata"]["resourceVersion"], "42");
     assert_eq!(body["kind"], "Provisioner");
     assert_eq!(body["apiVersion"], "provisioning.choria.io/v1alpha1");
-    assert_eq!(body["status"], json!({"leader": "pod-a", "provisioned": 3}));
+    assert_eq!(
+        body["status"],
+        json!({"leader": "pod-a", "provisioned": 3, "refused": 0})
+    );
 }
 
 #[test]
@@ -323,4 +329,39 @@ fn patch_body(w: &MemberWrite) -> serde_json::Value {
         MemberPatch::Apply(b) => serde_json::to_value(b).unwrap(),
         MemberPatch::Merge(b) => serde_json::to_value(b).unwrap(),
     }
+}
+
+#[test]
+fn refusals_add_up_like_provisioned_and_a_working_replica_shows_the_revoked() {
+    let mut r = Reporter::new(me("pod-b"));
+    let t = Instant::now();
+    let holder = Some("pod-a-abcdef");
+    let mut shown = seen(1, Some("pod-a"), 0);
+    shown.status.as_mut().unwrap().refused = Some(7);
+    r.refused = 3;
+    let w = r
+        .decide(&shown, holder, 0, t)
+        .expect("its refusals are due");
+    assert_eq!((w.refused, w.refused_counted, w.provisioned), (10, 3, 0));
+    r.written(&w, t);
+    shown.status.as_mut().unwrap().refused = Some(10);
+    r.revoked = Some(2);
+    assert_eq!(
+        r.decide(&shown, holder, 0, t + STATUS_REFRESH),
+        None,
+        "a standby leaves the revoked count to a working replica"
+    );
+    r.working = true;
+    let w = r.decide(&shown, holder, 0, t + STATUS_REFRESH).unwrap();
+    assert_eq!((w.revoked, w.refused), (Some(2), 10));
+    let body = serde_json::to_value(w.body("prov")).unwrap();
+    assert_eq!(body["status"]["revoked"], 2);
+    assert_eq!(body["status"]["refused"], 10);
+    r.written(&w, t + STATUS_REFRESH);
+    shown.status.as_mut().unwrap().revoked = Some(2);
+    assert_eq!(
+        r.decide(&shown, holder, 0, t + STATUS_REFRESH * 3),
+        None,
+        "the status shows them"
+    );
 }
