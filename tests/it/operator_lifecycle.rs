@@ -133,6 +133,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
                "audit": {"stream": "AUDIT", "subject": "fleet.audit", "maxAge": "30d", "maxBytes": 1048576},
                "revocations": [{"identity": "n1.example.net", "reason": "stolen laptop"}, {"identity": "web_2", "reason": "decommissioned"}]}),
         json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}}),
+        json!({"evidence": {"azureCertificates": {"name": "roots", "key": "azure.pem"}, "oneIdentityPerInstance": false,
+                            "azureSubscriptions": ["8d10da13-8125-4ba9-a717-bf7490507b3d"]}}),
     ];
     for (i, spec) in valid.into_iter().enumerate() {
         let p = provisioner_with(&format!("valid-{i}"), spec.clone());
@@ -255,13 +257,15 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}}}),
          "spec.evidence: Invalid value: \"object\": spec.evidence keeps one identity per instance beside the records: set spec.records too (or spec.evidence.oneIdentityPerInstance: false)"),
         (json!({"evidence": {"oneIdentityPerInstance": false}}),
-         "spec.evidence: Invalid value: \"object\": spec.evidence needs awsCertificates or gcpCertificates"),
+         "spec.evidence: Invalid value: \"object\": spec.evidence needs awsCertificates, gcpCertificates or azureCertificates"),
         (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false, "awsAccounts": ["1234"]}}),
          "spec.evidence.awsAccounts: Invalid value: \"array\": spec.evidence.awsAccounts must be AWS account ids: 12 digits each"),
         (json!({"evidence": {"gcpCertificates": {"name": "roots", "key": "g.json"}, "oneIdentityPerInstance": false, "gcpAudience": "choria"}}),
          "spec.evidence.gcpAudience: Invalid value: \"string\": spec.evidence.gcpAudience must hold {identity}"),
         (json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false, "nodeName": "hostname"}}),
          "spec.evidence.nodeName: Invalid value: \"string\": spec.evidence.nodeName must be instance_id or instance_name"),
+        (json!({"evidence": {"azureCertificates": {"name": "roots", "key": "azure.pem"}, "oneIdentityPerInstance": false, "azureSubscriptions": ["prod"]}}),
+         "spec.evidence.azureSubscriptions: Invalid value: \"array\": spec.evidence.azureSubscriptions must be Azure subscription ids"),
         (json!({"audit": {}}),
          "spec.audit: Invalid value: \"object\": spec.audit goes through the records' connection"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "audit": {"maxBytes": 10}}),

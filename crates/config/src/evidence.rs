@@ -9,6 +9,8 @@
 //!   gcp_certificates: /etc/choria-provisioner/google-certs.json
 //!   gcp_audience: "choria:{identity}"
 //!   gcp_projects: [fleet-prod]
+//!   azure_certificates: /etc/choria-provisioner/azure-intermediates.pem
+//!   azure_subscriptions: ["8d10da13-8125-4ba9-a717-bf7490507b3d"]
 //!   max_age: 1h
 //!   node_name: instance_id
 //!   one_identity_per_instance: true
@@ -64,6 +66,12 @@ pub struct EvidenceConfig {
     pub gcp_audience: String,
     /// GCP projects whose instances may be provisioned; empty: any.
     pub gcp_projects: Vec<String>,
+    /// PEM certificates of the Microsoft intermediates that issue the
+    /// `metadata.azure.com` certificate attested documents are signed with.
+    pub azure_certificates: Option<PathBuf>,
+    /// Azure subscriptions whose virtual machines may be provisioned;
+    /// empty: any.
+    pub azure_subscriptions: Vec<String>,
     /// Refuse instances launched longer ago than this (AWS `pendingTime`,
     /// GCP `instance_creation_timestamp`).
     pub max_age: Option<Duration>,
@@ -83,6 +91,8 @@ impl EvidenceConfig {
             gcp_certificates: path(&self.gcp_certificates),
             gcp_audience: Some(self.gcp_audience.clone()),
             gcp_projects: list(&self.gcp_projects),
+            azure_certificates: path(&self.azure_certificates),
+            azure_subscriptions: list(&self.azure_subscriptions),
             max_age: self.max_age.map(format_duration),
             node_name: self.node_name.map(|n| n.as_str().to_string()),
             one_identity_per_instance: Some(self.one_identity_per_instance),
@@ -107,6 +117,12 @@ impl EvidenceConfig {
                     n => format!("{n} project{}", if n == 1 { "" } else { "s" }),
                 }
             ));
+        }
+        if self.azure_certificates.is_some() {
+            parts.push(match self.azure_subscriptions.len() {
+                0 => "azure (any subscription)".to_string(),
+                n => format!("azure ({n} subscription{})", if n == 1 { "" } else { "s" }),
+            });
         }
         if let Some(age) = self.max_age {
             parts.push(format!("launched within {}", format_duration(age)));
@@ -147,10 +163,18 @@ pub(crate) fn evidence(
     };
     let aws_certificates = path("aws_certificates")?;
     let gcp_certificates = path("gcp_certificates")?;
-    if aws_certificates.is_none() && gcp_certificates.is_none() {
+    let azure_certificates = path("azure_certificates")?;
+    if aws_certificates.is_none() && gcp_certificates.is_none() && azure_certificates.is_none() {
         return Err(e.error(
             "aws_certificates",
-            "evidence needs aws_certificates or gcp_certificates: what verifies the instance identity documents",
+            "evidence needs aws_certificates, gcp_certificates or azure_certificates: what verifies the instance identity documents",
+        ));
+    }
+    let azure_subscriptions = e.string_list("azure_subscriptions")?.unwrap_or_default();
+    if let Some(bad) = azure_subscriptions.iter().find(|s| !is_uuid(s)) {
+        return Err(e.error(
+            "azure_subscriptions",
+            format!("{bad:?} is not an Azure subscription id (a UUID)"),
         ));
     }
     let aws_accounts = e.string_list("aws_accounts")?.unwrap_or_default();
@@ -207,8 +231,20 @@ pub(crate) fn evidence(
         gcp_certificates,
         gcp_audience,
         gcp_projects,
+        azure_certificates,
+        azure_subscriptions,
         max_age,
         node_name,
         one_identity_per_instance,
     }))
+}
+
+/// `8d10da13-8125-4ba9-a717-bf7490507b3d`: 8-4-4-4-12 hex digits.
+pub fn is_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }

@@ -168,8 +168,9 @@ file_section! {
     /// `evidence:` (ours).
     pub struct EvidenceFile {
         /// PEM certificates (one per AWS region, from AWS's "public
-        /// certificates" page, the RSA ones for the `signature` form) that
-        /// verify the instance identity documents nodes present.
+        /// certificates" page: the RSA ones for the `signature` form, the
+        /// RSA-2048 ones for the `rsa2048` form) that verify the instance
+        /// identity documents nodes present.
         aws_certificates: String,
         /// AWS account ids (12 digits) whose instances may be provisioned.
         ///
@@ -189,6 +190,15 @@ file_section! {
         ///
         /// Default: any
         gcp_projects: Vec<String>,
+        /// PEM certificates of the Microsoft intermediates that issue the
+        /// `metadata.azure.com` certificate Azure signs attested documents
+        /// with.
+        azure_certificates: String,
+        /// Azure subscription ids whose virtual machines may be
+        /// provisioned.
+        ///
+        /// Default: any
+        azure_subscriptions: Vec<String>,
         /// Refuse instances launched longer ago than this (AWS
         /// `pendingTime`, GCP `instance_creation_timestamp`).
         ///

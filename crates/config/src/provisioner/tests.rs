@@ -1036,7 +1036,7 @@ fn evidence_needs_certificates_bounds_and_records_for_its_bindings() {
     );
     assert_eq!(e.gcp_audience, crate::evidence::DEFAULT_GCP_AUDIENCE);
     for (yaml, says) in [
-        ("evidence: {}\n", "aws_certificates or gcp_certificates"),
+        ("evidence: {}\n", "aws_certificates, gcp_certificates or azure_certificates"),
         ("evidence: {aws_certificates: /a.pem}\n", "needs records"),
         (
             "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, aws_accounts: ['12']}\n",
@@ -1045,6 +1045,10 @@ fn evidence_needs_certificates_bounds_and_records_for_its_bindings() {
         (
             "evidence: {gcp_certificates: /g.json, one_identity_per_instance: false, gcp_audience: choria}\n",
             "{identity}",
+        ),
+        (
+            "evidence: {azure_certificates: /z.pem, one_identity_per_instance: false, azure_subscriptions: [prod]}\n",
+            "not an Azure subscription id",
         ),
         (
             "evidence: {aws_certificates: /a.pem, one_identity_per_instance: false, max_age: 0s}\n",

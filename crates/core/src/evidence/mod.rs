@@ -11,19 +11,26 @@
 //!
 //! ```json
 //! {"instance_identity": {"aws": {"document": "<the document, verbatim>", "signature": "<base64>"}}}
+//! {"instance_identity": {"aws": {"rsa2048": "<the rsa2048 form: PKCS#7, the document inside>"}}}
 //! {"instance_identity": {"gcp": {"token": "<the identity token for audience choria:<identity>>"}}}
+//! {"instance_identity": {"azure": {"signature": "<the attested document's signature: PKCS#7>"}}}
 //! ```
 //!
 //! Values travel as strings: go-choria re-encodes facts (key order, number
 //! types, HTML escaping), and a signature is over the exact bytes.
 //!
 //! * AWS: the instance identity document and its `signature` (RSA with
-//!   SHA-256 over the document), verified with the regions' certificates
+//!   SHA-256 over the document), or the `rsa2048` form (PKCS#7 with the
+//!   document inside), verified with the regions' certificates
 //!   (`aws_certificates`); the account must be listed (`aws_accounts`).
 //! * GCP: the instance identity token (RS256), verified with Google's
 //!   certificates (`gcp_certificates`), from `accounts.google.com`, for the
 //!   audience naming this node (`gcp_audience`), unexpired; the project
 //!   must be listed (`gcp_projects`).
+//! * Azure: the attested document (PKCS#7 with its JSON inside), signed by
+//!   a certificate for `metadata.azure.com` that one of Microsoft's
+//!   intermediates (`azure_certificates`) issued, unexpired; the
+//!   subscription must be listed (`azure_subscriptions`).
 //!
 //! An AWS document carries no nonce and no name: a copy is good for as long
 //! as the instance lives. What a copy may cost is bounded by
@@ -33,8 +40,12 @@
 //! [`Verifier::verify`] is pure (it takes `now`); the bindings are the one
 //! part that talks to the bucket.
 
+mod ber;
 pub mod bindings;
 mod parse;
+mod pkcs7;
+#[cfg(test)]
+mod pkcs7_tests;
 #[cfg(test)]
 mod tests;
 
@@ -54,15 +65,16 @@ const CLOCK_SKEW: i64 = 60;
 /// A verified instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evidence {
-    /// `aws` or `gcp`.
+    /// `aws`, `gcp` or `azure`.
     pub provider: &'static str,
-    /// The account (AWS) or project (GCP).
+    /// The account (AWS), project (GCP) or subscription (Azure).
     pub account: String,
     pub instance_id: String,
-    /// The region (AWS) or zone (GCP).
+    /// The region (AWS) or zone (GCP); Azure's document names neither.
     pub region: String,
     /// When the instance was launched (AWS `pendingTime`, GCP
-    /// `instance_creation_timestamp`), Unix seconds.
+    /// `instance_creation_timestamp`; Azure's document does not say),
+    /// Unix seconds.
     pub launched_unix: Option<i64>,
     /// The rest the policy may read (image, type; instance name, …).
     pub details: Value,
@@ -139,6 +151,8 @@ pub struct Verifier {
     gcp: Vec<(String, RsaPublicKey)>,
     gcp_audience: String,
     gcp_projects: Vec<String>,
+    azure: Vec<RsaPublicKey>,
+    azure_subscriptions: Vec<String>,
     max_age: Option<Duration>,
     node_name: Option<NodeName>,
 }
@@ -146,20 +160,24 @@ pub struct Verifier {
 impl Verifier {
     /// Reads the certificates `cfg` names: an error names the file.
     pub fn load(cfg: &EvidenceConfig) -> Result<Verifier, EvidenceError> {
-        let aws = match &cfg.aws_certificates {
-            Some(p) => parse::pem_keys(&read(p, "evidence.aws_certificates")?)
-                .map_err(|reason| load(p, "evidence.aws_certificates", reason))?
+        let pem = |path: &Option<PathBuf>, what: &'static str| match path {
+            Some(p) => Ok(parse::pem_keys(&read(p, what)?)
+                .map_err(|reason| load(p, what, reason))?
                 .into_iter()
                 .map(|(_, k)| k)
-                .collect(),
-            None => Vec::new(),
+                .collect()),
+            None => Ok(Vec::new()),
         };
+        let aws = pem(&cfg.aws_certificates, "evidence.aws_certificates")?;
+        let azure = pem(&cfg.azure_certificates, "evidence.azure_certificates")?;
         let gcp = match &cfg.gcp_certificates {
             Some(p) => parse::google_keys(&read(p, "evidence.gcp_certificates")?)
                 .map_err(|reason| load(p, "evidence.gcp_certificates", reason))?,
             None => Vec::new(),
         };
         Ok(Verifier {
+            azure,
+            azure_subscriptions: cfg.azure_subscriptions.clone(),
             aws,
             aws_accounts: cfg.aws_accounts.clone(),
             gcp,
@@ -181,12 +199,18 @@ impl Verifier {
         let Some(presented) = facts.get(FACT) else {
             return Err(EvidenceError::Missing);
         };
-        let evidence = match (presented.get("aws"), presented.get("gcp")) {
-            (Some(aws), None) => self.aws(aws)?,
-            (None, Some(gcp)) => self.gcp(identity, gcp, now)?,
+        let provided = (
+            presented.get("aws"),
+            presented.get("gcp"),
+            presented.get("azure"),
+        );
+        let evidence = match provided {
+            (Some(aws), None, None) => self.aws(aws, now)?,
+            (None, Some(gcp), None) => self.gcp(identity, gcp, now)?,
+            (None, None, Some(azure)) => self.azure(azure, now)?,
             _ => {
                 return Err(EvidenceError::Malformed(format!(
-                    "facts.{FACT} must hold one of aws or gcp"
+                    "facts.{FACT} must hold one of aws, gcp or azure"
                 )))
             }
         };
@@ -228,7 +252,7 @@ impl Verifier {
         }
     }
 
-    fn aws(&self, aws: &Value) -> Result<Evidence, EvidenceError> {
+    fn aws(&self, aws: &Value, now: i64) -> Result<Evidence, EvidenceError> {
         if self.aws.is_empty() {
             return Err(EvidenceError::Unconfigured("aws"));
         }
@@ -237,19 +261,28 @@ impl Verifier {
                 EvidenceError::Malformed(format!("facts.{FACT}.aws.{name} is not a string"))
             })
         };
-        let document = field("document")?;
-        let signature = parse::base64(field("signature")?)
-            .map_err(|e| EvidenceError::Malformed(format!("facts.{FACT}.aws.signature: {e}")))?;
-        if !self
-            .aws
-            .iter()
-            .any(|k| verify_rsa_sha256(k, document.as_bytes(), &signature).is_ok())
-        {
-            return Err(EvidenceError::Signature("aws"));
-        }
+        let document = if aws.get("rsa2048").is_some() {
+            let signed = self.pkcs7("aws", "aws.rsa2048", field("rsa2048")?, &self.aws, now)?;
+            String::from_utf8(signed.content).map_err(|_| {
+                EvidenceError::Malformed("the AWS document in rsa2048 is not UTF-8".into())
+            })?
+        } else {
+            let document = field("document")?;
+            let signature = parse::base64(field("signature")?).map_err(|e| {
+                EvidenceError::Malformed(format!("facts.{FACT}.aws.signature: {e}"))
+            })?;
+            if !self
+                .aws
+                .iter()
+                .any(|k| verify_rsa_sha256(k, document.as_bytes(), &signature).is_ok())
+            {
+                return Err(EvidenceError::Signature("aws"));
+            }
+            document.to_string()
+        };
         // Signed by AWS: from here on its content is trusted, but still
         // checked for where it lands (a KV key, a log line).
-        let evidence = parse::aws_document(document).map_err(EvidenceError::Malformed)?;
+        let evidence = parse::aws_document(&document).map_err(EvidenceError::Malformed)?;
         if !self.aws_accounts.is_empty() && !self.aws_accounts.contains(&evidence.account) {
             return Err(EvidenceError::Refused(format!(
                 "AWS account {} is not in evidence.aws_accounts",
@@ -289,6 +322,68 @@ impl Verifier {
         Ok(evidence)
     }
 }
+
+impl Verifier {
+    /// The Azure attested document: a `metadata.azure.com` certificate
+    /// issued by one of `azure_certificates` signed it, and it has not
+    /// expired.
+    fn azure(&self, azure: &Value, now: i64) -> Result<Evidence, EvidenceError> {
+        if self.azure.is_empty() {
+            return Err(EvidenceError::Unconfigured("azure"));
+        }
+        let text = azure
+            .get("signature")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                EvidenceError::Malformed(format!("facts.{FACT}.azure.signature is not a string"))
+            })?;
+        let signed = self.pkcs7("azure", "azure.signature", text, &self.azure, now)?;
+        let azure_named = signed
+            .signer_names
+            .iter()
+            .any(|n| n == AZURE_SIGNER || n.ends_with(&format!(".{AZURE_SIGNER}")));
+        if !azure_named {
+            return Err(EvidenceError::Refused(format!(
+                "the Azure attested document is not signed by a certificate for {AZURE_SIGNER}"
+            )));
+        }
+        let evidence =
+            parse::azure_document(&signed.content, now).map_err(EvidenceError::Refused)?;
+        if !self.azure_subscriptions.is_empty()
+            && !self.azure_subscriptions.contains(&evidence.account)
+        {
+            return Err(EvidenceError::Refused(format!(
+                "Azure subscription {} is not in evidence.azure_subscriptions",
+                evidence.account
+            )));
+        }
+        Ok(evidence)
+    }
+
+    /// A base64 PKCS#7 SignedData from `facts.instance_identity.<field>`,
+    /// verified with `anchors`.
+    fn pkcs7(
+        &self,
+        provider: &'static str,
+        field: &str,
+        text: &str,
+        anchors: &[RsaPublicKey],
+        now: i64,
+    ) -> Result<pkcs7::Signed, EvidenceError> {
+        let der = parse::base64(text)
+            .map_err(|e| EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}")))?;
+        pkcs7::verify(&der, anchors, now).map_err(|e| {
+            if e.contains("does not verify") || e.contains("not issued by") {
+                EvidenceError::Signature(provider)
+            } else {
+                EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}"))
+            }
+        })
+    }
+}
+
+/// The name of the certificate Azure signs attested documents with.
+const AZURE_SIGNER: &str = "metadata.azure.com";
 
 fn read(path: &Path, what: &'static str) -> Result<String, EvidenceError> {
     std::fs::read_to_string(path).map_err(|source| EvidenceError::Read {

@@ -180,3 +180,50 @@ pub(super) fn gcp_claims(
         }),
     })
 }
+
+/// The time format of Azure's attested document (`12/13/21 20:38:05 -0000`).
+const AZURE_TIME: &str = "%m/%d/%y %H:%M:%S %z";
+
+/// An Azure attested document's content (its signature checked already),
+/// unexpired at `now`.
+pub(super) fn azure_document(content: &[u8], now: i64) -> Result<Evidence, String> {
+    let doc: Value = serde_json::from_slice(content)
+        .map_err(|e| format!("the Azure attested document is not JSON: {e}"))?;
+    let s = |k: &str| doc.get(k).and_then(Value::as_str);
+    let time = |k: &str| -> Result<i64, String> {
+        let t = doc
+            .pointer(&format!("/timeStamp/{k}"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("the Azure attested document has no timeStamp.{k}"))?;
+        chrono::DateTime::parse_from_str(t, AZURE_TIME)
+            .map(|t| t.timestamp())
+            .map_err(|e| format!("timeStamp.{k} {:?}: {e}", clip(t)))
+    };
+    let (created, expires) = (time("createdOn")?, time("expiresOn")?);
+    if now >= expires {
+        return Err(format!(
+            "the Azure attested document expired {} s ago",
+            now - expires
+        ));
+    }
+    if created > now + super::CLOCK_SKEW {
+        return Err("the Azure attested document was made in the future".into());
+    }
+    let subscription = token("subscriptionId", s("subscriptionId"))?;
+    let vm = token("vmId", s("vmId"))?;
+    Ok(Evidence {
+        provider: "azure",
+        account: subscription,
+        instance_id: vm,
+        region: String::new(),
+        launched_unix: None,
+        details: json!({
+            "sku": detail(doc.get("sku")),
+            "offer": detail(doc.pointer("/plan/product")),
+            "publisher": detail(doc.pointer("/plan/publisher")),
+            "plan": detail(doc.pointer("/plan/name")),
+            "created_unix": created,
+            "expires_unix": expires,
+        }),
+    })
+}

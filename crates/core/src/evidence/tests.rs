@@ -34,6 +34,8 @@ fn verifier(aws: &[&RsaPrivateKey], gcp: &[(&str, &RsaPrivateKey)]) -> Verifier 
             .collect(),
         gcp_audience: "choria:{identity}".into(),
         gcp_projects: vec![],
+        azure: vec![],
+        azure_subscriptions: vec![],
         max_age: None,
         node_name: None,
     }

@@ -45,6 +45,15 @@ pub struct EvidenceSpec {
     /// GCP project ids whose instances may be provisioned (default: any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gcp_projects: Vec<String>,
+    /// The Microsoft intermediates (PEM) that issue the
+    /// `metadata.azure.com` certificate Azure signs attested documents
+    /// with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure_certificates: Option<SecretKeyRef>,
+    /// Azure subscription ids (UUIDs) whose virtual machines may be
+    /// provisioned (default: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub azure_subscriptions: Vec<String>,
     /// Refuse instances launched longer ago than this (a Go or Choria
     /// duration; default: any age).
     #[serde(default, skip_serializing_if = "Option::is_none")]

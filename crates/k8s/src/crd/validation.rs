@@ -50,7 +50,7 @@ const LEASE_TIMINGS: [(&str, &str); 3] = [
     ("spec.election.retryPeriod", "2s"),
 ];
 /// The references to Secret keys.
-const SECRET_REFS: [&str; 13] = [
+const SECRET_REFS: [&str; 14] = [
     "spec.tokenSecret",
     "spec.brokerPasswordSecret",
     "spec.jwtVerifyKeySecret",
@@ -64,6 +64,7 @@ const SECRET_REFS: [&str; 13] = [
     "spec.records.tlsKeySecret",
     "spec.evidence.awsCertificates",
     "spec.evidence.gcpCertificates",
+    "spec.evidence.azureCertificates",
 ];
 /// A share of a lifetime, as `renewal.before` takes it.
 const PERCENT: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)%$";
@@ -215,8 +216,8 @@ fn attested() -> Vec<Rule> {
         ),
         rule(
             "spec.evidence",
-            "has(self.awsCertificates) || has(self.gcpCertificates)",
-            "spec.evidence needs awsCertificates or gcpCertificates: the Secret that verifies the instance identity documents",
+            "has(self.awsCertificates) || has(self.gcpCertificates) || has(self.azureCertificates)",
+            "spec.evidence needs awsCertificates, gcpCertificates or azureCertificates: the Secret that verifies the instance identity documents",
         ),
         rule(
             "spec.evidence.awsAccounts",
@@ -227,6 +228,11 @@ fn attested() -> Vec<Rule> {
             "spec.evidence.gcpProjects",
             "self.all(p, p.matches('^[-_a-zA-Z0-9]+$'))",
             "spec.evidence.gcpProjects must be GCP project ids: letters, digits, '-' and '_'",
+        ),
+        rule(
+            "spec.evidence.azureSubscriptions",
+            "self.all(s, s.matches('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'))",
+            "spec.evidence.azureSubscriptions must be Azure subscription ids: UUIDs",
         ),
         rule(
             "spec.evidence.gcpAudience",
@@ -596,6 +602,8 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.evidence.gcpProjects", "maxItems", 64),
         ("spec.evidence.gcpProjects[]", "maxLength", 64),
         ("spec.evidence.gcpAudience", "maxLength", 253),
+        ("spec.evidence.azureSubscriptions", "maxItems", 64),
+        ("spec.evidence.azureSubscriptions[]", "maxLength", 36),
         ("spec.evidence.nodeName", "maxLength", 16),
         ("spec.audit.stream", "maxLength", 64),
         ("spec.audit.subject", "maxLength", 253),

@@ -143,6 +143,8 @@ fn evidence_file(e: &EvidenceSpec) -> EvidenceFile {
         gcp_certificates: e.gcp_certificates.as_ref().map(ref_path),
         gcp_audience: e.gcp_audience.clone(),
         gcp_projects: list(&e.gcp_projects),
+        azure_certificates: e.azure_certificates.as_ref().map(ref_path),
+        azure_subscriptions: list(&e.azure_subscriptions),
         max_age: e.max_age.clone(),
         node_name: e.node_name.clone(),
         one_identity_per_instance: e.one_identity_per_instance,

@@ -252,9 +252,13 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
         &spec.jwt_signing_key_secret,
         &spec.jwt_signing_token_secret,
     ];
-    let evidence_refs = evidence
-        .into_iter()
-        .flat_map(|e| [&e.aws_certificates, &e.gcp_certificates]);
+    let evidence_refs = evidence.into_iter().flat_map(|e| {
+        [
+            &e.aws_certificates,
+            &e.gcp_certificates,
+            &e.azure_certificates,
+        ]
+    });
     let record_refs = records.into_iter().flat_map(|r| {
         [
             &r.credentials_secret,

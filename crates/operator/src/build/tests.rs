@@ -942,6 +942,8 @@ fn admission_evidence_and_audit_reach_the_pods() {
         "evidence": {
             "awsCertificates": {"name": "cloud-roots", "key": "aws.pem"},
             "awsAccounts": ["123456789012"],
+            "azureCertificates": {"name": "cloud-roots", "key": "azure.pem"},
+            "azureSubscriptions": ["8d10da13-8125-4ba9-a717-bf7490507b3d"],
             "maxAge": "2h",
             "nodeName": "instance_id",
         },
@@ -962,6 +964,16 @@ fn admission_evidence_and_audit_reach_the_pods() {
         ))
     );
     assert_eq!(e.aws_accounts, ["123456789012"]);
+    assert_eq!(
+        e.azure_certificates,
+        Some(PathBuf::from(
+            "/etc/choria-provisioner/secrets/cloud-roots/azure.pem"
+        ))
+    );
+    assert_eq!(
+        e.azure_subscriptions,
+        ["8d10da13-8125-4ba9-a717-bf7490507b3d"]
+    );
     assert_eq!(e.max_age, Some(std::time::Duration::from_secs(7200)));
     assert!(e.one_identity_per_instance);
     let audit = cfg.audit.as_ref().expect("audit");
