@@ -278,6 +278,8 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].identity must be a node's identity"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "two\nlines"}]}),
          "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].reason must be one line of text"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "   "}]}),
+         "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].reason must be one line of text"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "a"}, {"identity": "n1", "reason": "b"}]}),
          "spec.revocations[1]: Duplicate value"),
     ];

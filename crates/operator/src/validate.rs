@@ -327,9 +327,12 @@ fn revocations(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
         } else if !seen.insert(r.identity.as_str()) {
             problem(format!("spec.revocations[{i}].identity is listed twice"));
         }
-        if r.reason.trim().is_empty() || r.reason.contains(['\n', '\r']) || r.reason.len() > 500 {
+        if r.reason.trim().is_empty()
+            || r.reason.contains(['\n', '\r'])
+            || r.reason.chars().count() > 500
+        {
             problem(format!(
-                "spec.revocations[{i}].reason must be one line of text, not empty, at most 500 bytes"
+                "spec.revocations[{i}].reason must be one line of text, not empty, at most 500 characters"
             ));
         }
     }

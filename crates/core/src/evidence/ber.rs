@@ -10,6 +10,11 @@
 
 /// Deeper than any certificate or SignedData nests.
 const MAX_DEPTH: usize = 32;
+/// More elements than any constructed element of a cloud's document holds
+/// (a certificate's extensions, a set of signed attributes): the DER
+/// decoder sorts each SET OF as it reads it, in time quadratic in its
+/// length, so a document with a SET of thousands would cost seconds.
+const MAX_CHILDREN: usize = 64;
 
 /// `input`, one BER element, as DER.
 pub(super) fn to_der(input: &[u8]) -> Result<Vec<u8>, String> {
@@ -43,7 +48,12 @@ fn element(input: &[u8], depth: usize, out: &mut Vec<u8>) -> Result<usize, Strin
                 .ok_or("a length runs past the end")?;
             if constructed {
                 let mut at = start;
+                let mut children = 0;
                 while at < end {
+                    children += 1;
+                    if children > MAX_CHILDREN {
+                        return Err(format!("an element of more than {MAX_CHILDREN} parts"));
+                    }
                     at += element(&input[at..end], depth + 1, &mut content)?;
                 }
             } else {
@@ -56,6 +66,7 @@ fn element(input: &[u8], depth: usize, out: &mut Vec<u8>) -> Result<usize, Strin
                 return Err("an indefinite length on a primitive element".into());
             }
             let mut at = start;
+            let mut children = 0;
             loop {
                 let rest = input.get(at..).ok_or("no end-of-contents")?;
                 if rest.starts_with(&[0, 0]) {
@@ -63,6 +74,10 @@ fn element(input: &[u8], depth: usize, out: &mut Vec<u8>) -> Result<usize, Strin
                 }
                 if rest.is_empty() {
                     return Err("no end-of-contents".into());
+                }
+                children += 1;
+                if children > MAX_CHILDREN {
+                    return Err(format!("an element of more than {MAX_CHILDREN} parts"));
                 }
                 at += element(rest, depth + 1, &mut content)?;
             }
@@ -198,5 +213,28 @@ mod tests {
         }
         let deep: Vec<u8> = std::iter::repeat_n([0x30u8, 0x80], 40).flatten().collect();
         assert!(to_der(&deep).is_err());
+    }
+
+    #[test]
+    fn a_set_of_thousands_is_refused_before_anything_sorts_it() {
+        // A SET OF 15,000 INTEGERs in descending order: the shape that
+        // makes sorting it quadratic.
+        let mut items = Vec::new();
+        for i in (0..15_000u16).rev() {
+            items.extend([0x02, 0x02]);
+            items.extend(i.to_be_bytes());
+        }
+        let mut set = vec![0x31, 0x83];
+        set.extend((items.len() as u32).to_be_bytes()[1..].iter());
+        set.extend(&items);
+        let started = std::time::Instant::now();
+        let e = to_der(&set).unwrap_err();
+        assert!(e.contains("more than 64 parts"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // Indefinite length too.
+        let mut set = vec![0x31, 0x80];
+        set.extend(&items);
+        set.extend([0, 0]);
+        assert!(to_der(&set).unwrap_err().contains("more than 64 parts"));
     }
 }

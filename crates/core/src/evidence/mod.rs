@@ -349,9 +349,9 @@ impl Verifier {
         }
         let evidence =
             parse::azure_document(&signed.content, now).map_err(EvidenceError::Refused)?;
-        if !self.azure_subscriptions.is_empty()
-            && !self.azure_subscriptions.contains(&evidence.account)
-        {
+        // UUIDs: the same in either case.
+        let listed = |s: &String| s.eq_ignore_ascii_case(&evidence.account);
+        if !self.azure_subscriptions.is_empty() && !self.azure_subscriptions.iter().any(listed) {
             return Err(EvidenceError::Refused(format!(
                 "Azure subscription {} is not in evidence.azure_subscriptions",
                 evidence.account
@@ -372,10 +372,9 @@ impl Verifier {
     ) -> Result<pkcs7::Signed, EvidenceError> {
         let der = parse::base64(text)
             .map_err(|e| EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}")))?;
-        pkcs7::verify(&der, anchors, now).map_err(|e| {
-            if e.contains("does not verify") || e.contains("not issued by") {
-                EvidenceError::Signature(provider)
-            } else {
+        pkcs7::verify(&der, anchors, now).map_err(|e| match e {
+            pkcs7::Pkcs7Error::Signature(_) => EvidenceError::Signature(provider),
+            pkcs7::Pkcs7Error::Malformed(e) => {
                 EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}"))
             }
         })

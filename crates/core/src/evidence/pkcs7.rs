@@ -31,6 +31,31 @@ const SUBJECT_ALT_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.
 /// The largest document taken (a cloud's is a few KiB).
 pub(super) const MAX_SIZE: usize = 64 * 1024;
 
+/// The most signers looked at (a cloud's document has one): each costs an
+/// RSA verification per anchor.
+const MAX_SIGNERS: usize = 4;
+
+/// Why a document was not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Pkcs7Error {
+    /// Readable, but no signature over it verifies with what we trust.
+    Signature(String),
+    /// Not a SignedData we take.
+    Malformed(String),
+}
+
+impl std::fmt::Display for Pkcs7Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pkcs7Error::Signature(m) | Pkcs7Error::Malformed(m) => f.write_str(m),
+        }
+    }
+}
+
+fn malformed(m: impl Into<String>) -> Pkcs7Error {
+    Pkcs7Error::Malformed(m.into())
+}
+
 /// A digest the signatures may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hash {
@@ -58,13 +83,15 @@ impl Hash {
         }
     }
 
-    fn verify(self, key: &RsaPublicKey, data: &[u8], signature: &[u8]) -> bool {
-        let scheme = match self {
+    /// Whether one of `keys` signed `digest` (made with `self`).
+    fn signed_by(self, keys: &[RsaPublicKey], digest: &[u8], signature: &[u8]) -> bool {
+        let scheme = || match self {
             Hash::Sha256 => Pkcs1v15Sign::new::<sha2::Sha256>(),
             Hash::Sha384 => Pkcs1v15Sign::new::<sha2::Sha384>(),
             Hash::Sha512 => Pkcs1v15Sign::new::<sha2::Sha512>(),
         };
-        key.verify(scheme, &self.digest(data), signature).is_ok()
+        keys.iter()
+            .any(|k| k.verify(scheme(), digest, signature).is_ok())
     }
 }
 
@@ -79,30 +106,42 @@ pub(super) struct Signed {
 }
 
 /// Verifies `input` (BER or DER) with `anchors` at `now` (Unix seconds).
-pub(super) fn verify(input: &[u8], anchors: &[RsaPublicKey], now: i64) -> Result<Signed, String> {
+pub(super) fn verify(
+    input: &[u8],
+    anchors: &[RsaPublicKey],
+    now: i64,
+) -> Result<Signed, Pkcs7Error> {
     if input.len() > MAX_SIZE {
-        return Err(format!("{} bytes, more than {MAX_SIZE}", input.len()));
+        return Err(malformed(format!(
+            "{} bytes, more than {MAX_SIZE}",
+            input.len()
+        )));
     }
-    let der = super::ber::to_der(input)?;
-    let info =
-        cms::content_info::ContentInfo::from_der(&der).map_err(|e| format!("not PKCS#7: {e}"))?;
+    // Bounded before the DER decoder sees it (ber.rs: sizes, depth, and
+    // the number of parts of each element).
+    let der = super::ber::to_der(input).map_err(Pkcs7Error::Malformed)?;
+    let info = cms::content_info::ContentInfo::from_der(&der)
+        .map_err(|e| malformed(format!("not PKCS#7: {e}")))?;
     if info.content_type != SIGNED_DATA {
-        return Err(format!("not SignedData but {}", info.content_type));
+        return Err(malformed(format!(
+            "not SignedData but {}",
+            info.content_type
+        )));
     }
     let sd: cms::signed_data::SignedData = info
         .content
         .decode_as()
-        .map_err(|e| format!("SignedData: {e}"))?;
+        .map_err(|e| malformed(format!("SignedData: {e}")))?;
     if sd.encap_content_info.econtent_type != DATA {
-        return Err("the signed content is not data".into());
+        return Err(malformed("the signed content is not data"));
     }
     let content = sd
         .encap_content_info
         .econtent
         .as_ref()
-        .ok_or("the document is not inside (a detached signature)")?
+        .ok_or_else(|| malformed("the document is not inside (a detached signature)"))?
         .decode_as::<OctetString>()
-        .map_err(|e| format!("the content: {e}"))?
+        .map_err(|e| malformed(format!("the content: {e}")))?
         .as_bytes()
         .to_vec();
     let inside: Vec<&Certificate> = sd
@@ -114,7 +153,10 @@ pub(super) fn verify(input: &[u8], anchors: &[RsaPublicKey], now: i64) -> Result
             _ => None,
         })
         .collect();
-    let mut last = String::from("no signer");
+    if sd.signer_infos.0.len() > MAX_SIGNERS {
+        return Err(malformed(format!("more than {MAX_SIGNERS} signers")));
+    }
+    let mut last = malformed("no signer");
     for signer in sd.signer_infos.0.iter() {
         match signer_verifies(signer, &content, &inside, anchors, now) {
             Ok(signer_names) => {
@@ -137,14 +179,18 @@ fn signer_verifies(
     inside: &[&Certificate],
     anchors: &[RsaPublicKey],
     now: i64,
-) -> Result<Vec<String>, String> {
-    let hash = Hash::of(&signer.digest_alg.oid)
-        .ok_or_else(|| format!("digest {} is not SHA-256/384/512", signer.digest_alg.oid))?;
+) -> Result<Vec<String>, Pkcs7Error> {
+    let hash = Hash::of(&signer.digest_alg.oid).ok_or_else(|| {
+        malformed(format!(
+            "digest {} is not SHA-256/384/512",
+            signer.digest_alg.oid
+        ))
+    })?;
     let alg = &signer.signature_algorithm.oid;
     if *alg != RSA && Hash::of(alg) != Some(hash) {
-        return Err(format!(
+        return Err(malformed(format!(
             "signature algorithm {alg} is not RSA with {hash:?}"
-        ));
+        )));
     }
     let signed = match &signer.signed_attrs {
         Some(attrs) => {
@@ -155,39 +201,45 @@ fn signer_verifies(
                     .and_then(|a| a.values.iter().next())
             };
             let digest = attr(MESSAGE_DIGEST)
-                .ok_or("the signed attributes have no message digest")?
+                .ok_or_else(|| malformed("the signed attributes have no message digest"))?
                 .decode_as::<OctetString>()
-                .map_err(|e| format!("the message digest: {e}"))?;
+                .map_err(|e| malformed(format!("the message digest: {e}")))?;
             if digest.as_bytes() != hash.digest(content).as_slice() {
-                return Err("the content does not match its signed digest".into());
+                return Err(Pkcs7Error::Signature(
+                    "the content does not match its signed digest".into(),
+                ));
             }
             let kind = attr(CONTENT_TYPE)
                 .and_then(|v| v.decode_as::<ObjectIdentifier>().ok())
-                .ok_or("the signed attributes have no content type")?;
+                .ok_or_else(|| malformed("the signed attributes have no content type"))?;
             if kind != DATA {
-                return Err("the signed content type is not data".into());
+                return Err(malformed("the signed content type is not data"));
             }
             attrs
                 .to_der()
-                .map_err(|e| format!("signed attributes: {e}"))?
+                .map_err(|e| malformed(format!("signed attributes: {e}")))?
         }
         None => content.to_vec(),
     };
-    let signature = signer.signature.as_bytes();
+    let (digest, signature) = (hash.digest(&signed), signer.signature.as_bytes());
     // The certificate inside that the signer names, if any: it must be
     // valid now and issued by an anchor.
     if let Some(cert) = inside.iter().find(|c| names(&signer.sid, c)) {
         let key = cert_key(cert)?;
-        if !hash.verify(&key, &signed, signature) {
-            return Err("the signature does not verify with its certificate".into());
+        if !hash.signed_by(&[key], &digest, signature) {
+            return Err(Pkcs7Error::Signature(
+                "the signature does not verify with its certificate".into(),
+            ));
         }
         issued_by_anchor(cert, anchors, now)?;
         return Ok(dns_names(cert));
     }
-    if anchors.iter().any(|k| hash.verify(k, &signed, signature)) {
+    if hash.signed_by(anchors, &digest, signature) {
         return Ok(Vec::new());
     }
-    Err("the signature does not verify with the configured certificates".into())
+    Err(Pkcs7Error::Signature(
+        "the signature does not verify with the configured certificates".into(),
+    ))
 }
 
 /// Whether `sid` names `cert`.
@@ -201,18 +253,22 @@ fn names(sid: &cms::signed_data::SignerIdentifier, cert: &Certificate) -> bool {
     }
 }
 
-fn cert_key(cert: &Certificate) -> Result<RsaPublicKey, String> {
+fn cert_key(cert: &Certificate) -> Result<RsaPublicKey, Pkcs7Error> {
     let spki = cert
         .tbs_certificate
         .subject_public_key_info
         .to_der()
-        .map_err(|e| format!("the signer's key: {e}"))?;
+        .map_err(|e| malformed(format!("the signer's key: {e}")))?;
     rsa::pkcs8::DecodePublicKey::from_public_key_der(&spki)
-        .map_err(|e| format!("the signer's key is not RSA: {e}"))
+        .map_err(|e| malformed(format!("the signer's key is not RSA: {e}")))
 }
 
 /// `cert` is valid at `now` and signed by one of `anchors`.
-fn issued_by_anchor(cert: &Certificate, anchors: &[RsaPublicKey], now: i64) -> Result<(), String> {
+fn issued_by_anchor(
+    cert: &Certificate,
+    anchors: &[RsaPublicKey],
+    now: i64,
+) -> Result<(), Pkcs7Error> {
     let validity = &cert.tbs_certificate.validity;
     let (from, until) = (
         validity.not_before.to_unix_duration().as_secs(),
@@ -220,23 +276,26 @@ fn issued_by_anchor(cert: &Certificate, anchors: &[RsaPublicKey], now: i64) -> R
     );
     let now = u64::try_from(now).unwrap_or(0);
     if now < from || now > until {
-        return Err("the signing certificate is not valid now".into());
+        return Err(Pkcs7Error::Signature(
+            "the signing certificate is not valid now".into(),
+        ));
     }
     let hash = Hash::of(&cert.signature_algorithm.oid).ok_or_else(|| {
-        format!(
+        malformed(format!(
             "the signing certificate's signature algorithm {} is not RSA with SHA-256/384/512",
             cert.signature_algorithm.oid
-        )
+        ))
     })?;
     let tbs = cert
         .tbs_certificate
         .to_der()
-        .map_err(|e| format!("the signing certificate: {e}"))?;
-    let signature = cert.signature.raw_bytes();
-    if anchors.iter().any(|k| hash.verify(k, &tbs, signature)) {
+        .map_err(|e| malformed(format!("the signing certificate: {e}")))?;
+    if hash.signed_by(anchors, &hash.digest(&tbs), cert.signature.raw_bytes()) {
         Ok(())
     } else {
-        Err("the signing certificate is not issued by one of the configured certificates".into())
+        Err(Pkcs7Error::Signature(
+            "the signing certificate is not issued by one of the configured certificates".into(),
+        ))
     }
 }
 

@@ -108,6 +108,61 @@ impl RevocationStore {
         Ok(())
     }
 
+    /// `identity`'s verified value now (`None`: none, or one that does not
+    /// verify) and the revision a write after it must follow (0: no key).
+    pub async fn current(&self, identity: &str) -> Result<(Option<Revocation>, u64), RecordsError> {
+        let entry = self
+            .kv
+            .entry(identity)
+            .await
+            .map_err(|e| RecordsError::Read(e.to_string()))?;
+        Ok(match entry {
+            Some(e) if e.operation == kv::Operation::Put => {
+                (self.open(identity, &e.value), e.revision)
+            }
+            Some(e) => (None, e.revision),
+            None => (None, 0),
+        })
+    }
+
+    /// Writes `r` only when its key is still at `revision` (0: no key):
+    /// `false` when someone wrote it since.
+    pub async fn put_at(&self, r: &Revocation, revision: u64) -> Result<bool, RecordsError> {
+        let put = |reason: String| RecordsError::Put {
+            identity: r.identity.clone(),
+            reason,
+        };
+        let text = serde_json::to_string(r).map_err(|e| put(e.to_string()))?;
+        let seal = self
+            .key
+            .seal(Purpose::Revocation, &self.parts(&r.identity, &text));
+        let body = serde_json::to_vec(&Envelope {
+            revocation: text,
+            seal,
+        })
+        .map_err(|e| put(e.to_string()))?;
+        let written = if revision == 0 {
+            self.kv
+                .create(&r.identity, body.into())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        } else {
+            self.kv
+                .update(&r.identity, body.into(), revision)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        match written {
+            Ok(()) => Ok(true),
+            Err(e) if e.contains("wrong last sequence") || e.contains("already exists") => {
+                Ok(false)
+            }
+            Err(e) => Err(put(e)),
+        }
+    }
+
     /// The revocation stored under `key`, when it is ours and for it.
     pub fn open(&self, key: &str, value: &[u8]) -> Option<Revocation> {
         if value.len() > MAX_VALUE {

@@ -278,7 +278,7 @@ fn attested() -> Vec<Rule> {
         ),
         rule(
             "spec.revocations[]",
-            "self.reason.size() > 0 && !self.reason.contains('\\n')",
+            "!self.reason.matches('^[[:space:]]*$') && !self.reason.contains('\\n') && !self.reason.contains('\\r')",
             "spec.revocations[].reason must be one line of text, not empty",
         ),
     ]

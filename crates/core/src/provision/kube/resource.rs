@@ -233,7 +233,9 @@ impl Reporter {
             provisioned: status.provisioned.unwrap_or(0).max(0) as u64 + delta,
             renewal: self.renewal,
             refused: status.refused.unwrap_or(0).max(0) as u64 + refused_delta,
-            revoked: self.revoked,
+            // Not read yet here: what the status shows stands (a write
+            // leaving it out would remove it).
+            revoked: self.revoked.or(shows_revoked),
             counted,
             refused_counted: self.refused,
             resource_version: p.metadata.resource_version.clone(),

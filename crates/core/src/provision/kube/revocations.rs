@@ -8,10 +8,12 @@
 //! with the command stays until `unrevoke`. While an identity is listed it
 //! is revoked, whoever lifts it meanwhile.
 //!
-//! Every working replica (the leader; every member in shards mode) applies
-//! the list: two replicas writing the same revocation write the same
-//! decision, and each takes what it wrote into its own view at once, so a
-//! version of the resource is applied once per replica.
+//! One replica applies the list: the leader, or in shards mode the first
+//! member by name (as it prunes `status.members`), so two replicas with
+//! different versions of the resource never undo each other's writes. A
+//! write is conditional on the key's revision as read just before: a
+//! revocation written meanwhile by someone else (`choria-provisioner
+//! revoke`) is never lifted by a view that had not seen it.
 
 use crate::monitor::Exposition;
 use crate::provision::shared::Shared;
@@ -113,6 +115,36 @@ pub fn plan(
     out
 }
 
+/// Plans `r`'s identity again from its value in the bucket now and writes
+/// what that plan says, conditionally on the revision read: what was
+/// written, if anything.
+async fn write_if_still_due(
+    store: &RevocationStore,
+    listed: &[RevokedNode],
+    writer: &str,
+    site: &str,
+    r: Revocation,
+) -> Result<Option<Revocation>, crate::records::store::RecordsError> {
+    let (current, revision) = store.current(&r.identity).await?;
+    let mine: Vec<RevokedNode> = listed
+        .iter()
+        .filter(|n| n.identity == r.identity)
+        .cloned()
+        .collect();
+    let now = Now {
+        time: r.time.clone(),
+        unix: r.time_unix,
+    };
+    let held: HashMap<String, Revocation> = current
+        .into_iter()
+        .map(|c| (c.identity.clone(), c))
+        .collect();
+    let Some(w) = plan(&mine, &held, writer, site, &now).into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(store.put_at(&w, revision).await?.then_some(w))
+}
+
 /// Applies the resource's list while this replica works, until `stop`.
 pub async fn apply(
     resource: ResourceRef,
@@ -154,8 +186,13 @@ pub async fn apply(
             _ = tick.tick() => {}
         }
         let working = shared.metrics.value("choria_provisioner_leader") == Some(1.0);
+        let applier = if shared.ownership.sharded() {
+            working && shared.ownership.members().iter().min() == Some(&shared.me)
+        } else {
+            working
+        };
         // Until the bucket was read, "not revoked" means "not known yet".
-        if !working || !revoked.is_loaded() {
+        if !applier || !revoked.is_loaded() {
             continue;
         }
         let Some(p) = seen.borrow().clone() else {
@@ -170,8 +207,12 @@ pub async fn apply(
         );
         let mut lifted = false;
         for r in writes {
-            match store.put(&r).await {
-                Ok(()) => {
+            let node = r.identity.clone();
+            match write_if_still_due(&store, &p.spec.revocations, &writer, &shared.cfg.site, r)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(r)) => {
                     if r.revoked {
                         info!(%resource, node = %r.identity, reason = %r.reason, "revoked by spec.revocations");
                     } else {
@@ -181,7 +222,7 @@ pub async fn apply(
                     revoked.set(r);
                 }
                 Err(e) => {
-                    warn!(%resource, node = %r.identity, error = %e, "could not write a revocation of spec.revocations; trying again");
+                    warn!(%resource, %node, error = %e, "could not write a revocation of spec.revocations; trying again");
                     break;
                 }
             }
