@@ -86,25 +86,26 @@ impl RevocationStore {
         ]
     }
 
-    /// Writes `r`, sealed, under its identity.
-    pub async fn put(&self, r: &Revocation) -> Result<(), RecordsError> {
-        let put = |reason: String| RecordsError::Put {
-            identity: r.identity.clone(),
-            reason,
-        };
-        let text = serde_json::to_string(r).map_err(|e| put(e.to_string()))?;
+    /// `r` sealed, as stored.
+    fn sealed(&self, r: &Revocation) -> Result<Vec<u8>, RecordsError> {
+        let text = serde_json::to_string(r).map_err(|e| put_error(r, e.to_string()))?;
         let seal = self
             .key
             .seal(Purpose::Revocation, &self.parts(&r.identity, &text));
-        let body = serde_json::to_vec(&Envelope {
+        serde_json::to_vec(&Envelope {
             revocation: text,
             seal,
         })
-        .map_err(|e| put(e.to_string()))?;
+        .map_err(|e| put_error(r, e.to_string()))
+    }
+
+    /// Writes `r`, sealed, under its identity.
+    pub async fn put(&self, r: &Revocation) -> Result<(), RecordsError> {
+        let body = self.sealed(r)?;
         self.kv
             .put(&r.identity, body.into())
             .await
-            .map_err(|e| put(e.to_string()))?;
+            .map_err(|e| put_error(r, e.to_string()))?;
         Ok(())
     }
 
@@ -128,19 +129,7 @@ impl RevocationStore {
     /// Writes `r` only when its key is still at `revision` (0: no key):
     /// `false` when someone wrote it since.
     pub async fn put_at(&self, r: &Revocation, revision: u64) -> Result<bool, RecordsError> {
-        let put = |reason: String| RecordsError::Put {
-            identity: r.identity.clone(),
-            reason,
-        };
-        let text = serde_json::to_string(r).map_err(|e| put(e.to_string()))?;
-        let seal = self
-            .key
-            .seal(Purpose::Revocation, &self.parts(&r.identity, &text));
-        let body = serde_json::to_vec(&Envelope {
-            revocation: text,
-            seal,
-        })
-        .map_err(|e| put(e.to_string()))?;
+        let body = self.sealed(r)?;
         let written = if revision == 0 {
             self.kv
                 .create(&r.identity, body.into())
@@ -159,7 +148,7 @@ impl RevocationStore {
             Err(e) if e.contains("wrong last sequence") || e.contains("already exists") => {
                 Ok(false)
             }
-            Err(e) => Err(put(e)),
+            Err(e) => Err(put_error(r, e)),
         }
     }
 
@@ -240,6 +229,13 @@ impl RevocationStore {
                 loaded = true;
             }
         }
+    }
+}
+
+fn put_error(r: &Revocation, reason: String) -> RecordsError {
+    RecordsError::Put {
+        identity: r.identity.clone(),
+        reason,
     }
 }
 
