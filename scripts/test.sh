@@ -11,6 +11,12 @@ source "$ROOT/scripts/lib.sh"
 
 # Build outputs live in the cache so that a fresh clone reuses earlier builds.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+# Incremental data is kept per source path: a fresh clone never reuses it,
+# and under CI every run's clone would add ~5 GB of it to the shared target
+# (16 GB after a few runs filled this machine's disk and failed a run).
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
 
 ensure_rust
 ensure_nats_server

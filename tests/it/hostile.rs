@@ -911,13 +911,29 @@ mod alone {
     /// 188 wait behind the 512 in flight, and the victims are the last 20 the
     /// fleet answers with. A shutdown drops a waiting victim and holds it; the
     /// next discovery provisions it, one interval later at most.
+    ///
+    /// Whether a forgery (twice a second) lands while the victims wait is
+    /// up to timing: on a quick run they may wait less than that (CI saw it
+    /// once in seven runs: delayed 46 ms, the bound untested). A scene in
+    /// which none was found waiting proves nothing, so it is played again,
+    /// three times at most; every scene asserts the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forged_shutdowns_for_nodes_waiting_in_a_lane_delay_them_one_interval_at_most() {
-        let (others, victims) = forged_shutdowns(700, Pick::Last).await;
-        assert!(
-            victims > others + Duration::from_secs(5),
-            "the victims were not delayed (after {victims:?}, the others after {others:?}): \
-             the forgeries did not find them waiting, and this test proved nothing"
+        let mut missed = Vec::new();
+        for _ in 0..3 {
+            let (others, victims) = forged_shutdowns(700, Pick::Last).await;
+            if victims > others + Duration::from_secs(5) {
+                return;
+            }
+            println!(
+                "the forgeries did not find the victims waiting (after {victims:?}, the others \
+                 after {others:?}); playing the scene again"
+            );
+            missed.push((others, victims));
+        }
+        panic!(
+            "in three scenes the victims were never delayed (others, victims: {missed:?}): \
+             the forgeries never found them waiting, and this test proved nothing"
         );
     }
 }
