@@ -324,9 +324,9 @@ impl Verifier {
 }
 
 impl Verifier {
-    /// The Azure attested document: a `metadata.azure.com` certificate
-    /// issued by one of `azure_certificates` signed it, and it has not
-    /// expired.
+    /// The Azure attested document: a certificate for `metadata.azure.com`
+    /// (or a sovereign cloud's domain, or a subdomain) issued by one of
+    /// `azure_certificates` signed it, and it has not expired.
     fn azure(&self, azure: &Value, now: i64) -> Result<Evidence, EvidenceError> {
         if self.azure.is_empty() {
             return Err(EvidenceError::Unconfigured("azure"));
@@ -338,13 +338,15 @@ impl Verifier {
                 EvidenceError::Malformed(format!("facts.{FACT}.azure.signature is not a string"))
             })?;
         let signed = self.pkcs7("azure", "azure.signature", text, &self.azure, now)?;
-        let azure_named = signed
-            .signer_names
-            .iter()
-            .any(|n| n == AZURE_SIGNER || n.ends_with(&format!(".{AZURE_SIGNER}")));
+        let azure_named = signed.signer_names.iter().any(|n| {
+            AZURE_SIGNERS
+                .iter()
+                .any(|d| n == d || n.ends_with(&format!(".{d}")))
+        });
         if !azure_named {
             return Err(EvidenceError::Refused(format!(
-                "the Azure attested document is not signed by a certificate for {AZURE_SIGNER}"
+                "the Azure attested document is not signed by a certificate for {}",
+                AZURE_SIGNERS.join(", ")
             )));
         }
         let evidence =
@@ -381,8 +383,16 @@ impl Verifier {
     }
 }
 
-/// The name of the certificate Azure signs attested documents with.
-const AZURE_SIGNER: &str = "metadata.azure.com";
+/// The names (and their subdomains, as `eastus.metadata.azure.com`) of
+/// the certificates Azure signs attested documents with: the public cloud,
+/// Azure Government, Azure in China, Azure Germany. The certificate must
+/// still be issued by one of `azure_certificates`.
+const AZURE_SIGNERS: [&str; 4] = [
+    "metadata.azure.com",
+    "metadata.azure.us",
+    "metadata.azure.cn",
+    "metadata.microsoftazure.de",
+];
 
 fn read(path: &Path, what: &'static str) -> Result<String, EvidenceError> {
     std::fs::read_to_string(path).map_err(|source| EvidenceError::Read {

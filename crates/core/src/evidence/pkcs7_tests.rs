@@ -6,6 +6,7 @@
 
 use super::*;
 use base64::Engine as _;
+use der::Decode as _;
 use std::process::Command;
 
 const NOW: i64 = 1_796_544_000; // 2026-12-06
@@ -293,4 +294,51 @@ fn an_azure_attested_document_verifies_through_its_certificate_and_intermediate(
         .verify("vm-1", &facts(&sig), now)
         .unwrap_err();
     assert!(matches!(e, EvidenceError::Unconfigured("azure")), "{e}");
+}
+
+/// The attested document Microsoft publishes as its example response
+/// (learn.microsoft.com, "Azure Instance Metadata Service", Attested data):
+/// a real PKCS#7 from 2018, signed by a self-signed test certificate for
+/// `testsubdomain.metadata.azure.com` whose own signature is MD5 with RSA.
+const AZURE_PUBLISHED_SAMPLE: &str = "MIIEEgYJKoZIhvcNAQcCoIIEAzCCA/8CAQExDzANBgkqhkiG9w0BAQsFADCBugYJKoZIhvcNAQcBoIGsBIGpeyJub25jZSI6IjEyMzQ1NjY3NjYiLCJwbGFuIjp7Im5hbWUiOiIiLCJwcm9kdWN0IjoiIiwicHVibGlzaGVyIjoiIn0sInRpbWVTdGFtcCI6eyJjcmVhdGVkT24iOiIxMS8yMC8xOCAyMjowNzozOSAtMDAwMCIsImV4cGlyZXNPbiI6IjExLzIwLzE4IDIyOjA4OjI0IC0wMDAwIn0sInZtSWQiOiIifaCCAj8wggI7MIIBpKADAgECAhBnxW5Kh8dslEBA0E2mIBJ0MA0GCSqGSIb3DQEBBAUAMCsxKTAnBgNVBAMTIHRlc3RzdWJkb21haW4ubWV0YWRhdGEuYXp1cmUuY29tMB4XDTE4MTEyMDIxNTc1N1oXDTE4MTIyMDIxNTc1NlowKzEpMCcGA1UEAxMgdGVzdHN1YmRvbWFpbi5tZXRhZGF0YS5henVyZS5jb20wgZ8wDQYJKoZIhvcNAQEBBQADgY0AMIGJAoGBAML/tBo86ENWPzmXZ0kPkX5dY5QZ150mA8lommszE71x2sCLonzv4/UWk4H+jMMWRRwIea2CuQ5RhdWAHvKq6if4okKNt66fxm+YTVz9z0CTfCLmLT+nsdfOAsG1xZppEapC0Cd9vD6NCKyE8aYI1pliaeOnFjG0WvMY04uWz2MdAgMBAAGjYDBeMFwGA1UdAQRVMFOAENnYkHLa04Ut4Mpt7TkJFfyhLTArMSkwJwYDVQQDEyB0ZXN0c3ViZG9tYWluLm1ldGFkYXRhLmF6dXJlLmNvbYIQZ8VuSofHbJRAQNBNpiASdDANBgkqhkiG9w0BAQQFAAOBgQCLSM6aX5Bs1KHCJp4VQtxZPzXF71rVKCocHy3N9PTJQ9Fpnd+bYw2vSpQHg/AiG82WuDFpPReJvr7Pa938mZqW9HUOGjQKK2FYDTg6fXD8pkPdyghlX5boGWAMMrf7bFkup+lsT+n2tRw2wbNknO1tQ0wICtqy2VqzWwLi45RBwTGB6DCB5QIBATA/MCsxKTAnBgNVBAMTIHRlc3RzdWJkb21haW4ubWV0YWRhdGEuYXp1cmUuY29tAhBnxW5Kh8dslEBA0E2mIBJ0MA0GCSqGSIb3DQEBCwUAMA0GCSqGSIb3DQEBAQUABIGAld1BM/yYIqqv8SDE4kjQo3Ul/IKAVR8ETKcve5BAdGSNkTUooUGVniTXeuvDj5NkmazOaKZp9fEtByqqPOyw/nlXaZgOO44HDGiPUJ90xVYmfeK6p9RpJBu6kiKhnnYTelUk5u75phe5ZbMZfBhuPhXmYAdjc7Nmw97nx8NnprQ=";
+
+/// Our reading of a real Azure document: its PKCS#7 parses, the signature
+/// inside verifies with the certificate inside (over the content, without
+/// signed attributes: a form openssl does not write by default), the
+/// content's times parse; and the document is still refused, for the two
+/// reasons it must be: its certificate is signed with MD5, and it names
+/// no subscription (nor a vmId).
+#[test]
+fn microsofts_published_attested_document_reads_as_azure_writes_it() {
+    let der = parse::base64(AZURE_PUBLISHED_SAMPLE).unwrap();
+    let info = cms::content_info::ContentInfo::from_der(&der).unwrap();
+    let sd: cms::signed_data::SignedData = info.content.decode_as().unwrap();
+    let cert = match sd.certificates.as_ref().unwrap().0.iter().next().unwrap() {
+        cms::cert::CertificateChoices::Certificate(c) => c.clone(),
+        other => panic!("{other:?}"),
+    };
+    let spki = der::Encode::to_der(&cert.tbs_certificate.subject_public_key_info).unwrap();
+    let key: RsaPublicKey = rsa::pkcs8::DecodePublicKey::from_public_key_der(&spki).unwrap();
+    // 2018-11-20 22:08:00 UTC: within the document's and the certificate's
+    // lifetimes. The signature over the content verified (a failing one
+    // would say so first); the certificate's own signature is refused.
+    let at = 1_542_751_680;
+    let e = pkcs7::verify(&der, &[key], at).unwrap_err();
+    assert!(
+        e.to_string().contains("1.2.840.113549.1.1.4"),
+        "the MD5 certificate, after the signature verified: {e}"
+    );
+    let content = sd
+        .encap_content_info
+        .econtent
+        .unwrap()
+        .decode_as::<der::asn1::OctetString>()
+        .unwrap();
+    let e = parse::azure_document(content.as_bytes(), at).unwrap_err();
+    // The times are read first: a format we did not expect would be the
+    // error here. This 2018 document predates subscriptionId (2019).
+    assert!(
+        e.contains("subscriptionId is missing"),
+        "its times parse; it has no subscription: {e}"
+    );
 }
