@@ -67,12 +67,33 @@ enum Hash {
 impl Hash {
     /// From a digest algorithm's OID, or an RSA signature algorithm's.
     fn of(oid: &ObjectIdentifier) -> Option<Hash> {
-        match oid.to_string().as_str() {
-            "2.16.840.1.101.3.4.2.1" | "1.2.840.113549.1.1.11" => Some(Hash::Sha256),
-            "2.16.840.1.101.3.4.2.2" | "1.2.840.113549.1.1.12" => Some(Hash::Sha384),
-            "2.16.840.1.101.3.4.2.3" | "1.2.840.113549.1.1.13" => Some(Hash::Sha512),
-            _ => None,
-        }
+        const BY_OID: [(ObjectIdentifier, Hash); 6] = [
+            (
+                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.1"),
+                Hash::Sha256,
+            ),
+            (
+                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11"),
+                Hash::Sha256,
+            ),
+            (
+                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.2"),
+                Hash::Sha384,
+            ),
+            (
+                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12"),
+                Hash::Sha384,
+            ),
+            (
+                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.3"),
+                Hash::Sha512,
+            ),
+            (
+                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13"),
+                Hash::Sha512,
+            ),
+        ];
+        BY_OID.iter().find(|(o, _)| o == oid).map(|(_, h)| *h)
     }
 
     fn digest(self, data: &[u8]) -> Vec<u8> {

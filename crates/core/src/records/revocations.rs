@@ -130,26 +130,19 @@ impl RevocationStore {
     /// `false` when someone wrote it since.
     pub async fn put_at(&self, r: &Revocation, revision: u64) -> Result<bool, RecordsError> {
         let body = self.sealed(r)?;
-        let written = if revision == 0 {
-            self.kv
-                .create(&r.identity, body.into())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        } else {
-            self.kv
-                .update(&r.identity, body.into(), revision)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        match written {
-            Ok(()) => Ok(true),
-            Err(e) if e.contains("wrong last sequence") || e.contains("already exists") => {
-                Ok(false)
+        // Someone wrote the key since we read it: not an error, a skip.
+        let result = if revision == 0 {
+            match self.kv.create(&r.identity, body.into()).await {
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(false),
+                other => other.map(|_| ()).map_err(|e| e.to_string()),
             }
-            Err(e) => Err(put_error(r, e)),
-        }
+        } else {
+            match self.kv.update(&r.identity, body.into(), revision).await {
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => return Ok(false),
+                other => other.map(|_| ()).map_err(|e| e.to_string()),
+            }
+        };
+        result.map(|()| true).map_err(|e| put_error(r, e))
     }
 
     /// The revocation stored under `key`, when it is ours and for it.
