@@ -83,17 +83,17 @@ fn admission(c: &mut Criterion) {
     let mut g = c.benchmark_group("admission");
     g.throughput(Throughput::Elements(1));
     g.bench_function("input_document", |b| {
-        b.iter(|| black_box(node(black_box(&web)).document().unwrap()))
+        b.iter(|| black_box(node(black_box(&web)).value().unwrap()))
     });
     g.bench_function("allowed_node", |b| {
         b.iter(|| {
-            let doc = node(black_box(&web)).document().unwrap();
+            let doc = node(black_box(&web)).value().unwrap();
             black_box(policy.evaluate_owned(doc).unwrap())
         })
     });
     g.bench_function("denied_node", |b| {
         b.iter(|| {
-            let doc = node(black_box(&mail)).document().unwrap();
+            let doc = node(black_box(&mail)).value().unwrap();
             black_box(policy.evaluate_owned(doc).unwrap())
         })
     });

@@ -31,7 +31,8 @@
 
 use super::PolicyError;
 use choria_wire::security::tokens::ProvisioningClaims;
-use serde_json::{json, Map, Value};
+use regorus::Value as R;
+use serde_json::{json, Value};
 
 /// Claims of the provisioning JWT never given to a policy.
 const SECRET_CLAIMS: [&str; 2] = ["cht", "chpwd"];
@@ -58,15 +59,35 @@ pub struct NodeInput<'a> {
 }
 
 impl NodeInput<'_> {
-    /// The `input` document.
+    /// The `input` document, as JSON (what `policy eval --input` reads).
     pub fn document(&self) -> Result<Value, PolicyError> {
-        let mut inventory: Map<String, Value> = if self.inventory.trim().is_empty() {
-            Map::new()
+        serde_json::to_value(self.value()?)
+            .map_err(|e| PolicyError::Input(format!("the document as JSON: {e}")))
+    }
+
+    /// The `input` document as the policy engine holds it. Built in the
+    /// engine's own values, the inventory parsed straight into them: going
+    /// through `serde_json::Value` first cost a node as much again as
+    /// evaluating the policy (`benches/admission.rs`).
+    pub fn value(&self) -> Result<R, PolicyError> {
+        let mut inventory = if self.inventory.trim().is_empty() {
+            R::new_object()
         } else {
-            serde_json::from_str(self.inventory)
-                .map_err(|e| PolicyError::Input(format!("the inventory is not an object: {e}")))?
+            // Not `R::from_json_str`: it shares repeated keys through a
+            // table made for each parse, which costs more than it saves for
+            // one node's inventory.
+            serde_json::from_str::<R>(self.inventory)
+                .map_err(|e| PolicyError::Input(format!("the inventory is not JSON: {e}")))?
         };
-        let mut field = |name: &str, empty: Value| inventory.remove(name).unwrap_or(empty);
+        let rest = inventory
+            .as_object_mut()
+            .map_err(|_| PolicyError::Input("the inventory is not an object".into()))?;
+        let mut field = |name: &str, empty: R| rest.remove(&R::from(name)).unwrap_or(empty);
+        let version = field("version", R::from(""));
+        let facts = field("facts", R::new_object());
+        let agents = field("agents", R::new_array());
+        let collectives = field("collectives", R::new_array());
+        let classes = field("classes", R::new_array());
         let jwt = match self.jwt {
             Some(claims) => {
                 let mut v = serde_json::to_value(claims)
@@ -76,40 +97,56 @@ impl NodeInput<'_> {
                         map.remove(secret);
                     }
                 }
-                v
+                R::from(v)
             }
-            None => Value::Null,
+            None => R::Null,
         };
-        let version = field("version", Value::String(String::new()));
-        let facts = field("facts", Value::Object(Map::new()));
-        let agents = field("agents", json!([]));
-        let collectives = field("collectives", json!([]));
-        let classes = field("classes", json!([]));
-        Ok(json!({
-            "identity": self.identity,
-            "protocol": self.protocol,
-            "site": self.site,
-            "version": version,
-            "facts": facts,
-            "agents": agents,
-            "collectives": collectives,
-            "classes": classes,
-            "csr": self.csr.map_or(Value::Null, csr),
-            "jwt": jwt,
-            "ed25519_public_key": self.ed25519_public_key,
-            "evidence": self.evidence.map_or(Value::Null, crate::evidence::Evidence::input),
-            "record": match self.record {
-                Some(r) => json!({
-                    "provisioned_unix": r.provisioned_unix,
-                    "expires_unix": r.expires_unix,
-                    "renewal_asked_unix": r.renewal_asked_unix,
-                    "holds_unasked": r.holds_unasked(chrono::Utc::now().timestamp()),
-                }),
-                None => Value::Null,
-            },
-            "inventory": inventory,
-        }))
+        let record = match self.record {
+            Some(r) => object([
+                ("provisioned_unix", R::from(r.provisioned_unix)),
+                ("expires_unix", R::from(r.expires_unix)),
+                ("renewal_asked_unix", R::from(r.renewal_asked_unix)),
+                (
+                    "holds_unasked",
+                    R::from(r.holds_unasked(chrono::Utc::now().timestamp())),
+                ),
+            ]),
+            None => R::Null,
+        };
+        Ok(object([
+            ("identity", R::from(self.identity)),
+            ("protocol", R::from(self.protocol)),
+            ("site", R::from(self.site)),
+            ("version", version),
+            ("facts", facts),
+            ("agents", agents),
+            ("collectives", collectives),
+            ("classes", classes),
+            ("csr", self.csr.map_or(R::Null, |pem| R::from(csr(pem)))),
+            ("jwt", jwt),
+            (
+                "ed25519_public_key",
+                self.ed25519_public_key.map_or(R::Null, R::from),
+            ),
+            (
+                "evidence",
+                self.evidence
+                    .map_or(R::Null, |e| R::from(crate::evidence::Evidence::input(e))),
+            ),
+            ("record", record),
+            ("inventory", inventory),
+        ]))
     }
+}
+
+/// An object of the engine's values.
+fn object<const N: usize>(fields: [(&str, R); N]) -> R {
+    R::from(
+        fields
+            .into_iter()
+            .map(|(k, v)| (R::from(k), v))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    )
 }
 
 /// The names a CSR asks for; `null` when it cannot be read (it was checked

@@ -184,16 +184,16 @@ impl Policy {
 
     /// The decision for one node's input document.
     pub fn evaluate(&self, input: &serde_json::Value) -> Result<Decision, PolicyError> {
-        self.evaluate_owned(input.clone())
+        self.evaluate_owned(regorus::Value::from(input.clone()))
     }
 
     /// [`Policy::evaluate`], taking the document (a node's is made for
     /// this one evaluation: no copy of it is needed). `deny_reason` is
     /// evaluated only for a node that is not allowed: each rule costs a
     /// third of an evaluation, and an allowed node has no use for it.
-    pub fn evaluate_owned(&self, input: serde_json::Value) -> Result<Decision, PolicyError> {
+    pub fn evaluate_owned(&self, input: regorus::Value) -> Result<Decision, PolicyError> {
         let mut engine = self.engine();
-        engine.set_input(regorus::Value::from(input));
+        engine.set_input(input);
         let allow = boolean("allow", &rule(&mut engine, "allow")?)?;
         let defer = if self.has_defer {
             boolean("defer", &rule(&mut engine, "defer")?)?

@@ -153,7 +153,7 @@ fn the_input_holds_the_nodes_facts_and_names_but_not_its_token() {
         "classes": [],
     })
     .to_string();
-    let doc = NodeInput {
+    let input = NodeInput {
         identity: "n1.example.net",
         protocol: "v2",
         site: "dc1",
@@ -163,9 +163,19 @@ fn the_input_holds_the_nodes_facts_and_names_but_not_its_token() {
         ed25519_public_key: Some("abcd"),
         record: None,
         evidence: None,
-    }
-    .document()
-    .unwrap();
+    };
+    // What the provisioner hands the engine (built in its own values) is
+    // what `document` shows and `policy eval --input` reads.
+    let p = policy(
+        "package choria.provisioner\n\nallow if {\n input.jwt.exp == 2000000000\n input.facts.role == \"web\"\n input.site == \"dc1\"\n input.ed25519_public_key == \"abcd\"\n not input.jwt.cht\n}\n",
+    );
+    assert_eq!(
+        p.evaluate_owned(input.value().unwrap()).unwrap(),
+        Decision::Allowed
+    );
+    let doc = input.document().unwrap();
+    assert_eq!(p.evaluate(&doc).unwrap(), Decision::Allowed);
+    assert_eq!(doc["jwt"]["exp"], 2_000_000_000_i64);
     assert_eq!(doc["facts"]["role"], "web");
     assert_eq!(doc["agents"][1], "rpcutil");
     assert_eq!(doc["version"], "0.30.2");

@@ -105,7 +105,7 @@ impl HostSequence {
             record: self.standing(),
             evidence,
         };
-        let decision = input.document().and_then(|doc| policy.evaluate_owned(doc));
+        let decision = input.value().and_then(|doc| policy.evaluate_owned(doc));
         let metrics = &self.shared.metrics;
         match decision {
             Ok(Decision::Allowed) => {
