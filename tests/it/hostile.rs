@@ -662,8 +662,12 @@ mod alone {
     /// Starvation is measured, not assumed: the same 500 real nodes are first
     /// provisioned without the flood, then with it, in this test, on this
     /// machine as loaded as it is now; flooded, they must take at most twice as
-    /// long. The flood lasts through that whole allowance (at least 20 s), so a
-    /// provisioner starved for longer than the calm run took fails.
+    /// long or 10 s longer, whichever is more. The flood lasts through that whole
+    /// allowance (at least 20 s), so a provisioner starved for longer fails.
+    /// The floor is measured: flooded runs took 1.03–1.12 times the calm one
+    /// (about 5 s), but twice a 5 s run left one stall of a loaded machine
+    /// (a node's retry after the scene's 3 s `rpc_timeout`, a CI neighbour)
+    /// enough to fail a provisioner that was never starved.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_of_startup_events_for_made_up_nodes_does_not_starve_real_ones() {
         const NODES: usize = 500;
@@ -682,7 +686,7 @@ mod alone {
             assert_never_disconnected(&logs);
             took
         };
-        let allowed = calm * 2;
+        let allowed = (calm * 2).max(calm + Duration::from_secs(10));
         let flood_for = (allowed + Duration::from_secs(2)).max(Duration::from_secs(20));
         let mut scene = Scene::start(Setup {
             nodes: NODES,
@@ -718,7 +722,7 @@ mod alone {
         );
         assert!(
             took <= allowed,
-            "flooded, the real nodes took {took:.1?}: more than twice the {calm:.1?} they took without the flood"
+            "flooded, the real nodes took {took:.1?}: more than the {allowed:.1?} allowed (twice the {calm:.1?} they took without the flood, at least 10 s more)"
         );
         // Every fake event was dropped, refused after its ping, or is still
         // waiting in the bounded confirmation stage: none reached the queue.
