@@ -102,6 +102,9 @@ impl Evidence {
     }
 }
 
+/// Why a signature is refused when no configured key verifies it.
+const NOT_CONFIGURED: &str = "not signed by the configured certificates";
+
 #[derive(Debug, thiserror::Error)]
 pub enum EvidenceError {
     #[error("cannot read {what} {}: {source}", .path.display())]
@@ -123,10 +126,9 @@ pub enum EvidenceError {
     Malformed(String),
     #[error("the node presented {0} evidence, and evidence.{0}_certificates is not set")]
     Unconfigured(&'static str),
-    #[error(
-        "the {0} instance identity signature does not verify with the configured certificates"
-    )]
-    Signature(&'static str),
+    /// The provider, and why (fixed words and dates: nothing the node chose).
+    #[error("the {0} instance identity signature does not verify: {1}")]
+    Signature(&'static str, String),
     #[error("{0}")]
     Refused(String),
 }
@@ -137,7 +139,7 @@ impl EvidenceError {
         match self {
             EvidenceError::Missing => "missing",
             EvidenceError::Malformed(_) | EvidenceError::Unconfigured(_) => "malformed",
-            EvidenceError::Signature(_) => "signature",
+            EvidenceError::Signature(..) => "signature",
             EvidenceError::Refused(_) => "refused",
             EvidenceError::Read { .. } | EvidenceError::Load { .. } => "error",
         }
@@ -276,7 +278,7 @@ impl Verifier {
                 .iter()
                 .any(|k| verify_rsa_sha256(k, document.as_bytes(), &signature).is_ok())
             {
-                return Err(EvidenceError::Signature("aws"));
+                return Err(EvidenceError::Signature("aws", NOT_CONFIGURED.into()));
             }
             document.to_string()
         };
@@ -301,7 +303,7 @@ impl Verifier {
         })?;
         let claims = verify_rs256_jws(token, &self.gcp).map_err(|e| match e {
             choria_wire::security::tokens::TokenError::InvalidSignature => {
-                EvidenceError::Signature("gcp")
+                EvidenceError::Signature("gcp", NOT_CONFIGURED.into())
             }
             other if other.to_string().contains("none of the given keys") => {
                 EvidenceError::Malformed(format!(
@@ -375,7 +377,7 @@ impl Verifier {
         let der = parse::base64(text)
             .map_err(|e| EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}")))?;
         pkcs7::verify(&der, anchors, now).map_err(|e| match e {
-            pkcs7::Pkcs7Error::Signature(_) => EvidenceError::Signature(provider),
+            pkcs7::Pkcs7Error::Signature(why) => EvidenceError::Signature(provider, why),
             pkcs7::Pkcs7Error::Malformed(e) => {
                 EvidenceError::Malformed(format!("facts.{FACT}.{field}: {e}"))
             }

@@ -259,7 +259,7 @@ fn signer_verifies(
         return Ok(Vec::new());
     }
     Err(Pkcs7Error::Signature(
-        "the signature does not verify with the configured certificates".into(),
+        "not signed by the configured certificates".into(),
     ))
 }
 
@@ -297,9 +297,18 @@ fn issued_by_anchor(
     );
     let now = u64::try_from(now).unwrap_or(0);
     if now < from || now > until {
-        return Err(Pkcs7Error::Signature(
-            "the signing certificate is not valid now".into(),
-        ));
+        // Said plainly: a provider rotating its signing certificates looks
+        // like this, and "does not verify" would send the operator looking
+        // for a forgery.
+        let date = |t: u64| {
+            chrono::DateTime::from_timestamp(i64::try_from(t).unwrap_or(i64::MAX), 0)
+                .map_or_else(|| t.to_string(), |d| d.to_rfc3339())
+        };
+        return Err(Pkcs7Error::Signature(format!(
+            "the signing certificate inside is valid from {} until {}, not now",
+            date(from),
+            date(until)
+        )));
     }
     let hash = Hash::of(&cert.signature_algorithm.oid).ok_or_else(|| {
         malformed(format!(

@@ -184,7 +184,7 @@ fn an_aws_rsa2048_document_verifies_with_its_regions_certificate_in_ber() {
     let e = verifier(keys(d, &["other"]), vec![])
         .verify("web-1", &facts, NOW)
         .unwrap_err();
-    assert!(matches!(e, EvidenceError::Signature("aws")), "{e}");
+    assert!(matches!(e, EvidenceError::Signature("aws", _)), "{e}");
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn a_changed_document_inside_does_not_verify() {
     let e = verifier(keys(d, &["region"]), vec![])
         .verify("web-1", &facts, NOW)
         .unwrap_err();
-    assert!(matches!(e, EvidenceError::Signature("aws")), "{e}");
+    assert!(matches!(e, EvidenceError::Signature("aws", _)), "{e}");
     for garbage in ["bm90IHBrY3M3", "", "%%%"] {
         let facts = json!({FACT: {"aws": {"rsa2048": garbage}}});
         let e = verifier(keys(d, &["region"]), vec![])
@@ -269,11 +269,23 @@ fn an_azure_attested_document_verifies_through_its_certificate_and_intermediate(
     // The right name from another CA.
     let sig = signed(d, "stranger", &good, &[]).unwrap();
     let e = v.verify("vm-1", &facts(&sig), now).unwrap_err();
-    assert!(matches!(e, EvidenceError::Signature("azure")), "{e}");
+    assert!(matches!(e, EvidenceError::Signature("azure", _)), "{e}");
     // Expired.
     let sig = signed(d, "metadata", &azure_doc(&azure_time(-60)), &[]).unwrap();
     let e = v.verify("vm-1", &facts(&sig), now).unwrap_err();
     assert!(e.to_string().contains("expired"), "{e}");
+    // Its signing certificate out of date (made for ten years): said as
+    // such, not as a forgery.
+    let sig = signed(d, "metadata", &good, &[]).unwrap();
+    let e = v
+        .verify("vm-1", &facts(&sig), now + 11 * 365 * 86_400)
+        .unwrap_err();
+    assert!(matches!(e, EvidenceError::Signature("azure", _)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("the signing certificate inside is valid from"),
+        "{e}"
+    );
     // A subscription not listed.
     let sig = signed(d, "metadata", &good, &[]).unwrap();
     let mut listed = verifier(vec![], keys(d, &["intermediate"]));

@@ -109,7 +109,7 @@ fn an_aws_document_edited_or_signed_by_anyone_else_is_refused() {
         NOW,
     );
     assert!(
-        matches!(theirs, Err(EvidenceError::Signature("aws"))),
+        matches!(theirs, Err(EvidenceError::Signature("aws", _))),
         "{theirs:?}"
     );
     let edited = doc.replace("i-0abc123", "i-0fff999");
@@ -118,7 +118,10 @@ fn an_aws_document_edited_or_signed_by_anyone_else_is_refused() {
         &aws_facts(&edited, &sign(&region, doc.as_bytes())),
         NOW,
     );
-    assert!(matches!(e, Err(EvidenceError::Signature("aws"))), "{e:?}");
+    assert!(
+        matches!(e, Err(EvidenceError::Signature("aws", _))),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -202,7 +205,10 @@ fn a_gcp_token_from_another_key_or_issuer_is_refused() {
     let v = verifier(&[], &[("k1", &google)]);
     let forged = gcp_token(&stranger, "k1", gcp_claims("choria:n1"));
     let e = v.verify("n1", &json!({FACT: {"gcp": {"token": forged}}}), NOW);
-    assert!(matches!(e, Err(EvidenceError::Signature("gcp"))), "{e:?}");
+    assert!(
+        matches!(e, Err(EvidenceError::Signature("gcp", _))),
+        "{e:?}"
+    );
     let unknown_kid = gcp_token(&google, "k9", gcp_claims("choria:n1"));
     let e = v.verify("n1", &json!({FACT: {"gcp": {"token": unknown_kid}}}), NOW);
     assert!(matches!(e, Err(EvidenceError::Malformed(_))), "{e:?}");
