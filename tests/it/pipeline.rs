@@ -231,6 +231,75 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
     assert_eq!(actions(&journal, "configure").count(), 20);
 }
 
+/// A pause asks that nothing more be configured. A node whose `configure`
+/// was already on its way when the pause came is restarted while paused,
+/// not left configured (holding our provisioning lock) to be configured
+/// again after the resume: the node tier saw 8 of 1,000 nodes configured
+/// twice so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
+    const N: usize = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    // Every node takes 1.5 s per directed request (rpc_timeout is 3 s):
+    // after its inventory is answered, its configure is in flight for
+    // 1.5 s, and the pause lands inside that.
+    let fleet = RunningFleet::start(FleetOptions {
+        broker: BrokerOptions::at([nats.url()]),
+        nodes: N,
+        journal: Some(dir.path().join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 2,
+        slow_nodes: N,
+        slow_delay_ms: 1500,
+        ..Default::default()
+    })
+    .await;
+    let template =
+        "workers: 16\nconfiguration_template:\n  configuration:\n    identity: '{{ identity }}'\n";
+    let p = start(dir.path(), &nats, template, |_| {});
+    let journal_path = dir.path().join("journal.jsonl");
+    let count =
+        |action: &str| actions(&crate::support::read_journal_so_far(&journal_path), action).count();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count("inventory") < N {
+        assert!(Instant::now() < deadline, "inventory not fetched by all");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The configures go out as the inventories come back (a template is
+    // rendered in microseconds) and are answered 1.5 s later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count("configure"), 0, "paused after configure was answered");
+    p.shared.pause(PauseReason::Requested, false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count("restart") < N {
+        assert!(
+            Instant::now() < deadline,
+            "paused with their configure in flight, {} of {N} were restarted ({} configured)",
+            count("restart"),
+            count("configure")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.shared.resume(PauseReason::Requested);
+    p.wait_for(
+        "choria_provisioner_provisioned",
+        N as f64,
+        Duration::from_secs(30),
+    )
+    .await;
+    // The resume's discovery finds nobody left in provisioning mode.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    p.stop().await;
+    let (_, journal) = fleet.finish().await;
+    assert_eq!(
+        actions(&journal, "configure").count(),
+        N,
+        "configured once each"
+    );
+    assert_eq!(actions(&journal, "restart").count(), N);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_rewin() {
     const N: usize = 10;

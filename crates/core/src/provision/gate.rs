@@ -97,19 +97,13 @@ impl PauseGate {
     /// [`PauseGate::check`] for work that began in `term`: also `Err` once
     /// that term is over.
     pub fn check_term(&self, term: u64) -> Result<(), Paused> {
-        self.check_term_ignoring(term, None)
+        self.check_term_ignoring(term, &[])
     }
 
-    /// [`PauseGate::check_term`] as if `ignored` did not hold the gate.
-    pub fn check_term_ignoring(
-        &self,
-        term: u64,
-        ignored: Option<PauseReason>,
-    ) -> Result<(), Paused> {
-        match ignored {
-            Some(r) => self.check_ignoring(r)?,
-            None => self.check()?,
-        }
+    /// [`PauseGate::check_term`] as if the reasons in `ignored` did not
+    /// hold the gate.
+    pub fn check_term_ignoring(&self, term: u64, ignored: &[PauseReason]) -> Result<(), Paused> {
+        self.check_ignoring(ignored)?;
         if self.term() != term {
             return Err(Paused("the leadership term it started in is over".into()));
         }
@@ -139,9 +133,11 @@ impl PauseGate {
         }
     }
 
-    /// [`PauseGate::check`] as if `ignored` did not hold the gate.
-    pub fn check_ignoring(&self, ignored: PauseReason) -> Result<(), Paused> {
-        if self.reasons.load(Ordering::SeqCst) & !(ignored as u8) != 0 {
+    /// [`PauseGate::check`] as if the reasons in `ignored` did not hold the
+    /// gate.
+    pub fn check_ignoring(&self, ignored: &[PauseReason]) -> Result<(), Paused> {
+        let mask = ignored.iter().fold(0u8, |m, r| m | *r as u8);
+        if self.reasons.load(Ordering::SeqCst) & !mask != 0 {
             Err(Paused(self.reasons().join(", ")))
         } else {
             Ok(())
@@ -206,9 +202,16 @@ mod tests {
         let g = gate();
         g.pause(PauseReason::Shutdown);
         assert!(g.check().is_err());
-        assert!(g.check_ignoring(PauseReason::Shutdown).is_ok());
+        assert!(g.check_ignoring(&[PauseReason::Shutdown]).is_ok());
+        g.pause(PauseReason::Requested);
+        assert!(g.check_ignoring(&[PauseReason::Shutdown]).is_err());
+        assert!(g
+            .check_ignoring(&[PauseReason::Shutdown, PauseReason::Requested])
+            .is_ok());
         g.pause(PauseReason::Election);
-        assert!(g.check_ignoring(PauseReason::Shutdown).is_err());
+        assert!(g
+            .check_ignoring(&[PauseReason::Shutdown, PauseReason::Requested])
+            .is_err());
     }
 
     #[test]
@@ -232,9 +235,7 @@ mod tests {
         g.resume(PauseReason::Requested);
         g.pause(PauseReason::Shutdown);
         assert_eq!(g.term(), now);
-        assert!(g
-            .check_term_ignoring(now, Some(PauseReason::Shutdown))
-            .is_ok());
+        assert!(g.check_term_ignoring(now, &[PauseReason::Shutdown]).is_ok());
     }
 
     #[tokio::test]

@@ -88,9 +88,10 @@ pub struct HostSequence {
     /// when the config has none.
     token: Secret,
     got: Gathered,
-    /// Set once `configure` succeeded: a shutdown then still lets `restart`
-    /// go out, so the node is not left configured but holding our
-    /// provisioning lock (two minutes for any other provisioner).
+    /// Set once `configure` succeeded: a shutdown or a requested pause then
+    /// still lets `restart` go out, so the node is not left configured but
+    /// holding our provisioning lock (two minutes for any other
+    /// provisioner), to be configured again.
     finishing: bool,
     /// The reply subjects of trusted answers still watched.
     pending: Vec<Confirmation>,
@@ -410,12 +411,19 @@ impl HostSequence {
         }
     }
 
-    /// Every checkpoint: the gate is open (after `configure`, a shutdown
-    /// still lets `restart` go out) and our term is the current one.
+    /// Every checkpoint: the gate is open (after `configure`, a shutdown or
+    /// a requested pause still lets `restart` go out) and our term is the
+    /// current one.
     fn gate_check(&self) -> Result<(), Paused> {
-        let ignored = self
-            .finishing
-            .then_some(crate::provision::gate::PauseReason::Shutdown);
+        use crate::provision::gate::PauseReason;
+        // A pause asks that nothing more be configured; a node configured
+        // already and stopped before its `restart` would be configured
+        // again after the pause (the node tier saw 8 of 1,000 so).
+        let ignored: &[PauseReason] = if self.finishing {
+            &[PauseReason::Shutdown, PauseReason::Requested]
+        } else {
+            &[]
+        };
         self.shared.gate.check_term_ignoring(self.term, ignored)?;
         // Once configured, the node is finished here even if it became
         // another replica's share: stopping before `restart` would leave
