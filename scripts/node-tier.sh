@@ -49,6 +49,14 @@
 #        f. nats-server stopped for >= 15 s: every pod NotReady (/readyz 503,
 #           /healthz 200), none restarted (restartCount, no liveness failure);
 #           started again on the same port: all Ready.
+#   7. the production guide (docs/src/guides/production.md) from its own text
+#      (tests/it/production.rs, the_whole_page_on_a_real_kubelet): part one on
+#      the host (a real go-choria server provisioned and renewed behind the real
+#      Choria broker, which listens on every address with a certificate for the
+#      bridge's too), then part two to the end: its Secrets, its Provisioner (the
+#      broker's name and the nodes' CA path made this machine's), its pods on the
+#      kubelet, which take over part one's node and renew it (6.'s namespace
+#      `choria` is deleted first: the guide makes its own).
 #      The measured figures are printed as a table at the end.
 #
 #   scripts/node-tier.sh [--hold] [--image OCI_ARCHIVE] [--keep]
@@ -238,6 +246,10 @@ step "binaries (scripts/build-kube-peers.sh)"
 STEP_LOGS=("$CACHE_DIR/node-tier-build.log")
 nice -n 10 "$ROOT/scripts/build-kube-peers.sh" etcd kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager \
   >"$CACHE_DIR/node-tier-build.log" 2>&1 || die "scripts/build-kube-peers.sh failed"
+# The real choria (go-choria's broker, server and CLI) for the production
+# guide's run (7.).
+nice -n 10 "$ROOT/scripts/build-go-peers.sh" choria >>"$CACHE_DIR/node-tier-build.log" 2>&1 ||
+  die "scripts/build-go-peers.sh choria failed"
 ETCD="$CACHE_BIN/etcd"
 APISERVER="$CACHE_BIN/kube-apiserver"
 KUBECTL="$CACHE_BIN/kubectl"
@@ -1369,6 +1381,24 @@ if [ "$n_all" != "$N_MEASURED" ]; then
   grep '^handover' <<<"$whole" | sed 's/^/    /' >&2
 fi
 pass "$samples_all samples, never two leaders, $n_all hand-over(s)"
+# ---- 7. the production guide, part one on the host and part two's pods ----------------------
+# docs/src/guides/production.md from its own text (tests/it/production.rs): a
+# real go-choria server provisioned and renewed behind the real Choria broker
+# on the host, then a Provisioner whose pods take it over and renew it. The
+# guide makes its own `choria` namespace: 6.'s goes first.
+step "production guide: part one on the host, part two's pods renew its node"
+STEP_LOGS=("$W/production.log")
+kc delete namespace "$PNS" --wait=true --timeout=180s >"$W/production.log" 2>&1 ||
+  die "kubectl delete namespace $PNS did not finish"
+t0=$(now)
+NODE_TIER_ADDRESS="$GW" NODE_TIER_KUBECONFIG="$KUBECONFIG_FILE" NODE_TIER_KUBECTL="$KUBECTL" \
+  CHORIA_BIN="$CACHE_BIN/choria" \
+  cargo test --workspace --quiet --test it production::the_whole_page_on_a_real_kubelet -- --ignored --exact --nocapture \
+  >>"$W/production.log" 2>&1 || die "the production guide did not run through on the kubelet"
+GUIDE_S="$(secs "$t0" "$(now)")"
+summary "production guide, both parts (part one, then the pods renew)" "$GUIDE_S s"
+pass "the guide's every command ran; the pods renewed part one's node in $GUIDE_S s (both parts)"
+
 step_done
 log "node-tier: measured (3 provisioner replicas, $FLEET_NODES fleet nodes on the host, sampler every $SAMPLE_MS ms):"
 printf '  %s\n' "${SUMMARY[@]}" >&2

@@ -3,8 +3,9 @@
 //! order, in one bash. A ```` ```sh,step ```` block is part one (one
 //! machine), ```` ```sh,step,wait ```` a check the user repeats until it
 //! passes, ```` ```sh,k8s ```` part two (Kubernetes) and
-//! ```` ```sh,k8s,pods ```` what needs the pods running (a kubelet), which
-//! no test here has. The real `choria` (broker, server, `jwt`, `req`,
+//! ```` ```sh,k8s,pods ```` what needs the pods running (a kubelet) or part
+//! one's processes: the node tier runs the whole page
+//! ([`the_whole_page_on_a_real_kubelet`]). The real `choria` (broker, server, `jwt`, `req`,
 //! `ping`), our binary and `kubectl` are on `PATH`, `HOME` is a fresh
 //! directory (the page works in `~/choria-lab`), and the page's fixed ports
 //! (4222 the broker, 9090 the provisioner's metrics) become free ones;
@@ -218,6 +219,20 @@ impl Shell {
         }
     }
 
+    /// The ends of the page's output and of what it started, for a
+    /// failure's message.
+    fn tails(&self) -> String {
+        let lab = self.lab();
+        format!(
+            "the page's shell:\n{}\n--- provisioner.log (part one):\n{}\n\
+             --- node/server.out:\n{}\n--- broker.log:\n{}",
+            tail_of(&self.out(), 60),
+            tail_of(&lab.join("provisioner.log"), 30),
+            tail_of(&lab.join("node/server.out"), 20),
+            tail_of(&lab.join("broker.log"), 20),
+        )
+    }
+
     /// The secrets part one made, as their files hold them.
     fn secrets(&self) -> Vec<(&'static str, String)> {
         SECRETS
@@ -259,16 +274,9 @@ fn part_one_provisions_and_renews_a_real_server_behind_the_choria_broker() {
     ]);
     let lab = shell.lab();
     let ran = shell.run(&script(&steps, &ports), &[], PAGE_LIMIT);
-    assert!(
-        ran.is_ok(),
-        "{PAGE} part one: {}\nthe page's shell:\n{}\n--- provisioner.log:\n{}\n\
-         --- node/server.out:\n{}\n--- broker.log:\n{}",
-        ran.unwrap_err(),
-        tail_of(&shell.out(), 40),
-        tail_of(&lab.join("provisioner.log"), 30),
-        tail_of(&lab.join("node/server.out"), 20),
-        tail_of(&lab.join("broker.log"), 10),
-    );
+    if let Err(e) = ran {
+        panic!("{PAGE} part one: {e}\n{}", shell.tails());
+    }
 
     // Nothing the page made secret reached the provisioner's log.
     let log = std::fs::read_to_string(lab.join("provisioner.log")).unwrap();
@@ -354,6 +362,76 @@ async fn part_two_secrets_and_provisioner_are_what_the_operator_runs() {
             "{name} is in the ConfigMap or status"
         );
     }
+}
+
+/// The whole page on the node tier's cluster (`scripts/node-tier.sh` runs
+/// it, with `NODE_TIER_ADDRESS`, `NODE_TIER_KUBECONFIG`, `NODE_TIER_KUBECTL`
+/// and `CHORIA_BIN`): part one on the host, then part two to the end, its
+/// pods on a real kubelet taking over part one's node and renewing it. What
+/// differs from the text: the ports (as in part one), the broker listening
+/// on every address with a certificate for the bridge's address too (the
+/// pods reach the host there), and the Provisioner's broker name and CA path
+/// made this machine's (`REPO` holds the example with them, as the page
+/// tells a reader on one machine to do).
+#[test]
+#[ignore = "run by scripts/node-tier.sh on its cluster"]
+fn the_whole_page_on_a_real_kubelet() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let address = var("NODE_TIER_ADDRESS");
+    let kubeconfig = PathBuf::from(var("NODE_TIER_KUBECONFIG"));
+    let kubectl = PathBuf::from(var("NODE_TIER_KUBECTL"));
+    let choria = choria_bin("the_whole_page_on_a_real_kubelet").expect("CHORIA_BIN is set");
+    let page = page();
+    let blocks = blocks(&page);
+    let all: Vec<&Block> = blocks
+        .iter()
+        .filter(|b| b.is(&["step"]) || b.is(&["k8s"]))
+        .collect();
+    assert!(
+        all.iter().any(|b| b.is(&["pods", "wait"])),
+        "{PAGE}: no check after the pods start"
+    );
+    let shell = Shell::new(&[
+        ("choria", &choria),
+        ("choria-provisioner", Path::new(binary())),
+        ("kubectl", &kubectl),
+    ]);
+    let lab = shell.lab();
+    let port = free_port().to_string();
+    let example = "docs/src/examples/kubernetes/provisioner-production.yaml";
+    let copy = shell.work.path().join("repo");
+    let yaml = std::fs::read_to_string(repo().join(example))
+        .unwrap()
+        .replace(
+            "choria-broker.example.net:4222",
+            &format!("{address}:{port}"),
+        )
+        .replace(
+            "/etc/choria/ca.pem",
+            &lab.join("ca.pem").display().to_string(),
+        );
+    let target = copy.join(example);
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::write(&target, yaml).unwrap();
+    let edits = [
+        ("4222", port),
+        ("9090", free_port().to_string()),
+        ("IP:127.0.0.1", format!("IP:127.0.0.1,IP:{address}")),
+        (
+            "listen_address = 127.0.0.1",
+            "listen_address = 0.0.0.0".into(),
+        ),
+    ];
+    let ran = shell.run(
+        &script(all, &edits),
+        &[("REPO", &copy), ("KUBECONFIG", &kubeconfig)],
+        Duration::from_secs(1200),
+    );
+    if let Err(e) = ran {
+        panic!("{PAGE} on a kubelet: {e}\n{}", shell.tails());
+    }
+    // What the reader saw last: `kubectl get prov` and the node's answer.
+    println!("{}", tail_of(&shell.out(), 12));
 }
 
 /// Kills a process group when dropped (the test failing included).
