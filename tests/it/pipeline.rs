@@ -88,16 +88,53 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Shared)
     }
 }
 
-async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
-    RunningFleet::start(FleetOptions {
+/// The scenes' fleet: `nodes` nodes on `nats`, journal in `dir`.
+fn fleet_options(nats: &NatsServer, dir: &Path, nodes: usize) -> FleetOptions {
+    FleetOptions {
         broker: BrokerOptions::at([nats.url()]),
         nodes,
         journal: Some(dir.join("journal.jsonl")),
         key_pool_size: 2,
         connections: 4,
         ..Default::default()
+    }
+}
+
+async fn fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
+    RunningFleet::start(fleet_options(nats, dir, nodes)).await
+}
+
+/// A fleet whose every node takes 1.5 s to answer each directed request
+/// (the scenes' rpc_timeout is 3 s): each sequence has a request in flight
+/// for a long, known while.
+async fn slow_fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> RunningFleet {
+    RunningFleet::start(FleetOptions {
+        connections: 2,
+        slow_nodes: nodes,
+        slow_delay_ms: 1500,
+        ..fleet_options(nats, dir, nodes)
     })
     .await
+}
+
+/// Waits until the fleet's journal holds `n` answered `action` requests;
+/// fails after `within`, saying `why` and how far it got.
+async fn wait_actions(dir: &Path, action: &str, n: usize, within: Duration, why: &str) {
+    let path = dir.join("journal.jsonl");
+    let deadline = Instant::now() + within;
+    loop {
+        let journal = crate::support::read_journal_so_far(&path);
+        let got = actions(&journal, action).count();
+        if got >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{why}: {got} of {n} answered {action} after {within:?} ({} configured)",
+            actions(&journal, "configure").count()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn actions<'a>(journal: &'a [Value], action: &'a str) -> impl Iterator<Item = &'a Value> {
@@ -191,17 +228,14 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
     .await;
     let journal_path = dir.path().join("journal.jsonl");
     // All 20 have fetched their inventory and sit in the helper.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while actions(
-        &crate::support::read_journal_so_far(&journal_path),
+    wait_actions(
+        dir.path(),
         "inventory",
+        20,
+        Duration::from_secs(10),
+        "inventory not fetched by all",
     )
-    .count()
-        < 20
-    {
-        assert!(Instant::now() < deadline, "inventory not fetched by all");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    .await;
     p.shared.pause(PauseReason::Requested, false);
     // The helpers finish, but configure must not be sent.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -241,46 +275,36 @@ async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
     const N: usize = 10;
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
-    // Every node takes 1.5 s per directed request (rpc_timeout is 3 s):
-    // after its inventory is answered, its configure is in flight for
+    // After its inventory is answered, a node's configure is in flight for
     // 1.5 s, and the pause lands inside that.
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerOptions::at([nats.url()]),
-        nodes: N,
-        journal: Some(dir.path().join("journal.jsonl")),
-        key_pool_size: 2,
-        connections: 2,
-        slow_nodes: N,
-        slow_delay_ms: 1500,
-        ..Default::default()
-    })
-    .await;
+    let fleet = slow_fleet(&nats, dir.path(), N).await;
     let template =
         "workers: 16\nconfiguration_template:\n  configuration:\n    identity: '{{ identity }}'\n";
     let p = start(dir.path(), &nats, template, |_| {});
     let journal_path = dir.path().join("journal.jsonl");
     let count =
         |action: &str| actions(&crate::support::read_journal_so_far(&journal_path), action).count();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while count("inventory") < N {
-        assert!(Instant::now() < deadline, "inventory not fetched by all");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_actions(
+        dir.path(),
+        "inventory",
+        N,
+        Duration::from_secs(60),
+        "inventory not fetched by all",
+    )
+    .await;
     // The configures go out as the inventories come back (a template is
     // rendered in microseconds) and are answered 1.5 s later.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count("configure"), 0, "paused after configure was answered");
     p.shared.pause(PauseReason::Requested, false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while count("restart") < N {
-        assert!(
-            Instant::now() < deadline,
-            "paused with their configure in flight, {} of {N} were restarted ({} configured)",
-            count("restart"),
-            count("configure")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_actions(
+        dir.path(),
+        "restart",
+        N,
+        Duration::from_secs(20),
+        "paused with their configure in flight, not all were restarted",
+    )
+    .await;
     p.shared.resume(PauseReason::Requested);
     p.wait_for(
         "choria_provisioner_provisioned",
@@ -288,8 +312,15 @@ async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
         Duration::from_secs(30),
     )
     .await;
-    // The resume's discovery finds nobody left in provisioning mode.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The resume discovers at once (the start's discovery was the first
+    // round); through its window it finds nobody left in provisioning mode.
+    p.wait_for(
+        "choria_provisioner_discover_cycles",
+        2.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     p.stop().await;
     let (_, journal) = fleet.finish().await;
     assert_eq!(
@@ -305,19 +336,8 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     const N: usize = 10;
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
-    // Every node takes 1.5 s per directed request (rpc_timeout is 3 s), so
-    // each sequence has its first RPC in flight when leadership blips.
-    let fleet = RunningFleet::start(FleetOptions {
-        broker: BrokerOptions::at([nats.url()]),
-        nodes: N,
-        journal: Some(dir.path().join("journal.jsonl")),
-        key_pool_size: 2,
-        connections: 2,
-        slow_nodes: N,
-        slow_delay_ms: 1500,
-        ..Default::default()
-    })
-    .await;
+    // Each sequence has its first RPC in flight when leadership blips.
+    let fleet = slow_fleet(&nats, dir.path(), N).await;
     let template = format!(
         "workers: {N}\nconfiguration_template:\n  configuration:\n    identity: \"{{{{ identity }}}}\"\n    plugin.choria.server.provision: \"false\"\n"
     );

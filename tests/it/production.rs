@@ -380,7 +380,8 @@ fn the_whole_page_on_a_real_kubelet() {
     let address = var("NODE_TIER_ADDRESS");
     let kubeconfig = PathBuf::from(var("NODE_TIER_KUBECONFIG"));
     let kubectl = PathBuf::from(var("NODE_TIER_KUBECTL"));
-    let choria = choria_bin("the_whole_page_on_a_real_kubelet").expect("CHORIA_BIN is set");
+    let choria = choria_bin("the_whole_page_on_a_real_kubelet")
+        .expect("scripts/node-tier.sh sets CHORIA_BIN to the choria it built");
     let page = page();
     let blocks = blocks(&page);
     let all: Vec<&Block> = blocks

@@ -21,12 +21,15 @@ use rsa::{Pkcs1v15Sign, RsaPublicKey};
 use sha2::Digest;
 use x509_cert::Certificate;
 
-const SIGNED_DATA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.7.2");
-const DATA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.7.1");
-const MESSAGE_DIGEST: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.9.4");
-const CONTENT_TYPE: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.9.3");
-const RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
-const SUBJECT_ALT_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.17");
+use const_oid::db::rfc5911::{
+    ID_CONTENT_TYPE as CONTENT_TYPE, ID_DATA as DATA, ID_MESSAGE_DIGEST as MESSAGE_DIGEST,
+    ID_SIGNED_DATA as SIGNED_DATA,
+};
+use const_oid::db::rfc5912::{
+    ID_CE_SUBJECT_ALT_NAME as SUBJECT_ALT_NAME, ID_SHA_256, ID_SHA_384, ID_SHA_512,
+    RSA_ENCRYPTION as RSA, SHA_256_WITH_RSA_ENCRYPTION, SHA_384_WITH_RSA_ENCRYPTION,
+    SHA_512_WITH_RSA_ENCRYPTION,
+};
 
 /// The largest document taken (a cloud's is a few KiB).
 pub(super) const MAX_SIZE: usize = 64 * 1024;
@@ -68,30 +71,12 @@ impl Hash {
     /// From a digest algorithm's OID, or an RSA signature algorithm's.
     fn of(oid: &ObjectIdentifier) -> Option<Hash> {
         const BY_OID: [(ObjectIdentifier, Hash); 6] = [
-            (
-                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.1"),
-                Hash::Sha256,
-            ),
-            (
-                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11"),
-                Hash::Sha256,
-            ),
-            (
-                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.2"),
-                Hash::Sha384,
-            ),
-            (
-                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12"),
-                Hash::Sha384,
-            ),
-            (
-                ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.3"),
-                Hash::Sha512,
-            ),
-            (
-                ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13"),
-                Hash::Sha512,
-            ),
+            (ID_SHA_256, Hash::Sha256),
+            (SHA_256_WITH_RSA_ENCRYPTION, Hash::Sha256),
+            (ID_SHA_384, Hash::Sha384),
+            (SHA_384_WITH_RSA_ENCRYPTION, Hash::Sha384),
+            (ID_SHA_512, Hash::Sha512),
+            (SHA_512_WITH_RSA_ENCRYPTION, Hash::Sha512),
         ];
         BY_OID.iter().find(|(o, _)| o == oid).map(|(_, h)| *h)
     }
