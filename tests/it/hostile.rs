@@ -442,7 +442,15 @@ async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn double_replies_and_replies_to_other_requests_are_ignored() {
+    // A wrong-id reply is counted only while the provisioner still waits on
+    // that request. Victims that answer at once could finish first (as in
+    // the impostor test, 185 of 200), so the 30 victims answer each
+    // request 600 ms late and the actor's reply lands inside that wait.
     let mut scene = Scene::start(Setup {
+        fleet: Box::new(|o| {
+            o.slow_nodes = 30;
+            o.slow_delay_ms = 600;
+        }),
         actors: Box::new(|p| {
             vec![
                 (Version::V1, Mode::Echo),

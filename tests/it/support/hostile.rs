@@ -109,7 +109,23 @@ impl Actor {
             Mode::BadDiscoveryNames(_) => "provisioning.broadcast.agent.discovery",
             _ => "provisioning.node.>",
         };
-        let mut sub = nats.subscribe(subject.to_string()).await.unwrap().boxed();
+        let mut sub = match &mode {
+            // Its victims' subjects only: one task decoding every node's
+            // requests falls seconds behind under load, and a reply that
+            // lands after the victim's own is not seen.
+            Mode::WrongRequestId { victims } => {
+                let mut subs = Vec::new();
+                for v in victims {
+                    subs.push(
+                        nats.subscribe(format!("provisioning.node.{v}"))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                futures::stream::select_all(subs).boxed()
+            }
+            _ => nats.subscribe(subject.to_string()).await.unwrap().boxed(),
+        };
         if let Mode::Stalling { .. } = &mode {
             let broadcast = nats
                 .subscribe("provisioning.broadcast.agent.discovery")
