@@ -36,6 +36,20 @@ impl Running {
         self.shared.metrics.value(name).unwrap_or(0.0)
     }
 
+    /// Waits until every metric in `names` is 0 (each must exist).
+    async fn wait_for_zero(&self, names: &[&str], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let value = |n: &str| self.shared.metrics.value(n).expect(n);
+        while names.iter().any(|n| value(n) != 0.0) {
+            assert!(
+                Instant::now() < deadline,
+                "after {timeout:?}: {:?}",
+                names.iter().map(|n| (n, value(n))).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn wait_for(&self, name: &str, at_least: f64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while self.metric(name) < at_least {
@@ -237,9 +251,17 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
     )
     .await;
     p.shared.pause(PauseReason::Requested, false);
-    // The helpers finish, but configure must not be sent.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(p.metric("choria_provisioner_busy_workers"), 0.0);
+    // The helpers finish (20 of them started at once: not a fixed time on a
+    // loaded machine), but configure must not be sent: once no sequence is
+    // left, none was.
+    p.wait_for_zero(
+        &[
+            "choria_provisioner_busy_workers",
+            "choria_provisioner_sequences",
+        ],
+        Duration::from_secs(20),
+    )
+    .await;
     assert_eq!(p.metric("choria_provisioner_provisioned"), 0.0);
     assert_eq!(
         p.metric("choria_provisioner_provision_errors"),
