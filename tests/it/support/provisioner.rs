@@ -10,6 +10,32 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_choria-provisioner")
 }
 
+/// Sends `signal` (`TERM`, `KILL`, `INT`, `HUP`) to `pid` with kill(2) from
+/// this process: kill(1) would cost a fork and exec, which a timed shutdown
+/// counts on a loaded machine. (Declared here: `libc` is no dependency of
+/// this package; the numbers are the same on every Unix.)
+pub fn send_signal(pid: u32, signal: &str) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    let sig = match signal {
+        "HUP" => 1,
+        "INT" => 2,
+        "KILL" => 9,
+        "TERM" => 15,
+        other => panic!("no number for signal {other}"),
+    };
+    let pid = i32::try_from(pid).expect("a pid fits a pid_t");
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    let rc = unsafe { kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill -{signal} {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 pub struct ProvisionerProcess {
     child: Child,
     pub monitor_port: u16,
@@ -170,12 +196,7 @@ impl ProvisionerProcess {
     }
 
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} failed");
+        send_signal(self.child.id(), signal);
     }
 
     /// Waits for the process to exit.
