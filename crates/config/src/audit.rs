@@ -36,6 +36,8 @@ pub struct AuditConfig {
     pub max_bytes: i64,
     /// Create the stream when it is missing.
     pub create_stream: bool,
+    /// Servers holding a copy of a stream we create.
+    pub replicas: u8,
 }
 
 impl AuditConfig {
@@ -46,6 +48,7 @@ impl AuditConfig {
             max_age: Some(format_duration(self.max_age)),
             max_bytes: Some(self.max_bytes),
             create_stream: Some(self.create_stream),
+            replicas: Some(i64::from(self.replicas)),
         }
     }
 }
@@ -126,5 +129,6 @@ pub(crate) fn audit(
         max_age,
         max_bytes,
         create_stream: a.bool("create_stream")?.unwrap_or(true),
+        replicas: crate::day_two::replicas(&a, "replicas")?,
     }))
 }

@@ -45,6 +45,8 @@ pub struct RecordsConfig {
     pub history: u8,
     /// Create the bucket (with `history`) when it is missing.
     pub create_bucket: bool,
+    /// Servers holding a copy of each bucket we create.
+    pub replicas: u8,
     pub user: Option<String>,
     pub password: Option<Secret>,
     pub password_file: Option<PathBuf>,
@@ -144,6 +146,7 @@ impl RecordsConfig {
             bucket: Some(self.bucket.clone()),
             history: Some(i64::from(self.history)),
             create_bucket: Some(self.create_bucket),
+            replicas: Some(i64::from(self.replicas)),
             user: self.user.clone(),
             password: None,
             password_file: path(&self.password_file),
@@ -168,10 +171,11 @@ impl RecordsConfig {
     /// `key: value` lines for `run --check` (secrets as set or not).
     pub fn effective(&self) -> String {
         format!(
-            "{} bucket {} history {}{}{}",
+            "{} bucket {} history {} replicas {}{}{}",
             self.urls.join(","),
             self.bucket,
             self.history,
+            self.replicas,
             self.user
                 .as_ref()
                 .map(|u| format!(", user {u}"))
@@ -278,6 +282,7 @@ pub(crate) fn records(
         Some(h) if (1..=64).contains(&h) => h as u8,
         Some(h) => return Err(r.error("history", format!("{h} is not between 1 and 64"))),
     };
+    let replicas = replicas(&r, "replicas")?;
     let path = |key: &str| -> Result<Option<PathBuf>, ConfigError> {
         Ok(non_empty(r.string(key)?).map(PathBuf::from))
     };
@@ -289,6 +294,7 @@ pub(crate) fn records(
         bucket,
         history,
         create_bucket: r.bool("create_bucket")?.unwrap_or(true),
+        replicas,
         user: non_empty(r.string("user")?),
         password: secret("password")?,
         password_file: path("password_file")?,
@@ -447,6 +453,21 @@ pub(crate) fn check_lead(
             format_duration(lifetime),
         ),
     ))
+}
+
+/// Servers that hold a copy of a stream we create: what JetStream allows.
+pub const MAX_REPLICAS: u8 = 5;
+
+/// `key` as a number of replicas (1 when unset).
+pub(crate) fn replicas(sec: &Section, key: &str) -> Result<u8, ConfigError> {
+    match sec.int(key)? {
+        None => Ok(1),
+        Some(n) if (1..=i64::from(MAX_REPLICAS)).contains(&n) => Ok(n as u8),
+        Some(n) => Err(sec.error(
+            key,
+            format!("{n} is not between 1 and {MAX_REPLICAS} (servers holding a copy)"),
+        )),
+    }
 }
 
 #[cfg(test)]

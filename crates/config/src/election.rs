@@ -140,6 +140,8 @@ pub struct ElectionConfig {
     pub create_bucket: bool,
     /// Streams: the TTL of a bucket we create.
     pub bucket_ttl: Duration,
+    /// Streams: servers holding a copy of a bucket we create.
+    pub replicas: u8,
     /// Lease: object name.
     pub lease_name: String,
     /// Lease: namespace; `None` means the namespace the pod runs in.
@@ -165,6 +167,7 @@ impl Default for ElectionConfig {
             api_prefix: DEFAULT_STREAMS_API_PREFIX.into(),
             create_bucket: false,
             bucket_ttl: DEFAULT_BUCKET_TTL,
+            replicas: 1,
             lease_name: DEFAULT_LEASE_NAME.into(),
             lease_namespace: None,
             lease_duration: DEFAULT_LEASE_DURATION,
@@ -182,6 +185,7 @@ const STREAMS_KEYS: &[&str] = &[
     "api_prefix",
     "create_bucket",
     "bucket_ttl",
+    "replicas",
 ];
 const LEASE_KEYS: &[&str] = &[
     "lease_name",
@@ -197,6 +201,7 @@ const SHARDED_STREAMS_UNUSED: &[&str] = &[
     "api_prefix",
     "create_bucket",
     "bucket_ttl",
+    "replicas",
     "lease_name",
     "lease_namespace",
 ];
@@ -237,6 +242,7 @@ impl ElectionConfig {
                 f.api_prefix = Some(self.api_prefix.clone());
                 f.create_bucket = Some(self.create_bucket);
                 f.bucket_ttl = d(self.bucket_ttl);
+                f.replicas = (self.replicas != 1).then_some(i64::from(self.replicas));
             }
             ElectionBackend::Lease => {
                 f.lease_name = Some(self.lease_name.clone());
@@ -400,6 +406,7 @@ impl ElectionConfig {
             }
             self.bucket_ttl = d;
         }
+        self.replicas = crate::day_two::replicas(sec, "replicas")?;
         Ok(())
     }
 

@@ -245,6 +245,11 @@ file_section! {
         ///
         /// Default: `true`
         create_stream: bool,
+        /// Servers that hold a copy of the stream the provisioner creates
+        /// (1–5).
+        ///
+        /// Default: `1`
+        replicas: i64,
     }
 }
 
@@ -279,10 +284,19 @@ file_section! {
         ///
         /// Default: `5`
         history: i64,
-        /// Create the bucket when it is missing.
+        /// Create the buckets when they are missing (the records, revocations
+        /// and instance bindings), and protect buckets an earlier version
+        /// made (no delete, purge or roll-up; a key's values are never
+        /// pushed out).
         ///
         /// Default: `true`
         create_bucket: bool,
+        /// Servers that hold a copy of each bucket the provisioner creates
+        /// (1–5; a JetStream cluster of at least that many servers): with
+        /// 3, the records, revocations and bindings survive a lost server.
+        ///
+        /// Default: `1`
+        replicas: i64,
         /// NATS user name.
         user: String,
         /// NATS password (prefer `password_file`).
@@ -451,6 +465,8 @@ file_section! {
         create_bucket: bool,
         /// Streams: the TTL of a bucket we create.
         bucket_ttl: String,
+        /// Streams: servers that hold a copy of a bucket we create (1–5).
+        replicas: i64,
         /// Lease: the Lease's name.
         lease_name: String,
         /// Lease: its namespace; unset: the pod's.
@@ -501,7 +517,7 @@ mod tests {
         assert_eq!(yaml, "workers: 1\nfeatures:\n  pki: true\n");
         assert!(ProvisionerFile::KEYS.contains(&"broker_provisioning_password_file"));
         assert_eq!(FeaturesFile::KEYS, ["pki", "jwt", "ed25519", "upgrades"]);
-        assert_eq!(ElectionFile::KEYS.len(), 14);
+        assert_eq!(ElectionFile::KEYS.len(), 15);
         assert_eq!(ElectionFile::KEYS[0], "mode");
         assert_eq!(ElectionFile::FIELDS[0].key, "mode");
         assert_eq!(FeaturesFile::FIELDS[0].ty, "bool");

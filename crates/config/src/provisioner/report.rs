@@ -125,6 +125,7 @@ impl ProvisionerConfig {
                 ("election.api_prefix".into(), e.api_prefix.clone()),
                 ("election.create_bucket".into(), e.create_bucket.to_string()),
                 ("election.bucket_ttl".into(), format_duration(e.bucket_ttl)),
+                ("election.replicas".into(), e.replicas.to_string()),
             ]),
             ElectionBackend::Lease => out.extend([
                 ("election.lease_name".into(), e.lease_name.clone()),
@@ -188,6 +189,25 @@ impl ProvisionerConfig {
         let mut out = Vec::new();
         if let Some(r) = &self.records {
             out.push(("records".into(), r.effective()));
+            let mut buckets = vec![r.bucket.clone(), format!("{}_REVOCATIONS", r.bucket)];
+            if self.evidence.is_some() {
+                buckets.push(format!("{}_INSTANCES", r.bucket));
+            }
+            let what = if r.create_bucket {
+                format!(
+                    "created when missing with {} replica(s), or protected when an earlier version made them",
+                    r.replicas
+                )
+            } else {
+                "must exist and be protected (records.create_bucket is false)".into()
+            };
+            out.push((
+                "records.buckets".into(),
+                format!(
+                    "{}: {what}; protected: no delete, purge or roll-up, and a key's values are never pushed out",
+                    buckets.join(", ")
+                ),
+            ));
         }
         if let Some(r) = &self.renewal {
             out.push(("renewal".into(), r.effective()));
@@ -206,11 +226,12 @@ impl ProvisionerConfig {
             out.push((
                 "audit".into(),
                 format!(
-                    "stream {} on {}.>, kept {} or {} bytes",
+                    "stream {} on {}.>, kept {} or {} bytes, {} replica(s), each event stored once (its id as the message id)",
                     a.stream,
                     a.subject,
                     crate::duration::format_duration(a.max_age),
-                    a.max_bytes
+                    a.max_bytes,
+                    a.replicas
                 ),
             ));
         }

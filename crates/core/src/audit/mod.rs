@@ -47,6 +47,9 @@ pub async fn stream(
                 max_bytes: cfg.max_bytes,
                 discard: stream::DiscardPolicy::Old,
                 storage: stream::StorageType::File,
+                num_replicas: usize::from(cfg.replicas.max(1)),
+                // What a retried publish is recognised within.
+                duplicate_window: std::time::Duration::from_secs(120),
                 ..Default::default()
             })
             .await

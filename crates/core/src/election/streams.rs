@@ -137,6 +137,8 @@ pub struct StreamsBackend {
     /// working (see [`Backend::settle`]).
     claimed: Claimed,
     releases: async_nats::Subscriber,
+    /// Servers holding a copy of a bucket we create.
+    replicas: u8,
 }
 
 /// How a win took the key over.
@@ -197,6 +199,7 @@ impl StreamsBackend {
             vacated: None,
             claimed: Claimed::Free,
             releases,
+            replicas: cfg.replicas.max(1),
         };
         backend.ttl = match backend.bucket_ttl().await {
             Err(StreamsError::NoBucket { .. }) if create_ttl.is_some() => {
@@ -278,7 +281,7 @@ impl StreamsBackend {
             "max_msg_size": 1024,
             "storage": "file",
             "discard": "new",
-            "num_replicas": 1,
+            "num_replicas": self.replicas,
             "deny_delete": true,
             "allow_rollup_hdrs": true,
             "allow_direct": true,

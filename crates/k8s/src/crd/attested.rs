@@ -84,6 +84,9 @@ pub struct AuditSpec {
     /// The most the stream keeps, in bytes, at least 1 MiB (default 1 GiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<i64>,
+    /// Servers that hold a copy of the stream, 1 to 5 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
 }
 
 /// A key of a ConfigMap in this resource's namespace, mounted as a file.

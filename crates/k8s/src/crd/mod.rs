@@ -436,6 +436,11 @@ pub struct RecordsSpec {
     /// Create the bucket when it is missing (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_bucket: Option<bool>,
+    /// Servers that hold a copy of each bucket the pods create (records,
+    /// revocations, instance bindings), 1 to 5 (default 1): 3 on a
+    /// clustered JetStream keeps them through a lost server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
     /// A NATS `.creds` file (user JWT and seed) in a Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<SecretKeyRef>,

@@ -265,6 +265,11 @@ fn attested() -> Vec<Rule> {
             "self >= 1048576",
             "spec.audit.maxBytes must be at least 1 MiB (1048576); the stream's size is bounded, but not to nothing",
         ),
+        rule(
+            "spec.audit.replicas",
+            "self >= 1 && self <= 5",
+            "spec.audit.replicas must be 1 to 5 servers holding a copy (default 1)",
+        ),
         about(
             "spec",
             ".revocations",
@@ -463,6 +468,11 @@ pub fn rules() -> Vec<Rule> {
             "spec.records.history",
             "self >= 1 && self <= 64",
             "spec.records.history must be 1 to 64 revisions per node (default 5)",
+        ),
+        rule(
+            "spec.records.replicas",
+            "self >= 1 && self <= 5",
+            "spec.records.replicas must be 1 to 5 servers holding a copy (default 1)",
         ),
         rule(
             "spec.records.bucket",

@@ -122,6 +122,7 @@ fn records_file(r: &RecordsSpec, signing_key: Option<SecretKeyRef>) -> RecordsFi
         bucket: r.bucket.clone(),
         history: r.history.map(i64::from),
         create_bucket: r.create_bucket,
+        replicas: r.replicas.map(i64::from),
         user: r.user.clone(),
         password_file: r.password_secret.as_ref().map(ref_path),
         token_file: r.token_secret.as_ref().map(ref_path),
@@ -159,6 +160,7 @@ fn audit_file(a: &AuditSpec) -> AuditFile {
         max_age: a.max_age.clone(),
         max_bytes: a.max_bytes,
         create_stream: None,
+        replicas: a.replicas.map(i64::from),
     }
 }
 
