@@ -43,7 +43,7 @@ pub async fn run(args: NodesArgs) -> Result<()> {
         );
     };
     let sealer = sealer(records, &cfg.site)?;
-    let store = RecordStore::connect(records, sealer, "choria-provisioner nodes")
+    let store = RecordStore::connect_read_only(records, sealer, "choria-provisioner nodes")
         .await
         .context("reading the records")?;
     let now = chrono::Utc::now().timestamp();
@@ -81,7 +81,7 @@ async fn mark_revoked(
     site: &str,
 ) -> Result<()> {
     let (key, verifier) = choria_core::records::store::seal_keys(records)?;
-    let store = choria_core::records::revocations::RevocationStore::connect(
+    let store = choria_core::records::revocations::RevocationStore::connect_read_only(
         records,
         key,
         verifier,

@@ -89,6 +89,7 @@ async fn write(config: &std::path::Path, node: &str, revoked: bool, reason: &str
             time_unix: now.timestamp(),
             by,
             site: cfg.site.clone(),
+            n: 0,
         })
         .await
         .context("writing the revocation")?;

@@ -25,6 +25,7 @@ mod go_captures;
 mod hostile;
 mod interop_go;
 mod kube_apiserver;
+mod memory;
 mod node_tier;
 mod operator_e2e;
 mod operator_lifecycle;

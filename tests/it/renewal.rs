@@ -234,8 +234,8 @@ fn refused(p: &ProvisionerProcess, reason: &str) -> f64 {
 /// the provisioner send `reprovision` within seconds — to a real node whose
 /// credentials were good for another hour, or, token included, into a
 /// collective the writer listened on. Now none of it is acted on: each is
-/// refused, counted by reason, and `nodes` shows the node's record as
-/// unverified; a deleted key changes nothing.
+/// refused, counted by reason, and `nodes` still shows each node's newest
+/// sealed record; a deleted key changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_records_in_the_bucket_drive_no_renewal() {
     use choria_core::records::sealed::Sealer;
@@ -383,14 +383,13 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .map(|v| (v["identity"].as_str().unwrap().to_string(), v))
         .collect();
-    assert_eq!(listed[&ids[0]]["verified"], false, "{:?}", listed[&ids[0]]);
-    assert!(listed[&ids[0]]["state"]
-        .as_str()
-        .unwrap()
-        .contains("no seal"));
+    // What was written over the real records hides none of them: each
+    // node's newest sealed record is what `nodes` lists, as renewal acts
+    // on it; the made-up node has nothing sealed and shows as unverified.
+    for id in &ids[0..3] {
+        assert_eq!(listed[id]["verified"], true, "{:?}", listed[id]);
+    }
     assert_eq!(listed["ghost.example.net"]["verified"], false);
-    assert_eq!(listed[&ids[1]]["verified"], false);
-    assert!(!listed.contains_key(&ids[2]), "deleted");
     assert_eq!(listed[&ids[3]]["verified"], true, "{:?}", listed[&ids[3]]);
     assert!(
         listed[&ids[3]]["state"]

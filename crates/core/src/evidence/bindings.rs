@@ -10,11 +10,15 @@
 //! the instance too.
 //!
 //! A value whose seal does not verify (anyone who may write the bucket can
-//! write one) binds nothing: it is counted, logged and replaced by ours, so
-//! a forgery can neither take an instance nor lock it out. A key deleted by
-//! such a writer is not noticed: the binding holds against the fleet, not
-//! against whoever may write the records' bucket.
+//! write one) binds nothing: it is counted, logged and ours is written
+//! after it, so a forgery can neither take an instance nor lock it out.
+//! The bucket is a protected one ([`crate::records::ledger`]): the
+//! instance's whole history is read, so a delete marker or a flood of puts
+//! after a binding unbinds nothing. A key filled by someone else before
+//! any binding of ours refuses the instance (fail closed) instead of
+//! binding it somewhere no reader of this key would look.
 
+use crate::records::ledger::{Appended, Ledger, Spec};
 use crate::records::store::RecordsError;
 use async_nats::jetstream::kv;
 use choria_config::day_two::RecordsConfig;
@@ -39,6 +43,10 @@ pub struct Binding {
     pub time: String,
     pub time_unix: i64,
     pub site: String,
+    /// The instance's binding number: 1 for its first; a later one (a
+    /// rebinding by its operator) is one more than the newest before it.
+    #[serde(default)]
+    pub n: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -62,12 +70,17 @@ pub enum Bound {
 
 /// The bindings' bucket, open.
 pub struct Bindings {
-    kv: kv::Store,
-    bucket: String,
+    ledger: Ledger,
     key: SealKey,
     verifier: SealVerifier,
     site: String,
 }
+
+/// Values an instance's key holds: its binding and whatever else anyone
+/// put there.
+const HISTORY: i64 = 16;
+/// How often a binding is tried again when the key changed under it.
+const TRIES: usize = 5;
 
 impl Bindings {
     pub async fn connect(
@@ -78,16 +91,15 @@ impl Bindings {
         name: &str,
     ) -> Result<Self, RecordsError> {
         let bucket = bucket(cfg);
-        let kv = crate::records::store::open_bucket(
-            cfg,
-            &bucket,
-            "choria-provisioner: the identity each cloud instance is bound to",
-            name,
-        )
-        .await?;
+        let spec = Spec {
+            bucket: &bucket,
+            description: "choria-provisioner: the identity each cloud instance is bound to",
+            history: HISTORY,
+            replicas: usize::from(cfg.replicas),
+        };
+        let ledger = Ledger::open(cfg, &spec, name, false).await?;
         Ok(Bindings {
-            kv,
-            bucket,
+            ledger,
             key,
             verifier,
             site: site.to_string(),
@@ -96,7 +108,7 @@ impl Bindings {
 
     fn parts<'a>(&'a self, instance: &'a str, text: &'a str) -> [&'a [u8]; 4] {
         [
-            self.bucket.as_bytes(),
+            self.ledger.bucket().as_bytes(),
             instance.as_bytes(),
             self.site.as_bytes(),
             text.as_bytes(),
@@ -132,6 +144,22 @@ impl Bindings {
         (b.instance == key && b.site == self.site).then_some(b)
     }
 
+    /// The binding that holds among `entries` of one instance's key: the
+    /// highest number, and of two alike the first written; and whether a
+    /// value not ours was among them.
+    fn holding(&self, entries: &[kv::Entry]) -> (Option<Binding>, bool) {
+        let mut best: Option<Binding> = None;
+        let mut foreign = false;
+        for e in entries.iter().filter(|e| e.operation == kv::Operation::Put) {
+            match self.open(&e.key, &e.value) {
+                Some(b) if best.as_ref().is_none_or(|old| b.n > old.n) => best = Some(b),
+                Some(_) => {}
+                None => foreign = true,
+            }
+        }
+        (best, foreign)
+    }
+
     /// Binds `instance` to `identity` unless it is bound already; what it
     /// found. `now` is Unix seconds.
     pub async fn bind(
@@ -141,7 +169,7 @@ impl Bindings {
         now: i64,
     ) -> Result<Bound, RecordsError> {
         let err = |reason: String| RecordsError::Bucket {
-            bucket: self.bucket.clone(),
+            bucket: self.ledger.bucket().to_string(),
             reason: format!("binding {instance}: {reason}"),
         };
         let ours = Binding {
@@ -152,36 +180,35 @@ impl Bindings {
                 .unwrap_or_default(),
             time_unix: now,
             site: self.site.clone(),
+            n: 1,
         };
-        let body = self.seal(&ours).map_err(&err)?;
-        // Two rounds: a create that lost a race reads the winner's value.
-        for _ in 0..2 {
+        // A write is conditional on the key as read: of two replicas
+        // binding one instance at once, one writes and the other reads its
+        // value on the next round.
+        for _ in 0..TRIES {
+            let (entries, last) = self.ledger.history(instance).await?;
+            let (held, foreign) = self.holding(&entries);
+            match held {
+                Some(b) if b.identity == identity => return Ok(Bound::Same),
+                Some(b) => return Ok(Bound::Other(b.identity)),
+                None => {}
+            }
             match self
-                .kv
-                .entry(instance)
+                .ledger
+                .put(instance, Some(last), |_| self.seal(&ours))
                 .await
-                .map_err(|e| err(e.to_string()))?
+                .map_err(&err)?
             {
-                Some(entry) if entry.operation == kv::Operation::Put => {
-                    return match self.open(instance, &entry.value) {
-                        Some(b) if b.identity == identity => Ok(Bound::Same),
-                        Some(b) => Ok(Bound::Other(b.identity)),
-                        None => {
-                            self.kv
-                                .update(instance, body.clone().into(), entry.revision)
-                                .await
-                                .map_err(|e| err(e.to_string()))?;
-                            Ok(Bound::ReplacedForgery)
-                        }
-                    };
-                }
-                _ => {
-                    if self.kv.create(instance, body.clone().into()).await.is_ok() {
-                        return Ok(Bound::New);
-                    }
+                Appended::Written { .. } if foreign => return Ok(Bound::ReplacedForgery),
+                Appended::Written { .. } => return Ok(Bound::New),
+                Appended::Moved => continue,
+                Appended::Full => {
+                    return Err(err(
+                        "its key is full of values that are not ours (a flood before any binding): refusing the instance rather than binding it where this key's readers would not look".into(),
+                    ))
                 }
             }
         }
-        Err(err("the key changed under us twice".into()))
+        Err(err("the key kept changing under us".into()))
     }
 }

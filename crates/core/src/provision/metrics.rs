@@ -72,6 +72,8 @@ pub struct Metrics {
     renewals: IntCounterVec,
     renewals_stranded: IntGauge,
     records_refused: IntCounterVec,
+    memory_read_errors: IntCounterVec,
+    memory_erased: IntCounterVec,
     shard_records_refused: IntCounterVec,
     ignored_shutdowns: IntCounter,
     sequences: IntGauge,
@@ -318,6 +320,18 @@ impl Metrics {
                 "reason",
                 &crate::records::sealed::Refusal::ALL.map(|r| r.reason()),
             ),
+            memory_read_errors: labelled(
+                "choria_provisioner_memory_read_errors",
+                "Reads of what the provisioner remembers that failed, by bucket: revocations (nodes are held until they are read again), bindings (the node is refused and retried), records",
+                "bucket",
+                &MEMORY_BUCKETS,
+            ),
+            memory_erased: labelled(
+                "choria_provisioner_memory_erased",
+                "Times a bucket of what the provisioner remembers was found erased in part by someone with more than write access (the JetStream API): deleted and made again, its protection or history changed, or values removed; /readyz fails until the provisioner restarts",
+                "bucket",
+                &MEMORY_BUCKETS,
+            ),
             shard_members: gauge(
                 "choria_provisioner_shard_members",
                 "Live members of the shards this replica works in (election.mode shards; 0 otherwise)",
@@ -465,6 +479,16 @@ impl Metrics {
 
     pub fn record_refused(&self, reason: &str) {
         self.records_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// `bucket` (one of [`MEMORY_BUCKETS`]) was found erased in part.
+    pub fn memory_erased(&self, bucket: &str) {
+        self.memory_erased.with_label_values(&[bucket]).inc();
+    }
+
+    /// A read of `bucket` (one of [`MEMORY_BUCKETS`]) failed.
+    pub fn memory_read_error(&self, bucket: &str) {
+        self.memory_read_errors.with_label_values(&[bucket]).inc();
     }
 
     pub fn set_renewals_stranded(&self, n: usize) {

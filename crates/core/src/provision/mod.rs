@@ -398,6 +398,33 @@ fn start_day_two(
         shared.clone(),
         stop.clone(),
     ));
+    let mut watched = vec![
+        day_two::guard::Watched {
+            bucket: records.bucket.clone(),
+            label: "records",
+        },
+        day_two::guard::Watched {
+            bucket: crate::records::revocations::bucket(records),
+            label: "revocations",
+        },
+    ];
+    if cfg.evidence.is_some() {
+        watched.push(day_two::guard::Watched {
+            bucket: crate::evidence::bindings::bucket(records),
+            label: "bindings",
+        });
+    }
+    tasks.spawn(day_two::guard::watch(
+        records.clone(),
+        watched,
+        format!("choria-provisioner guard {}", shared.me),
+        shared.metrics.clone(),
+        {
+            let health = shared.health.clone();
+            move |why| health.set(day_two::guard::HEALTH_CHECK, Err(why))
+        },
+        stop.clone(),
+    ));
     tasks.spawn(day_two::recorder::run(
         records.clone(),
         sealer,

@@ -17,7 +17,10 @@
 //! bucket, key and site ([`sealed`]); readers act only on records that
 //! verify.
 
+pub mod connection;
 pub mod held;
+pub mod keys;
+pub mod ledger;
 pub mod revocations;
 pub mod sealed;
 pub mod store;

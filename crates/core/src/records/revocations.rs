@@ -9,17 +9,21 @@
 //! the set says so ([`Revoked::is_loaded`]) and sequences wait for it: a
 //! revocation must hold from a replica's first node on.
 
-use super::store::RecordsError;
+use super::connection::RecordsError;
+use super::ledger::{Appended, Ledger, Spec};
 use async_nats::jetstream::kv;
 use choria_config::day_two::RecordsConfig;
 use choria_wire::security::seal::{Purpose, Seal, SealKey, SealVerifier};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 /// A value larger than this is not one of ours.
 const MAX_VALUE: usize = 8 * 1024;
+/// Values an identity's key holds before writes go to an overflow key.
+const HISTORY: i64 = 16;
+/// How often a write is tried again when someone wrote the key meanwhile.
+const TRIES: usize = 5;
 
 /// One identity's revocation state, as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +38,20 @@ pub struct Revocation {
     /// Who wrote it (the command's user and host).
     pub by: String,
     pub site: String,
+    /// This identity's word number: one more than the newest before it, so
+    /// an older word put back again is told from the newest whatever the
+    /// clocks of its writers said (0: written before words were numbered).
+    #[serde(default)]
+    pub n: u64,
+}
+
+impl Revocation {
+    /// Whether `self` is a later word on its identity than `other`: a
+    /// higher number, then a later time; of two words alike, the one that
+    /// revokes (two writers at once: the safe one holds).
+    pub fn supersedes(&self, other: &Revocation) -> bool {
+        (self.n, self.time_unix, self.revoked) > (other.n, other.time_unix, other.revoked)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -47,16 +65,25 @@ pub fn bucket(cfg: &RecordsConfig) -> String {
     format!("{}_REVOCATIONS", cfg.bucket)
 }
 
+/// Where a write on an identity must follow: the revision of its key and
+/// the newest word's number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct At {
+    pub revision: u64,
+    pub n: u64,
+}
+
 /// The revocations' bucket, open, sealing with `key` for `site`.
 pub struct RevocationStore {
-    kv: kv::Store,
-    bucket: String,
+    ledger: Ledger,
     key: SealKey,
     verifier: SealVerifier,
     site: String,
 }
 
 impl RevocationStore {
+    /// Opens the bucket to write it (creating or protecting it when
+    /// `records.create_bucket` allows).
     pub async fn connect(
         cfg: &RecordsConfig,
         key: SealKey,
@@ -64,85 +91,123 @@ impl RevocationStore {
         site: &str,
         name: &str,
     ) -> Result<Self, RecordsError> {
+        Self::open_bucket(cfg, key, verifier, site, name, false).await
+    }
+
+    /// Opens the bucket to read it only (`nodes`).
+    pub async fn connect_read_only(
+        cfg: &RecordsConfig,
+        key: SealKey,
+        verifier: SealVerifier,
+        site: &str,
+        name: &str,
+    ) -> Result<Self, RecordsError> {
+        Self::open_bucket(cfg, key, verifier, site, name, true).await
+    }
+
+    async fn open_bucket(
+        cfg: &RecordsConfig,
+        key: SealKey,
+        verifier: SealVerifier,
+        site: &str,
+        name: &str,
+        read_only: bool,
+    ) -> Result<Self, RecordsError> {
         let bucket = bucket(cfg);
-        let kv =
-            super::store::open_bucket(cfg, &bucket, "choria-provisioner: revoked identities", name)
-                .await?;
+        let spec = Spec {
+            bucket: &bucket,
+            description: "choria-provisioner: revoked identities",
+            history: HISTORY,
+            replicas: usize::from(cfg.replicas),
+        };
+        let ledger = Ledger::open(cfg, &spec, name, read_only).await?;
         Ok(RevocationStore {
-            kv,
-            bucket,
+            ledger,
             key,
             verifier,
             site: site.to_string(),
         })
     }
 
-    fn parts<'a>(&'a self, identity: &'a str, text: &'a str) -> [&'a [u8]; 4] {
+    fn parts<'a>(&'a self, key: &'a str, text: &'a str) -> [&'a [u8]; 4] {
         [
-            self.bucket.as_bytes(),
-            identity.as_bytes(),
+            self.ledger.bucket().as_bytes(),
+            key.as_bytes(),
             self.site.as_bytes(),
             text.as_bytes(),
         ]
     }
 
-    /// `r` sealed, as stored.
-    fn sealed(&self, r: &Revocation) -> Result<Vec<u8>, RecordsError> {
-        let text = serde_json::to_string(r).map_err(|e| put_error(r, e.to_string()))?;
-        let seal = self
-            .key
-            .seal(Purpose::Revocation, &self.parts(&r.identity, &text));
+    /// `r` sealed, as stored under `key`.
+    fn sealed(&self, r: &Revocation, key: &str) -> Result<Vec<u8>, String> {
+        let text = serde_json::to_string(r).map_err(|e| e.to_string())?;
+        let seal = self.key.seal(Purpose::Revocation, &self.parts(key, &text));
         serde_json::to_vec(&Envelope {
             revocation: text,
             seal,
         })
-        .map_err(|e| put_error(r, e.to_string()))
+        .map_err(|e| e.to_string())
     }
 
-    /// Writes `r`, sealed, under its identity.
+    /// Writes `r`, sealed, as the next word on its identity (retried when
+    /// someone wrote the key meanwhile).
     pub async fn put(&self, r: &Revocation) -> Result<(), RecordsError> {
-        let body = self.sealed(r)?;
-        self.kv
-            .put(&r.identity, body.into())
-            .await
-            .map_err(|e| put_error(r, e.to_string()))?;
-        Ok(())
+        for _ in 0..TRIES {
+            let (_, at) = self.current(&r.identity).await?;
+            if self.put_at(r, at).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Err(put_error(r, "the key kept changing under the write".into()))
     }
 
-    /// `identity`'s verified value now (`None`: none, or one that does not
-    /// verify) and the revision a write after it must follow (0: no key).
-    pub async fn current(&self, identity: &str) -> Result<(Option<Revocation>, u64), RecordsError> {
-        let entry = self
-            .kv
-            .entry(identity)
-            .await
-            .map_err(|e| RecordsError::Read(e.to_string()))?;
-        Ok(match entry {
-            Some(e) if e.operation == kv::Operation::Put => {
-                (self.open(identity, &e.value), e.revision)
+    /// `identity`'s verified word now (`None`: none verifies) and where a
+    /// write after it must follow. Every value of its key and its overflow
+    /// keys is read: a delete, a foreign value or an old word put back
+    /// again is not the newest.
+    pub async fn current(&self, identity: &str) -> Result<(Option<Revocation>, At), RecordsError> {
+        let mut newest: Option<Revocation> = None;
+        let mut at = At::default();
+        for e in self.ledger.entries().await? {
+            if !super::keys::is_key_of(identity, &e.key) {
+                continue;
             }
-            Some(e) => (None, e.revision),
-            None => (None, 0),
-        })
+            if e.key == identity {
+                at.revision = e.revision;
+            }
+            if e.operation != kv::Operation::Put {
+                continue;
+            }
+            if let Some(r) = self
+                .open(&e.key, &e.value)
+                .filter(|r| r.identity == identity)
+            {
+                at.n = at.n.max(r.n);
+                if newest.as_ref().is_none_or(|old| r.supersedes(old)) {
+                    newest = Some(r);
+                }
+            }
+        }
+        Ok((newest, at))
     }
 
-    /// Writes `r` only when its key is still at `revision` (0: no key):
-    /// `false` when someone wrote it since.
-    pub async fn put_at(&self, r: &Revocation, revision: u64) -> Result<bool, RecordsError> {
-        let body = self.sealed(r)?;
-        // Someone wrote the key since we read it: not an error, a skip.
-        let result = if revision == 0 {
-            match self.kv.create(&r.identity, body.into()).await {
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(false),
-                other => other.map(|_| ()).map_err(|e| e.to_string()),
-            }
-        } else {
-            match self.kv.update(&r.identity, body.into(), revision).await {
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => return Ok(false),
-                other => other.map(|_| ()).map_err(|e| e.to_string()),
-            }
+    /// Writes `r` as the word after `at` only when its key is still at
+    /// `at.revision` (0: no value): the word as written, or `None` when
+    /// someone wrote the key since.
+    pub async fn put_at(&self, r: &Revocation, at: At) -> Result<Option<Revocation>, RecordsError> {
+        let r = Revocation {
+            n: at.n + 1,
+            ..r.clone()
         };
-        result.map(|()| true).map_err(|e| put_error(r, e))
+        match self
+            .ledger
+            .append(&r.identity, Some(at.revision), |key| self.sealed(&r, key))
+            .await
+            .map_err(|e| put_error(&r, e))?
+        {
+            Appended::Written { .. } => Ok(Some(r)),
+            Appended::Moved | Appended::Full => Ok(None),
+        }
     }
 
     /// The revocation stored under `key`, when it is ours and for it.
@@ -159,67 +224,56 @@ impl RevocationStore {
             )
             .ok()?;
         let r: Revocation = serde_json::from_str(&e.revocation).ok()?;
-        (r.identity == key && r.site == self.site).then_some(r)
+        (super::keys::is_key_of(&r.identity, key) && r.site == self.site).then_some(r)
     }
 
-    /// Every identity revoked now (verified values only).
+    /// Every identity revoked now (verified values only, the newest word
+    /// of each).
     pub async fn revoked(&self) -> Result<Vec<Revocation>, RecordsError> {
-        let read = |e: &dyn std::fmt::Display| RecordsError::Read(e.to_string());
-        let mut keys = self.kv.keys().await.map_err(|e| read(&e))?;
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| read(&e))?;
-            if let Some(bytes) = self.kv.get(&key).await.map_err(|e| read(&e))? {
-                out.extend(self.open(&key, &bytes).filter(|r| r.revoked));
+        let set = Revoked::default();
+        for e in self.ledger.entries().await? {
+            if e.operation == kv::Operation::Put {
+                if let Some(r) = self.open(&e.key, &e.value) {
+                    set.set(r);
+                }
             }
         }
+        let mut out: Vec<Revocation> = set.all().into_values().filter(|r| r.revoked).collect();
+        out.sort_by(|a, b| a.identity.cmp(&b.identity));
         Ok(out)
     }
 
-    /// Every verified value now, then each new one, into `into`; values
-    /// that do not verify are counted in `refused` and change nothing.
+    /// Every value stored, oldest first, then each new one, into `into`
+    /// (the newest word of each identity holds); values that do not verify
+    /// are counted in `refused` and change nothing, nor do delete markers.
+    /// `into` is marked read once the follow reached the present.
     pub async fn follow(
         &self,
         into: &Revoked,
         refused: impl Fn(),
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), RecordsError> {
-        let mut watch = self
-            .kv
-            .watch_with_history(">")
-            .await
-            .map_err(|e| RecordsError::Read(e.to_string()))?;
-        // The watch delivers what is stored first; `pending` counts down to
-        // the present.
-        let mut loaded = false;
-        if self
-            .kv
-            .status()
-            .await
-            .map(|s| s.values() == 0)
-            .unwrap_or(false)
-        {
+        let mut follow = self.ledger.follow().await?;
+        if follow.current {
             into.set_loaded();
-            loaded = true;
         }
         loop {
             let entry = tokio::select! {
-                e = watch.next() => e,
+                e = follow.next() => e,
                 _ = stop.cancelled() => return Ok(()),
             };
             let Some(entry) = entry else {
                 return Err(RecordsError::Read("the revocations' watch ended".into()));
             };
-            let entry = entry.map_err(|e| RecordsError::Read(e.to_string()))?;
+            let entry = entry?;
             if entry.operation == kv::Operation::Put {
                 match self.open(&entry.key, &entry.value) {
                     Some(r) => into.set(r),
                     None => refused(),
                 }
             }
-            if !loaded && entry.delta == 0 {
+            if entry.delta == 0 {
                 into.set_loaded();
-                loaded = true;
             }
         }
     }
@@ -261,6 +315,12 @@ impl Revoked {
         self.loaded.notify_waiters();
     }
 
+    /// Marks the revocations as not known now (a read failed): sequences
+    /// wait for them again rather than take what was read as all there is.
+    pub fn set_unknown(&self) {
+        self.inner.write().unwrap_or_else(|e| e.into_inner()).loaded = false;
+    }
+
     /// Waits until [`Revoked::is_loaded`] (or `limit` passed); whether it is.
     pub async fn wait_loaded(&self, limit: std::time::Duration) -> bool {
         let notified = self.loaded.notified();
@@ -275,7 +335,7 @@ impl Revoked {
     pub fn set(&self, r: Revocation) {
         let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
         match s.by_identity.get(&r.identity) {
-            Some(old) if old.time_unix > r.time_unix => {}
+            Some(old) if !r.supersedes(old) => {}
             _ => {
                 s.by_identity.insert(r.identity.clone(), r);
             }
@@ -303,6 +363,7 @@ impl Revoked {
             time_unix: 0,
             by: "spec.revocations".into(),
             site: String::new(),
+            n: 0,
         })
     }
 
@@ -338,6 +399,7 @@ mod tests {
             time_unix: t,
             by: "admin".into(),
             site: "s".into(),
+            n: 0,
         }
     }
 

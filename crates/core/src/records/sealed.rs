@@ -141,10 +141,14 @@ impl Sealer {
 
     /// The stored value of `record` under its identity.
     pub fn seal(&self, record: &Record) -> Result<Vec<u8>, serde_json::Error> {
+        self.seal_at(record, &record.identity)
+    }
+
+    /// The stored value of `record` under `key` (its identity, or an
+    /// overflow key of it: [`super::ledger`]).
+    pub fn seal_at(&self, record: &Record, key: &str) -> Result<Vec<u8>, serde_json::Error> {
         let text = serde_json::to_string(record)?;
-        let seal = self
-            .key
-            .seal(Purpose::Record, &self.parts(&record.identity, &text));
+        let seal = self.key.seal(Purpose::Record, &self.parts(key, &text));
         serde_json::to_vec(&Envelope { record: text, seal })
     }
 
@@ -182,7 +186,9 @@ impl Sealer {
             Err(_) => return refused(Refusal::Signature, record),
         }
         match record {
-            Some(r) if r.identity == key && r.site == self.site => Read::Verified(Box::new(r)),
+            Some(r) if super::keys::is_key_of(&r.identity, key) && r.site == self.site => {
+                Read::Verified(Box::new(r))
+            }
             Some(r) => refused(Refusal::Mismatch, Some(r)),
             None => refused(Refusal::Undecodable, None),
         }

@@ -1,262 +1,171 @@
 //! The records' KV bucket, reached through a connection of its own. What
 //! goes in is sealed and what comes out is opened ([`super::sealed`]).
 
+pub use super::connection::{connect, seal_keys, sealer, RecordsError};
 use super::sealed::{Read, Refusal, Sealer};
 use super::Record;
 use async_nats::jetstream::kv;
 use choria_config::day_two::RecordsConfig;
-use choria_wire::security::seal::{SealKey, SealKeyError};
-use futures::StreamExt;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RecordsError {
-    #[error("cannot read {what} {}: {source}", .path.display())]
-    File {
-        what: &'static str,
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot connect to the records' JetStream at {urls}: {reason}")]
-    Connect { urls: String, reason: String },
-    #[error("the records' bucket {bucket}: {reason}")]
-    Bucket { bucket: String, reason: String },
-    #[error("writing the record of {identity}: {reason}")]
-    Put { identity: String, reason: String },
-    #[error("reading the records: {0}")]
-    Read(String),
-    #[error("records.signing_key: {0}")]
-    Key(#[source] SealKeyError),
-}
-
-/// The sealer `cfg` describes for `site`: its signing key (read now) and
-/// the keys it trusts besides.
-pub fn sealer(cfg: &RecordsConfig, site: &str) -> Result<Sealer, RecordsError> {
-    let (key, verifier) = seal_keys(cfg)?;
-    Ok(Sealer::new(key, verifier, &cfg.bucket, site))
-}
-
-/// `records.signing_key` (read now) and a verifier trusting it and
-/// `records.verify_keys`: what records, revocations and audit events are
-/// sealed and opened with.
-pub fn seal_keys(
-    cfg: &RecordsConfig,
-) -> Result<(SealKey, choria_wire::security::seal::SealVerifier), RecordsError> {
-    let key = SealKey::from_file(&cfg.signing_key).map_err(RecordsError::Key)?;
-    let mut verifier = key.verifier();
-    for k in &cfg.verify_keys {
-        verifier = verifier.trusting(k).map_err(RecordsError::Key)?;
-    }
-    Ok((key, verifier))
-}
 
 /// The bucket, open.
 #[derive(Clone)]
 pub struct RecordStore {
-    kv: kv::Store,
-    bucket: String,
+    ledger: super::ledger::Ledger,
     sealer: Sealer,
 }
 
+/// The records' bucket as the ledger makes it.
+pub fn spec(cfg: &RecordsConfig) -> super::ledger::Spec<'_> {
+    super::ledger::Spec {
+        bucket: &cfg.bucket,
+        description: "choria-provisioner: one record per provisioned node",
+        history: i64::from(cfg.history),
+        replicas: usize::from(cfg.replicas),
+    }
+}
+
 impl RecordStore {
-    /// Connects and opens the bucket (creating it when allowed); records
-    /// are sealed and opened with `sealer`.
+    /// Connects and opens the bucket (creating or protecting it when
+    /// allowed); records are sealed and opened with `sealer`.
     pub async fn connect(
         cfg: &RecordsConfig,
         sealer: Sealer,
         name: &str,
     ) -> Result<Self, RecordsError> {
-        let nats = connect(cfg, name).await?;
-        let js = async_nats::jetstream::new(nats);
-        let bucket_err = |reason: String| RecordsError::Bucket {
-            bucket: cfg.bucket.clone(),
-            reason,
-        };
-        let kv = match js.get_key_value(&cfg.bucket).await {
-            Ok(kv) => kv,
-            Err(e) if cfg.create_bucket => js
-                .create_key_value(kv::Config {
-                    bucket: cfg.bucket.clone(),
-                    description: "choria-provisioner: one record per provisioned node".into(),
-                    history: i64::from(cfg.history),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|c| bad_bucket(&e, &c.to_string()))
-                .map_err(bucket_err)?,
-            Err(e) => return Err(bucket_err(e.to_string())),
-        };
-        Ok(RecordStore {
-            kv,
-            bucket: cfg.bucket.clone(),
-            sealer,
-        })
+        Self::open(cfg, sealer, name, false).await
+    }
+
+    /// Opens the bucket to read it (`nodes`): never creates or changes it,
+    /// and reads one that is not protected, with a warning.
+    pub async fn connect_read_only(
+        cfg: &RecordsConfig,
+        sealer: Sealer,
+        name: &str,
+    ) -> Result<Self, RecordsError> {
+        Self::open(cfg, sealer, name, true).await
+    }
+
+    async fn open(
+        cfg: &RecordsConfig,
+        sealer: Sealer,
+        name: &str,
+        read_only: bool,
+    ) -> Result<Self, RecordsError> {
+        let ledger = super::ledger::Ledger::open(cfg, &spec(cfg), name, read_only).await?;
+        Ok(RecordStore { ledger, sealer })
     }
 
     pub fn bucket(&self) -> &str {
-        &self.bucket
+        self.ledger.bucket()
     }
 
-    /// Writes `record`, sealed, under its node's key; its revision.
+    /// Writes `record`, sealed, under its node's key (or an overflow key of
+    /// it when that key holds all it may); its revision.
     pub async fn put(&self, record: &Record) -> Result<u64, RecordsError> {
-        let body = self.sealer.seal(record).map_err(|e| RecordsError::Put {
+        let put = |reason: String| RecordsError::Put {
             identity: record.identity.clone(),
-            reason: e.to_string(),
-        })?;
-        self.kv
-            .put(&record.identity, body.into())
-            .await
-            .map_err(|e| RecordsError::Put {
-                identity: record.identity.clone(),
-                reason: e.to_string(),
-            })
-    }
-
-    /// Every node's current value, opened, by key.
-    pub async fn all(&self) -> Result<Vec<Read>, RecordsError> {
-        let read = |e: &dyn std::fmt::Display| RecordsError::Read(e.to_string());
-        let mut keys = match self.kv.keys().await {
-            Ok(k) => k,
-            Err(e) => return Err(read(&e)),
+            reason,
         };
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| read(&e))?;
-            if let Some(bytes) = self.kv.get(&key).await.map_err(|e| read(&e))? {
-                out.push(self.sealer.open(&key, &bytes));
+        match self
+            .ledger
+            .append(&record.identity, None, |key| {
+                self.sealer.seal_at(record, key).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(put)?
+        {
+            super::ledger::Appended::Written { revision, .. } => Ok(revision),
+            // Not asked for a revision, so never moved; append overflows.
+            super::ledger::Appended::Moved | super::ledger::Appended::Full => {
+                Err(put("the key moved".into()))
             }
         }
-        out.sort_by(|a, b| a.key().cmp(b.key()));
-        Ok(out)
     }
 
-    /// Every node's current value, then every new one, as they are written
-    /// (by any replica, or anyone else who may write the bucket), opened;
-    /// a deleted or purged key is a [`Refusal::Deleted`].
+    /// Every node's newest verified record (or, for a node with none, the
+    /// last value refused), by identity: read from every value the bucket
+    /// holds, so a delete, a foreign value or an old value put back again
+    /// hides nothing and brings nothing back.
+    pub async fn all(&self) -> Result<Vec<Read>, RecordsError> {
+        let mut newest = Newest::default();
+        for e in self.ledger.entries().await? {
+            newest.take(self.read(e));
+        }
+        Ok(newest.into_reads())
+    }
+
+    fn read(&self, e: kv::Entry) -> Read {
+        match e.operation {
+            kv::Operation::Put => self.sealer.open(&e.key, &e.value),
+            kv::Operation::Delete | kv::Operation::Purge => Read::Refused {
+                key: e.key,
+                why: Refusal::Deleted,
+                record: None,
+            },
+        }
+    }
+
+    /// Every value the bucket holds, oldest first, then every new one, as
+    /// they are written (by any replica, or anyone else who may write the
+    /// bucket), opened; a delete marker is a [`Refusal::Deleted`]. Readers
+    /// keep the newest verified record of each node.
     pub async fn watch(
         &self,
     ) -> Result<impl futures::Stream<Item = Read> + Send + Unpin + 'static, RecordsError> {
-        let watch = self
-            .kv
-            .watch_with_history(">")
-            .await
-            .map_err(|e| RecordsError::Read(e.to_string()))?;
-        let sealer = self.sealer.clone();
-        Ok(watch.filter_map(move |entry| {
-            let read = entry.ok().map(|e| match e.operation {
-                kv::Operation::Put => sealer.open(&e.key, &e.value),
-                kv::Operation::Delete | kv::Operation::Purge => Read::Refused {
-                    key: e.key,
-                    why: Refusal::Deleted,
-                    record: None,
-                },
-            });
-            futures::future::ready(read)
-        }))
-    }
-}
-
-/// The bucket could not be read nor made: both reasons.
-fn bad_bucket(get: &dyn std::fmt::Display, create: &str) -> String {
-    format!("not found ({get}) and not created ({create})")
-}
-
-/// A connection to the records' JetStream (the audit stream uses it too).
-pub async fn connect(cfg: &RecordsConfig, name: &str) -> Result<async_nats::Client, RecordsError> {
-    let read = |what: &'static str, path: &std::path::Path| {
-        std::fs::read_to_string(path)
-            .map(|s| s.trim().to_string())
-            .map_err(|source| RecordsError::File {
-                what,
-                path: path.to_path_buf(),
-                source,
-            })
-    };
-    let mut opts = async_nats::ConnectOptions::new().name(name);
-    let password = match (&cfg.password, &cfg.password_file) {
-        (Some(p), _) => Some(p.expose().to_string()),
-        (None, Some(f)) => Some(read("records.password_file", f)?),
-        (None, None) => None,
-    };
-    if let (Some(user), Some(password)) = (&cfg.user, password) {
-        opts = opts.user_and_password(user.clone(), password);
-    }
-    let token = match (&cfg.token, &cfg.token_file) {
-        (Some(t), _) => Some(t.expose().to_string()),
-        (None, Some(f)) => Some(read("records.token_file", f)?),
-        (None, None) => None,
-    };
-    if let Some(token) = token {
-        opts = opts.token(token);
-    }
-    if let Some(creds) = &cfg.credentials_file {
-        opts = opts
-            .credentials_file(creds)
-            .await
-            .map_err(|e| RecordsError::Connect {
-                urls: cfg.urls.join(","),
-                reason: format!("credentials file {}: {e}", creds.display()),
-            })?;
-    }
-    if let Some(ca) = &cfg.tls_ca {
-        opts = opts.add_root_certificates(ca.clone()).require_tls(true);
-    }
-    if let Some((cert, key)) = &cfg.tls_client {
-        opts = opts
-            .add_client_certificate(cert.clone(), key.clone())
-            .require_tls(true);
-    }
-    let addrs: Vec<async_nats::ServerAddr> = cfg
-        .urls
-        .iter()
-        .map(|u| u.parse())
-        .collect::<Result<_, _>>()
-        .map_err(|e: std::io::Error| RecordsError::Connect {
-            urls: cfg.urls.join(","),
-            reason: e.to_string(),
-        })?;
-    opts.connect(addrs)
-        .await
-        .map_err(|e| RecordsError::Connect {
-            urls: cfg.urls.join(","),
-            reason: if e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation {
-                format!(
-                "{e} (the server refused the records' credentials; a Choria broker admits them to \
-                 its choria account only with tls_cert/tls_key signed by its CA, and on an \
-                 Organization Issuer network only when it sets plugin.security.choria.ca)"
-            )
-            } else {
-                e.to_string()
+        let follow = self.ledger.follow().await?;
+        let store = self.clone();
+        Ok(Box::pin(futures::stream::unfold(
+            (follow, store),
+            |(mut follow, store)| async move {
+                loop {
+                    match follow.next().await {
+                        Some(Ok(e)) => return Some((store.read(e), (follow, store))),
+                        // A message that could not be read is skipped, as
+                        // the watch goes on past it.
+                        Some(Err(_)) => continue,
+                        None => return None,
+                    }
+                }
             },
-        })
+        )))
+    }
 }
 
-/// A KV bucket of `cfg`'s JetStream beside the records (revocations,
-/// instance bindings), created with `description` when it is missing and
-/// `records.create_bucket` allows.
-pub async fn open_bucket(
-    cfg: &RecordsConfig,
-    bucket: &str,
-    description: &str,
-    name: &str,
-) -> Result<kv::Store, RecordsError> {
-    let nats = connect(cfg, name).await?;
-    let js = async_nats::jetstream::new(nats);
-    let bucket_err = |reason: String| RecordsError::Bucket {
-        bucket: bucket.to_string(),
-        reason,
-    };
-    match js.get_key_value(bucket).await {
-        Ok(kv) => Ok(kv),
-        Err(e) if cfg.create_bucket => js
-            .create_key_value(kv::Config {
-                bucket: bucket.to_string(),
-                description: description.into(),
-                history: 5,
-                ..Default::default()
-            })
-            .await
-            .map_err(|c| bucket_err(format!("not found ({e}) and not created ({c})"))),
-        Err(e) => Err(bucket_err(e.to_string())),
+/// The newest verified record of each node among values read in stream
+/// order, and the last refusal of a key with none.
+#[derive(Default)]
+struct Newest {
+    verified: std::collections::HashMap<String, Record>,
+    refused: std::collections::HashMap<String, Read>,
+}
+
+impl Newest {
+    fn take(&mut self, read: Read) {
+        match read {
+            Read::Verified(r) => {
+                let newer = self
+                    .verified
+                    .get(&r.identity)
+                    .is_none_or(|old| old.time_unix <= r.time_unix);
+                if newer {
+                    self.verified.insert(r.identity.clone(), *r);
+                }
+            }
+            Read::Refused { ref key, .. } => {
+                self.refused.insert(key.clone(), read);
+            }
+        }
+    }
+
+    fn into_reads(mut self) -> Vec<Read> {
+        let mut out: Vec<Read> = Vec::new();
+        for (_, r) in self.verified.drain() {
+            self.refused
+                .retain(|k, _| !super::keys::is_key_of(&r.identity, k));
+            out.push(Read::Verified(Box::new(r)));
+        }
+        out.extend(self.refused.into_values());
+        out.sort_by(|a, b| a.key().cmp(b.key()));
+        out
     }
 }

@@ -3,6 +3,7 @@
 //! records back (verified ones only) and asks nodes to `reprovision` before
 //! their credentials expire.
 
+pub mod guard;
 pub mod holders;
 pub mod recorder;
 pub mod renewal;

@@ -1,27 +1,49 @@
 //! Follows the revocations' bucket into [`Shared::revoked`], reconnecting
-//! with backoff, and keeps `choria_provisioner_revocations` current.
+//! with backoff, and keeps `choria_provisioner_revocations` and the
+//! `revocations` check of `/readyz` current.
+//!
+//! A read that fails never reads as "nothing revoked": until the bucket is
+//! read again to its end, the set is marked unknown and sequences hold
+//! their nodes (refused as `RevocationsUnknown` after a wait, retried like
+//! any failure). Only a bucket known to be missing, with
+//! `records.create_bucket: false`, means no revocations, and says so.
 
 use crate::backoff::Backoff;
 use crate::provision::shared::Shared;
 use crate::records::revocations::RevocationStore;
+use crate::records::store::RecordsError;
 use choria_config::day_two::RecordsConfig;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
+
+/// The `/readyz` check this follower keeps.
+pub const HEALTH_CHECK: &str = "revocations";
 
 pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: CancellationToken) {
     let Some(revoked) = shared.revoked.clone() else {
         return;
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    // Why the revocations are not known now, for `/readyz`.
+    let why: Arc<Mutex<String>> = Arc::new(Mutex::new("not read yet".into()));
     let gauge = {
-        let (revoked, metrics, stop) = (revoked.clone(), shared.metrics.clone(), stop.clone());
+        let (revoked, shared, stop, why) =
+            (revoked.clone(), shared.clone(), stop.clone(), why.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => metrics.set_revocations(revoked.count()),
+                    _ = tick.tick() => {
+                        shared.metrics.set_revocations(revoked.count());
+                        let state = if revoked.is_loaded() {
+                            Ok(())
+                        } else {
+                            Err(format!("the revocations are not known: {}; nodes are held until they are", why.lock().unwrap_or_else(|e| e.into_inner())))
+                        };
+                        shared.health.set(HEALTH_CHECK, state);
+                    }
                     _ = stop.cancelled() => return,
                 }
             }
@@ -52,23 +74,23 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
         match result {
             Ok(()) => break,
             // The bucket is someone else's to make (`create_bucket: false`)
-            // and is not there: nothing is revoked. Said loudly, and looked
-            // for again, rather than holding every node back.
-            Err(e @ crate::records::store::RecordsError::Bucket { .. })
-                if !records.create_bucket =>
-            {
+            // and is known not to be there: nothing is revoked. Said
+            // loudly, and looked for again, rather than holding every node.
+            Err(e @ RecordsError::Missing { .. }) if !records.create_bucket => {
                 revoked.set_loaded();
-                warn!(error = %e, "no revocations bucket and records.create_bucket is false: nothing can be revoked until it is created");
-                if !backoff.wait(&stop).await {
-                    break;
-                }
+                error!(error = %e, "no revocations bucket and records.create_bucket is false: nothing can be revoked until it is created");
             }
+            // Anything else (a timeout, JetStream away, a permission, an
+            // unprotected bucket): not known, so nodes are held.
             Err(e) => {
-                warn!(error = %e, "cannot read the revocations; retrying (nodes wait until they are read)");
-                if !backoff.wait(&stop).await {
-                    break;
-                }
+                revoked.set_unknown();
+                shared.metrics.memory_read_error("revocations");
+                *why.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string();
+                warn!(error = %e, "cannot read the revocations; retrying (nodes are held until they are read)");
             }
+        }
+        if !backoff.wait(&stop).await {
+            break;
         }
     }
     gauge.abort();

@@ -86,6 +86,8 @@ pub fn plan(
             time_unix: now.unix.max(after),
             by: writer.to_string(),
             site: site.to_string(),
+            // The store numbers the word when it writes it.
+            n: 0,
         }
     };
     let mut out = Vec::new();
@@ -125,7 +127,7 @@ async fn write_if_still_due(
     site: &str,
     r: Revocation,
 ) -> Result<Option<Revocation>, crate::records::store::RecordsError> {
-    let (current, revision) = store.current(&r.identity).await?;
+    let (current, at) = store.current(&r.identity).await?;
     let mine: Vec<RevokedNode> = listed
         .iter()
         .filter(|n| n.identity == r.identity)
@@ -142,7 +144,7 @@ async fn write_if_still_due(
     let Some(w) = plan(&mine, &held, writer, site, &now).into_iter().next() else {
         return Ok(None);
     };
-    Ok(store.put_at(&w, revision).await?.then_some(w))
+    store.put_at(&w, at).await
 }
 
 /// Applies the resource's list while this replica works, until `stop`.
@@ -273,6 +275,7 @@ mod tests {
                         time_unix: *t,
                         by: by.to_string(),
                         site: "s".into(),
+                        n: 0,
                     },
                 )
             })

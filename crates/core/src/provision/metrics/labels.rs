@@ -53,6 +53,8 @@ pub const AUDIT_OUTCOMES: [&str; 3] = ["written", "dropped", "error"];
 pub const HELD_OUTCOMES: [&str; 2] = ["flagged", "refused"];
 /// Labels of `choria_provisioner_revoked_refusals{action}`.
 pub const REVOKED_ACTIONS: [&str; 2] = ["provision", "renewal"];
+/// Labels of `choria_provisioner_memory_read_errors{bucket}`.
+pub const MEMORY_BUCKETS: [&str; 3] = ["revocations", "bindings", "records"];
 /// Labels of `choria_provisioner_renewals{outcome}`.
 pub const RENEWAL_OUTCOMES: [&str; 4] = ["sent", "refused", "failed", "cannot_return"];
 

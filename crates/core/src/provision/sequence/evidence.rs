@@ -43,8 +43,10 @@ impl HostSequence {
                     identity: crate::provision::text::one_line(&bound, 200),
                 });
             }
+            // Not known is not "unbound": the node is refused, and tried again.
             Err(e) => {
                 metrics.evidence("error");
+                metrics.memory_read_error("bindings");
                 return Err(ProvisionError::BindingsUnknown(e.to_string()));
             }
         }
