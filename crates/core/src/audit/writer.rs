@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Events waiting to be published, at most.
 pub const WAITING_LIMIT: usize = 10_000;
@@ -90,6 +90,9 @@ pub async fn run(
                 _ = stop.cancelled() => return,
             }
         }
+        if stop.is_cancelled() {
+            return give_up(&mut waiting, &metrics);
+        }
         if js.is_none() {
             match open(&records, &cfg).await {
                 Ok(j) => {
@@ -101,7 +104,7 @@ pub async fn run(
                     metrics.audit_event("error");
                     warn!(error = %e, waiting = waiting.len(), "cannot reach the audit stream; retrying");
                     if !backoff.wait(&stop).await {
-                        return;
+                        return give_up(&mut waiting, &metrics);
                     }
                     continue;
                 }
@@ -120,11 +123,27 @@ pub async fn run(
                 metrics.audit_event("error");
                 warn!(error = %err, waiting = waiting.len(), "could not write an audit event; retrying");
                 if !backoff.wait(&stop).await {
-                    return;
+                    return give_up(&mut waiting, &metrics);
                 }
             }
         }
     }
+}
+
+/// Stopping with events not written yet: each is counted as dropped and the
+/// log says how many, so none goes missing unseen.
+fn give_up(waiting: &mut VecDeque<(Kind, Event)>, metrics: &Metrics) {
+    if waiting.is_empty() {
+        return;
+    }
+    let n = waiting.len();
+    for _ in waiting.drain(..) {
+        metrics.audit_event("dropped");
+    }
+    error!(
+        events = n,
+        "stopping with audit events not written; counted as dropped"
+    );
 }
 
 async fn open(
@@ -149,7 +168,13 @@ async fn publish(
 ) -> Result<(), String> {
     let body = event::seal(e, key, &cfg.stream).map_err(|e| e.to_string())?;
     let subject = super::subject(cfg, site, kind);
-    js.publish(subject, body.into())
+    // The event's id as the message id: a publish retried after its
+    // acknowledgement was lost (a stream leader gone mid-write) is stored
+    // once, within the stream's duplicate window.
+    let msg = async_nats::jetstream::message::PublishMessage::build()
+        .payload(body.into())
+        .message_id(&e.id);
+    js.send_publish(subject, msg)
         .await
         .map_err(|e| e.to_string())?
         .await
