@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Records waiting to be written, at most.
 pub const WAITING_LIMIT: usize = 100_000;
@@ -75,6 +75,9 @@ pub async fn run(
                 _ = stop.cancelled() => return,
             }
         }
+        if stop.is_cancelled() {
+            return give_up(&mut waiting, &metrics);
+        }
         if store.is_none() {
             match RecordStore::connect(&cfg, sealer.clone(), &name).await {
                 Ok(s) => {
@@ -86,7 +89,7 @@ pub async fn run(
                     metrics.record_error();
                     warn!(error = %e, waiting = waiting.len(), "cannot reach the records store; retrying");
                     if !backoff.wait(&stop).await {
-                        return;
+                        return give_up(&mut waiting, &metrics);
                     }
                     continue;
                 }
@@ -105,9 +108,25 @@ pub async fn run(
                 metrics.record_error();
                 warn!(error = %e, waiting = waiting.len(), "could not write a record; retrying");
                 if !backoff.wait(&stop).await {
-                    return;
+                    return give_up(&mut waiting, &metrics);
                 }
             }
         }
     }
+}
+
+/// Stopping with records not written yet: each is counted as dropped and
+/// the log says how many, so none goes missing unseen.
+fn give_up(waiting: &mut VecDeque<Record>, metrics: &Metrics) {
+    if waiting.is_empty() {
+        return;
+    }
+    let n = waiting.len();
+    for _ in waiting.drain(..) {
+        metrics.record_dropped();
+    }
+    error!(
+        records = n,
+        "stopping with records not written; counted as dropped"
+    );
 }

@@ -118,13 +118,8 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
         })
     };
     let (kind, data) = match result {
-        Ok(Outcome::Provisioned(record)) => (
-            Kind::Provisioned,
-            record
-                .as_ref()
-                .and_then(|r| serde_json::to_value(r).ok())
-                .unwrap_or_else(|| serde_json::json!({})),
-        ),
+        // Audited by the sequence when the node was configured.
+        Ok(Outcome::Provisioned(_)) => return,
         Ok(Outcome::Shutdown) => (Kind::Shutdown, serde_json::json!({})),
         Ok(Outcome::Upgrading { .. }) => return,
         Err(e) => match e {
@@ -180,12 +175,10 @@ impl Drop for Lost {
 fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionError>) {
     audit(shared, &ticket.identity, &result);
     match result {
-        Ok(Outcome::Provisioned(record)) => {
+        // Its record went to the recorder when it was configured.
+        Ok(Outcome::Provisioned(_)) => {
             shared.metrics.provisioned();
             info!(node = %ticket.identity, "provisioned");
-            if let Some(record) = record {
-                shared.recorder.record(*record);
-            }
             shared
                 .registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);

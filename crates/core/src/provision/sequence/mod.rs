@@ -358,18 +358,29 @@ impl HostSequence {
             .configure(&response, &key, &provisioner_ecdh_public, &server_jwt)
             .await?;
         self.finishing = true;
-        self.restart().await?;
         let signer = match (response.certificate.is_empty(), helper_signed) {
             (true, _) => None,
             (false, true) => Some("helper"),
             (false, false) => Some("cert-manager"),
         };
-        Ok(Outcome::Provisioned(self.record(
-            &response,
-            &server_jwt,
-            &config,
-            signer,
-        )))
+        // The node holds what it was issued from here on, whether the answer
+        // to its `restart` is heard or not (it can be lost with a broker of
+        // a cluster): recorded now, so renewal knows every node configured.
+        let record = self.record(&response, &server_jwt, &config, signer);
+        if let Some(r) = &record {
+            self.shared.recorder.record((**r).clone());
+        }
+        // The decision, carried out: audited now for the same reason.
+        self.shared.auditor.event(
+            crate::audit::event::Kind::Provisioned,
+            &self.identity,
+            record
+                .as_ref()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .unwrap_or_else(|| serde_json::json!({})),
+        );
+        self.restart().await?;
+        Ok(Outcome::Provisioned(record))
     }
 
     /// The record of this provisioning (see [`crate::records`]).
@@ -411,25 +422,25 @@ impl HostSequence {
         }
     }
 
-    /// Every checkpoint: the gate is open (after `configure`, a shutdown or
-    /// a requested pause still lets `restart` go out) and our term is the
-    /// current one.
+    /// Every checkpoint: the gate is open and our term is the current one
+    /// — until `configure` went out: from then on the node's `restart` goes
+    /// out whatever holds the gate.
     fn gate_check(&self) -> Result<(), Paused> {
-        use crate::provision::gate::PauseReason;
-        // A pause asks that nothing more be configured; a node configured
-        // already and stopped before its `restart` would be configured
-        // again after the pause (the node tier saw 8 of 1,000 so).
-        let ignored: &[PauseReason] = if self.finishing {
-            &[PauseReason::Shutdown, PauseReason::Requested]
-        } else {
-            &[]
-        };
-        self.shared.gate.check_term_ignoring(self.term, ignored)?;
+        // A pause, a shutdown or a lost term asks that nothing more be
+        // configured; a node configured already and stopped before its
+        // `restart` would be configured again by whoever works next (the
+        // node tier saw 8 of 1,000 so after a pause; the cluster tier saw
+        // it when the leader's broker was lost). Its `restart` is the end
+        // of what was already done, not new work.
+        if self.finishing {
+            return Ok(());
+        }
+        self.shared.gate.check_term(self.term)?;
         // Once configured, the node is finished here even if it became
         // another replica's share: stopping before `restart` would leave
         // it configured, holding our lock, for its new owner to configure
         // again two minutes later.
-        if !self.finishing && !self.shared.ownership.owns(&self.identity) {
+        if !self.shared.ownership.owns(&self.identity) {
             return Err(Paused("the node is another replica's share now".into()));
         }
         Ok(())
