@@ -13,6 +13,7 @@ mod book;
 mod broker;
 mod cert_manager;
 mod cli;
+mod cluster;
 mod dashboard;
 mod decoder_properties;
 mod discover;

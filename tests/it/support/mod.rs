@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 pub mod broker;
 pub mod certmanager;
+pub mod cluster;
 pub mod election;
 pub mod faults;
 pub mod gopeers;
