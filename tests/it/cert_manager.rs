@@ -20,7 +20,7 @@
 use crate::support::certmanager::{self, CertManager};
 use crate::support::kube::ControlPlane;
 use crate::support::provisioner::ProvisionerProcess;
-use crate::support::{NatsServer, RunningFleet};
+use crate::support::{read_journal_so_far, NatsServer, RunningFleet};
 use choria_fleet::ca as pki;
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
@@ -114,7 +114,27 @@ async fn cert_manager_signs_every_node_and_missing_issuers_and_denials_fail_them
         metric(&metrics, "choria_provisioner_helper_time_count", ""),
         0.0
     );
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A node restarts 2 s after its restart reply: wait until every one
+    // came back as a server rather than for a fixed margin.
+    let journal = dir.path().join("good.jsonl");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let back: std::collections::BTreeSet<String> = read_journal_so_far(&journal)
+            .iter()
+            .filter(|e| e["kind"] == "event" && e["event"] == "startup")
+            .filter(|e| e["component"] == "server")
+            .filter_map(|e| e["node"].as_str().map(str::to_string))
+            .collect();
+        if back.len() >= NODES {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {NODES} nodes came back as servers",
+            back.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     p.signal("TERM");
     assert!(p.wait_exit(Duration::from_secs(10)).success());
     let logs = p.logs();

@@ -191,8 +191,9 @@ impl Run {
         self.provisioner()
             .wait_for_metric("choria_provisioner_provisioned", n as f64, timeout)
             .await;
-        // restart replies come before the node restarts (splay 1 s + 2 s).
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // A node restarts 2 s after its restart reply: wait for the `n`
+        // to come back as servers, not for a fixed margin past the last.
+        self.wait_servers_back(n, Duration::from_secs(30)).await;
     }
 
     /// Waits until `n` nodes have come back as provisioned servers (their
