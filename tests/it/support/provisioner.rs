@@ -12,22 +12,18 @@ pub fn binary() -> &'static str {
 
 /// Sends `signal` (`TERM`, `KILL`, `INT`, `HUP`) to `pid` with kill(2) from
 /// this process: kill(1) would cost a fork and exec, which a timed shutdown
-/// counts on a loaded machine. (Declared here: `libc` is no dependency of
-/// this package; the numbers are the same on every Unix.)
+/// counts on a loaded machine.
 pub fn send_signal(pid: u32, signal: &str) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
     let sig = match signal {
-        "HUP" => 1,
-        "INT" => 2,
-        "KILL" => 9,
-        "TERM" => 15,
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "KILL" => libc::SIGKILL,
+        "TERM" => libc::SIGTERM,
         other => panic!("no number for signal {other}"),
     };
     let pid = i32::try_from(pid).expect("a pid fits a pid_t");
     // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    let rc = unsafe { kill(pid, sig) };
+    let rc = unsafe { libc::kill(pid, sig) };
     assert_eq!(
         rc,
         0,
