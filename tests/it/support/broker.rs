@@ -38,6 +38,13 @@ pub enum Network {
     Issuer,
 }
 
+/// One broker's place in a cluster: its index and every member's peer
+/// port (`plugin.choria.network.peer_port`).
+struct Member {
+    index: usize,
+    peer_ports: Vec<u16>,
+}
+
 /// A running `choria broker run`, killed (with its process group) on drop.
 pub struct ChoriaBroker {
     child: Child,
@@ -81,15 +88,101 @@ impl ChoriaBroker {
     ) -> ChoriaBroker {
         std::fs::create_dir_all(dir).unwrap();
         let ca = TestCa::create(dir);
-        let (cert, key) = ca.issue(
+        let broker = Self::spawn_member(
+            bin,
             dir,
-            "broker",
-            BROKER_IDENTITY,
-            &["DNS:localhost", "IP:127.0.0.1"],
+            ca,
+            network,
+            signers,
+            election_ttl,
+            issuer_mtls_access,
+            None,
         );
+        broker.wait_ready();
+        broker
+    }
+
+    /// `n` brokers clustered with each other (`plugin.choria.network.peers`),
+    /// one CA, every Stream with `n` replicas; each in `dir/broker-<i>`
+    /// with identity `broker-<i>.example.net`. Returns once all listen and
+    /// the election bucket was made.
+    pub fn start_cluster(
+        bin: &Path,
+        dir: &Path,
+        network: Network,
+        signers: &Signers,
+        election_ttl: Duration,
+        n: usize,
+    ) -> Vec<ChoriaBroker> {
+        std::fs::create_dir_all(dir).unwrap();
+        TestCa::create(dir);
+        let peer_ports: Vec<u16> = (0..n).map(|_| super::free_port()).collect();
+        let brokers: Vec<ChoriaBroker> = (0..n)
+            .map(|index| {
+                let member = dir.join(format!("broker-{index}"));
+                std::fs::create_dir_all(&member).unwrap();
+                let ca = TestCa {
+                    cert: dir.join("ca.pem"),
+                    key: dir.join("ca-key.pem"),
+                };
+                Self::spawn_member(
+                    bin,
+                    &member,
+                    ca,
+                    network,
+                    signers,
+                    election_ttl,
+                    true,
+                    Some(Member {
+                        index,
+                        peer_ports: peer_ports.clone(),
+                    }),
+                )
+            })
+            .collect();
+        let deadline = Instant::now() + START_TIMEOUT * 2;
+        loop {
+            let listening = brokers
+                .iter()
+                .all(|b| std::net::TcpStream::connect(("127.0.0.1", b.port)).is_ok());
+            let made = brokers
+                .iter()
+                .any(|b| b.log().contains("Created stream KV_CHORIA_LEADER_ELECTION"));
+            if listening && made {
+                return brokers;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the broker cluster did not start (listening: {listening}); first log:\n{}",
+                brokers[0].log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes one broker's configuration into `dir` and starts it.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_member(
+        bin: &Path,
+        dir: &Path,
+        ca: TestCa,
+        network: Network,
+        signers: &Signers,
+        election_ttl: Duration,
+        issuer_mtls_access: bool,
+        member: Option<Member>,
+    ) -> ChoriaBroker {
+        let identity = match &member {
+            Some(m) => format!("broker-{}.example.net", m.index),
+            None => BROKER_IDENTITY.to_string(),
+        };
+        let (cert, key) = ca.issue(dir, "broker", &identity, &["DNS:localhost", "IP:127.0.0.1"]);
         let (port, stats_port) = (super::free_port(), super::free_port());
+        // One replica per stream when alone, so they are made at once; in a
+        // cluster each stream on every member (-1 would wait 10-69 s).
+        let replicas = member.as_ref().map_or(1, |m| m.peer_ports.len());
         let mut conf_text = format!(
-            "identity = {BROKER_IDENTITY}\n\
+            "identity = {identity}\n\
              logfile = {log}\n\
              loglevel = debug\n\
              plugin.choria.broker_network = true\n\
@@ -108,11 +201,11 @@ impl ChoriaBroker {
              plugin.choria.network.provisioning.signer_cert = {signer}\n\
              plugin.choria.network.stream.store = {store}\n\
              plugin.choria.network.stream.leader_election_ttl = {ttl}s\n\
-             plugin.choria.network.stream.leader_election_replicas = 1\n\
-             plugin.choria.network.stream.event_replicas = 1\n\
-             plugin.choria.network.stream.machine_replicas = 1\n\
-             plugin.choria.network.stream.advisory_replicas = 1\n\
-             plugin.choria.network.stream.executor_replicas = 1\n",
+             plugin.choria.network.stream.leader_election_replicas = {replicas}\n\
+             plugin.choria.network.stream.event_replicas = {replicas}\n\
+             plugin.choria.network.stream.machine_replicas = {replicas}\n\
+             plugin.choria.network.stream.advisory_replicas = {replicas}\n\
+             plugin.choria.network.stream.executor_replicas = {replicas}\n",
             log = s(&dir.join("broker.log")),
             cert = s(&cert),
             key = s(&key),
@@ -121,6 +214,18 @@ impl ChoriaBroker {
             store = s(&dir.join("streams")),
             ttl = election_ttl.as_secs(),
         );
+        if let Some(m) = &member {
+            let peers: Vec<String> = m
+                .peer_ports
+                .iter()
+                .map(|p| format!("nats://127.0.0.1:{p}"))
+                .collect();
+            conf_text.push_str(&format!(
+                "plugin.choria.network.peer_port = {}\nplugin.choria.network.peers = {}\n",
+                m.peer_ports[m.index],
+                peers.join(",")
+            ));
+        }
         if network == Network::Issuer {
             // `plugin.security.choria.ca` is what lets clients with a
             // certificate its CA signed use the `choria` account (pub-sub and
@@ -137,7 +242,7 @@ impl ChoriaBroker {
         let conf = dir.join("broker.conf");
         std::fs::write(&conf, conf_text).unwrap();
         let child = spawn(bin, &conf, dir);
-        let broker = ChoriaBroker {
+        ChoriaBroker {
             child,
             bin: bin.to_path_buf(),
             network,
@@ -147,9 +252,7 @@ impl ChoriaBroker {
             ca,
             conf,
             issuer_seed: signers.issuer_seed.clone(),
-        };
-        broker.wait_ready();
-        broker
+        }
     }
 
     pub fn url(&self) -> String {
@@ -197,6 +300,25 @@ impl ChoriaBroker {
     pub fn restart(&mut self, down: Duration) {
         self.kill();
         std::thread::sleep(down);
+        self.child = spawn(&self.bin, &self.conf, &self.dir);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the broker did not come back");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the broker as a crash would and wipes its Streams store, as
+    /// when a machine of a cluster is replaced; [`ChoriaBroker::start_again`]
+    /// brings it back empty.
+    pub fn kill_and_wipe(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(self.dir.join("streams"));
+    }
+
+    /// Starts the broker again with its configuration (after
+    /// [`ChoriaBroker::kill_and_wipe`]).
+    pub fn start_again(&mut self) {
         self.child = spawn(&self.bin, &self.conf, &self.dir);
         let deadline = Instant::now() + START_TIMEOUT;
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {

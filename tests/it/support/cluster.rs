@@ -123,52 +123,6 @@ impl JetStreamCluster {
             .join(",")
     }
 
-    /// The name of the server leading `stream`, asked through server `via`.
-    pub async fn leader_of(&self, stream: &str, via: usize) -> Option<String> {
-        let client = async_nats::connect(self.url(via)).await.ok()?;
-        let js = async_nats::jetstream::new(client);
-        let mut s = js.get_stream(stream).await.ok()?;
-        s.info().await.ok()?.cluster.clone()?.leader
-    }
-
-    /// `stream`'s replicas and leader, for a test's output.
-    pub async fn describe(&self, stream: &str, via: usize) -> String {
-        let client = async_nats::connect(self.url(via)).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        match js.get_stream(stream).await {
-            Ok(mut s) => match s.info().await {
-                Ok(i) => format!("R{} {:?}", i.config.num_replicas, i.cluster),
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        }
-    }
-
-    /// Moves the leadership of `stream` onto server `target` (its leader
-    /// steps down until the replica elected is `target`), asked through `via`.
-    pub async fn move_leader_to(&self, stream: &str, target: usize, via: usize) {
-        let name = self.servers[target].name.clone();
-        let client = async_nats::connect(self.url(via)).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            match self.leader_of(stream, via).await {
-                Some(l) if l == name => return,
-                // Mid-election: ask again in a moment.
-                None => {}
-                Some(_) => {
-                    let _ = client
-                        .request(
-                            format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
-                            "".into(),
-                        )
-                        .await;
-                }
-            }
-            assert!(Instant::now() < deadline, "{stream} never led by {name}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
     /// Kills server `i` as a crash would and wipes its store.
     pub fn kill_and_wipe(&mut self, i: usize) {
         let s = &mut self.servers[i];
