@@ -60,23 +60,11 @@ mod alone {
     }
 
     fn records_cfg(urls: &str, seed: &Path) -> RecordsConfig {
+        let urls: Vec<String> = urls.split(',').map(str::to_string).collect();
         RecordsConfig {
-            urls: urls.split(',').map(str::to_string).collect(),
-            bucket: BUCKET.into(),
-            history: 5,
             create_bucket: false,
             replicas: 3,
-            user: None,
-            password: None,
-            password_file: None,
-            token: None,
-            token_file: None,
-            credentials_file: None,
-            tls_ca: None,
-            tls_client: None,
-            signing_key: seed.to_path_buf(),
-            verify_keys: Vec::new(),
-            exclusive: false,
+            ..crate::support::records_config(&urls, BUCKET, seed)
         }
     }
 

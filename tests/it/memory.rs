@@ -17,6 +17,7 @@ use choria_core::records::store::{RecordStore, RecordsError};
 use choria_core::records::Record;
 use choria_wire::security::seal::SealKey;
 use futures::StreamExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,24 +70,7 @@ impl Bench {
     }
 
     fn records(&self, bucket: &str) -> RecordsConfig {
-        RecordsConfig {
-            urls: vec![self.nats.url()],
-            bucket: bucket.into(),
-            history: 5,
-            create_bucket: true,
-            replicas: 1,
-            user: None,
-            password: None,
-            password_file: None,
-            token: None,
-            token_file: None,
-            credentials_file: None,
-            tls_ca: None,
-            tls_client: None,
-            signing_key: "unused".into(),
-            verify_keys: Vec::new(),
-            exclusive: false,
-        }
+        crate::support::records_config(&[self.nats.url()], bucket, Path::new("unused"))
     }
 
     async fn js(&self) -> jetstream::Context {
@@ -707,24 +691,7 @@ mod process {
         let journal = dir.path().join("journal.jsonl");
         // The buckets exist (made by someone who may), and are not ours to make.
         let key = SealKey::from_file(&seed).unwrap();
-        let made = RecordsConfig {
-            urls: vec![nats.url()],
-            bucket: "HELD".into(),
-            history: 5,
-            create_bucket: true,
-            replicas: 1,
-            user: None,
-            password: None,
-            password_file: None,
-            token: None,
-            token_file: None,
-            credentials_file: None,
-            tls_ca: None,
-            tls_client: None,
-            signing_key: seed.clone(),
-            verify_keys: Vec::new(),
-            exclusive: false,
-        };
+        let made = crate::support::records_config(&[nats.url()], "HELD", &seed);
         let sealer = Sealer::new(key.clone(), key.verifier(), "HELD", SITE);
         RecordStore::connect(&made, sealer, "t").await.unwrap();
         RevocationStore::connect(&made, key.clone(), key.verifier(), SITE, "t")

@@ -409,3 +409,30 @@ pub fn stdout_of(cmd: &mut std::process::Command) -> String {
 pub fn plain_client_cfg(identity: &str, url: &str) -> String {
     format!("identity = {identity}\nplugin.choria.middleware_hosts = {url}\n")
 }
+
+/// `records:` as a test's own clients read it: `bucket` on `urls`, sealed
+/// with the seed in `signing_key`, created when missing, nothing else set.
+pub fn records_config(
+    urls: &[String],
+    bucket: &str,
+    signing_key: &Path,
+) -> choria_config::day_two::RecordsConfig {
+    choria_config::day_two::RecordsConfig {
+        urls: urls.to_vec(),
+        bucket: bucket.into(),
+        history: 5,
+        create_bucket: true,
+        replicas: 1,
+        user: None,
+        password: None,
+        password_file: None,
+        token: None,
+        token_file: None,
+        credentials_file: None,
+        tls_ca: None,
+        tls_client: None,
+        signing_key: signing_key.to_path_buf(),
+        verify_keys: Vec::new(),
+        exclusive: false,
+    }
+}
