@@ -294,6 +294,21 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
 /// twice so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
+    restarts_go_out_through(PauseReason::Requested).await;
+}
+
+/// The same for a lost leadership term: a leader whose broker went away
+/// between a node's `configure` and its `restart` left it configured for
+/// the next leader to configure again (the cluster tier saw it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_term_lets_configured_nodes_restart_and_configures_none_twice() {
+    restarts_go_out_through(PauseReason::Election).await;
+}
+
+/// Closes the gate for `reason` while every node's `configure` is in
+/// flight: each is restarted while it is closed, and none is configured
+/// again after it opens.
+async fn restarts_go_out_through(reason: PauseReason) {
     const N: usize = 10;
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
@@ -302,7 +317,15 @@ async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
     let fleet = slow_fleet(&nats, dir.path(), N).await;
     let template =
         "workers: 16\nconfiguration_template:\n  configuration:\n    identity: '{{ identity }}'\n";
-    let p = start(dir.path(), &nats, template, |_| {});
+    // An elected replica starts paused for the election until it wins.
+    let p = start(dir.path(), &nats, template, |h| {
+        if reason == PauseReason::Election {
+            h.pause(PauseReason::Election, true)
+        }
+    });
+    if reason == PauseReason::Election {
+        p.shared.resume(PauseReason::Election);
+    }
     let journal_path = dir.path().join("journal.jsonl");
     let count =
         |action: &str| actions(&crate::support::read_journal_so_far(&journal_path), action).count();
@@ -318,7 +341,7 @@ async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
     // rendered in microseconds) and are answered 1.5 s later.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count("configure"), 0, "paused after configure was answered");
-    p.shared.pause(PauseReason::Requested, false);
+    p.shared.pause(reason, reason == PauseReason::Election);
     wait_actions(
         dir.path(),
         "restart",
@@ -327,7 +350,7 @@ async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
         "paused with their configure in flight, not all were restarted",
     )
     .await;
-    p.shared.resume(PauseReason::Requested);
+    p.shared.resume(reason);
     p.wait_for(
         "choria_provisioner_provisioned",
         N as f64,
