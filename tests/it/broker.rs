@@ -229,8 +229,9 @@ async fn a_real_v1_server_is_provisioned_through_the_broker_on_an_x509_network()
 /// forger rewrites the node's record unsealed (provisioned an hour ago,
 /// expiring in 30 s) and adds one for a made-up node in collective `evil`
 /// sealed with its own key; the broker takes both, and neither is taken
-/// for ours: `nodes` shows both unverified (renewal reads through the same
-/// check: tests/renewal.rs).
+/// for ours: `nodes` still shows the node's own sealed record and the
+/// made-up one unverified (renewal reads through the same check:
+/// tests/renewal.rs).
 async fn forged_record_through_the_broker(bench: &Bench, id: &str) {
     use choria_core::records::sealed::Sealer;
     use choria_wire::security::seal::SealKey;
@@ -285,8 +286,21 @@ async fn forged_record_through_the_broker(bench: &Bench, id: &str) {
         "{listed:?}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(listed[id]["verified"], false, "{:?}", listed[id]);
+    assert_eq!(listed[id]["verified"], true, "{:?}", listed[id]);
+    assert_eq!(
+        listed[id]["time_unix"],
+        sealed_time(&sealed),
+        "{:?}",
+        listed[id]
+    );
     assert_eq!(listed["ghost.example.net"]["verified"], false);
+}
+
+/// The provisioning time inside a sealed record's value.
+fn sealed_time(sealed: &serde_json::Value) -> serde_json::Value {
+    let record: serde_json::Value =
+        serde_json::from_str(sealed["record"].as_str().unwrap()).unwrap();
+    record["time_unix"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
