@@ -373,6 +373,56 @@ async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate(
     assert_never_disconnected(&logs);
 }
 
+/// The inventory carries the facts (and any instance evidence) a node's
+/// configuration and admission are decided on. With nothing else asked of
+/// the node (no JWT, no CSR), an impostor answering it in a victim's name
+/// is caught as any trusted answer is: its name is not provisioned this
+/// cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impostor_answering_the_inventory_in_a_victims_name_is_caught() {
+    let mut scene = Scene::start(Setup {
+        yaml: "features:\n  jwt: false\n  pki: false\nreply_window: 3s\n".into(),
+        // Configuration only: no key or certificate to send.
+        helper: Some(format!("{} fleet-helper", binary())),
+        actors: Box::new(|p| {
+            vec![(
+                Version::V1,
+                Mode::VictimName {
+                    victims: victims_of(p.identities, 10),
+                    jwt: p.stolen_jwt.clone(),
+                },
+            )]
+        }),
+        ..Setup::default()
+    })
+    .await;
+    let fleet = scene.fleet.as_ref().unwrap();
+    let victims = victims_of(&fleet.identities, 10);
+    let healthy: HashSet<String> = all(fleet).difference(&victims).cloned().collect();
+    scene.wait_servers(&healthy, Duration::from_secs(120)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while scene.metric("choria_provisioner_conflicting_replies", "") < victims.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} conflicts counted for {} victims",
+            scene.metric("choria_provisioner_conflicting_replies", ""),
+            victims.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (journal, logs) = scene.finish().await;
+    assert_provisioned_once(&journal, &healthy);
+    let configured = ok_counts(&journal, "configure");
+    for v in &victims {
+        assert_eq!(configured.get(v), None, "{v} was configured");
+    }
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("SECURITY") && l.contains("rpcutil#inventory")),
+        "the conflict names the inventory"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlong_and_malformed_identities_are_refused_and_the_connection_holds() {
     let bad: Vec<String> = vec![
