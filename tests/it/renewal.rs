@@ -755,3 +755,85 @@ async fn a_name_back_while_its_credentials_are_good_is_flagged_or_refused() {
         .logs()
         .contains("still holds valid credentials renewal did not ask it to replace"));
 }
+
+/// Renewal asks a node back; it comes back and is provisioned. Another
+/// arrival under its name within the hour (here: a second machine, once
+/// the real node left provisioning) used to pass as "asked for" and be
+/// provisioned; the ask is answered by the first return, so the second is
+/// held like any other: refused with `records.exclusive`, and audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_arrival_after_a_renewal_is_held_not_waved_through() {
+    const NODE: &str = "node-000.fleet.example.net";
+    let (dir, _store, nats) = jetstream_and_ca("window CA");
+    let renewal_cfg = dir.path().join("renewal.cfg");
+    std::fs::write(
+        &renewal_cfg,
+        crate::support::plain_client_cfg("renewal.example.net", &nats.url()),
+    )
+    .unwrap();
+    // Certificates valid 2 minutes, due 12 s after issue.
+    let yaml = format!(
+        "workers: 4\ninterval: 1m\ntoken: {TOKEN}\nsite: window\nchoria_insecure: true\nrpc_timeout: 3s\n\
+         discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 2m\n\
+         features:\n  pki: true\n\
+         records:\n  url: {url}\n  bucket: WINDOW\n  signing_key: {seed}\n  exclusive: true\n\
+         audit: {{}}\n\
+         renewal:\n  before: 90%\n  rate: 6000\n  retry: 30s\n  choria_config: {renewal}\n",
+        bin = binary(),
+        ca = dir.path().join("ca.pem").display(),
+        key = dir.path().join("ca.key").display(),
+        url = nats.url(),
+        seed = crate::support::signing_key(dir.path()).display(),
+        renewal = renewal_cfg.display(),
+    );
+    let choria = crate::support::plain_client_cfg("provisioner.window.example.net", &nats.url());
+    let first_journal = dir.path().join("first.jsonl");
+    let first = serving_fleet(&nats, 1, &first_journal).await;
+    let p = ProvisionerProcess::start(dir.path(), &yaml, &choria, &[]);
+    // Provisioned, asked back by renewal, and provisioned again.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let j = crate::support::read_journal_so_far(&first_journal);
+        let restarted = j
+            .iter()
+            .filter(|e| e["kind"] == "action" && e["action"] == "restart" && e["outcome"] == "ok")
+            .count();
+        if restarted >= 2 && senders(&j, "reprovision").contains_key(NODE) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not renewed within 90 s:\n{}",
+            p.logs_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The real node goes away; another machine answers under its name.
+    first.finish().await;
+    let second_journal = dir.path().join("second.jsonl");
+    let _second = serving_fleet(&nats, 1, &second_journal).await;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while p.metric("choria_provisioner_held_reprovisions{outcome=\"refused\"") < 1.0 {
+        let configured = senders(
+            &crate::support::read_journal_so_far(&second_journal),
+            "configure",
+        );
+        assert!(
+            configured.is_empty(),
+            "the second arrival was provisioned inside the renewal's hour: {configured:?}"
+        );
+        assert!(Instant::now() < deadline, "{}", p.logs_tail(20));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let events = crate::support::stdout_of(
+        std::process::Command::new(binary())
+            .args(["audit", "--config"])
+            .arg(dir.path().join("provisioner.yaml")),
+    );
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("held") && l.contains(NODE)),
+        "a held event for it:\n{events}"
+    );
+}

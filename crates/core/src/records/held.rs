@@ -70,6 +70,19 @@ impl Held {
             s.provisioned_unix = r.time_unix;
             s.expires_unix = expires;
         }
+        // Provisioned since renewal asked: the ask was answered.
+        if s.renewal_asked_unix > 0 && r.time_unix >= s.renewal_asked_unix {
+            s.renewal_asked_unix = 0;
+        }
+    }
+
+    /// `identity` was configured: renewal's ask (if any) is answered, and a
+    /// second arrival under the name is judged like any other.
+    pub fn answered(&self, identity: &str) {
+        let mut m = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = m.get_mut(identity) {
+            s.renewal_asked_unix = 0;
+        }
     }
 
     /// Renewal asked `identity` to reprovision at `now`.
@@ -120,5 +133,43 @@ mod tests {
             ..s
         };
         assert!(!nothing.holds_unasked(500), "nothing expiring was issued");
+    }
+
+    fn record(identity: &str, time_unix: i64) -> Record {
+        Record {
+            identity: identity.into(),
+            time: String::new(),
+            time_unix,
+            replica: "r".into(),
+            site: "s".into(),
+            protocol: "v1".into(),
+            mode: "helper".into(),
+            signer: None,
+            certificate: None,
+            server_jwt: Some(super::super::ServerJwtRecord {
+                jti: "j".into(),
+                issued_unix: time_unix,
+                expires_unix: time_unix + 3600,
+                collectives: vec!["c".into()],
+            }),
+            config_sha256: String::new(),
+            provisioning_jwt_expires_unix: None,
+        }
+    }
+
+    #[test]
+    fn an_ask_covers_one_return_only() {
+        let held = Held::default();
+        held.record(&record("n1", 100));
+        held.asked("n1", 200);
+        assert!(!held.of("n1").unwrap().holds_unasked(210), "asked back");
+        // Configured again: the ask is answered; a second arrival inside
+        // the hour holds valid credentials nobody asked it to replace.
+        held.answered("n1");
+        assert!(held.of("n1").unwrap().holds_unasked(220));
+        // The same when the new record arrives first.
+        held.asked("n1", 300);
+        held.record(&record("n1", 310));
+        assert!(held.of("n1").unwrap().holds_unasked(320));
     }
 }

@@ -66,15 +66,17 @@ impl HostSequence {
         let expires = chrono::DateTime::from_timestamp(standing.expires_unix, 0)
             .map(|t| t.to_rfc3339())
             .unwrap_or_default();
+        // Audited either way: refused or let through, someone arrived under
+        // a name whose credentials are still good.
+        self.shared.auditor.event(
+            crate::audit::event::Kind::Held,
+            &self.identity,
+            serde_json::json!({"step": "records", "outcome": outcome, "reason": format!("still held valid credentials, expiring {expires}")}),
+        );
         if exclusive {
             return Err(ProvisionError::HeldElsewhere { expires });
         }
         warn!(node = &*self.identity, credentials_expire = %expires, "SECURITY: provisioning a node that still holds valid credentials renewal did not ask it to replace: a reinstalled node, or someone else answering under its name (records.exclusive refuses these)");
-        self.shared.auditor.event(
-            crate::audit::event::Kind::Held,
-            &self.identity,
-            serde_json::json!({"step": "records", "reason": format!("still held valid credentials, expiring {expires}")}),
-        );
         Ok(())
     }
 

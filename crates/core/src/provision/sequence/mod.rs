@@ -370,6 +370,11 @@ impl HostSequence {
         if let Some(r) = &record {
             self.shared.recorder.record((**r).clone());
         }
+        // Renewal's ask, if there was one, is answered by this provisioning:
+        // another arrival under the name is judged like any other.
+        if let Some(held) = &self.shared.held {
+            held.answered(&self.identity);
+        }
         // The decision, carried out: audited now for the same reason.
         self.shared.auditor.event(
             crate::audit::event::Kind::Provisioned,
