@@ -313,11 +313,7 @@ impl Ledger {
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(read(&e)),
         };
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| read(&e))?
-            .clone();
+        let info = stream.info().await.map_err(|e| read(&e))?.clone();
         Ok(Some(View {
             created: info.created.unix_timestamp_nanos(),
             messages: info.state.messages,
