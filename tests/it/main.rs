@@ -9,6 +9,7 @@
 //! cargo test --test it alone::         the tests that want the machine to themselves
 
 mod behaviour_go;
+mod attested;
 mod book;
 mod broker;
 mod cert_manager;

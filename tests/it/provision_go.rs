@@ -16,6 +16,7 @@
 //! returns.
 
 use crate::support::discover_provisionable;
+use crate::support::evidence::AwsRegion;
 use crate::support::gopeers::{choria_tool, s};
 use crate::support::provisioner::ProvisionerProcess;
 use crate::support::realnodes::*;
@@ -507,37 +508,16 @@ async fn a_join_token_provisions_its_node_and_is_refused_under_another_name() {
 // Cloud instance identity evidence (`evidence:`).
 // ---------------------------------------------------------------------------
 
-/// A document as AWS's instance metadata serves it, for `instance`.
-fn aws_document(instance: &str) -> String {
-    let pending = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    format!(
-        "{{\n  \"accountId\" : \"123456789012\",\n  \"architecture\" : \"x86_64\",\n  \"availabilityZone\" : \"eu-west-1a\",\n  \
-         \"imageId\" : \"ami-0abc\",\n  \"instanceId\" : \"{instance}\",\n  \"instanceType\" : \"t3.micro\",\n  \
-         \"pendingTime\" : \"{pending}\",\n  \"privateIp\" : \"10.0.0.7\",\n  \"region\" : \"eu-west-1\",\n  \"version\" : \"2017-09-30\"\n}}"
-    )
-}
-
-/// `facts.json` holding `document` signed by the "region" key in `dir`,
-/// as a unit before choria-server would write it from the metadata service.
-fn evidence_facts(dir: &Path, name: &str, document: &str) -> std::path::PathBuf {
-    let doc = format!("{name}.document");
-    std::fs::write(dir.join(&doc), document).unwrap();
-    let signature = crate::support::gopeers::openssl_output(
-        dir,
-        &["dgst", "-sha256", "-sign", "region-key.pem", &doc],
-    );
-    use base64::Engine as _;
-    let signature = base64::engine::general_purpose::STANDARD.encode(signature);
+/// `facts.json` holding `document` signed by `region`, as a unit before
+/// choria-server would write it from the metadata service.
+fn evidence_facts(
+    region: &AwsRegion,
+    dir: &Path,
+    name: &str,
+    document: &str,
+) -> std::path::PathBuf {
     let facts = dir.join(format!("{name}.facts.json"));
-    std::fs::write(
-        &facts,
-        serde_json::json!({
-            "role": "web",
-            "instance_identity": {"aws": {"document": document, "signature": signature}},
-        })
-        .to_string(),
-    )
-    .unwrap();
+    std::fs::write(&facts, region.facts(name, document).to_string()).unwrap();
     facts
 }
 
@@ -556,30 +536,13 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
         return;
     };
     let work = bench.path("");
-    // The region's certificate, as AWS publishes one per region (RSA 1024
-    // for the `signature` form).
-    let openssl = |args: &[&str]| crate::support::gopeers::openssl(&work, args);
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:1024",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=Amazon Web Services LLC",
-        "-keyout",
-        "region-key.pem",
-        "-out",
-        "region.pem",
-    ]);
+    let region = AwsRegion::create(&work);
     let (id, copy, bare) = (
         "web-1.evidence.example.net",
         "copy.evidence.example.net",
         "bare.evidence.example.net",
     );
-    let facts = evidence_facts(&work, "web-1", &aws_document("i-0abc1234"));
+    let facts = evidence_facts(&region, &work, "web-1", &AwsRegion::document("i-0abc1234"));
     let org = V2Org::issue(&mut bench);
     let (bin, signer, url) = (
         bench.bin.clone(),
@@ -631,7 +594,7 @@ async fn instance_evidence_admits_its_node_and_one_instance_gets_one_identity() 
         org.yaml(),
         js.url(),
         s(&crate::support::signing_key(&work)),
-        s(&work.join("region.pem")),
+        s(&region.cert),
         s(&policy),
     );
     let mut p = bench.provisioner("evidence", &yaml, &choria_cfg, &helper);

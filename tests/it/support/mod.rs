@@ -18,6 +18,7 @@ pub mod broker;
 pub mod certmanager;
 pub mod cluster;
 pub mod election;
+pub mod evidence;
 pub mod faults;
 pub mod gopeers;
 pub mod hostile;

@@ -160,6 +160,17 @@ impl Bindings {
         (best, foreign)
     }
 
+    /// What binding `instance` to `identity` would find, without writing:
+    /// [`Bound::New`] when nothing binds it yet.
+    pub async fn check(&self, instance: &str, identity: &str) -> Result<Bound, RecordsError> {
+        let (entries, _) = self.ledger.history(instance).await?;
+        Ok(match self.holding(&entries).0 {
+            Some(b) if b.identity == identity => Bound::Same,
+            Some(b) => Bound::Other(b.identity),
+            None => Bound::New,
+        })
+    }
+
     /// Binds `instance` to `identity` unless it is bound already; what it
     /// found. `now` is Unix seconds.
     pub async fn bind(

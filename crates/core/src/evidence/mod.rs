@@ -460,6 +460,19 @@ impl Gate {
         }))
     }
 
+    /// What binding `evidence`'s instance to `identity` would find, without
+    /// writing (with `one_identity_per_instance`); `None` when off.
+    pub async fn check(
+        &self,
+        evidence: &Evidence,
+        identity: &str,
+    ) -> Result<Option<bindings::Bound>, crate::records::store::RecordsError> {
+        let Some(store) = self.store().await? else {
+            return Ok(None);
+        };
+        store.check(&evidence.instance(), identity).await.map(Some)
+    }
+
     /// Binds `evidence`'s instance to `identity` (with
     /// `one_identity_per_instance`); what it found, `None` when off.
     pub async fn bind(
@@ -468,19 +481,28 @@ impl Gate {
         identity: &str,
         now: i64,
     ) -> Result<Option<bindings::Bound>, crate::records::store::RecordsError> {
+        let Some(store) = self.store().await? else {
+            return Ok(None);
+        };
+        store
+            .bind(&evidence.instance(), identity, now)
+            .await
+            .map(Some)
+    }
+
+    /// The bindings' bucket, connected on first use; `None` when off.
+    async fn store(
+        &self,
+    ) -> Result<Option<&bindings::Bindings>, crate::records::store::RecordsError> {
         let Some(link) = &self.bindings else {
             return Ok(None);
         };
-        let store = link
-            .store
+        link.store
             .get_or_try_init(|| async {
                 let (key, verifier) = crate::records::store::seal_keys(&link.records)?;
                 bindings::Bindings::connect(&link.records, key, verifier, &link.site, &link.name)
                     .await
             })
-            .await?;
-        store
-            .bind(&evidence.instance(), identity, now)
             .await
             .map(Some)
     }

@@ -295,6 +295,7 @@ impl HostSequence {
         self.check_revoked().await?;
         let evidence = self.check_evidence().await?;
         self.admit(evidence.as_ref())?;
+        self.bind_evidence(evidence.as_ref()).await?;
         let mut response = self.decide().await?;
         crate::provision::signing::grants::check_configuration(&response.configuration)
             .map_err(|e| self.refused(e))?;
