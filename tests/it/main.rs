@@ -8,8 +8,8 @@
 //! cargo test --test it provision::     one tier
 //! cargo test --test it alone::         the tests that want the machine to themselves
 
-mod behaviour_go;
 mod attested;
+mod behaviour_go;
 mod book;
 mod broker;
 mod cert_manager;

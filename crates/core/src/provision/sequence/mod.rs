@@ -292,10 +292,7 @@ impl HostSequence {
         if !self.pending.is_empty() {
             self.settle().await?;
         }
-        self.check_revoked().await?;
-        let evidence = self.check_evidence().await?;
-        self.admit(evidence.as_ref())?;
-        self.bind_evidence(evidence.as_ref()).await?;
+        self.admit_node().await?;
         let mut response = self.decide().await?;
         crate::provision::signing::grants::check_configuration(&response.configuration)
             .map_err(|e| self.refused(e))?;
@@ -364,29 +361,41 @@ impl HostSequence {
             (false, true) => Some("helper"),
             (false, false) => Some("cert-manager"),
         };
-        // The node holds what it was issued from here on, whether the answer
-        // to its `restart` is heard or not (it can be lost with a broker of
-        // a cluster): recorded now, so renewal knows every node configured.
         let record = self.record(&response, &server_jwt, &config, signer);
-        if let Some(r) = &record {
-            self.shared.recorder.record((**r).clone());
+        self.configured(record.as_deref());
+        self.restart().await?;
+        Ok(Outcome::Provisioned(record))
+    }
+
+    /// Every check and the admission policy, in order: revocation and held
+    /// credentials, the instance evidence, the policy; then the instance
+    /// is bound to this identity. Nothing was signed yet.
+    async fn admit_node(&self) -> Result<(), ProvisionError> {
+        self.check_revoked().await?;
+        let evidence = self.check_evidence().await?;
+        self.admit(evidence.as_ref())?;
+        self.bind_evidence(evidence.as_ref()).await
+    }
+
+    /// The node was configured: it holds what it was issued from here on,
+    /// whether the answer to its `restart` is heard or not (it can be lost
+    /// with a broker of a cluster). Its record and its `provisioned` event
+    /// go out now, and renewal's ask, if there was one, is answered: another
+    /// arrival under the name is judged like any other.
+    fn configured(&self, record: Option<&crate::records::Record>) {
+        if let Some(r) = record {
+            self.shared.recorder.record(r.clone());
         }
-        // Renewal's ask, if there was one, is answered by this provisioning:
-        // another arrival under the name is judged like any other.
         if let Some(held) = &self.shared.held {
             held.answered(&self.identity);
         }
-        // The decision, carried out: audited now for the same reason.
         self.shared.auditor.event(
             crate::audit::event::Kind::Provisioned,
             &self.identity,
             record
-                .as_ref()
                 .and_then(|r| serde_json::to_value(r).ok())
                 .unwrap_or_else(|| serde_json::json!({})),
         );
-        self.restart().await?;
-        Ok(Outcome::Provisioned(record))
     }
 
     /// The record of this provisioning (see [`crate::records`]).
