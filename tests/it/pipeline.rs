@@ -305,6 +305,31 @@ async fn a_lost_term_lets_configured_nodes_restart_and_configures_none_twice() {
     restarts_go_out_through(PauseReason::Election).await;
 }
 
+/// Waits until `n` configure requests went out to the nodes, as seen on
+/// the broker (before any is answered, where the fleet's journal is).
+async fn configure_requests_seen(nats: &NatsServer, n: usize, within: Duration) {
+    use futures::StreamExt;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut requests = client.subscribe("provisioning.node.>").await.unwrap();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < n {
+        let msg = tokio::time::timeout_at(deadline, requests.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {n} configure requests seen", seen.len()))
+            .expect("the subscription goes on");
+        let Ok(req) =
+            choria_wire::protocol::decode_request(&msg.payload, choria_wire::protocol::Version::V1)
+        else {
+            continue;
+        };
+        let body: Value = serde_json::from_slice(&req.payload()).unwrap_or(Value::Null);
+        if body["action"] == "configure" {
+            seen.insert(msg.subject.to_string());
+        }
+    }
+}
+
 /// Closes the gate for `reason` while every node's `configure` is in
 /// flight: each is restarted while it is closed, and none is configured
 /// again after it opens.
@@ -329,17 +354,9 @@ async fn restarts_go_out_through(reason: PauseReason) {
     let journal_path = dir.path().join("journal.jsonl");
     let count =
         |action: &str| actions(&crate::support::read_journal_so_far(&journal_path), action).count();
-    wait_actions(
-        dir.path(),
-        "inventory",
-        N,
-        Duration::from_secs(60),
-        "inventory not fetched by all",
-    )
-    .await;
-    // The configures go out as the inventories come back (a template is
-    // rendered in microseconds) and are answered 1.5 s later.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every configure request on its way (each is answered 1.5 s later):
+    // the gate closes with all of them in flight.
+    configure_requests_seen(&nats, N, Duration::from_secs(60)).await;
     assert_eq!(count("configure"), 0, "paused after configure was answered");
     p.shared.pause(reason, reason == PauseReason::Election);
     wait_actions(
