@@ -72,28 +72,34 @@ pub async fn run(args: AuditArgs) -> Result<()> {
     Ok(())
 }
 
-/// The events as a table: time, event, node, what it says.
+/// The events as a table: time, event, node, what it says; every cell
+/// cleaned for the terminal (anyone may have published an event).
 fn table(events: &[Opened]) -> String {
-    let mut out = format!(
-        "{:<24}  {:<11}  {:<40}  {}\n",
-        "TIME", "EVENT", "NODE", "DETAIL"
-    );
+    use super::table::{Column, Table};
+    let col = |header, max| Column { header, max };
+    let mut t = Table::new(vec![
+        col("TIME", 24),
+        col("EVENT", 11),
+        col("NODE", 40),
+        col("DETAIL", 0),
+    ]);
     for o in events {
         let e = &o.event;
         let mut detail = summary(&e.data);
+        if o.repeated {
+            detail = format!("COPY of an earlier event (id {}) {detail}", e.id);
+        }
         if let Some(why) = o.unverified {
             detail = format!("UNVERIFIED ({why}) {detail}");
         }
-        let node = one_line(&choria_wire::identity::shown(&e.subject));
-        out.push_str(&format!(
-            "{:<24}  {:<11}  {:<40}  {}\n",
-            e.time,
-            e.short_kind(),
-            node,
-            detail
-        ));
+        t.row(vec![
+            e.time.clone(),
+            e.short_kind().to_string(),
+            e.subject.clone(),
+            detail,
+        ]);
     }
-    out
+    t.render(false)
 }
 
 /// One line of what an event's data says: a refusal's reason, or what a
@@ -131,10 +137,32 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_forged_events_fields_reach_the_terminal_as_text_and_copies_are_marked() {
+        use choria_core::audit::event::{Event, Kind};
+        let mut forged = Opened {
+            event: Event::new(Kind::Provisioned, "n1.example.net", "s", json!({})),
+            unverified: Some("signature"),
+            repeated: false,
+        };
+        // A time that would erase its own row and draw a verified one.
+        forged.event.time = "2026-12-07\u{1b}[2K\r2026-12-07 provisioned n2".into();
+        let copy = Opened {
+            event: Event::new(Kind::Provisioned, "n3.example.net", "s", json!({})),
+            unverified: None,
+            repeated: true,
+        };
+        let t = table(&[forged, copy]);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("UNVERIFIED (signature)"), "{t}");
+        assert!(t.contains("COPY of an earlier event"), "{t}");
+    }
+
+    #[test]
     fn the_table_says_why_and_what_was_issued_and_marks_forgeries() {
         let e = |kind, data| Opened {
             event: choria_core::audit::event::Event::new(kind, "n1.example.net", "s", data),
             unverified: None,
+            repeated: false,
         };
         use choria_core::audit::event::Kind;
         let mut forged = e(Kind::Provisioned, json!({"mode": "helper"}));

@@ -17,6 +17,7 @@ pub mod operator;
 pub mod policy;
 pub mod revoke;
 pub mod run;
+pub mod table;
 pub mod token;
 
 use crate::telemetry::{self, LogFormat};

@@ -123,6 +123,9 @@ pub struct Opened {
     pub event: Event,
     /// `None` when the seal verified; else why not.
     pub unverified: Option<&'static str>,
+    /// An event with this id was read earlier from the stream: this one is
+    /// a copy published again (the seal covers the id, so a copy verifies).
+    pub repeated: bool,
 }
 
 /// Reads a message body from `stream`; `None` when it is not an event at
@@ -158,7 +161,11 @@ pub fn open(body: &[u8], verifier: &SealVerifier, stream: &str) -> Option<Opened
         }
         _ => Some("unsigned"),
     };
-    Some(Opened { event, unverified })
+    Some(Opened {
+        event,
+        unverified,
+        repeated: false,
+    })
 }
 
 #[cfg(test)]

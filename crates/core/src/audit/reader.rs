@@ -51,13 +51,16 @@ pub async fn read(
         .map_err(|e| e.to_string())?;
     let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
     let mut out = std::collections::VecDeque::new();
+    // Event ids read so far: one read again is a copy someone published.
+    let mut ids = std::collections::HashSet::new();
     loop {
         let next = match tokio::time::timeout(IDLE, messages.next()).await {
             Ok(Some(m)) => m.map_err(|e| e.to_string())?,
             Ok(None) | Err(_) => break,
         };
         let seq = next.info().map(|i| i.stream_sequence).unwrap_or(last);
-        if let Some(opened) = event::open(&next.payload, verifier, &cfg.stream) {
+        if let Some(mut opened) = event::open(&next.payload, verifier, &cfg.stream) {
+            opened.repeated = !ids.insert(opened.event.id.clone());
             out.push_back(opened);
             if out.len() > limit {
                 out.pop_front();
