@@ -24,6 +24,7 @@ pub mod input;
 
 use choria_config::admission::AdmissionConfig;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What regorus says of a rule the policy does not declare.
@@ -103,6 +104,9 @@ pub const DEFAULT_DENY_REASON: &str = "the admission policy does not allow it";
 /// evaluation takes whichever is free.
 pub struct Policy {
     engines: Vec<std::sync::Mutex<regorus::Engine>>,
+    /// One per engine: evaluations past that wait here, as tasks, rather
+    /// than on an engine's lock on a thread.
+    permits: tokio::sync::Semaphore,
     next: std::sync::atomic::AtomicUsize,
     path: PathBuf,
     /// Which of `defer` and `deny_reason` the policy declares (regorus
@@ -168,6 +172,7 @@ impl Policy {
         let (has_defer, has_reason) = (declared("defer"), declared("deny_reason"));
         let copies = std::thread::available_parallelism().map_or(2, |n| n.get());
         Ok(Policy {
+            permits: tokio::sync::Semaphore::new(copies),
             engines: (0..copies)
                 .map(|_| std::sync::Mutex::new(engine.clone()))
                 .collect(),
@@ -180,6 +185,23 @@ impl Policy {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// [`Policy::evaluate_owned`] for a node's sequence: on a thread of
+    /// the blocking pool, never on the async runtime's (a policy may walk
+    /// a large fact for its whole time limit, up to three rules a node,
+    /// while leases are renewed and other nodes answered), and at most one
+    /// evaluation per engine at once.
+    pub async fn decide(self: &Arc<Self>, input: regorus::Value) -> Result<Decision, PolicyError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| PolicyError::Evaluate(e.to_string()))?;
+        let policy = self.clone();
+        tokio::task::spawn_blocking(move || policy.evaluate_owned(input))
+            .await
+            .map_err(|e| PolicyError::Evaluate(format!("the evaluation stopped: {e}")))?
     }
 
     /// The decision for one node's input document.

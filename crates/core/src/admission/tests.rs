@@ -206,3 +206,54 @@ fn the_input_names_what_the_csr_asks_for() {
     assert_eq!(doc["csr"]["common_name"], "n1.example.net");
     assert_eq!(doc["csr"]["dns_names"], json!([]));
 }
+
+/// A policy that walks a 100,000-element fact again and again, until its
+/// time limit, for every node: the runtime that runs the sequences (and
+/// renews the lease) goes on ticking beside it. One worker thread, as a
+/// loaded machine leaves the runtime; evaluated on it, each node would
+/// hold it for a rule's whole limit.
+#[tokio::test(flavor = "current_thread")]
+async fn a_policy_that_walks_a_large_fact_does_not_stall_the_runtime() {
+    let p = Arc::new(policy(
+        "package choria.provisioner\nimport rego.v1\n\
+         default allow := false\n\
+         allow if count([x | some x in input.facts.big; some y in input.facts.big; x < y]) > 0\n",
+    ));
+    let big: Vec<u32> = (0..100_000).collect();
+    let input = || regorus::Value::from(json!({"facts": {"big": big}}));
+    // The lease's renewal, as a ticker that must keep its pace.
+    let ticker = tokio::spawn(async {
+        let mut longest = std::time::Duration::ZERO;
+        let mut last = std::time::Instant::now();
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            longest = longest.max(last.elapsed());
+            last = std::time::Instant::now();
+        }
+        longest
+    });
+    let started = std::time::Instant::now();
+    let nodes: Vec<_> = (0..4)
+        .map(|_| {
+            let (p, input) = (p.clone(), input());
+            tokio::spawn(async move { p.decide(input).await })
+        })
+        .collect();
+    for n in nodes {
+        let e = n.await.unwrap().expect_err("stopped at its time limit");
+        assert!(e.to_string().contains("could not be evaluated"), "{e}");
+    }
+    // Four nodes on as many engines as cores: each bounded by its limit.
+    assert!(
+        started.elapsed() < EVALUATION_LIMIT * 4 * 3,
+        "{:?}",
+        started.elapsed()
+    );
+    let longest = ticker.await.unwrap();
+    // On the runtime's thread each node held it for at least one rule's
+    // limit (1 s was seen); off it, a tick is late only by scheduling.
+    assert!(
+        longest < EVALUATION_LIMIT,
+        "the runtime stalled for {longest:?} while the policy ran"
+    );
+}

@@ -188,7 +188,8 @@ impl Provisioner {
             .admission
             .as_ref()
             .map(crate::admission::Policy::load)
-            .transpose()?;
+            .transpose()?
+            .map(Arc::new);
         let evidence = crate::evidence::Gate::load(&cfg, &me)?;
         let shared = Shared {
             evidence,

@@ -52,7 +52,7 @@ pub struct Shared {
     pub signing: Signing,
     /// The admission policy every node passes before it is decided for
     /// (`admission:` or `rego_policy`).
-    pub admission: Option<crate::admission::Policy>,
+    pub admission: Option<std::sync::Arc<crate::admission::Policy>>,
     /// The instance identity evidence every node must present
     /// (`evidence:`).
     pub evidence: Option<crate::evidence::Gate>,

@@ -88,7 +88,7 @@ impl HostSequence {
     /// Passes when there is no policy or it allows the node; a denial, a
     /// deferral and a policy that cannot be evaluated all stop the node
     /// here (counted by decision).
-    pub(super) fn admit(
+    pub(super) async fn admit(
         &self,
         evidence: Option<&crate::evidence::Evidence>,
     ) -> Result<(), ProvisionError> {
@@ -107,7 +107,10 @@ impl HostSequence {
             record: self.standing(),
             evidence,
         };
-        let decision = input.value().and_then(|doc| policy.evaluate_owned(doc));
+        let decision = match input.value() {
+            Ok(doc) => policy.decide(doc).await,
+            Err(e) => Err(e),
+        };
         let metrics = &self.shared.metrics;
         match decision {
             Ok(Decision::Allowed) => {

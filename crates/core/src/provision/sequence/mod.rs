@@ -373,7 +373,7 @@ impl HostSequence {
     async fn admit_node(&self) -> Result<(), ProvisionError> {
         self.check_revoked().await?;
         let evidence = self.check_evidence().await?;
-        self.admit(evidence.as_ref())?;
+        self.admit(evidence.as_ref()).await?;
         self.bind_evidence(evidence.as_ref()).await
     }
 
