@@ -15,6 +15,7 @@ pub mod fleet_helper;
 pub mod nodes;
 pub mod operator;
 pub mod policy;
+pub mod rebind;
 pub mod revoke;
 pub mod run;
 pub mod table;
@@ -117,6 +118,9 @@ pub enum Command {
     Revoke(revoke::RevokeArgs),
     /// Lift a revocation made by mistake.
     Unrevoke(revoke::UnrevokeArgs),
+    /// Move a node's name to another cloud instance, or free it for the
+    /// next one (a replaced machine; `evidence:`).
+    Rebind(rebind::RebindArgs),
     /// Mint provisioning JWTs: `token issue` binds one to a node's identity
     /// (a join token).
     Token(token::TokenArgs),
@@ -232,6 +236,10 @@ pub fn main() -> ExitCode {
             Command::Unrevoke(args) => {
                 let _log = global.init_quiet_logging()?;
                 revoke::unrevoke(args).await
+            }
+            Command::Rebind(args) => {
+                let _log = global.init_quiet_logging()?;
+                rebind::run(args).await
             }
             Command::Audit(args) => {
                 let _log = global.init_quiet_logging()?;

@@ -75,11 +75,7 @@ async fn write(config: &std::path::Path, node: &str, revoked: bool, reason: &str
     .await
     .context("writing the revocation")?;
     let now = chrono::Utc::now();
-    let by = format!(
-        "{}@{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
-        hostname()
-    );
+    let by = who();
     store
         .put(&Revocation {
             identity: node.to_string(),
@@ -94,6 +90,15 @@ async fn write(config: &std::path::Path, node: &str, revoked: bool, reason: &str
         .await
         .context("writing the revocation")?;
     Ok(())
+}
+
+/// Who writes: the command's user and host.
+pub fn who() -> String {
+    format!(
+        "{}@{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
+        hostname()
+    )
 }
 
 fn hostname() -> String {

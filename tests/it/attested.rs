@@ -62,13 +62,14 @@ impl Bench {
         ProvisionerProcess::start(self.dir.path(), yaml, &choria, &[])
     }
 
-    /// One node named `<prefix>000` carrying `facts`.
-    async fn node(&self, prefix: &str, facts: &serde_json::Value) -> RunningFleet {
+    /// One node named `<prefix>000…` carrying `facts`, journaling as
+    /// `machine` (two machines may answer under one name).
+    async fn node(&self, machine: &str, prefix: &str, facts: &serde_json::Value) -> RunningFleet {
         RunningFleet::start(FleetOptions {
             broker: BrokerOptions::at([self.nats.url()]),
             nodes: 1,
             token: TOKEN.into(),
-            journal: Some(self.dir.path().join(format!("{prefix}journal.jsonl"))),
+            journal: Some(self.journal(machine)),
             identity_prefix: prefix.into(),
             facts: facts.clone(),
             ..Default::default()
@@ -76,8 +77,8 @@ impl Bench {
         .await
     }
 
-    fn journal(&self, prefix: &str) -> std::path::PathBuf {
-        self.dir.path().join(format!("{prefix}journal.jsonl"))
+    fn journal(&self, machine: &str) -> std::path::PathBuf {
+        self.dir.path().join(format!("{machine}.jsonl"))
     }
 }
 
@@ -103,26 +104,107 @@ async fn a_copied_document_under_a_denied_name_binds_nothing() {
          allow if not startswith(input.identity, \"copy-\")\n\
          deny_reason := \"not one of ours\" if startswith(input.identity, \"copy-\")\n",
     ));
-    let _copy = bench.node("copy-", &facts).await;
+    let _copy = bench.node("copy", "copy-", &facts).await;
     p.wait_for_metric(
         "choria_provisioner_admission{decision=\"denied\"",
         1.0,
         Duration::from_secs(60),
     )
     .await;
-    let _real = bench.node("web-", &facts).await;
+    let _real = bench.node("real", "web-", &facts).await;
     p.wait_for_metric(
         "choria_provisioner_provisioned",
         1.0,
         Duration::from_secs(60),
     )
     .await;
-    assert_eq!(configured(&bench.journal("web-")), 1);
-    assert_eq!(configured(&bench.journal("copy-")), 0);
+    assert_eq!(configured(&bench.journal("real")), 1);
+    assert_eq!(configured(&bench.journal("copy")), 0);
     assert_eq!(
         p.metric("choria_provisioner_evidence{outcome=\"bound_elsewhere\""),
         0.0,
         "{}",
         p.logs_tail(20)
+    );
+}
+
+/// One name, one instance: a node provisioned from instance A leaves
+/// provisioning; a machine presenting valid evidence of instance B under
+/// the same name is refused (a VM in anyone's account has valid evidence
+/// of its own). Its operator rebinds the name (`rebind`, audited), and the
+/// new instance is provisioned. (Each step is a provisioner started anew:
+/// one that just provisioned a name holds it for a minute, and a refused
+/// name is tried again at the next interval.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_is_refused_from_another_instance_until_it_is_rebound() {
+    const NODE: &str = "web-000.fleet.example.net";
+    let bench = Bench::start();
+    let first = bench
+        .region
+        .facts("a", &AwsRegion::document("i-0aaaaaaaaaaaaaaaa"));
+    let second = bench
+        .region
+        .facts("b", &AwsRegion::document("i-0bbbbbbbbbbbbbbbb"));
+    let yaml = bench.yaml("package choria.provisioner\nimport rego.v1\ndefault allow := true\n")
+        + "audit: {}\n";
+    let mut p = bench.provisioner(&yaml);
+    let a = bench.node("a", "web-", &first).await;
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(p);
+    a.finish().await;
+
+    let _b = bench.node("b", "web-", &second).await;
+    let mut p = bench.provisioner(&yaml);
+    p.wait_for_metric(
+        "choria_provisioner_evidence{outcome=\"bound_elsewhere\"",
+        1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(configured(&bench.journal("b")), 0);
+    assert!(
+        p.logs()
+            .contains("provisioned from instance aws.123456789012.i-0aaaaaaaaaaaaaaaa"),
+        "{}",
+        p.logs_tail(10)
+    );
+    drop(p);
+    let cli = crate::support::stdout_of(
+        std::process::Command::new(crate::support::provisioner::binary())
+            .args([
+                "rebind",
+                NODE,
+                "--reason",
+                "machine replaced",
+                "--instance",
+                "aws.123456789012.i-0bbbbbbbbbbbbbbbb",
+                "--config",
+            ])
+            .arg(bench.dir.path().join("provisioner.yaml")),
+    );
+    assert!(cli.contains("bound to instance"), "{cli}");
+    let mut p = bench.provisioner(&yaml);
+    p.wait_for_metric(
+        "choria_provisioner_provisioned",
+        1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(configured(&bench.journal("b")), 1);
+    let events = crate::support::stdout_of(
+        std::process::Command::new(crate::support::provisioner::binary())
+            .args(["audit", "--config"])
+            .arg(bench.dir.path().join("provisioner.yaml")),
+    );
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("rebound") && l.contains("machine replaced")),
+        "{events}"
     );
 }

@@ -311,7 +311,10 @@ async fn an_instance_binding_survives_every_bucket_writer_attack() {
             .await
             .unwrap();
         assert_eq!(
-            bindings.bind(INSTANCE, NODE, 1_800_000_000).await.unwrap(),
+            bindings
+                .bind(INSTANCE, NODE, false, 1_800_000_000)
+                .await
+                .unwrap(),
             Bound::New
         );
         let ours = stored_value(
@@ -336,14 +339,17 @@ async fn an_instance_binding_survives_every_bucket_writer_attack() {
             .unwrap();
         assert_eq!(
             fresh
-                .bind(INSTANCE, "web-2.example.net", 1_800_000_100)
+                .bind(INSTANCE, "web-2.example.net", false, 1_800_000_100)
                 .await
                 .unwrap(),
             Bound::Other(NODE.into()),
             "{attack:?}: another name is still refused"
         );
         assert_eq!(
-            fresh.bind(INSTANCE, NODE, 1_800_000_100).await.unwrap(),
+            fresh
+                .bind(INSTANCE, NODE, false, 1_800_000_100)
+                .await
+                .unwrap(),
             Bound::Same,
             "{attack:?}: the bound name is still the one"
         );

@@ -77,8 +77,13 @@ pub struct EvidenceConfig {
     pub max_age: Option<Duration>,
     /// What of the instance the node's identity must name.
     pub node_name: Option<NodeName>,
-    /// An instance is provisioned under one identity only (needs records).
+    /// An instance is provisioned under one identity only, and an identity
+    /// from one instance only (needs records).
     pub one_identity_per_instance: bool,
+    /// A name bound to an instance may be taken by another instance once
+    /// the credentials on record for the name have expired (otherwise only
+    /// `choria-provisioner rebind` moves it).
+    pub rebind_after_expiry: bool,
 }
 
 impl EvidenceConfig {
@@ -96,6 +101,7 @@ impl EvidenceConfig {
             max_age: self.max_age.map(format_duration),
             node_name: self.node_name.map(|n| n.as_str().to_string()),
             one_identity_per_instance: Some(self.one_identity_per_instance),
+            rebind_after_expiry: Some(self.rebind_after_expiry),
         }
     }
 
@@ -131,7 +137,11 @@ impl EvidenceConfig {
             parts.push(format!("identity names the {}", n.as_str()));
         }
         if self.one_identity_per_instance {
-            parts.push("one identity per instance".into());
+            parts.push(if self.rebind_after_expiry {
+                "one identity per instance and one instance per identity (moved once its credentials expired)".into()
+            } else {
+                "one identity per instance and one instance per identity".into()
+            });
         }
         format!("required: {}", parts.join(", "))
     }
@@ -170,24 +180,7 @@ pub(crate) fn evidence(
             "evidence needs aws_certificates, gcp_certificates or azure_certificates: what verifies the instance identity documents",
         ));
     }
-    let azure_subscriptions = e.string_list("azure_subscriptions")?.unwrap_or_default();
-    if let Some(bad) = azure_subscriptions.iter().find(|s| !is_uuid(s)) {
-        return Err(e.error(
-            "azure_subscriptions",
-            format!("{bad:?} is not an Azure subscription id (a UUID)"),
-        ));
-    }
-    let aws_accounts = e.string_list("aws_accounts")?.unwrap_or_default();
-    if let Some(bad) = aws_accounts
-        .iter()
-        .find(|a| a.len() != 12 || !a.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(e.error(
-            "aws_accounts",
-            format!("{bad:?} is not an AWS account id (12 digits)"),
-        ));
-    }
-    let gcp_projects = e.string_list("gcp_projects")?.unwrap_or_default();
+    let (aws_accounts, gcp_projects, azure_subscriptions) = account_lists(&e)?;
     let gcp_audience = e
         .string("gcp_audience")?
         .filter(|a| !a.trim().is_empty())
@@ -225,7 +218,22 @@ pub(crate) fn evidence(
             "needs records: the instances' identities are kept beside them (or set it to false)",
         ));
     }
+    warn_unnarrowed(
+        &e,
+        w,
+        [
+            (aws_certificates.is_some(), &aws_accounts, "aws_accounts"),
+            (gcp_certificates.is_some(), &gcp_projects, "gcp_projects"),
+            (
+                azure_certificates.is_some(),
+                &azure_subscriptions,
+                "azure_subscriptions",
+            ),
+        ],
+    );
+    let rebind_after_expiry = e.bool("rebind_after_expiry")?.unwrap_or(false);
     Ok(Some(EvidenceConfig {
+        rebind_after_expiry,
         aws_certificates,
         aws_accounts,
         gcp_certificates,
@@ -247,4 +255,49 @@ pub fn is_uuid(s: &str) -> bool {
             .iter()
             .zip([8, 4, 4, 4, 12])
             .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The AWS accounts, GCP projects and Azure subscriptions listed.
+type AccountLists = (Vec<String>, Vec<String>, Vec<String>);
+
+/// The account, project and subscription lists, each checked for the
+/// cloud's id format.
+fn account_lists(e: &Section) -> Result<AccountLists, ConfigError> {
+    let azure_subscriptions = e.string_list("azure_subscriptions")?.unwrap_or_default();
+    if let Some(bad) = azure_subscriptions.iter().find(|s| !is_uuid(s)) {
+        return Err(e.error(
+            "azure_subscriptions",
+            format!("{bad:?} is not an Azure subscription id (a UUID)"),
+        ));
+    }
+    let aws_accounts = e.string_list("aws_accounts")?.unwrap_or_default();
+    if let Some(bad) = aws_accounts
+        .iter()
+        .find(|a| a.len() != 12 || !a.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(e.error(
+            "aws_accounts",
+            format!("{bad:?} is not an AWS account id (12 digits)"),
+        ));
+    }
+    let gcp_projects = e.string_list("gcp_projects")?.unwrap_or_default();
+    Ok((aws_accounts, gcp_projects, azure_subscriptions))
+}
+
+/// Where no list narrows a cloud whose certificates are set, a VM in
+/// anyone's account presents valid evidence: said at start-up and by
+/// `run --check`.
+fn warn_unnarrowed(
+    e: &Section,
+    w: &mut Vec<ConfigWarning>,
+    clouds: [(bool, &Vec<String>, &str); 3],
+) {
+    for (set, list, what) in clouds {
+        if set && list.is_empty() {
+            w.push(e.warning(
+                what,
+                format!("{what} is empty: instances of any account of that cloud are accepted, an attacker's own VM included; list yours"),
+            ));
+        }
+    }
 }

@@ -211,12 +211,21 @@ file_section! {
         ///
         /// Default: not compared (one instance, one identity still holds)
         node_name: String,
-        /// An instance is provisioned under one identity only: the first
-        /// identity it is provisioned as is kept beside the records (needs
-        /// `records`), and its evidence is refused under any other.
+        /// An instance is provisioned under one identity only, and an
+        /// identity from one instance only: the first pairing is kept beside
+        /// the records (needs `records`); the instance's evidence is refused
+        /// under any other name, and the name is refused from any other
+        /// instance until it is rebound (`choria-provisioner rebind`).
         ///
         /// Default: `true`
         one_identity_per_instance: bool,
+        /// A name bound to an instance may be taken by another instance once
+        /// the credentials on record for the name have expired; otherwise
+        /// only `choria-provisioner rebind` moves a name to a new instance
+        /// (a replaced machine).
+        ///
+        /// Default: `false`
+        rebind_after_expiry: bool,
     }
 }
 

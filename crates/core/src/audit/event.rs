@@ -41,6 +41,8 @@ pub enum Kind {
     /// Provisioned again while it held valid credentials renewal did not
     /// ask it to replace.
     Held,
+    /// Its operator moved its name to another instance (or freed it).
+    Rebound,
 }
 
 impl Kind {
@@ -53,10 +55,11 @@ impl Kind {
             Kind::Shutdown => "shutdown",
             Kind::Renewal => "renewal",
             Kind::Held => "held",
+            Kind::Rebound => "rebound",
         }
     }
 
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Provisioned,
         Kind::Refused,
         Kind::Denied,
@@ -64,6 +67,7 @@ impl Kind {
         Kind::Shutdown,
         Kind::Renewal,
         Kind::Held,
+        Kind::Rebound,
     ];
 }
 

@@ -130,6 +130,21 @@ pub async fn run(
     }
 }
 
+/// Publishes one event now, for a command (`rebind`) rather than a
+/// running provisioner: the stream made when missing (as `audit.create_stream`
+/// allows), the event sealed and stored once.
+pub async fn publish_one(
+    records: &RecordsConfig,
+    cfg: &AuditConfig,
+    key: &SealKey,
+    site: &str,
+    kind: Kind,
+    event: &Event,
+) -> Result<(), String> {
+    let js = open(records, cfg).await?;
+    publish(&js, cfg, key, site, kind, event).await
+}
+
 /// Stopping with events not written yet: each is counted as dropped and the
 /// log says how many, so none goes missing unseen.
 fn give_up(waiting: &mut VecDeque<(Kind, Event)>, metrics: &Metrics) {

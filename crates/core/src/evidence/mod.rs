@@ -421,7 +421,7 @@ fn rsa_key(pem: &str) -> Result<RsaPublicKey, String> {
     }
 }
 
-/// `evidence:` at work: the verifier, and the bindings' bucket (connected
+/// `evidence:` at work: the verifier, and the bindings' buckets (connected
 /// on first use, and again after a failure, which refuses only the node
 /// at hand: it is retried at the next discovery).
 pub struct Gate {
@@ -433,7 +433,25 @@ struct BindingsLink {
     records: choria_config::day_two::RecordsConfig,
     site: String,
     name: String,
-    store: tokio::sync::OnceCell<bindings::Bindings>,
+    instances: tokio::sync::OnceCell<bindings::Bindings>,
+    names: tokio::sync::OnceCell<bindings::Bindings>,
+}
+
+/// What the bindings say of an instance presented under an identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Free to bind, or bound to each other already.
+    Fits,
+    /// The instance is bound to another identity, named.
+    InstanceElsewhere(String),
+    /// The identity is bound to another instance, named.
+    NameElsewhere(String),
+}
+
+/// What binding wrote: whether a value not ours was found over a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub forgery_replaced: bool,
 }
 
 impl Gate {
@@ -450,7 +468,8 @@ impl Gate {
                 records: records.clone(),
                 site: cfg.site.clone(),
                 name: format!("choria-provisioner instance bindings {me}"),
-                store: tokio::sync::OnceCell::new(),
+                instances: tokio::sync::OnceCell::new(),
+                names: tokio::sync::OnceCell::new(),
             }),
             _ => None,
         };
@@ -460,50 +479,84 @@ impl Gate {
         }))
     }
 
-    /// What binding `evidence`'s instance to `identity` would find, without
-    /// writing (with `one_identity_per_instance`); `None` when off.
+    /// What the bindings say of `evidence`'s instance under `identity`,
+    /// without writing (with `one_identity_per_instance`).
     pub async fn check(
         &self,
         evidence: &Evidence,
         identity: &str,
-    ) -> Result<Option<bindings::Bound>, crate::records::store::RecordsError> {
-        let Some(store) = self.store().await? else {
-            return Ok(None);
+    ) -> Result<Verdict, crate::records::store::RecordsError> {
+        let Some(link) = &self.bindings else {
+            return Ok(Verdict::Fits);
         };
-        store.check(&evidence.instance(), identity).await.map(Some)
+        let instance = evidence.instance();
+        let instances = link.store(bindings::Side::Instances).await?;
+        if let bindings::Bound::Other(name) = instances.check(&instance, identity).await? {
+            return Ok(Verdict::InstanceElsewhere(name));
+        }
+        let names = link.store(bindings::Side::Names).await?;
+        if let bindings::Bound::Other(other) = names.check(identity, &instance).await? {
+            return Ok(Verdict::NameElsewhere(other));
+        }
+        Ok(Verdict::Fits)
     }
 
-    /// Binds `evidence`'s instance to `identity` (with
-    /// `one_identity_per_instance`); what it found, `None` when off.
+    /// Binds `evidence`'s instance and `identity` to each other (with
+    /// `one_identity_per_instance`); `take_name` moves the name from the
+    /// instance it was bound to (the caller judged it may). A binding that
+    /// another replica wrote meanwhile is the verdict's.
     pub async fn bind(
         &self,
         evidence: &Evidence,
         identity: &str,
+        take_name: bool,
         now: i64,
-    ) -> Result<Option<bindings::Bound>, crate::records::store::RecordsError> {
-        let Some(store) = self.store().await? else {
-            return Ok(None);
+    ) -> Result<Result<Written, Verdict>, crate::records::store::RecordsError> {
+        let Some(link) = &self.bindings else {
+            return Ok(Ok(Written {
+                forgery_replaced: false,
+            }));
         };
-        store
-            .bind(&evidence.instance(), identity, now)
-            .await
-            .map(Some)
+        use bindings::Bound;
+        let instance = evidence.instance();
+        let instances = link.store(bindings::Side::Instances).await?;
+        let first = match instances.bind(&instance, identity, false, now).await? {
+            Bound::Other(name) => return Ok(Err(Verdict::InstanceElsewhere(name))),
+            b => b,
+        };
+        let names = link.store(bindings::Side::Names).await?;
+        let second = match names.bind(identity, &instance, take_name, now).await? {
+            Bound::Other(other) => return Ok(Err(Verdict::NameElsewhere(other))),
+            b => b,
+        };
+        Ok(Ok(Written {
+            forgery_replaced: first == Bound::ReplacedForgery || second == Bound::ReplacedForgery,
+        }))
     }
+}
 
-    /// The bindings' bucket, connected on first use; `None` when off.
+impl BindingsLink {
+    /// The bucket of `side`, connected on first use.
     async fn store(
         &self,
-    ) -> Result<Option<&bindings::Bindings>, crate::records::store::RecordsError> {
-        let Some(link) = &self.bindings else {
-            return Ok(None);
+        side: bindings::Side,
+    ) -> Result<&bindings::Bindings, crate::records::store::RecordsError> {
+        let cell = match side {
+            bindings::Side::Instances => &self.instances,
+            bindings::Side::Names => &self.names,
         };
-        link.store
-            .get_or_try_init(|| async {
-                let (key, verifier) = crate::records::store::seal_keys(&link.records)?;
-                bindings::Bindings::connect(&link.records, key, verifier, &link.site, &link.name)
-                    .await
-            })
+        cell.get_or_try_init(|| async {
+            let (key, verifier) = crate::records::store::seal_keys(&self.records)?;
+            bindings::Bindings::connect_side(
+                &self.records,
+                side,
+                key,
+                verifier,
+                &self.site,
+                &self.name,
+            )
             .await
-            .map(Some)
+        })
+        .await
     }
 }

@@ -62,10 +62,14 @@ pub struct EvidenceSpec {
     /// or `instance_name` (default: not compared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// An instance is provisioned under one identity only (default true;
-    /// needs `records`).
+    /// An instance is provisioned under one identity only, and an identity
+    /// from one instance only (default true; needs `records`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_identity_per_instance: Option<bool>,
+    /// A name bound to an instance may be taken by another instance once
+    /// its credentials on record expired (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebind_after_expiry: Option<bool>,
 }
 
 /// The audit stream (`audit:` of `provisioner.yaml`).

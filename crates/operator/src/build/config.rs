@@ -149,6 +149,7 @@ fn evidence_file(e: &EvidenceSpec) -> EvidenceFile {
         max_age: e.max_age.clone(),
         node_name: e.node_name.clone(),
         one_identity_per_instance: e.one_identity_per_instance,
+        rebind_after_expiry: e.rebind_after_expiry,
     }
 }
 

@@ -126,7 +126,8 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
             ProvisionError::PolicyDenied(_)
             | ProvisionError::Policy(_)
             | ProvisionError::Evidence(_)
-            | ProvisionError::InstanceBound { .. } => (Kind::Denied, because(e)),
+            | ProvisionError::InstanceBound { .. }
+            | ProvisionError::NameBound { .. } => (Kind::Denied, because(e)),
             ProvisionError::PolicyDeferred(_) | ProvisionError::Deferred(_) => {
                 (Kind::Deferred, because(e))
             }
@@ -228,7 +229,8 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
             | ProvisionError::Revoked { .. }
             | ProvisionError::HeldElsewhere { .. }
             | ProvisionError::Evidence(_)
-            | ProvisionError::InstanceBound { .. }),
+            | ProvisionError::InstanceBound { .. }
+            | ProvisionError::NameBound { .. }),
         ) => not_admitted(shared, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.

@@ -81,7 +81,7 @@ impl HostSequence {
     }
 
     /// What the records say this identity holds, if anything.
-    fn standing(&self) -> Option<crate::records::held::Standing> {
+    pub(super) fn standing(&self) -> Option<crate::records::held::Standing> {
         self.shared.held.as_ref()?.of(&self.identity)
     }
 

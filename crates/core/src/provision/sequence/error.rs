@@ -72,6 +72,8 @@ pub enum ProvisionError {
     Evidence(#[source] crate::evidence::EvidenceError),
     #[error("instance {instance} was provisioned as {identity}: one instance, one identity")]
     InstanceBound { instance: String, identity: String },
+    #[error("the identity was provisioned from instance {instance}: one identity, one instance (a replaced machine is moved with `choria-provisioner rebind`)")]
+    NameBound { instance: String },
     #[error("the instances' identities could not be read: {0}")]
     BindingsUnknown(String),
     #[error("refused by the admission policy: {0}")]
@@ -124,6 +126,7 @@ impl ProvisionError {
             ProvisionError::HeldElsewhere { .. } => "records",
             ProvisionError::Evidence(_)
             | ProvisionError::InstanceBound { .. }
+            | ProvisionError::NameBound { .. }
             | ProvisionError::BindingsUnknown(_) => "evidence",
             ProvisionError::Refused(_) => "grant",
             ProvisionError::Locked { rpc } => rpc,

@@ -3,8 +3,7 @@
 //! what it says as `input.evidence`.
 
 use super::{HostSequence, ProvisionError};
-use crate::evidence::bindings::Bound;
-use crate::evidence::Evidence;
+use crate::evidence::{Evidence, Verdict};
 use tracing::{info, warn};
 
 impl HostSequence {
@@ -29,23 +28,24 @@ impl HostSequence {
                 metrics.evidence(e.label());
                 ProvisionError::Evidence(e)
             })?;
-        // Bound to another name already: refused before the policy. The
-        // binding itself is written only once the node was admitted
+        // Bound otherwise already: refused before the policy. The binding
+        // itself is written only once the node was admitted
         // ([`HostSequence::bind_evidence`]): a copy of the document under a
         // name the policy denies must not bind the instance to it.
-        let instance = evidence.instance();
         match gate.check(&evidence, &self.identity).await {
-            Ok(Some(bound)) => self.judge_binding(&instance, bound)?,
-            Ok(None) => {}
+            Ok(verdict) => {
+                self.judge_binding(&evidence, verdict, now)?;
+            }
             Err(e) => return Err(self.bindings_unknown(e)),
         }
         metrics.evidence("verified");
-        info!(node = &*self.identity, instance = %instance, "instance identity evidence verified");
+        info!(node = &*self.identity, instance = %evidence.instance(), "instance identity evidence verified");
         Ok(Some(evidence))
     }
 
-    /// Binds the verified instance to this identity, once the node passed
-    /// every check and the admission policy, before anything is signed.
+    /// Binds the verified instance and this identity to each other, once
+    /// the node passed every check and the admission policy, before
+    /// anything is signed.
     pub(super) async fn bind_evidence(
         &self,
         evidence: Option<&Evidence>,
@@ -54,31 +54,69 @@ impl HostSequence {
             return Ok(());
         };
         let now = chrono::Utc::now().timestamp();
-        match gate.bind(evidence, &self.identity, now).await {
-            Ok(Some(bound)) => self.judge_binding(&evidence.instance(), bound),
-            Ok(None) => Ok(()),
+        let verdict = gate
+            .check(evidence, &self.identity)
+            .await
+            .map_err(|e| self.bindings_unknown(e))?;
+        let take_name = self.judge_binding(evidence, verdict, now)?;
+        match gate.bind(evidence, &self.identity, take_name, now).await {
+            Ok(Ok(written)) => {
+                if written.forgery_replaced {
+                    self.shared.metrics.evidence("forged_binding");
+                    warn!(node = &*self.identity, instance = %evidence.instance(), "SECURITY: a binding of the instance or the name was not sealed by this Provisioner; ours is written after it");
+                }
+                Ok(())
+            }
+            // Another replica bound one of them meanwhile.
+            Ok(Err(verdict)) => self.judge_binding(evidence, verdict, now).map(|_| ()),
             Err(e) => Err(self.bindings_unknown(e)),
         }
     }
 
-    /// What a binding found, counted: bound elsewhere refuses the node.
-    fn judge_binding(&self, instance: &str, bound: Bound) -> Result<(), ProvisionError> {
-        let metrics = &self.shared.metrics;
-        match bound {
-            Bound::New | Bound::Same => Ok(()),
-            Bound::ReplacedForgery => {
-                metrics.evidence("forged_binding");
-                warn!(node = &*self.identity, instance = %instance, "SECURITY: the instance's binding was not sealed by this Provisioner; ours is written after it");
-                Ok(())
-            }
-            Bound::Other(bound) => {
-                metrics.evidence("bound_elsewhere");
+    /// What the bindings' verdict means for this node: refused (counted
+    /// `bound_elsewhere`), or fine — `true` when its name may move to this
+    /// instance (`rebind_after_expiry`, and the credentials on record for
+    /// the name expired).
+    fn judge_binding(
+        &self,
+        evidence: &Evidence,
+        verdict: Verdict,
+        now: i64,
+    ) -> Result<bool, ProvisionError> {
+        let instance = evidence.instance();
+        match verdict {
+            Verdict::Fits => Ok(false),
+            Verdict::InstanceElsewhere(bound) => {
+                self.shared.metrics.evidence("bound_elsewhere");
                 Err(ProvisionError::InstanceBound {
-                    instance: instance.to_string(),
+                    instance,
                     identity: crate::provision::text::one_line(&bound, 200),
                 })
             }
+            Verdict::NameElsewhere(other) if self.may_take_name(now) => {
+                warn!(node = &*self.identity, from = %other, to = %instance, "the name moves to a new instance: its credentials on record expired (evidence.rebind_after_expiry)");
+                Ok(true)
+            }
+            Verdict::NameElsewhere(other) => {
+                self.shared.metrics.evidence("bound_elsewhere");
+                warn!(node = &*self.identity, bound = %other, presented = %instance, "SECURITY: the name was provisioned from another instance; refusing evidence of this one under it");
+                Err(ProvisionError::NameBound {
+                    instance: crate::provision::text::one_line(&other, 200),
+                })
+            }
         }
+    }
+
+    /// With `rebind_after_expiry`: whether what the name holds on record
+    /// expired (or nothing is on record for it).
+    fn may_take_name(&self, now: i64) -> bool {
+        let allowed = self
+            .shared
+            .cfg
+            .evidence
+            .as_ref()
+            .is_some_and(|e| e.rebind_after_expiry);
+        allowed && self.standing().is_none_or(|s| s.expires_unix <= now)
     }
 
     /// Not known is not "unbound": the node is refused, and tried again.
