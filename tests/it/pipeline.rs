@@ -294,15 +294,17 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
 /// twice so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_lets_configured_nodes_restart_and_configures_none_twice() {
-    restarts_go_out_through(PauseReason::Requested).await;
+    restarts_go_out_through(PauseReason::Requested, 1500).await;
 }
 
 /// The same for a lost leadership term: a leader whose broker went away
 /// between a node's `configure` and its `restart` left it configured for
-/// the next leader to configure again (the cluster tier saw it).
+/// the next leader to configure again (the cluster tier saw it). Its
+/// restarts go out within the grace after the loss (the configures are
+/// answered 400 ms late, inside it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_term_lets_configured_nodes_restart_and_configures_none_twice() {
-    restarts_go_out_through(PauseReason::Election).await;
+    restarts_go_out_through(PauseReason::Election, 400).await;
 }
 
 /// Waits until `n` configure requests went out to the nodes, as seen on
@@ -333,13 +335,19 @@ async fn configure_requests_seen(nats: &NatsServer, n: usize, within: Duration) 
 /// Closes the gate for `reason` while every node's `configure` is in
 /// flight: each is restarted while it is closed, and none is configured
 /// again after it opens.
-async fn restarts_go_out_through(reason: PauseReason) {
+async fn restarts_go_out_through(reason: PauseReason, slow_ms: u64) {
     const N: usize = 10;
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
-    // After its inventory is answered, a node's configure is in flight for
-    // 1.5 s, and the pause lands inside that.
-    let fleet = slow_fleet(&nats, dir.path(), N).await;
+    // A node answers each request `slow_ms` late: its configure is in
+    // flight that long, and the gate closes inside it.
+    let fleet = RunningFleet::start(FleetOptions {
+        connections: 2,
+        slow_nodes: N,
+        slow_delay_ms: slow_ms,
+        ..fleet_options(&nats, dir.path(), N)
+    })
+    .await;
     let template =
         "workers: 16\nconfiguration_template:\n  configuration:\n    identity: '{{ identity }}'\n";
     // An elected replica starts paused for the election until it wins.

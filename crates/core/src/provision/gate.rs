@@ -49,6 +49,8 @@ impl PauseReason {
 pub struct PauseGate {
     reasons: Arc<AtomicU8>,
     term: Arc<AtomicU64>,
+    /// When the last term was lost (the election reason closed the gate).
+    lost_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     changes: Arc<watch::Sender<bool>>,
     metrics: Arc<Metrics>,
 }
@@ -61,6 +63,7 @@ impl PauseGate {
         PauseGate {
             reasons: Arc::new(AtomicU8::new(0)),
             term: Arc::new(AtomicU64::new(1)),
+            lost_at: Arc::new(std::sync::Mutex::new(None)),
             changes: Arc::new(tx),
             metrics,
         }
@@ -86,7 +89,37 @@ impl PauseGate {
         let bit = PauseReason::Election as u8;
         if reason == PauseReason::Election && (before ^ after) & bit != 0 {
             self.term.fetch_add(1, Ordering::SeqCst);
+            let lost = (after & bit != 0).then(std::time::Instant::now);
+            *self.lost_at.lock().unwrap_or_else(|e| e.into_inner()) = lost;
         }
+    }
+
+    /// For the end of work already done (a configured node's `restart`),
+    /// begun in `term`: a requested pause and a shutdown let it go out, and
+    /// so does the loss of that term within `grace` of it — less than
+    /// another replica can take over in (the leader steps down before its
+    /// record expires for the others), so the new leader never finds the
+    /// node mid-sequence. A new term of ours, or a later end, stops it.
+    pub fn check_finishing(&self, term: u64, grace: std::time::Duration) -> Result<(), Paused> {
+        let bits = self.reasons.load(Ordering::SeqCst);
+        let election = PauseReason::Election as u8;
+        let others = PauseReason::Requested as u8 | PauseReason::Shutdown as u8;
+        if bits & !(others | election) != 0 {
+            return Err(Paused(self.reasons().join(", ")));
+        }
+        let now = self.term();
+        if now == term && bits & election == 0 {
+            return Ok(());
+        }
+        let just_lost = self
+            .lost_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < grace);
+        if now == term + 1 && bits & election != 0 && just_lost {
+            return Ok(());
+        }
+        Err(Paused("the leadership term it started in is over".into()))
     }
 
     /// The current leadership term (see the module docs).
@@ -248,5 +281,29 @@ mod tests {
         g.resume(PauseReason::Election);
         rx.changed().await.unwrap();
         assert!(!*rx.borrow());
+    }
+
+    #[test]
+    fn finishing_work_goes_through_a_pause_and_a_fresh_loss_only() {
+        use std::time::Duration;
+        let g = gate();
+        let term = g.term();
+        g.pause(PauseReason::Requested);
+        assert!(g.check_finishing(term, Duration::ZERO).is_ok(), "a pause");
+        g.resume(PauseReason::Requested);
+        g.pause(PauseReason::Election);
+        assert!(
+            g.check_finishing(term, Duration::from_secs(60)).is_ok(),
+            "lost just now"
+        );
+        assert!(
+            g.check_finishing(term, Duration::ZERO).is_err(),
+            "lost longer ago than the grace"
+        );
+        g.resume(PauseReason::Election);
+        assert!(
+            g.check_finishing(term, Duration::from_secs(60)).is_err(),
+            "won again: a new term of ours may be working the node"
+        );
     }
 }

@@ -112,6 +112,12 @@ struct Working<'a> {
     _busy: crate::provision::metrics::BusyWorker<'a>,
 }
 
+/// How long after a lost term a configured node's `restart` still goes
+/// out: under the time a leader steps down before its record expires for
+/// the others (1.2 s was the least seen on a loaded machine with a 5 s
+/// Streams TTL; a Lease's is seconds).
+pub const FINISH_GRACE: Duration = Duration::from_secs(1);
+
 impl HostSequence {
     /// A sequence of the leadership term `term` (the gate's term when the
     /// worker took the node, read before it checked the node was current).
@@ -439,16 +445,20 @@ impl HostSequence {
 
     /// Every checkpoint: the gate is open and our term is the current one
     /// — until `configure` went out: from then on the node's `restart` goes
-    /// out whatever holds the gate.
+    /// out through a pause or a shutdown, and through a term lost less than
+    /// [`FINISH_GRACE`] ago.
     fn gate_check(&self) -> Result<(), Paused> {
         // A pause, a shutdown or a lost term asks that nothing more be
         // configured; a node configured already and stopped before its
         // `restart` would be configured again by whoever works next (the
         // node tier saw 8 of 1,000 so after a pause; the cluster tier saw
         // it when the leader's broker was lost). Its `restart` is the end
-        // of what was already done, not new work.
+        // of what was already done, not new work — unless it is so late
+        // that the next leader may be working the node (the fault tier saw
+        // a restart 4.5 s after the loss land inside the new leader's
+        // sequence).
         if self.finishing {
-            return Ok(());
+            return self.shared.gate.check_finishing(self.term, FINISH_GRACE);
         }
         self.shared.gate.check_term(self.term)?;
         // Once configured, the node is finished here even if it became
