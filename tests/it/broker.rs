@@ -331,7 +331,13 @@ async fn a_real_v2_server_is_provisioned_and_renewed_twice_through_the_broker_on
         s(&cert),
         s(&key)
     );
-    renew_a_v2_server_twice(&mut bench, "renewed-v2.broker.example.net", Some(records)).await;
+    renew_a_v2_server_twice(
+        &mut bench,
+        "renewed-v2.broker.example.net",
+        Some(records),
+        None,
+    )
+    .await;
     let log = bench.broker.choria().log();
     for line in [
         "Registering user 'provisioner' in account 'provisioning' from claims",

@@ -234,3 +234,77 @@ fn policy_eval_prints_the_decision_and_exits_by_it() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("could not be evaluated"), "{}", text(&o));
 }
+
+/// `token issue` mints a join token a node can be renewed with: with
+/// `--config` one that would not outlive the credentials the provisioner
+/// issues is refused, naming the least that would; the provisioning token
+/// comes from a file (or the environment), never the command line, and
+/// `--facts` names the node's facts file (where its evidence goes).
+#[test]
+fn token_issue_refuses_a_token_that_would_strand_its_node() {
+    use choria_wire::security::tokens;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let signer = choria_wire::security::ed25519::Ed25519KeyPair::generate();
+    std::fs::write(d.join("signer.seed"), signer.seed_hex()).unwrap();
+    std::fs::write(d.join("token"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(
+        d.join("provisioner.yaml"),
+        format!(
+            "token: {TOKEN}\nchoria_insecure: true\nhelper: /bin/true\nfeatures:\n  ed25519: true\n\
+             jwt_signing_key: {seed}\njwt_verify_cert: {public}\nserver_jwt_validity: 30d\n\
+             records:\n  url: nats://127.0.0.1:4222\n  signing_key: {seed}\n\
+             renewal:\n  before: 20%\n  retry: 1h\n  choria_config: {cfg}\n",
+            seed = d.join("signer.seed").display(),
+            public = signer.public_hex(),
+            cfg = d.join("renewal.cfg").display(),
+        ),
+    )
+    .unwrap();
+    let issue = |ttl: &str| {
+        run(
+            &[
+                "token",
+                "issue",
+                "--identity",
+                "joined.example.net",
+                "--ttl",
+                ttl,
+                "--signer",
+                &d.join("signer.seed").display().to_string(),
+                "--token-file",
+                &d.join("token").display().to_string(),
+                "--facts",
+                "/etc/choria/facts.json",
+                "--urls",
+                "nats://broker.example.net:4222",
+                "--config",
+                &d.join("provisioner.yaml").display().to_string(),
+            ],
+            d,
+        )
+    };
+    let refused = issue("7d");
+    assert!(!refused.status.success());
+    let why = text(&refused);
+    assert!(
+        why.contains("would strand the node")
+            && why.contains("server_jwt_validity")
+            && why.contains("give --ttl 31d"),
+        "{why}"
+    );
+    let ok = issue("90d");
+    assert!(ok.status.success(), "{}", text(&ok));
+    let jwt = String::from_utf8_lossy(&ok.stdout).trim().to_string();
+    let claims = tokens::parse_provisioning_token_unverified(&jwt).unwrap();
+    assert_eq!(claims.token, TOKEN, "the token read from its file");
+    assert_eq!(claims.prov_facts, "/etc/choria/facts.json");
+    assert_eq!(claims.bound_identity().unwrap(), Some("joined.example.net"));
+    // From the environment, and never echoed by --help.
+    let env = Command::new(binary())
+        .args(["token", "issue", "--help"])
+        .env("CHORIA_PROVISIONING_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!text(&env).contains(TOKEN), "{}", text(&env));
+}

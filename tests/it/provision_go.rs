@@ -427,12 +427,45 @@ async fn a_real_v2_server_is_renewed_twice_before_its_credentials_expire() {
     else {
         return;
     };
-    renew_a_v2_server_twice(&mut bench, "renewed-v2.provision.example.net", None).await;
+    renew_a_v2_server_twice(&mut bench, "renewed-v2.provision.example.net", None, None).await;
 }
 
 // ---------------------------------------------------------------------------
 // Join tokens: a provisioning JWT minted for one node.
 // ---------------------------------------------------------------------------
+
+/// A real go-choria server joined with a token `token issue` minted (the
+/// provisioning token read from a file, its lifetime checked against the
+/// credentials the provisioner issues) is renewed twice with it: it comes
+/// back each time with the same token, which outlives its server JWT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_server_joined_with_a_token_is_renewed_twice() {
+    let Some(mut bench) = Bench::start("a_real_server_joined_with_a_token_is_renewed_twice").await
+    else {
+        return;
+    };
+    let id = "joined-renewed.provision.example.net";
+    let token_file = bench.path("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let jwt = crate::support::stdout_of(
+        std::process::Command::new(crate::support::provisioner::binary()).args([
+            "token",
+            "issue",
+            "--identity",
+            id,
+            "--ttl",
+            "1d",
+            "--signer",
+            s(&bench.signers.issuer_seed),
+            "--token-file",
+            s(&token_file),
+            "--urls",
+            &bench.url(),
+            "--protocol-v2",
+        ]),
+    );
+    renew_a_v2_server_twice(&mut bench, id, None, Some(jwt.trim().to_string())).await;
+}
 
 /// `token issue` mints a provisioning JWT bound to one identity, which a
 /// real go-choria server takes unchanged; the node it was issued for is

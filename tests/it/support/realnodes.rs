@@ -796,7 +796,12 @@ impl V2Org {
 /// twice; every provisioning on record in a KV bucket: reached with
 /// `records` (the `url` and credential keys of `records:`), or by default
 /// on a nats-server of its own.
-pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str, records: Option<String>) {
+pub async fn renew_a_v2_server_twice(
+    bench: &mut Bench,
+    id: &str,
+    records: Option<String>,
+    join_token: Option<String>,
+) {
     let org = V2Org::issue(bench);
     let store = tempfile::tempdir().unwrap();
     let own = records.is_none().then(|| {
@@ -806,7 +811,12 @@ pub async fn renew_a_v2_server_twice(bench: &mut Bench, id: &str, records: Optio
         ))
     });
     let records = records.unwrap_or_else(|| format!("  url: {}\n", own.as_ref().unwrap().url()));
-    let server = bench.server(id, Version::V2).await;
+    // The node comes back each time with the provisioning JWT it started
+    // with: one `choria jwt prov` made, or a join token `token issue` made.
+    let server = match &join_token {
+        Some(jwt) => bench.server_with_jwt(id, jwt).await,
+        None => bench.server(id, Version::V2).await,
+    };
     let node_dir = bench.path(id);
     let settings = org.server_settings(&node_dir);
     // The provisioner ships the policy that lets its own caller (the

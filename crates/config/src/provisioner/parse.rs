@@ -456,6 +456,30 @@ fn day_two(
     Ok((records, renewal))
 }
 
+impl super::ProvisionerConfig {
+    /// The longest lifetime of the credentials this configuration issues,
+    /// when it knows one (as [`shortest_lifetime`]): how long a node must
+    /// be able to come back to renew them.
+    pub fn issued_lifetime_longest(&self) -> Option<Lifetime> {
+        let jwt = self.features.ed25519.then_some(Lifetime {
+            setting: "server_jwt_validity",
+            lifetime: self.server_jwt_validity,
+        });
+        let cert = self
+            .cert_manager
+            .as_ref()
+            .and_then(|c| c.duration)
+            .map(|d| Lifetime {
+                setting: "cert_manager.duration",
+                lifetime: d,
+            });
+        match (jwt, cert) {
+            (Some(j), Some(c)) => Some(if c.lifetime > j.lifetime { c } else { j }),
+            (j, c) => j.or(c),
+        }
+    }
+}
+
 /// The shortest lifetime this configuration issues, when it knows one: the
 /// server JWTs (`features.ed25519`) and cert-manager's certificates (with a
 /// `duration`); a helper's certificates are its own business.
