@@ -289,7 +289,9 @@ file_section! {
         ///
         /// Default: `CHORIA_PROVISIONER_RECORDS`
         bucket: String,
-        /// Revisions kept per node (1–64).
+        /// Records a node's key holds (1–64); later ones go to an overflow
+        /// key of it, and none is ever pushed out (see What survives what in
+        /// the Day two guide).
         ///
         /// Default: `5`
         history: i64,

@@ -430,7 +430,8 @@ pub struct RecordsSpec {
     /// The KV bucket (default `CHORIA_PROVISIONER_RECORDS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<String>,
-    /// Revisions kept per node, 1 to 64 (default 5).
+    /// Records a node's key holds, 1 to 64 (default 5); later ones go to an
+    /// overflow key, none is pushed out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<i32>,
     /// Create the bucket when it is missing (default true).
