@@ -36,9 +36,13 @@ const STREAMS_DEFAULT_TIMINGS: &str =
 const LEASES: &str = "election:\n  mode: shards\n  backend: lease\n  lease_name: shards-test\n  \
      lease_namespace: default\n  lease_duration: 6s\n  renew_deadline: 4s\n  retry_period: 1s\n";
 
+/// A reply later than `rpc_timeout` is asked for again: a second
+/// `configure` for one node, which the tests count as twice. On a loaded
+/// machine replies took over 3 s (seen twice in one session); 10 s, as the provision
+/// tier found, leaves them room.
 fn yaml(workers: usize, election: &str) -> String {
     format!(
-        "workers: {workers}\ninterval: 1m\nsite: shards\nchoria_insecure: true\nrpc_timeout: 3s\n\
+        "workers: {workers}\ninterval: 1m\nsite: shards\nchoria_insecure: true\nrpc_timeout: 10s\n\
          discovery_timeout: 2s\ndiscovery_window: 500ms\n{election}\
          configuration_template:\n  configuration:\n    identity: '{{{{ identity }}}}'\n    \
          plugin.choria.server.provision: 'false'\n"
