@@ -56,7 +56,9 @@ fn jwt(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
 
     let rsa_key = csr::generate_rsa_key(2048).unwrap();
-    let rsa_signer = TokenSigningKey::Rsa(rsa_key.clone());
+    let rsa_signer = TokenSigningKey::Rsa(choria_wire::security::rsa_signer::RsaSigningKey::new(
+        rsa_key.clone(),
+    ));
     let rsa_token = provisioning_token(&rsa_signer);
     let rsa_verify = rsa_signer.verify_key();
     g.bench_function("provisioning_verify_rs256_2048", |b| {
@@ -210,7 +212,9 @@ fn server_jwt(c: &mut Criterion) {
         })
     });
 
-    let rsa = TokenSigningKey::Rsa(csr::generate_rsa_key(2048).unwrap());
+    let rsa = TokenSigningKey::Rsa(choria_wire::security::rsa_signer::RsaSigningKey::new(
+        csr::generate_rsa_key(2048).unwrap(),
+    ));
     g.bench_function("claims_and_sign_rs256_2048", |b| {
         b.iter(|| black_box(rsa.sign(&claims()).unwrap()))
     });

@@ -174,7 +174,7 @@ impl ChoriaClientConfig {
             ));
         }
         let signer = RequestSigner::V1Rsa {
-            key: Box::new(self.read_rsa_key(&key)?),
+            key: choria_wire::security::rsa_signer::RsaSigningKey::new(self.read_rsa_key(&key)?),
             cert_pem,
         };
         let tls = TlsSettings {

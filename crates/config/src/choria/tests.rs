@@ -366,7 +366,7 @@ fn file_provider_setup() {
     assert_eq!(s.identity.caller, "choria=provisioner.mcollective");
     match &s.identity.signer {
         RequestSigner::V1Rsa { key: k, cert_pem } => {
-            assert_eq!(**k, key);
+            assert_eq!(*k.key(), key);
             assert_eq!(cert_pem, cert);
         }
         other => panic!("{other:?}"),

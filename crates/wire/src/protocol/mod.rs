@@ -217,7 +217,7 @@ pub enum RequestSigner {
     V1Insecure,
     /// v1 with an x509 identity: RSA PKCS#1 v1.5 SHA-256 over the request bytes.
     V1Rsa {
-        key: Box<rsa::RsaPrivateKey>,
+        key: crate::security::rsa_signer::RsaSigningKey,
         cert_pem: String,
     },
     /// v2: ed25519 over the request bytes and the caller JWT attached.

@@ -159,12 +159,10 @@ pub fn encode_request(
     let (signature, pubcert) = match signer {
         RequestSigner::V1Insecure => (INSECURE.to_string(), INSECURE.to_string()),
         RequestSigner::V1Rsa { key, cert_pem } => {
-            use rsa::signature::{SignatureEncoding, Signer};
-            let signing_key = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new((**key).clone());
-            let sig = signing_key
-                .try_sign(&inner_json)
-                .map_err(|e| ProtocolError::Signing(e.to_string()))?;
-            (STANDARD.encode(sig.to_bytes()), cert_pem.clone())
+            let sig = key
+                .sign_sha256(&inner_json)
+                .map_err(ProtocolError::Signing)?;
+            (STANDARD.encode(sig), cert_pem.clone())
         }
         RequestSigner::V2 { .. } => {
             return Err(ProtocolError::VersionMismatch {
@@ -631,7 +629,7 @@ mod tests {
         use rsa::signature::Verifier;
         let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 1024).unwrap();
         let signer = RequestSigner::V1Rsa {
-            key: Box::new(key.clone()),
+            key: crate::security::rsa_signer::RsaSigningKey::new(key.clone()),
             cert_pem: "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n".into(),
         };
         let filter = Filter::with_agent("choria_provision");

@@ -25,6 +25,7 @@ pub mod ed25519;
 mod go_vectors;
 pub mod ksuid;
 pub mod pem_crypt;
+pub mod rsa_signer;
 pub mod seal;
 pub mod tokens;
 

@@ -1,6 +1,7 @@
 //! Signing and verification keys: RSA PEM (PKCS#1/PKCS#8, certificates, public keys) and hex ed25519.
 
 use super::*;
+use crate::security::rsa_signer::RsaSigningKey;
 
 // Keys
 // ---------------------------------------------------------------------------
@@ -19,10 +20,14 @@ pub(super) fn read_key_file(path: &Path) -> Result<Vec<u8>, KeyError> {
 }
 
 /// A JWT signing key: RSA (⇒ RS256) or ed25519 (⇒ EdDSA). `Debug` redacts.
+// One per process (the issuer key), never in a collection: its size does
+// not matter, and boxing the seed would only add a pointer to every use.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum TokenSigningKey {
-    /// RSA private key, signs RS256.
-    Rsa(RsaPrivateKey),
+    /// RSA private key, signs RS256 (through `ring`, see
+    /// [`crate::security::rsa_signer`]).
+    Rsa(RsaSigningKey),
     /// Ed25519 key, signs EdDSA.
     Ed25519(SigningKey),
 }
@@ -33,7 +38,7 @@ impl fmt::Debug for TokenSigningKey {
             Self::Rsa(k) => write!(
                 f,
                 "TokenSigningKey::Rsa(<redacted {} bit key>)",
-                k.n().bits()
+                k.key().n().bits()
             ),
             Self::Ed25519(k) => write!(
                 f,
@@ -70,7 +75,7 @@ impl TokenSigningKey {
                     ))
                 })?,
             };
-            return Ok(Self::Rsa(key));
+            return Ok(Self::Rsa(RsaSigningKey::new(key)));
         }
         let text = std::str::from_utf8(data)
             .map_err(|_| KeyError::UnsupportedSigningKey(data.len()))?
@@ -101,7 +106,7 @@ impl TokenSigningKey {
     /// The matching verification key.
     pub fn verify_key(&self) -> TokenVerifyKey {
         match self {
-            Self::Rsa(k) => TokenVerifyKey::Rsa(k.to_public_key()),
+            Self::Rsa(k) => TokenVerifyKey::Rsa(k.key().to_public_key()),
             Self::Ed25519(k) => TokenVerifyKey::Ed25519(k.verifying_key()),
         }
     }
@@ -114,19 +119,17 @@ impl TokenSigningKey {
         let mut out = JWT_B64.encode(header.as_bytes());
         out.push('.');
         out.push_str(&JWT_B64.encode(payload));
-        let sig = self.sign_input(out.as_bytes());
+        let sig = self.sign_input(out.as_bytes())?;
         out.push('.');
         out.push_str(&JWT_B64.encode(sig));
         Ok(out)
     }
 
     /// The raw JWS signature of a signing input (`<header>.<claims>`).
-    pub(super) fn sign_input(&self, input: &[u8]) -> Vec<u8> {
+    pub(super) fn sign_input(&self, input: &[u8]) -> Result<Vec<u8>, TokenError> {
         match self {
-            Self::Rsa(k) => pkcs1v15::SigningKey::<Sha256>::new(k.clone())
-                .sign_with_rng(&mut rand::rngs::OsRng, input)
-                .to_vec(),
-            Self::Ed25519(k) => k.sign(input).to_bytes().to_vec(),
+            Self::Rsa(k) => k.sign_sha256(input).map_err(TokenError::Signing),
+            Self::Ed25519(k) => Ok(k.sign(input).to_bytes().to_vec()),
         }
     }
 }

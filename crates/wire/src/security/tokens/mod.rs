@@ -33,7 +33,6 @@ use rsa::pkcs1::DecodeRsaPrivateKey;
 use rsa::pkcs1::DecodeRsaPublicKey;
 use rsa::pkcs1v15;
 use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
-use rsa::signature::{RandomizedSigner, SignatureEncoding};
 use rsa::traits::PublicKeyParts;
 use rsa::{RsaPrivateKey, RsaPublicKey};
 use serde::de::DeserializeOwned;
@@ -118,6 +117,9 @@ pub enum KeyError {
 /// Errors creating, signing, parsing or verifying tokens.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
+    /// The private-key operation failed.
+    #[error("signing the token failed: {0}")]
+    Signing(String),
     /// Not three base64url segments, bad base64, bad header JSON, no `alg`.
     #[error("token is malformed: {0}")]
     Malformed(String),

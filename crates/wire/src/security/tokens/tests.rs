@@ -4,6 +4,7 @@ use crate::json;
 use crate::testing::test_key;
 use crate::testing::{openssl, run_ok, skip_without_openssl};
 use proptest::prelude::*;
+use rsa::signature::{RandomizedSigner, SignatureEncoding};
 
 const NOW: i64 = 1_700_000_000;
 const SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
@@ -14,7 +15,9 @@ fn ed_key() -> TokenSigningKey {
 }
 
 fn rsa_key() -> TokenSigningKey {
-    TokenSigningKey::Rsa(test_key().clone())
+    TokenSigningKey::Rsa(crate::security::rsa_signer::RsaSigningKey::new(
+        test_key().clone(),
+    ))
 }
 
 fn b64(s: &str) -> String {
@@ -26,7 +29,7 @@ fn raw_token(header: &str, claims: &str, key: &TokenSigningKey) -> String {
     let input = format!("{}.{}", b64(header), b64(claims));
     format!(
         "{input}.{}",
-        JWT_B64.encode(key.sign_input(input.as_bytes()))
+        JWT_B64.encode(key.sign_input(input.as_bytes()).unwrap())
     )
 }
 
