@@ -183,24 +183,33 @@ fn date(unix: i64) -> String {
         .unwrap_or_default()
 }
 
-/// The listing: one line per node, expiry as a date and how far away.
+/// The listing: one line per node, expiry as a date and how far away;
+/// every cell cleaned for the terminal ([`super::table`]: an unverified
+/// record is what someone else wrote).
 pub fn table(listed: &[Listed], now: i64) -> String {
-    let mut out = format!(
-        "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
-        "NODE", "PROVISIONED", "REPLICA", "MODE", "EXPIRES", "ISSUED", "STATE"
-    );
+    use super::table::{Column, Table};
+    let col = |header, max| Column { header, max };
+    let mut t = Table::new(vec![
+        col("NODE", 60),
+        col("PROVISIONED", 20),
+        col("REPLICA", 60),
+        col("MODE", 16),
+        col("EXPIRES", 30),
+        col("ISSUED", 60),
+        col("STATE", 0),
+    ]);
     for l in listed {
         let Some(r) = &l.record else {
-            out.push_str(&format!(
-                "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
-                choria_core::provision::one_line(&l.key, 60),
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                l.state
-            ));
+            let dash = || "-".to_string();
+            t.row(vec![
+                l.key.clone(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                l.state.clone(),
+            ]);
             continue;
         };
         let expires = r
@@ -212,28 +221,18 @@ pub fn table(listed: &[Listed], now: i64) -> String {
             (None, Some(j)) => format!("server JWT {}", j.jti),
             (None, None) => "-".into(),
         };
-        // An unverified record says what someone wrote: shown, but every
-        // field of it marked as such, and cut to one line.
-        let shown = |s: &str| {
-            if l.verified {
-                s.to_string()
-            } else {
-                choria_core::provision::one_line(s, 60)
-            }
-        };
-        out.push_str(&format!(
-            "{:<40} {:<20} {:<24} {:<16} {:<20} {:<28} {}\n",
+        t.row(vec![
             // Its key in the bucket: an unverified record may name another.
-            shown(&l.key),
-            shown(&r.time),
-            shown(&r.replica),
-            shown(&r.mode),
+            l.key.clone(),
+            r.time.clone(),
+            r.replica.clone(),
+            r.mode.clone(),
             expires,
-            shown(&issued),
-            l.state
-        ));
+            issued,
+            l.state.clone(),
+        ]);
     }
-    out
+    t.render(false)
 }
 
 fn left(seconds: i64) -> String {
