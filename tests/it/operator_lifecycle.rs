@@ -624,15 +624,18 @@ fn handover_gap(
     new: &Proc,
     next_from: usize,
 ) -> (f64, usize) {
-    let (end, line) = logged(&old.logs(), stopped, from)
-        .unwrap_or_else(|| panic!("{} never logged {stopped:?}:\n{}", old.name, old.tail(20)));
-    let (start, next) = logged(&new.logs(), "controller started", next_from).unwrap_or_else(|| {
-        panic!(
-            "{} never started its controller:\n{}",
-            new.name,
-            new.tail(20)
-        )
-    });
+    // Each line is waited for: the leader gauge turns before the new
+    // controller logs its start (CI read the log in between once).
+    let (end, line) = wait_for(
+        &format!("{} to log {stopped:?}", old.name),
+        Duration::from_secs(10),
+        || logged(&old.logs(), stopped, from),
+    );
+    let (start, next) = wait_for(
+        &format!("{} to start its controller", new.name),
+        Duration::from_secs(10),
+        || logged(&new.logs(), "controller started", next_from),
+    );
     let applied_after = old
         .logs()
         .lines()
