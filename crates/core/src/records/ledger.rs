@@ -326,19 +326,26 @@ impl Ledger {
     /// Every entry the bucket holds, oldest first, read to its end.
     pub async fn entries(&self) -> Result<Vec<kv::Entry>, RecordsError> {
         let mut out = Vec::new();
+        self.each(|e| out.push(e)).await?;
+        Ok(out)
+    }
+
+    /// Every entry the bucket holds, oldest first, handed to `take` as it
+    /// is read (a large bucket is never held whole), to its end.
+    pub async fn each(&self, mut take: impl FnMut(kv::Entry)) -> Result<(), RecordsError> {
         let mut follow = self.follow().await?;
         if follow.current {
-            return Ok(out);
+            return Ok(());
         }
         while let Some(e) = follow.next().await {
             let e = e?;
             let current = e.delta == 0;
-            out.push(e);
+            take(e);
             if current {
                 break;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Every entry the bucket holds, oldest first, then each new one.

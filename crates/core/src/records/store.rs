@@ -88,9 +88,7 @@ impl RecordStore {
     /// hides nothing and brings nothing back.
     pub async fn all(&self) -> Result<Vec<Read>, RecordsError> {
         let mut newest = Newest::default();
-        for e in self.ledger.entries().await? {
-            newest.take(self.read(e));
-        }
+        self.ledger.each(|e| newest.take(self.read(e))).await?;
         Ok(newest.into_reads())
     }
 
