@@ -103,9 +103,11 @@ ROOMS = {
         "provision/day_two/recorder", "audit",
     },
     # spec.revocations: the pods write the resource's list into the
-    # revocations' bucket (records), reasons cut to one line (text).
+    # revocations' bucket (records), reasons cut to one line (text);
+    # spec.bindings: into the names' bucket (evidence), audited (audit).
     "provision/kube": {
         "backoff", "monitor", "provision/gate", "provision/shared", "records", "provision/text",
+        "evidence", "audit",
     },
     "provision/pipeline": {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",

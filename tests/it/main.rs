@@ -29,6 +29,7 @@ mod interop_go;
 mod kube_apiserver;
 mod memory;
 mod node_tier;
+mod operator_bindings;
 mod operator_e2e;
 mod operator_lifecycle;
 mod pipeline;

@@ -1614,11 +1614,7 @@ async fn spec_revocations_are_written_by_the_pods_and_lifted_when_removed() {
     let c = Cluster::start(&bins);
     let cp = &c.cp;
     c.create_namespace();
-    let store = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start_with(&format!(
-        "jetstream {{ store_dir: \"{}\" }}\n",
-        store.path().display()
-    ));
+    let nats = NatsServer::start_jetstream();
     let journal = c.dir.path().join("journal.jsonl");
     let fleet = RunningFleet::start(fleet_options(&nats, NODES, &journal)).await;
     let (listed, by_hand) = (fleet.identities[0].clone(), fleet.identities[1].clone());

@@ -282,6 +282,14 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.revocations[0]: Invalid value: \"object\": spec.revocations[].reason must be one line of text"),
         (json!({"records": {"urls": ["nats://records:4222"]}, "revocations": [{"identity": "n1", "reason": "a"}, {"identity": "n1", "reason": "b"}]}),
          "spec.revocations[1]: Duplicate value"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "bindings": [{"identity": "web-1", "instance": "aws.123456789012.i-0b", "reason": "replaced"}]}),
+         "spec.bindings: Invalid value: \"object\": spec.bindings bind names beside the records, for evidence with one identity per instance"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}},
+                "bindings": [{"identity": "web-1", "instance": "i-0b", "reason": "replaced"}]}),
+         "spec.bindings[0]: Invalid value: \"object\": spec.bindings[].instance must name an instance as the provisioner does"),
+        (json!({"records": {"urls": ["nats://records:4222"]}, "evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}},
+                "bindings": [{"identity": "web-1", "instance": "gcp.p.1", "reason": "a"}, {"identity": "web-1", "instance": "gcp.p.2", "reason": "b"}]}),
+         "spec.bindings[1]: Duplicate value"),
     ];
     let mut seen = Vec::new();
     for (i, (spec, message)) in invalid.into_iter().enumerate() {

@@ -37,6 +37,7 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     election(s, problem);
     records_and_renewal(s, problem);
     revocations(s, problem);
+    bindings(s, problem);
     helper(s, problem);
     pod::check(&s.pod, problem);
 
@@ -338,6 +339,65 @@ fn revocations(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     }
 }
 
+/// `spec.bindings`: what the API server's rules check, and what the pods
+/// would refuse to write.
+fn bindings(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    if s.bindings.is_empty() {
+        return;
+    }
+    let one_per_instance = s
+        .evidence
+        .as_ref()
+        .is_some_and(|e| e.one_identity_per_instance != Some(false));
+    if s.records.is_none() || !one_per_instance {
+        problem("spec.bindings bind names beside the records, for evidence with one identity per instance: set spec.records and spec.evidence too".into());
+    }
+    if s.bindings.len() > choria_k8s::crd::MAX_BINDINGS as usize {
+        problem(format!(
+            "spec.bindings lists {} names, more than {}: bind the rest with choria-provisioner rebind",
+            s.bindings.len(),
+            choria_k8s::crd::MAX_BINDINGS
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, b) in s.bindings.iter().enumerate() {
+        if let Err(e) = choria_wire::identity::validate(&b.identity) {
+            problem(format!("spec.bindings[{i}].identity: {e}"));
+        } else if !seen.insert(b.identity.as_str()) {
+            problem(format!("spec.bindings[{i}].identity is listed twice"));
+        }
+        if !is_instance(&b.instance) {
+            problem(format!(
+                "spec.bindings[{i}].instance must name an instance as the provisioner does: aws.<account>.<id>, gcp.<project>.<id> or azure.<subscription>.<vm id>"
+            ));
+        }
+        if b.reason.trim().is_empty()
+            || b.reason.contains(['\n', '\r'])
+            || b.reason.chars().count() > 500
+        {
+            problem(format!(
+                "spec.bindings[{i}].reason must be one line of text, not empty, at most 500 characters"
+            ));
+        }
+    }
+}
+
+/// `choria_k8s::crd::INSTANCE`, without a regex engine: a provider, an
+/// account and an id.
+fn is_instance(s: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    let parts: Vec<&str> = s.split('.').collect();
+    s.len() <= 253
+        && parts.len() == 3
+        && ["aws", "gcp", "azure"].contains(&parts[0])
+        && part(parts[1])
+        && part(parts[2])
+}
+
 /// `spec.helper`, or else `spec.nodeConfiguration`: what configures the nodes.
 fn helper(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     match &s.helper {
@@ -464,6 +524,45 @@ mod tests {
             &["spec.revocations[0].reason must be one line"],
         );
         assert!(problems(json!({"records": records, "revocations": [{"identity": "n1.example", "reason": "stolen"}]})).is_empty());
+    }
+
+    #[test]
+    fn bindings_need_records_evidence_instances_and_one_line_reasons() {
+        let records = json!({"urls": ["nats://r:4222"]});
+        let evidence = json!({"awsCertificates": {"name": "roots", "key": "aws.pem"}});
+        let pin = json!([{"identity": "web-1", "instance": "aws.123456789012.i-0b", "reason": "replaced"}]);
+        one(
+            json!({"records": records, "bindings": pin}),
+            &["spec.bindings bind names beside the records"],
+        );
+        one(
+            json!({"records": records, "evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}, "bindings": pin}),
+            &["spec.bindings bind names beside the records"],
+        );
+        for bad in [
+            "i-0b",
+            "ec2.1.i-0b",
+            "aws.1.i-0b.x",
+            "aws..i-0b",
+            "aws.1.i 0b",
+            "aws.1.>",
+        ] {
+            one(
+                json!({"records": records, "evidence": evidence, "bindings": [{"identity": "web-1", "instance": bad, "reason": "r"}]}),
+                &["spec.bindings[0].instance must name an instance"],
+            );
+        }
+        one(
+            json!({"records": records, "evidence": evidence, "bindings": [{"identity": "web-1", "instance": "gcp.p.1", "reason": "a"}, {"identity": "web-1", "instance": "gcp.p.2", "reason": "b"}]}),
+            &["spec.bindings[1].identity is listed twice"],
+        );
+        one(
+            json!({"records": records, "evidence": evidence, "bindings": [{"identity": "web-1", "instance": "gcp.p.1", "reason": " "}]}),
+            &["spec.bindings[0].reason must be one line"],
+        );
+        assert!(
+            problems(json!({"records": records, "evidence": evidence, "bindings": pin})).is_empty()
+        );
     }
 
     #[test]

@@ -68,6 +68,17 @@ impl NatsServer {
         Self::start_with("")
     }
 
+    /// Plain server with JetStream, its store in the server's own
+    /// directory.
+    pub fn start_jetstream() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = format!(
+            "jetstream {{ store_dir: \"{}\" }}\n",
+            dir.path().join("jetstream").display()
+        );
+        Self::start_in(dir, &extra)
+    }
+
     /// Server offering TLS (optional for clients, as in the Choria test recipe),
     /// with a self-signed certificate made by openssl.
     pub fn start_tls_available() -> Self {

@@ -535,6 +535,19 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// The names' bucket (`<records.bucket>_NAMES`), connected on first
+    /// use; `None` without `one_identity_per_instance`.
+    pub async fn names(
+        &self,
+    ) -> Result<Option<&bindings::Bindings>, crate::records::store::RecordsError> {
+        match &self.bindings {
+            Some(link) => link.store(bindings::Side::Names).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
 impl BindingsLink {
     /// The bucket of `side`, connected on first use.
     async fn store(

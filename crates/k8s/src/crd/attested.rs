@@ -1,9 +1,9 @@
 //! The attested-provisioning sections of a `Provisioner`: `spec.admission`,
 //! `spec.evidence` and `spec.audit`, each the `provisioner.yaml` section of
 //! the same name (the operator writes them, `build/config.rs`), and
-//! `spec.revocations`, which the pods read from the resource itself (as
-//! they read `spec.paused`) and write as sealed revocations: only they hold
-//! the key that seals them.
+//! `spec.revocations` and `spec.bindings`, which the pods read from the
+//! resource itself (as they read `spec.paused`) and write as sealed
+//! revocations and name bindings: only they hold the key that seals them.
 
 use super::SecretKeyRef;
 use schemars::JsonSchema;
@@ -119,4 +119,33 @@ pub const MAX_REVOCATIONS: i64 = 1000;
 /// `spec.revocations` is a map keyed by identity: each listed once.
 pub(super) fn revocations_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     super::pod::keyed::<RevokedNode>(generator, "identity")
+}
+
+/// One name `spec.bindings` binds to a cloud instance, as
+/// `choria-provisioner rebind --instance` does: a replaced machine's name
+/// moved to its successor.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct BoundNode {
+    /// The node's identity.
+    pub identity: String,
+    /// The instance, as the provisioner names instances:
+    /// `aws.<account>.<instance id>`, `gcp.<project>.<id>`,
+    /// `azure.<subscription>.<vm id>` (`bound_elsewhere` audit events and
+    /// the provisioner's log name the one refused).
+    pub instance: String,
+    /// Why, as the audit stream shows it.
+    pub reason: String,
+}
+
+/// The most names `spec.bindings` lists: each is read back from the bucket
+/// on every reapplication (more belong to `choria-provisioner rebind`).
+pub const MAX_BINDINGS: i64 = 256;
+
+/// A cloud instance as the provisioner names it: a provider, then the
+/// account and the instance's id, each of letters, digits, `-` and `_`.
+pub const INSTANCE: &str = "^(aws|gcp|azure)[.][-_a-zA-Z0-9]+[.][-_a-zA-Z0-9]+$";
+
+/// `spec.bindings` is a map keyed by identity: each listed once.
+pub(super) fn bindings_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    super::pod::keyed::<BoundNode>(generator, "identity")
 }

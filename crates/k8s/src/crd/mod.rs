@@ -21,7 +21,8 @@ pub mod status_patch;
 pub mod validation;
 
 pub use attested::{
-    AdmissionSpec, AuditSpec, ConfigMapKeyRef, EvidenceSpec, RevokedNode, MAX_REVOCATIONS,
+    AdmissionSpec, AuditSpec, BoundNode, ConfigMapKeyRef, EvidenceSpec, RevokedNode, INSTANCE,
+    MAX_BINDINGS, MAX_REVOCATIONS,
 };
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
@@ -272,6 +273,14 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "attested::revocations_schema")]
     pub revocations: Vec<RevokedNode>,
+    /// Names bound to a cloud instance, as `choria-provisioner rebind
+    /// --instance` binds them (a replaced machine's successor): while a
+    /// name is listed the pods hold it to its instance, whoever binds it
+    /// elsewhere meanwhile; out of the list it stays where it is. Needs
+    /// `records` and `evidence` with one identity per instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "attested::bindings_schema")]
+    pub bindings: Vec<BoundNode>,
 
     /// Placement, metadata, pull secrets, environment, volumes and priority
     /// of the provisioner pods, within what the cluster admin allows.

@@ -422,6 +422,8 @@ pub async fn run(
             .await
         }
     };
+    let bindings =
+        super::bindings::apply(resource.clone(), shared.clone(), seen.clone(), stop.clone());
     tokio::join!(
         follow(
             api.clone(),
@@ -431,6 +433,7 @@ pub async fn run(
             stop.clone()
         ),
         revocations,
+        bindings,
         report(
             api,
             resource.clone(),

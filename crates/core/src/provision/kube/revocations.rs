@@ -15,7 +15,6 @@
 //! revocation written meanwhile by someone else (`choria-provisioner
 //! revoke`) is never lifted by a view that had not seen it.
 
-use crate::monitor::Exposition;
 use crate::provision::shared::Shared;
 use crate::records::revocations::{Revocation, RevocationStore};
 use choria_config::day_two::RecordsConfig;
@@ -26,11 +25,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-
-/// How often the list is applied again without a new version of the
-/// resource: a replica that starts working, or a lifting written by hand
-/// while the identity is still listed.
-pub const REAPPLY: Duration = Duration::from_secs(10);
 
 /// Who the revocations the list writes name as their writer: how a lifting
 /// knows the list revoked the identity.
@@ -152,7 +146,7 @@ pub async fn apply(
     resource: ResourceRef,
     records: RecordsConfig,
     shared: Arc<Shared>,
-    mut seen: watch::Receiver<Option<Arc<Provisioner>>>,
+    seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
     let Some(revoked) = shared.revoked.clone() else {
@@ -179,25 +173,13 @@ pub async fn apply(
             }
         }
     };
-    let mut tick = tokio::time::interval(REAPPLY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            r = seen.changed() => if r.is_err() { return },
-            _ = tick.tick() => {}
-        }
-        let working = shared.metrics.value("choria_provisioner_leader") == Some(1.0);
-        let applier = if shared.ownership.sharded() {
-            working && shared.ownership.members().iter().min() == Some(&shared.me)
-        } else {
-            working
-        };
+    let mut rounds = super::Rounds::new(seen, stop);
+    while let Ok(seen) = rounds.next().await {
         // Until the bucket was read, "not revoked" means "not known yet".
-        if !applier || !revoked.is_loaded() {
+        if !super::applies_lists(&shared) || !revoked.is_loaded() {
             continue;
         }
-        let Some(p) = seen.borrow().clone() else {
+        let Some(p) = seen else {
             continue;
         };
         let writes = plan(

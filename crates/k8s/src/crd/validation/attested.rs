@@ -81,6 +81,16 @@ pub(super) fn rules() -> Vec<Rule> {
             "self >= 1 && self <= 5",
             "spec.audit.replicas must be 1 to 5 servers holding a copy (default 1)",
         ),
+    ]
+    .into_iter()
+    .chain(lists())
+    .collect()
+}
+
+/// `spec.revocations` and `spec.bindings`: the lists the pods write into
+/// the records' buckets.
+fn lists() -> Vec<Rule> {
+    vec![
         about(
             "spec",
             ".revocations",
@@ -96,6 +106,27 @@ pub(super) fn rules() -> Vec<Rule> {
             "spec.revocations[]",
             "!self.reason.matches('^[[:space:]]*$') && !self.reason.contains('\\n') && !self.reason.contains('\\r')",
             "spec.revocations[].reason must be one line of text, not empty",
+        ),
+        about(
+            "spec",
+            ".bindings",
+            "!has(self.bindings) || size(self.bindings) == 0 || (has(self.records) && has(self.evidence) && (!has(self.evidence.oneIdentityPerInstance) || self.evidence.oneIdentityPerInstance))",
+            "spec.bindings bind names beside the records, for evidence with one identity per instance: set spec.records and spec.evidence too",
+        ),
+        rule(
+            "spec.bindings[]",
+            format!("self.identity.matches('{IDENTITY}')"),
+            "spec.bindings[].identity must be a node's identity: dot-separated labels of letters, digits, '-' and '_'",
+        ),
+        rule(
+            "spec.bindings[]",
+            format!("self.instance.matches('{}')", crate::crd::INSTANCE),
+            "spec.bindings[].instance must name an instance as the provisioner does: aws.<account>.<id>, gcp.<project>.<id> or azure.<subscription>.<vm id>",
+        ),
+        rule(
+            "spec.bindings[]",
+            "!self.reason.matches('^[[:space:]]*$') && !self.reason.contains('\\n') && !self.reason.contains('\\r')",
+            "spec.bindings[].reason must be one line of text, not empty",
         ),
     ]
 }
@@ -118,6 +149,10 @@ pub(super) fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.revocations", "maxItems", crate::crd::MAX_REVOCATIONS),
         ("spec.revocations[].identity", "maxLength", 253),
         ("spec.revocations[].reason", "maxLength", 500),
+        ("spec.bindings", "maxItems", crate::crd::MAX_BINDINGS),
+        ("spec.bindings[].identity", "maxLength", 253),
+        ("spec.bindings[].instance", "maxLength", 253),
+        ("spec.bindings[].reason", "maxLength", 500),
         ("spec.evidence.maxAge", "maxLength", DURATION_MAX_LENGTH),
         ("spec.audit.maxAge", "maxLength", DURATION_MAX_LENGTH),
     ]
