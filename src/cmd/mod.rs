@@ -19,6 +19,7 @@ pub mod rebind;
 pub mod revoke;
 pub mod run;
 pub mod table;
+pub mod terminal;
 pub mod token;
 
 use crate::telemetry::{self, LogFormat};

@@ -1,7 +1,8 @@
 //! The tables commands print (`nodes`, `audit`): every cell cleaned for a
 //! terminal in this one place, columns as wide as what they hold up to a
 //! bound (cut with `…` past it; `wide` lifts the bounds), the last column
-//! free.
+//! free or cut to a total width, rows coloured by what they say when the
+//! output is a terminal.
 //!
 //! Much of what a table shows was written by someone else (a forged audit
 //! event, a record in the bucket, a node's name): a control character or
@@ -14,9 +15,53 @@ pub struct Column {
     pub max: usize,
 }
 
+/// What a row says, as a colour on a terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tone {
+    /// Refused, revoked, forged: red.
+    Alarm,
+    /// Wants attention soon (due, expired, cannot return): yellow.
+    Warn,
+}
+
+impl Tone {
+    fn sgr(self) -> &'static str {
+        match self {
+            Tone::Alarm => "\x1b[31m",
+            Tone::Warn => "\x1b[33m",
+        }
+    }
+}
+
+/// How a table is laid out.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Layout {
+    /// Every cell whole, whatever the width.
+    pub wide: bool,
+    /// The last column cut so that no line is wider than this.
+    pub width: Option<usize>,
+    /// Rows coloured by their tone.
+    pub colour: bool,
+}
+
+impl Layout {
+    /// For stdout: `wide`, or fit the terminal (or 120 columns off one),
+    /// coloured on a terminal.
+    pub fn stdout(wide: bool) -> Self {
+        Layout {
+            wide,
+            width: (!wide).then(super::terminal::width),
+            colour: super::terminal::colour(false),
+        }
+    }
+}
+
+/// The narrowest the last column is cut to, however wide the others.
+const LAST_AT_LEAST: usize = 12;
+
 pub struct Table {
     columns: Vec<Column>,
-    rows: Vec<Vec<String>>,
+    rows: Vec<(Vec<String>, Option<Tone>)>,
 }
 
 impl Table {
@@ -29,18 +74,33 @@ impl Table {
 
     /// A row of cells, one per column (missing ones are empty).
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells.iter().map(|c| clean(c)).collect());
+        self.toned(cells, None);
     }
 
-    /// The table, one line a row after the headers.
+    /// A row with a tone, shown as a colour on a terminal.
+    pub fn toned(&mut self, cells: Vec<String>, tone: Option<Tone>) {
+        self.rows
+            .push((cells.iter().map(|c| clean(c)).collect(), tone));
+    }
+
+    /// The table, one line a row after the headers, the last column free.
     pub fn render(&self, wide: bool) -> String {
+        self.lay_out(Layout {
+            wide,
+            ..Layout::default()
+        })
+    }
+
+    /// The table laid out as `layout` says.
+    pub fn lay_out(&self, layout: Layout) -> String {
+        let wide = layout.wide;
         let n = self.columns.len();
         let widths: Vec<usize> = (0..n)
             .map(|i| {
                 let widest = self
                     .rows
                     .iter()
-                    .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                    .map(|(r, _)| r.get(i).map_or(0, |c| c.chars().count()))
                     .chain([self.columns[i].header.len()])
                     .max()
                     .unwrap_or(0);
@@ -51,14 +111,19 @@ impl Table {
                 }
             })
             .collect();
-        let line = |cells: &mut dyn Iterator<Item = &str>| {
+        // What is left of the width for the last column.
+        let last_max = layout.width.filter(|_| !wide).map(|w| {
+            let before: usize = widths[..n.saturating_sub(1)].iter().map(|w| w + 2).sum();
+            w.saturating_sub(before).max(LAST_AT_LEAST)
+        });
+        let line = |cells: &mut dyn Iterator<Item = &str>, tone: Option<Tone>| {
             let mut out = String::new();
             for (i, cell) in cells.enumerate().take(n) {
                 let last = i + 1 == n;
-                let cell = if wide || last {
-                    cell.to_string()
-                } else {
-                    cut(cell, widths[i])
+                let cell = match (wide, last, last_max) {
+                    (true, _, _) | (false, true, None) => cell.to_string(),
+                    (false, true, Some(max)) => cut(cell, max),
+                    (false, false, _) => cut(cell, widths[i]),
                 };
                 if last {
                     out.push_str(&cell);
@@ -69,14 +134,18 @@ impl Table {
                 }
             }
             out.truncate(out.trim_end().len());
+            if let Some(t) = tone.filter(|_| layout.colour) {
+                out = format!("{}{out}\x1b[0m", t.sgr());
+            }
             out.push('\n');
             out
         };
-        let mut out = line(&mut self.columns.iter().map(|c| c.header));
-        for r in &self.rows {
+        let mut out = line(&mut self.columns.iter().map(|c| c.header), None);
+        for (r, tone) in &self.rows {
             let empty = String::new();
             out.push_str(&line(
                 &mut (0..n).map(|i| r.get(i).unwrap_or(&empty).as_str()),
+                *tone,
             ));
         }
         out
@@ -153,5 +222,32 @@ mod tests {
         );
         let wide = t.render(true);
         assert!(wide.contains("a-much-longer-name  -"), "{wide}");
+    }
+
+    #[test]
+    fn a_width_cuts_the_last_column_and_colour_only_when_asked() {
+        let mut t = two();
+        t.toned(
+            vec!["n1".into(), "REVOKED: stolen laptop".into()],
+            Some(Tone::Alarm),
+        );
+        t.row(vec!["n2".into(), "due in 3d".into()]);
+        let fit = Layout {
+            width: Some(18),
+            ..Layout::default()
+        };
+        let out = t.lay_out(fit);
+        assert!(out.lines().all(|l| l.chars().count() <= 18), "{out}");
+        assert!(out.contains("n1    REVOKED: st…"), "{out}");
+        assert!(!out.contains('\x1b'), "{out:?}");
+        let coloured = t.lay_out(Layout {
+            colour: true,
+            ..fit
+        });
+        assert!(
+            coloured.contains("\x1b[31mn1    REVOKED: st…\x1b[0m\n"),
+            "{coloured:?}"
+        );
+        assert!(coloured.contains("\nn2    due in 3d\n"), "{coloured:?}");
     }
 }

@@ -173,7 +173,13 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         "{NODES} nodes renewed twice each: {sent} reprovision requests sent, {written} records written, {on_record} on record"
     );
     assert_eq!(listed.len(), NODES, "one record per node");
-    assert_eq!(table.lines().count(), NODES + 1, "{table}");
+    // The headers, a line a node, and the count.
+    assert_eq!(table.lines().count(), NODES + 2, "{table}");
+    assert_eq!(
+        table.lines().last(),
+        Some(format!("{NODES} nodes expiring within 1h").as_str()),
+        "{table}"
+    );
     for r in &listed {
         assert_eq!(r["verified"], true, "{r}");
         let cert = &r["certificate"];
