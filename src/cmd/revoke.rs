@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 use choria_config::ProvisionerConfig;
 use choria_core::records::revocations::{Revocation, RevocationStore};
+use choria_core::records::store::RecordStore;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -24,6 +25,10 @@ pub struct RevokeArgs {
         default_value = "/etc/choria-provisioner/choria-provisioner.yaml"
     )]
     pub config: PathBuf,
+    /// Revoke an identity that has no record (never provisioned here, or
+    /// not yet): without it, such a name is refused as a likely typo.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -41,6 +46,9 @@ pub struct UnrevokeArgs {
 }
 
 pub async fn revoke(args: RevokeArgs) -> Result<()> {
+    if !args.force {
+        on_record(&args.config, &args.node).await?;
+    }
     write(&args.config, &args.node, true, &args.reason).await?;
     println!("revoked {}", args.node);
     Ok(())
@@ -50,6 +58,36 @@ pub async fn unrevoke(args: UnrevokeArgs) -> Result<()> {
     write(&args.config, &args.node, false, &args.reason).await?;
     println!("unrevoked {}", args.node);
     Ok(())
+}
+
+/// Fails unless `node` has a record: a name never provisioned here is more
+/// often a typo than a node to keep out.
+async fn on_record(config: &std::path::Path, node: &str) -> Result<()> {
+    choria_wire::identity::validate(node).map_err(|e| anyhow::anyhow!("{node:?}: {e}"))?;
+    let cfg = ProvisionerConfig::load(config)?;
+    let Some(records) = &cfg.records else {
+        return Ok(());
+    };
+    let sealer = choria_core::records::store::sealer(records, &cfg.site)?;
+    let found =
+        match RecordStore::connect_read_only(records, sealer, "choria-provisioner revoke").await {
+            Ok(store) => store.ever_written(node).await,
+            Err(e) => Err(e),
+        };
+    // A read-only open of a bucket never made says Missing: no records.
+    let found = match found {
+        Err(choria_core::records::store::RecordsError::Missing { .. }) => Ok(false),
+        other => other,
+    };
+    match found {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!(
+            "{node} has no record: it was never provisioned here (a typo?); revoke it anyway, before it arrives, with --force"
+        ),
+        Err(e) => bail!(
+            "cannot read the records to see whether {node} was provisioned ({e}); revoke it anyway with --force"
+        ),
+    }
 }
 
 async fn write(config: &std::path::Path, node: &str, revoked: bool, reason: &str) -> Result<()> {

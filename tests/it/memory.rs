@@ -614,9 +614,9 @@ mod process {
             )
         };
         // Revoked, lifted, revoked: the lifting is there to be put back.
-        cli(&["revoke", REVOKED, "--reason", "stolen"]);
+        cli(&["revoke", REVOKED, "--reason", "stolen", "--force"]);
         cli(&["unrevoke", REVOKED]);
-        cli(&["revoke", REVOKED, "--reason", "stolen again"]);
+        cli(&["revoke", REVOKED, "--reason", "stolen again", "--force"]);
         let lifting = stored_value(
             &bench.js().await,
             "MEM_E2E_REVOCATIONS",
@@ -648,7 +648,13 @@ mod process {
         }
         // The running replica read them all (a revocation written after
         // them is counted), then a restart.
-        cli(&["revoke", "sentinel.example.net", "--reason", "sentinel"]);
+        cli(&[
+            "revoke",
+            "sentinel.example.net",
+            "--reason",
+            "sentinel",
+            "--force",
+        ]);
         p.wait_for_metric(
             "choria_provisioner_revocations",
             2.0,

@@ -574,7 +574,26 @@ async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
         )
     };
     let (kept_out, cut_off) = ("node-001.fleet.example.net", "node-002.fleet.example.net");
-    cli(&["revoke", kept_out, "--reason", "lost in transit"]);
+    // Not provisioned yet: refused as a likely typo unless forced.
+    let unforced = std::process::Command::new(binary())
+        .args([
+            "revoke",
+            kept_out,
+            "--reason",
+            "lost in transit",
+            "--config",
+        ])
+        .arg(&cli_yaml)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&unforced.stderr);
+    assert!(
+        !unforced.status.success()
+            && stderr.contains("has no record")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    cli(&["revoke", kept_out, "--reason", "lost in transit", "--force"]);
 
     let _fleet = serving_fleet(&nats, FLEET, &journal).await;
     let choria = crate::support::plain_client_cfg("provisioner.revoked.example.net", &nats.url());

@@ -59,6 +59,13 @@ impl RecordStore {
         self.ledger.bucket()
     }
 
+    /// Whether anything was ever written under `identity`'s key. A record
+    /// goes under an overflow key only when the key itself is full, so a
+    /// key with no values has no record anywhere.
+    pub async fn ever_written(&self, identity: &str) -> Result<bool, RecordsError> {
+        Ok(!self.ledger.history(identity).await?.0.is_empty())
+    }
+
     /// Writes `record`, sealed, under its node's key (or an overflow key of
     /// it when that key holds all it may); its revision.
     pub async fn put(&self, record: &Record) -> Result<u64, RecordsError> {
