@@ -28,7 +28,8 @@ pub struct RunArgs {
     /// Write our PID to this file while running.
     #[arg(long)]
     pub pid: Option<PathBuf>,
-    /// Print a progress line to stderr every second.
+    /// Print a progress line to stderr every second (rewritten in place on
+    /// a terminal).
     #[arg(long)]
     pub progress: bool,
     /// Load and validate both files as `run` does before it connects, print
@@ -78,6 +79,22 @@ pub async fn run(args: RunArgs, global: &GlobalArgs) -> Result<()> {
         }
     }
     options.resource = args.provisioner;
+    // Whatever the log level (the default, warn, says nothing when all is
+    // well): a newcomer sees that it is up, and where.
+    let line = prepared.start_line(env!("CARGO_PKG_VERSION"));
+    match global.log_format {
+        telemetry::LogFormat::Human => eprintln!("{line}"),
+        // One JSON object a line, as the logs are, for whatever reads them.
+        telemetry::LogFormat::Json => eprintln!(
+            "{}",
+            serde_json::json!({
+                "timestamp": chrono::Utc::now().to_rfc3339(),
+                "level": "INFO",
+                "fields": {"message": line},
+                "target": "choria_provisioner::start",
+            })
+        ),
+    }
     let provisioner = Provisioner::new(prepared.config, prepared.setup, options)?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
@@ -158,10 +175,18 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
     // printed once a second.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut rate = RateWindow::default();
+    // On a terminal the line is rewritten in place; into a file or a pipe
+    // each second is a line of its own.
+    let in_place = super::terminal::is_terminal(true);
     for n in 1u64.. {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                if in_place {
+                    eprintln!();
+                }
+                return;
+            }
         }
         let m = &shared.metrics;
         let v = |name: &str| m.value(name).unwrap_or(0.0) as u64;
@@ -172,7 +197,7 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
         if n % 10 != 0 {
             continue;
         }
-        eprintln!(
+        let line = format!(
             "[{:>5.1}s] provisioned {provisioned}  errors {}  not started {}  in progress {}  working {busy}  remembered {}  ({}){}",
             now.duration_since(started).as_secs_f64(),
             v("choria_provisioner_provision_errors"),
@@ -189,6 +214,12 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
                 ""
             },
         );
+        if in_place {
+            // Back to the line's start, the old one cleared.
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
     }
 }
 

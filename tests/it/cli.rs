@@ -308,3 +308,43 @@ fn token_issue_refuses_a_token_that_would_strand_its_node() {
         .unwrap();
     assert!(!text(&env).contains(TOKEN), "{}", text(&env));
 }
+
+/// `run` at the default log level (warn) says one line when it starts:
+/// where it provisions, how, where its metrics are and how it waits to
+/// work; no secret of either file is in it. (Before, a newcomer saw
+/// nothing at all and could not tell it was up.)
+#[test]
+fn run_says_one_line_at_start_whatever_the_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = files(dir.path());
+    let mut child = Command::new(binary())
+        .args(["run", "--config", &yaml, "--choria-config", &cfg])
+        .env("HOME", dir.path())
+        .env_remove("CHORIA_PROVISIONER_LOG")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut first).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        first.starts_with("choria-provisioner ")
+            && first.contains(" starting: on nats://127.0.0.1:"),
+        "{first}"
+    );
+    for part in [
+        "as from-flag.example.net",
+        "4 workers configuring with the helper",
+        "no metrics (monitor_port unset)",
+        "no election: working at once",
+    ] {
+        assert!(first.contains(part), "{part:?} not in {first}");
+    }
+    assert!(
+        !first.contains(TOKEN) && !first.contains(PASSWORD),
+        "{first}"
+    );
+}

@@ -61,6 +61,62 @@ impl Prepared {
     }
 }
 
+impl Prepared {
+    /// The one line `run` prints when it starts, whatever the log level:
+    /// which brokers it provisions on and as whom, how it configures
+    /// nodes, where it serves its metrics, and how it waits to work.
+    /// Broker URLs are shown without any credentials they carry.
+    pub fn start_line(&self, version: &str) -> String {
+        use choria_config::election::{ElectionBackend, ElectionMode};
+        let cfg = &self.config;
+        let brokers: Vec<String> = self
+            .setup
+            .connect
+            .servers
+            .iter()
+            .map(|u| without_userinfo(u))
+            .collect();
+        let how = match (cfg.configuration_template.is_some(), cfg.helper.is_empty()) {
+            (true, false) => "a configuration template and the helper",
+            (true, true) => "a configuration template",
+            (false, _) => "the helper",
+        };
+        let metrics = match cfg.monitor_port {
+            Some(p) => format!("/metrics, /healthz and /readyz on port {p}"),
+            None => "no metrics (monitor_port unset)".into(),
+        };
+        let e = &cfg.election;
+        let election = match (e.backend, e.mode) {
+            (ElectionBackend::None, _) => "no election: working at once".to_string(),
+            (b, ElectionMode::Shards) => {
+                format!("shards on {}: working once a member", b.as_str())
+            }
+            (b, ElectionMode::Leader) => {
+                format!("{} election: working once elected", b.as_str())
+            }
+        };
+        format!(
+            "choria-provisioner {version} starting: on {} (protocol {}, collective {}) as {}; \
+             {} workers configuring with {how}; {metrics}; {election}",
+            brokers.join(" "),
+            self.setup.version,
+            self.setup.collective,
+            self.setup.identity.identity,
+            cfg.workers,
+        )
+    }
+}
+
+/// `url` without the `user:password@` it may carry.
+fn without_userinfo(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    match scheme {
+        "" => rest.to_string(),
+        s => format!("{s}://{rest}"),
+    }
+}
+
 /// Loads and checks both files: everything `run` verifies before it
 /// connects (the files the settings point at, the helper, the deny list, the
 /// TLS credentials). `run --check` is this and a report.
@@ -98,4 +154,19 @@ pub fn prepare(
             })?;
     }
     Ok(Prepared { config: cfg, setup })
+}
+
+#[cfg(test)]
+mod start_line_tests {
+    use super::without_userinfo;
+
+    #[test]
+    fn broker_credentials_never_reach_the_start_line() {
+        assert_eq!(
+            without_userinfo("nats://prov:hunter2@broker.example.net:4222"),
+            "nats://broker.example.net:4222"
+        );
+        assert_eq!(without_userinfo("tls://b:4222"), "tls://b:4222");
+        assert_eq!(without_userinfo("b:4222"), "b:4222");
+    }
 }
