@@ -229,7 +229,7 @@ async fn kill_and_stop(nodes: usize, kills: usize, stops: usize) {
     // A killed leader's key expires a TTL after its last renewal at the
     // latest, and a standby campaigns within a second after that. The slack
     // over TTL + 1 s is from the soak's kill -9 failovers measured here
-    // (README, 25 runs: 4.10 / 4.81 / 5.71 s min / median / max).
+    // (Contributing, "Elections under faults", 25 runs: 4.10 / 4.81 / 5.71 s min / median / max).
     if let Some(max) = crash.iter().max() {
         assert!(
             *max <= TTL + Duration::from_secs(2),

@@ -512,7 +512,7 @@ async fn lease_replicas_sharing_a_choria_identity_elect_one_and_survive_an_api_s
     // down at its renew deadline; nobody can win while it is gone.
     cp.stop_apiserver();
     // At its renew deadline (3 s after its last renewal, sent at most a
-    // retry period, 1 s, before the stop): measured 1.9 s (README) and 2.90 s
+    // retry period, 1 s, before the stop): measured 1.9 s (Contributing, "Elections under faults") and 2.90 s
     // here under a load average of 8; 6 s leaves 3 s beyond the worst.
     let paused = c.paused_within(l, Duration::from_secs(6)).await;
     println!("API server stopped: leader paused after {paused:.2?}");

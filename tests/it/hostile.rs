@@ -320,8 +320,8 @@ async fn an_impostor_in_a_victims_name_is_caught_and_gets_no_key_or_certificate(
     // The window must outlast the skew between the two answers: beside the
     // flood test on 2 cores the victim's or the impostor's reply came more
     // than the default 500 ms after the other (CI, twice), and a second
-    // answer after the window is, by design, not seen (README: the
-    // trust-on-first-use limit).
+    // answer after the window is, by design, not seen (Security, "What remains":
+    // the trust-on-first-use limit).
     let mut scene = Scene::start(Setup {
         yaml: "features:\n  jwt: true\n  pki: true\nreply_window: 3s\n".into(),
         actors: Box::new(|p| {
@@ -762,7 +762,7 @@ mod alone {
         })
         .await;
         let url = scene.nats.url();
-        // CHORIA_HOSTILE_FLOOD_RATE measures other rates (README: the worst case).
+        // CHORIA_HOSTILE_FLOOD_RATE measures other rates (Contributing: the worst case).
         let per_second: u64 = std::env::var("CHORIA_HOSTILE_FLOOD_RATE")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -1,7 +1,7 @@
 //! The operator's day two on one real control plane (tests/support/kube.rs:
 //! etcd + kube-apiserver, no kubelet or controller-manager), stage after
 //! stage so that they share one start-up; each stage names the behaviour it
-//! proves (README, "Operator capability levels"):
+//! proves (Installing on Kubernetes, "Operator capability levels"):
 //!
 //! * validation at admission: `kubectl apply` accepts the shipped examples and
 //!   refuses each invalid variant with its message (the CRD's CEL rules);

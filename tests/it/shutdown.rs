@@ -14,7 +14,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// README: "SIGTERM/SIGINT … exits within 2 s whatever the broker does".
+/// The provisioning flow ("Pausing and stopping"): on SIGTERM/SIGINT the process exits
+/// within 2 s whatever the broker does.
 /// The process bounds its own shutdown at 1.5 s (`SHUTDOWN_LIMIT`) plus a
 /// 100 ms runtime shutdown, but does not come near that here: measured on
 /// this machine (3 runs, load average 8 on 2 cores) `run` with busy workers
