@@ -24,6 +24,7 @@ mod election_streams;
 mod faults;
 mod fleet;
 mod go_captures;
+mod host;
 mod hostile;
 mod interop_go;
 mod kube_apiserver;
