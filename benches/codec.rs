@@ -114,6 +114,7 @@ fn simulator(c: &mut Criterion) {
         presigned_csrs: Vec::new(),
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
+        evidence: None,
         journal_config_keys: Vec::new(),
     });
     let mut node = Node::new("node1.example.net".into(), 0, None, shared);

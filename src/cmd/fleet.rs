@@ -105,6 +105,20 @@ pub struct FleetArgs {
     /// Facts (a JSON object) every node reports in its inventory.
     #[arg(long, default_value = "{}", value_parser = parse_facts)]
     pub facts: serde_json::Value,
+    /// Each node presents an AWS instance identity document of an instance
+    /// of its own, signed with this RSA private key (PEM) as a region's key
+    /// would sign it: for trying `evidence:` on one machine, with the key's
+    /// certificate as `evidence.aws_certificates`.
+    #[arg(long, value_name = "PEM")]
+    pub evidence_key: Option<PathBuf>,
+    /// The AWS account the documents name (12 digits).
+    #[arg(
+        long,
+        value_name = "ID",
+        default_value = "123456789012",
+        requires = "evidence_key"
+    )]
+    pub evidence_account: String,
 }
 
 /// [`Directed`] as `--directed` spells it.
@@ -152,6 +166,8 @@ impl From<FleetArgs> for FleetOptions {
             duration,
             exit_when_done,
             facts,
+            evidence_key,
+            evidence_account,
         } = args;
         FleetOptions {
             broker: broker.into(),
@@ -179,6 +195,10 @@ impl From<FleetArgs> for FleetOptions {
             duration,
             exit_when_done,
             facts,
+            evidence: evidence_key.map(|key| choria_fleet::evidence::EvidenceOptions {
+                account: evidence_account,
+                ..choria_fleet::evidence::EvidenceOptions::new(key)
+            }),
         }
     }
 }

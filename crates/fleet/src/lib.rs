@@ -14,6 +14,7 @@
 //! Each node itself is a state machine in [`node`].
 
 pub mod ca;
+pub mod evidence;
 pub mod helper;
 pub mod journal;
 pub mod node;
@@ -47,6 +48,8 @@ pub enum FleetError {
     Options(String),
     #[error("--jwt-signer {path}: {reason}")]
     Signer { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Evidence(String),
     #[error("could not generate the RSA key pool: {0}")]
     KeyPool(String),
     #[error("could not open the journal {path}: {source}")]

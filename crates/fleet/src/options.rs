@@ -69,6 +69,9 @@ pub struct FleetOptions {
     pub exit_when_done: bool,
     /// Facts (a JSON object) every node reports in its inventory.
     pub facts: serde_json::Value,
+    /// Instance identity evidence in every node's facts, an instance of
+    /// its own each ([`crate::evidence`]).
+    pub evidence: Option<crate::evidence::EvidenceOptions>,
 }
 
 impl Default for FleetOptions {
@@ -101,6 +104,7 @@ impl Default for FleetOptions {
             duration: None,
             exit_when_done: false,
             facts: serde_json::json!({}),
+            evidence: None,
         }
     }
 }

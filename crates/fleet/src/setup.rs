@@ -73,6 +73,12 @@ pub(crate) async fn fleet_shared(
         presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: opts.facts.clone(),
+        evidence: opts
+            .evidence
+            .as_ref()
+            .map(crate::evidence::EvidenceSigner::load)
+            .transpose()
+            .map_err(FleetError::Evidence)?,
         journal_config_keys: opts.journal_config_keys.clone(),
     }))
 }

@@ -44,6 +44,8 @@ pub struct FleetShared {
     /// Where each node pretends its configuration lives.
     pub config_root: String,
     pub facts: serde_json::Value,
+    /// `--evidence-key`: each node's facts carry its instance's document.
+    pub evidence: Option<crate::evidence::EvidenceSigner>,
     /// `--journal-config-key`: values the final state records.
     pub journal_config_keys: Vec<String>,
 }

@@ -6,6 +6,17 @@ impl Node {
     pub(super) fn rpcutil(&self, action: &str) -> Handled {
         match action {
             "inventory" => {
+                let own;
+                let facts = match &self.shared.evidence {
+                    Some(e) => match e.facts(&self.identity, &self.shared.facts) {
+                        Ok(f) => {
+                            own = f;
+                            &own
+                        }
+                        Err(e) => return self.abort(action, format!("evidence: {e}")),
+                    },
+                    None => &self.shared.facts,
+                };
                 #[derive(Serialize)]
                 struct Inventory<'a> {
                     agents: &'a [&'a str],
@@ -25,7 +36,7 @@ impl Node {
                         classes: [],
                         collectives: ["provisioning"],
                         data_plugins: [],
-                        facts: &self.shared.facts,
+                        facts,
                         machines: [],
                         main_collective: "provisioning",
                         version: &self.version,

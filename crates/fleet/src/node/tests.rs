@@ -12,6 +12,7 @@ fn shared(key_pool: RsaKeyPool, presigned_csrs: Vec<String>) -> Arc<FleetShared>
         presigned_csrs,
         config_root: "/etc/choria-fleet".into(),
         facts: serde_json::json!({}),
+        evidence: None,
         journal_config_keys: vec!["identity".into()],
     })
 }
