@@ -26,11 +26,10 @@ use crate::support::free_port;
 use crate::support::gopeers::choria_bin;
 use crate::support::kube::ControlPlane;
 use crate::support::operator::{cond, pair, Cluster};
+use crate::support::page::{blocks, tail_of, Block, Shell};
 use crate::support::provisioner::binary;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PAGE: &str = "docs/src/guides/production.md";
 
@@ -52,71 +51,41 @@ const SECRETS: [&str; 6] = [
     "issuer.seed",
 ];
 
-/// A code block of the page: the heading it is under, its info string's
-/// words and its text.
-#[derive(Debug, PartialEq)]
-struct Block {
-    section: String,
-    info: Vec<String>,
-    text: String,
-}
-
-impl Block {
-    fn is(&self, words: &[&str]) -> bool {
-        self.info.first().map(String::as_str) == Some("sh")
-            && words.iter().all(|w| self.info.iter().any(|i| i == w))
-    }
-}
-
-/// The fenced code blocks of `page`, in order.
-fn blocks(page: &str) -> Vec<Block> {
-    let mut out = Vec::new();
-    let mut open: Option<Block> = None;
-    let mut section = String::new();
-    for line in page.lines() {
-        match (&mut open, line.strip_prefix("```")) {
-            (None, Some(info)) => {
-                open = Some(Block {
-                    section: section.clone(),
-                    info: info.split(',').map(|w| w.trim().to_string()).collect(),
-                    text: String::new(),
-                })
-            }
-            (Some(_), Some("")) => out.extend(open.take()),
-            (Some(b), _) => {
-                b.text.push_str(line);
-                b.text.push('\n');
-            }
-            (None, None) if line.starts_with('#') => section = line.to_string(),
-            (None, None) => {}
-        }
-    }
-    assert!(open.is_none(), "{PAGE}: a code block is never closed");
-    out
-}
-
-/// One bash script of `blocks`: commands as they are, checks (`wait`)
-/// retried every 2 s until they pass or [`CHECK_LIMIT_SECS`] ran out.
+/// [`crate::support::page::script`] with this page's check limit.
 fn script<'a>(blocks: impl IntoIterator<Item = &'a Block>, ports: &[(&str, String)]) -> String {
-    let mut s = String::from("set -euo pipefail\n");
-    for b in blocks {
-        let mut text = b.text.clone();
-        for (from, to) in ports {
-            text = text.replace(from, to);
-        }
-        if b.info.iter().any(|w| w == "wait") {
-            // A bash of its own: `set -e` holds for every line of the
-            // check (in an `until` condition it would not).
-            s.push_str(&format!(
-                "start=$SECONDS\nuntil bash -euo pipefail -s <<'CHECK_EOF'\n{text}CHECK_EOF\ndo\n  \
-                 if [ $((SECONDS - start)) -ge {CHECK_LIMIT_SECS} ]; then\n    \
-                 echo 'CHECK NEVER PASSED:' >&2; cat >&2 <<'CHECK_EOF'\n{text}CHECK_EOF\n    exit 1\n  fi\n  sleep 2\ndone\n"
-            ));
-        } else {
-            s.push_str(&text);
-        }
-    }
-    s
+    crate::support::page::script(blocks, ports, CHECK_LIMIT_SECS)
+}
+
+/// Where the page works: `~/choria-lab`.
+fn lab(shell: &Shell) -> PathBuf {
+    shell.home().join("choria-lab")
+}
+
+/// The ends of the page's output and of what it started, for a failure's
+/// message.
+fn tails(shell: &Shell) -> String {
+    let lab = lab(shell);
+    format!(
+        "the page's shell:\n{}\n--- provisioner.log (part one):\n{}\n\
+         --- node/server.out:\n{}\n--- broker.log:\n{}",
+        tail_of(&shell.out(), 60),
+        tail_of(&lab.join("provisioner.log"), 30),
+        tail_of(&lab.join("node/server.out"), 20),
+        tail_of(&lab.join("broker.log"), 20),
+    )
+}
+
+/// The secrets part one made, as their files hold them.
+fn secrets(shell: &Shell) -> Vec<(&'static str, String)> {
+    SECRETS
+        .iter()
+        .map(|name| {
+            let value = std::fs::read_to_string(lab(shell).join(name)).unwrap();
+            let value = value.trim().to_string();
+            assert!(value.len() >= 32, "{name}: {value:?}");
+            (*name, value)
+        })
+        .collect()
 }
 
 fn repo() -> &'static Path {
@@ -125,126 +94,6 @@ fn repo() -> &'static Path {
 
 fn page() -> String {
     std::fs::read_to_string(repo().join(PAGE)).unwrap()
-}
-
-/// The last `n` lines of a file, or why there are none.
-fn tail_of(path: &Path, n: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let lines: Vec<&str> = text.lines().collect();
-            lines[lines.len().saturating_sub(n)..].join("\n")
-        }
-        Err(e) => format!("({}: {e})", path.display()),
-    }
-}
-
-/// A shell as the page's reader has: a fresh `HOME`, `tools` first on
-/// `PATH` (each linked under its own name), and `env` besides.
-struct Shell {
-    work: tempfile::TempDir,
-}
-
-impl Shell {
-    fn new(tools: &[(&str, &Path)]) -> Shell {
-        let work = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(work.path().join("home")).unwrap();
-        let bin = work.path().join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        for (name, path) in tools {
-            std::os::unix::fs::symlink(path, bin.join(name)).unwrap();
-        }
-        Shell { work }
-    }
-
-    fn home(&self) -> PathBuf {
-        self.work.path().join("home")
-    }
-
-    /// Where the page works: `~/choria-lab`.
-    fn lab(&self) -> PathBuf {
-        self.home().join("choria-lab")
-    }
-
-    fn out(&self) -> PathBuf {
-        self.work.path().join("page.out")
-    }
-
-    /// Runs `script` in `~` (its first block makes and enters the lab);
-    /// `Ok` when it exits 0 within `limit`, else what it said. Whatever it
-    /// left running in the background is killed on return.
-    fn run(&self, script: &str, env: &[(&str, &Path)], limit: Duration) -> Result<(), String> {
-        let path = format!(
-            "{}:{}",
-            self.work.path().join("bin").display(),
-            std::env::var("PATH").unwrap()
-        );
-        let out = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.out())
-            .unwrap();
-        let started = Instant::now();
-        let mut child = Command::new("bash")
-            .arg("-c")
-            .arg(script)
-            .current_dir(self.home())
-            .env_clear()
-            .env("HOME", self.home())
-            .env("USER", "lab")
-            .env("PATH", path)
-            .env("LANG", "C.UTF-8")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        // The page leaves the broker, the server and the provisioner running
-        // in the background of its shell: they are in its process group.
-        let _group = Group(child.id());
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                println!("{PAGE}: ran for {:.1?}: {status}", started.elapsed());
-                return match status.success() {
-                    true => Ok(()),
-                    false => Err(format!("exited {status}")),
-                };
-            }
-            if started.elapsed() > limit {
-                return Err(format!("still running after {limit:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-
-    /// The ends of the page's output and of what it started, for a
-    /// failure's message.
-    fn tails(&self) -> String {
-        let lab = self.lab();
-        format!(
-            "the page's shell:\n{}\n--- provisioner.log (part one):\n{}\n\
-             --- node/server.out:\n{}\n--- broker.log:\n{}",
-            tail_of(&self.out(), 60),
-            tail_of(&lab.join("provisioner.log"), 30),
-            tail_of(&lab.join("node/server.out"), 20),
-            tail_of(&lab.join("broker.log"), 20),
-        )
-    }
-
-    /// The secrets part one made, as their files hold them.
-    fn secrets(&self) -> Vec<(&'static str, String)> {
-        SECRETS
-            .iter()
-            .map(|name| {
-                let value = std::fs::read_to_string(self.lab().join(name)).unwrap();
-                let value = value.trim().to_string();
-                assert!(value.len() >= 32, "{name}: {value:?}");
-                (*name, value)
-            })
-            .collect()
-    }
 }
 
 #[test]
@@ -272,16 +121,16 @@ fn part_one_provisions_and_renews_a_real_server_behind_the_choria_broker() {
         ("choria", &choria),
         ("choria-provisioner", Path::new(binary())),
     ]);
-    let lab = shell.lab();
+    let lab = lab(&shell);
     let ran = shell.run(&script(&steps, &ports), &[], PAGE_LIMIT);
     if let Err(e) = ran {
-        panic!("{PAGE} part one: {e}\n{}", shell.tails());
+        panic!("{PAGE} part one: {e}\n{}", tails(&shell));
     }
 
     // Nothing the page made secret reached the provisioner's log.
     let log = std::fs::read_to_string(lab.join("provisioner.log")).unwrap();
     assert!(log.contains("provisioned"), "{log}");
-    for (name, value) in shell.secrets() {
+    for (name, value) in secrets(&shell) {
         assert!(!log.contains(&value), "{name} is in provisioner.log");
     }
 }
@@ -356,7 +205,7 @@ async fn part_two_secrets_and_provisioner_are_what_the_operator_runs() {
     // The pods' own login carries the password; renewal's must not.
     assert!(yaml.contains("broker_provisioning_password_file"), "{yaml}");
     let text = format!("{config}{p}");
-    for (name, value) in shell.secrets() {
+    for (name, value) in secrets(&shell) {
         assert!(
             !text.contains(&value),
             "{name} is in the ConfigMap or status"
@@ -397,7 +246,7 @@ fn the_whole_page_on_a_real_kubelet() {
         ("choria-provisioner", Path::new(binary())),
         ("kubectl", &kubectl),
     ]);
-    let lab = shell.lab();
+    let lab = lab(&shell);
     let port = free_port().to_string();
     let example = "docs/src/examples/kubernetes/provisioner-production.yaml";
     let copy = shell.work.path().join("repo");
@@ -429,25 +278,10 @@ fn the_whole_page_on_a_real_kubelet() {
         Duration::from_secs(1200),
     );
     if let Err(e) = ran {
-        panic!("{PAGE} on a kubelet: {e}\n{}", shell.tails());
+        panic!("{PAGE} on a kubelet: {e}\n{}", tails(&shell));
     }
     // What the reader saw last: `kubectl get prov` and the node's answer.
     println!("{}", tail_of(&shell.out(), 12));
-}
-
-/// Kills a process group when dropped (the test failing included).
-struct Group(u32);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        for signal in ["TERM", "KILL"] {
-            let _ = Command::new("kill")
-                .args(["-s", signal, "--", &format!("-{}", self.0)])
-                .stderr(Stdio::null())
-                .status();
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    }
 }
 
 #[test]

@@ -24,6 +24,7 @@ pub mod gopeers;
 pub mod hostile;
 pub mod kube;
 pub mod operator;
+pub mod page;
 pub mod peers;
 pub mod provisioner;
 pub mod realnodes;
