@@ -9,6 +9,7 @@
 //! cargo test --test it alone::         the tests that want the machine to themselves
 
 mod attested;
+mod attested_page;
 mod behaviour_go;
 mod book;
 mod broker;
