@@ -199,6 +199,7 @@ impl From<FleetArgs> for FleetOptions {
                 account: evidence_account,
                 ..choria_fleet::evidence::EvidenceOptions::new(key)
             }),
+            progress: fleet::progress::Progress::Off,
         }
     }
 }
@@ -220,7 +221,12 @@ fn parse_facts(s: &str) -> Result<serde_json::Value, String> {
 /// Runs the fleet until SIGTERM/SIGINT (or its own end) and prints the
 /// summary as one JSON line.
 pub async fn run(args: FleetArgs) -> Result<()> {
-    let summary = fleet::run(args.into(), super::shutdown_signal()).await?;
+    let mut opts: FleetOptions = args.into();
+    // A line a second on a terminal; into a file or a pipe only the summary.
+    if super::terminal::is_terminal(true) {
+        opts.progress = fleet::progress::Progress::InPlace;
+    }
+    let summary = fleet::run(opts, super::shutdown_signal()).await?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
 }

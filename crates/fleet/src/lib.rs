@@ -18,6 +18,7 @@ pub mod evidence;
 pub mod helper;
 pub mod journal;
 pub mod node;
+pub mod progress;
 
 mod context;
 mod loops;
@@ -87,7 +88,15 @@ pub async fn run(
     if !stopped_early {
         let connections = wiring.connections;
         info!(nodes = opts.nodes, protocol = %opts.protocol, connections, "fleet started");
+        let shown = (opts.progress == progress::Progress::InPlace).then(|| {
+            let healthy = failures.iter().filter(|f| f.is_none()).count();
+            tokio::spawn(progress::show(ctx.clone(), healthy))
+        });
         until_stopped(&opts, &ctx, stop).await;
+        if let Some(task) = shown {
+            task.abort();
+            progress::finish();
+        }
     }
 
     wiring.stop().await;

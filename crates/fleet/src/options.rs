@@ -72,6 +72,8 @@ pub struct FleetOptions {
     /// Instance identity evidence in every node's facts, an instance of
     /// its own each ([`crate::evidence`]).
     pub evidence: Option<crate::evidence::EvidenceOptions>,
+    /// What to show while running.
+    pub progress: crate::progress::Progress,
 }
 
 impl Default for FleetOptions {
@@ -105,6 +107,7 @@ impl Default for FleetOptions {
             exit_when_done: false,
             facts: serde_json::json!({}),
             evidence: None,
+            progress: crate::progress::Progress::Off,
         }
     }
 }
