@@ -195,7 +195,7 @@ fn election(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
     let e = &s.election;
     let shards = e.mode == ElectionMode::Shards;
     if shards && e.backend == ElectionBackend::None {
-        problem("spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams".into());
+        problem("spec.election.mode: Shards needs a membership: set spec.election.backend to Lease or Streams".into());
     }
     if e.backend != ElectionBackend::Lease && !shards {
         return;

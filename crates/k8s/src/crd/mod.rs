@@ -163,7 +163,8 @@ pub struct ProvisionerSpec {
     #[serde(default)]
     pub upgrades_optional: bool,
 
-    /// Log level of the provisioner (default `warn`, as in Go).
+    /// Log level of the provisioner: `Debug`, `Info`, `Warn` (the default,
+    /// as in Go), `Error` or `Fatal` (lower case is still accepted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_level: Option<LogLevel>,
 
@@ -320,19 +321,88 @@ impl ImagePullPolicy {
     }
 }
 
-pub use choria_config::LogLevel;
+/// The provisioner's log level (`loglevel` of `provisioner.yaml`), spelt
+/// as Kubernetes spells enum values; the lower-case spelling of earlier
+/// versions (and of `provisioner.yaml`) is still accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = also_lower_case)]
+pub enum LogLevel {
+    #[serde(alias = "debug")]
+    Debug,
+    #[serde(alias = "info")]
+    Info,
+    #[serde(alias = "warn")]
+    Warn,
+    #[serde(alias = "error")]
+    Error,
+    #[serde(alias = "fatal")]
+    Fatal,
+}
+
+/// An enum's schema that also takes its values' lower-case spelling (the
+/// spelling of earlier versions), after the values themselves: one plain
+/// string enum (schemars writes documented variants as `oneOf`).
+fn also_lower_case(schema: &mut schemars::Schema) {
+    use serde_json::Value;
+    let mut values: Vec<Value> = match schema.get("enum") {
+        Some(Value::Array(v)) => v.clone(),
+        _ => Vec::new(),
+    };
+    if let Some(Value::Array(one_of)) = schema.get("oneOf") {
+        for v in one_of {
+            match (v.get("const"), v.get("enum")) {
+                (Some(c), _) => values.push(c.clone()),
+                (None, Some(Value::Array(e))) => values.extend(e.iter().cloned()),
+                _ => {}
+            }
+        }
+    }
+    let lower: Vec<Value> = values
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|v| Value::String(v.to_lowercase()))
+        .collect();
+    values.extend(lower);
+    schema.remove("oneOf");
+    schema.insert("type".into(), "string".into());
+    schema.insert("enum".into(), Value::Array(values));
+}
+
+impl LogLevel {
+    /// As `provisioner.yaml` writes it.
+    pub fn as_str(self) -> &'static str {
+        choria_config::LogLevel::from(self).as_str()
+    }
+}
+
+impl From<LogLevel> for choria_config::LogLevel {
+    fn from(l: LogLevel) -> Self {
+        match l {
+            LogLevel::Debug => choria_config::LogLevel::Debug,
+            LogLevel::Info => choria_config::LogLevel::Info,
+            LogLevel::Warn => choria_config::LogLevel::Warn,
+            LogLevel::Error => choria_config::LogLevel::Error,
+            LogLevel::Fatal => choria_config::LogLevel::Fatal,
+        }
+    }
+}
 
 /// Which election decides the provisioning replica (`election.backend` of
-/// `provisioner.yaml`).
+/// `provisioner.yaml`). Spelt as Kubernetes spells enum values (`Lease`,
+/// `Streams`, `None`, like `mode`'s `Leader` and `Shards`); the lower-case
+/// spelling of earlier versions is still accepted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[schemars(transform = also_lower_case)]
 pub enum ElectionBackend {
     /// A Kubernetes Lease named like this resource.
     #[default]
+    #[serde(alias = "lease")]
     Lease,
     /// The Choria Streams KV bucket Go provisioners use.
+    #[serde(alias = "streams")]
     Streams,
     /// No election: every replica provisions.
+    #[serde(alias = "none")]
     None,
 }
 
@@ -359,8 +429,9 @@ pub struct ElectionSpec {
     /// Lease timings are the membership's on both backends.
     #[serde(default)]
     pub mode: ElectionMode,
-    /// `lease` (a Kubernetes Lease), `streams` (Choria Streams, compatible
-    /// with Go provisioners) or `none`.
+    /// `Lease` (a Kubernetes Lease), `Streams` (Choria Streams, compatible
+    /// with Go provisioners) or `None` (the lower-case spelling of earlier
+    /// versions is still accepted).
     #[serde(default)]
     pub backend: ElectionBackend,
     /// Lease: how long a leader's record is valid (default `15s`).
@@ -793,11 +864,11 @@ mod tests {
         );
         assert_eq!(
             props["election"]["properties"]["backend"]["default"],
-            "lease"
+            "Lease"
         );
         assert_eq!(
             props["election"]["properties"]["backend"]["enum"],
-            serde_json::json!(["lease", "streams", "none"])
+            serde_json::json!(["Lease", "Streams", "None", "lease", "streams", "none"])
         );
         let required = s["properties"]["spec"]["required"].as_array().unwrap();
         assert!(required.contains(&"broker".into()) && !required.contains(&"helper".into()));
@@ -830,6 +901,36 @@ mod tests {
             serde_json::json!(["type"])
         );
         assert_eq!(conditions["items"]["type"], "object");
+    }
+
+    #[test]
+    fn enum_values_are_spelt_as_kubernetes_spells_them_and_the_old_spelling_still_reads() {
+        for (new, old, want) in [
+            ("Lease", "lease", ElectionBackend::Lease),
+            ("Streams", "streams", ElectionBackend::Streams),
+            ("None", "none", ElectionBackend::None),
+        ] {
+            for spelt in [new, old] {
+                let got: ElectionBackend =
+                    serde_json::from_value(serde_json::json!(spelt)).unwrap();
+                assert_eq!(got, want, "{spelt}");
+            }
+            assert_eq!(serde_json::to_value(want).unwrap(), serde_json::json!(new));
+        }
+        for (spelt, want) in [
+            ("Warn", LogLevel::Warn),
+            ("warn", LogLevel::Warn),
+            ("Debug", LogLevel::Debug),
+        ] {
+            let got: LogLevel = serde_json::from_value(serde_json::json!(spelt)).unwrap();
+            assert_eq!(got, want, "{spelt}");
+        }
+        assert_eq!(
+            LogLevel::Info.as_str(),
+            "info",
+            "provisioner.yaml keeps Go's spelling"
+        );
+        assert!(serde_json::from_value::<LogLevel>(serde_json::json!("verbose")).is_err());
     }
 
     #[test]

@@ -322,15 +322,15 @@ pub fn rules() -> Vec<Rule> {
         about(
             "spec.election",
             ".mode",
-            "!(self.mode == 'Shards' && self.backend == 'none')",
-            "spec.election.mode: Shards needs a membership: set spec.election.backend to lease or streams",
+            "!(self.mode == 'Shards' && self.backend in ['None', 'none'])",
+            "spec.election.mode: Shards needs a membership: set spec.election.backend to Lease or Streams",
         ),
         // The Lease election, and the membership of shards on both backends.
         about(
             "spec.election",
             ".leaseDuration",
             format!(
-                "(self.backend != 'lease' && self.mode != 'Shards') || {} > {}",
+                "(!(self.backend in ['Lease', 'lease']) && self.mode != 'Shards') || {} > {}",
                 lease_value("leaseDuration", "15s"),
                 lease_value("renewDeadline", "10s")
             ),
@@ -340,7 +340,7 @@ pub fn rules() -> Vec<Rule> {
             "spec.election",
             ".renewDeadline",
             format!(
-                "(self.backend != 'lease' && self.mode != 'Shards') || {}.getMilliseconds() * 5 > {}.getMilliseconds() * 6",
+                "(!(self.backend in ['Lease', 'lease']) && self.mode != 'Shards') || {}.getMilliseconds() * 5 > {}.getMilliseconds() * 6",
                 lease_value("renewDeadline", "10s"),
                 lease_value("retryPeriod", "2s")
             ),
