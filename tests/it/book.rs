@@ -406,6 +406,41 @@ fn args_table<'a>(p: &mut String, args: impl Iterator<Item = &'a clap::Arg>) {
     }
 }
 
+/// The command tables written by hand (the README's, the
+/// introduction's) name every command the CLI has, and none it lacks.
+#[test]
+fn the_command_tables_name_every_command() {
+    let cmd = Cli::command();
+    let commands: std::collections::BTreeSet<String> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for page in ["README.md", "docs/src/introduction.md"] {
+        let text = std::fs::read_to_string(repo().join(page)).unwrap();
+        let table = text
+            .split("| Command |")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{page}: no command table"));
+        // The table's first column: `a`, `b` in each row, to the blank line.
+        let named: std::collections::BTreeSet<String> = table
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .flat_map(|l| {
+                let first = l.split('|').nth(1).unwrap_or_default().to_string();
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(named, commands, "{page}: its command table");
+    }
+}
+
 #[test]
 fn the_command_line_reference_is_current() {
     check_page("cli.md", &cli_page());
