@@ -38,6 +38,7 @@ mod pipeline;
 mod production;
 mod provision;
 mod provision_go;
+mod quick_start;
 mod renewal;
 mod shards;
 mod shards_go;
