@@ -30,6 +30,7 @@ CRATES = {
     "choria-wire": "crates/wire/src",
     "choria-config": "crates/config/src",
     "choria-k8s": "crates/k8s/src",
+    "choria-replica": "crates/replica/src",
     "choria-core": "crates/core/src",
     "choria-operator": "crates/operator/src",
     "choria-fleet": "crates/fleet/src",

@@ -1,14 +1,13 @@
 //! The provisioner core: the pipeline that finds nodes and works each
-//! one's sequence ([`provision`]), the leader election and shards
-//! ([`election`]), the records of what was issued ([`records`]), and the
-//! small parts they share: [`backoff`] and the monitoring endpoint
-//! ([`monitor`]).
+//! one's sequence ([`provision`]), the records of what was issued
+//! ([`records`]), the admission policy ([`admission`]), instance evidence
+//! ([`evidence`]) and the audit stream ([`audit`]). The leader election and
+//! shards, backoff and the monitoring endpoint are `choria-replica`'s,
+//! re-exported here under their old paths.
 
 pub mod admission;
 pub mod audit;
-pub mod backoff;
-pub mod election;
+pub use choria_replica::{backoff, election, monitor};
 pub mod evidence;
-pub mod monitor;
 pub mod provision;
 pub mod records;

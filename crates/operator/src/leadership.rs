@@ -5,9 +5,9 @@
 use super::metrics::Metrics;
 use super::LEASE_NAME;
 use choria_config::ElectionConfig;
-use choria_core::election::machine::LossReason;
-use choria_core::election::{self, lease::LeaseBackend, Steer};
-use choria_core::monitor::Health;
+use choria_replica::election::machine::LossReason;
+use choria_replica::election::{self, lease::LeaseBackend, Steer};
+use choria_replica::monitor::Health;
 use kube::Client;
 use std::sync::Arc;
 use tokio::sync::watch;

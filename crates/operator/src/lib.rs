@@ -10,7 +10,7 @@
 //! * [`metrics`]: counters, served on the `/metrics`, `/healthz`, `/readyz` endpoint.
 //!
 //! The operator runs HA: every replica campaigns for the Lease
-//! `choria-provisioner-operator` through [`choria_core::election`], and only the
+//! `choria-provisioner-operator` through [`choria_replica::election`], and only the
 //! leader runs the controller. On losing leadership the controller is shut
 //! down (in-flight reconciliations get [`DRAIN`] to finish) and the replica
 //! campaigns again, building a fresh controller when it wins. The process is
@@ -35,9 +35,9 @@ pub mod validate;
 pub use controller::DEBOUNCE;
 pub use options::OperatorOptions;
 
-use choria_core::monitor::{self, Health, MonitorError};
 use choria_k8s::crd::Provisioner;
 use choria_k8s::{describe_error as describe, hostname_from_proc, POD_NAMESPACE_FILE};
+use choria_replica::monitor::{self, Health, MonitorError};
 use controller::Shared;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
@@ -53,9 +53,8 @@ use tracing::{info, warn};
 
 /// The field manager of everything the operator writes.
 pub const FIELD_MANAGER: &str = "choria-provisioner-operator";
-/// The field manager the provisioner pods write `status.leader` and
-/// `status.provisioned` with.
-pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
+/// The field manager the provisioner pods write their status with.
+pub use choria_k8s::crd::POD_FIELD_MANAGER;
 /// The Lease operator replicas campaign for.
 pub const LEASE_NAME: &str = "choria-provisioner-operator";
 /// How long in-flight reconciliations may finish on shutdown (not on a lost

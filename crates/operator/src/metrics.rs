@@ -1,5 +1,5 @@
 //! The operator's metrics, served on its `/metrics`, `/healthz`, `/readyz`
-//! endpoint. Readiness comes from [`choria_core::monitor::Health`] (the election
+//! endpoint. Readiness comes from [`choria_replica::monitor::Health`] (the election
 //! reports there); standbys are ready, so a rollout never waits for them to
 //! lead.
 
@@ -25,7 +25,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        choria_core::monitor::register_process_metrics(&registry);
+        choria_replica::monitor::register_process_metrics(&registry);
         let reconciliations = IntCounter::with_opts(Opts::new(
             "choria_provisioner_operator_reconciliations_total",
             "Reconciliations of Provisioner resources",
@@ -105,7 +105,7 @@ impl Metrics {
     }
 }
 
-impl choria_core::monitor::Exposition for Metrics {
+impl choria_replica::monitor::Exposition for Metrics {
     fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -114,7 +114,7 @@ impl choria_core::monitor::Exposition for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use choria_core::monitor::Exposition;
+    use choria_replica::monitor::Exposition;
 
     #[test]
     fn counters_start_at_zero_and_count() {

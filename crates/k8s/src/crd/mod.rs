@@ -29,7 +29,7 @@ pub use pod::{
     RESERVED_VOLUMES,
 };
 pub use reference::{owner_reference, ResourceRef};
-pub use status::{Member, ProvisionerStatus};
+pub use status::{Member, ProvisionerStatus, POD_FIELD_MANAGER};
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

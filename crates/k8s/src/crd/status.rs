@@ -3,6 +3,11 @@
 //! field manager.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// The field manager the provisioner pods write their status fields with
+/// (`leader`, the counts, in shards mode each member's entry under
+/// `<this>.<member>`): the operator leaves what it owns alone.
+pub const POD_FIELD_MANAGER: &str = "choria-provisioner-pod";
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

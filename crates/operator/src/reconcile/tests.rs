@@ -1,8 +1,8 @@
 use super::*;
 use crate::build::CHECKSUM_ANNOTATION;
 use crate::fixtures::{api_server, resource_json, settings, Scenario, Seen, UID};
-use choria_core::monitor::Exposition;
 use choria_k8s::crd::ProvisionerStatus;
+use choria_replica::monitor::Exposition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};

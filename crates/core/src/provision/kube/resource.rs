@@ -29,8 +29,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-/// The field manager of the pods' status writes.
-pub const FIELD_MANAGER: &str = "choria-provisioner-pod";
+/// The field manager of the pods' status writes (one definition, which
+/// the operator reads too).
+pub use choria_k8s::crd::POD_FIELD_MANAGER as FIELD_MANAGER;
 /// The most often the provisioned count is written: a busy leader writes
 /// it at most this often, an idle one never.
 pub const STATUS_REFRESH: Duration = Duration::from_secs(5);

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-impl Steer for Arc<Shared> {
+impl Steer for Shared {
     fn won(&self, me: &str) {
         self.metrics.leadership_transition();
         self.metrics.set_leader(true);
@@ -68,7 +68,7 @@ impl Shared {
 }
 
 /// In shards mode the membership steers: our share, and whether we work.
-impl ShardSteer for Arc<Shared> {
+impl ShardSteer for Shared {
     fn members(&self, members: &[String]) {
         self.metrics.set_shard_members(members.len());
         if self.ownership.set_members(members) && !self.gate.is_paused() {

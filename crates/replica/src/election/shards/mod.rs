@@ -88,6 +88,25 @@ pub trait ShardSteer: Send {
     fn refused(&self, _reason: &'static str) {}
 }
 
+/// A shared steer steers as what it shares.
+impl<T: ShardSteer + Sync + ?Sized> ShardSteer for std::sync::Arc<T> {
+    fn members(&self, members: &[String]) {
+        (**self).members(members)
+    }
+    fn working(&self, working: bool) {
+        (**self).working(working)
+    }
+    fn failed(&self, error: &str) {
+        (**self).failed(error)
+    }
+    fn worked(&self) {
+        (**self).worked()
+    }
+    fn refused(&self, reason: &'static str) {
+        (**self).refused(reason)
+    }
+}
+
 /// The timings of a membership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardTimings {

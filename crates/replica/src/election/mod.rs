@@ -95,6 +95,23 @@ pub trait Steer: Send {
     fn worked(&self) {}
 }
 
+/// A shared steer steers as what it shares (the provisioner hands its
+/// election an `Arc` of what it steers).
+impl<T: Steer + Sync + ?Sized> Steer for std::sync::Arc<T> {
+    fn won(&self, me: &str) {
+        (**self).won(me)
+    }
+    fn lost(&self, me: &str, reason: &LossReason) {
+        (**self).lost(me, reason)
+    }
+    fn failed(&self, error: &str) {
+        (**self).failed(error)
+    }
+    fn worked(&self) {
+        (**self).worked()
+    }
+}
+
 /// `true` while we lead: for callers that start and stop work themselves.
 impl Steer for watch::Sender<bool> {
     fn won(&self, me: &str) {
