@@ -835,6 +835,15 @@ async fn what_the_broker_refuses_is_refused_and_our_errors_say_why() {
     };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("refused user provisioner"), "/readyz: {body}");
+    // The log is written by its own task: /readyz can say it first.
+    let logged = |logs: &str| {
+        logs.contains("could not connect to the broker; retrying")
+            && logs.contains("client_password")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logged(&p.logs()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let logs = p.logs();
     assert!(
         logs.contains("could not connect to the broker; retrying")
