@@ -8,10 +8,11 @@
 //! no revocation, no policy and no persistence beyond [`CertificateAuthority::cert_pem`]
 //! and [`CertificateAuthority::key_pem`].
 
+use choria_wire::security::rsa_signer::RsaSigningKey;
 use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey, LineEnding};
-use rsa::pkcs1v15::{Signature as RsaSignature, SigningKey, VerifyingKey};
+use rsa::pkcs1v15::{Signature as RsaSignature, VerifyingKey};
 use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
-use rsa::signature::{RandomizedSigner, SignatureEncoding, Verifier};
+use rsa::signature::Verifier;
 use rsa::traits::PublicKeyParts;
 use rsa::{RsaPrivateKey, RsaPublicKey};
 use sha2::{Sha256, Sha384, Sha512};
@@ -142,7 +143,7 @@ fn parse_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
 pub struct CertificateAuthority {
     cert: Certificate,
     cert_pem: String,
-    signer: Signer,
+    signer: RsaSigningKey,
     /// The PKCS#1 PEM of the key, made once so `key_pem` cannot fail;
     /// wiped from memory on drop.
     key_pem: rsa::pkcs1::der::zeroize::Zeroizing<String>,
@@ -208,7 +209,7 @@ impl CertificateAuthority {
             )?,
         ];
         tbs.extensions = Some(extensions);
-        let signer = Signer::new(key)?;
+        let signer = RsaSigningKey::new(key);
         let cert = sign_tbs(&signer, tbs)?;
         Self::assemble(cert, signer, key_id)
     }
@@ -235,14 +236,17 @@ impl CertificateAuthority {
             Ok(None) => key_identifier(spki)?,
             Err(e) => return Err(parse_err("CA subject key identifier")(e)),
         };
-        Self::assemble(cert, Signer::new(key)?, key_id)
+        Self::assemble(cert, RsaSigningKey::new(key), key_id)
     }
 
-    fn assemble(cert: Certificate, signer: Signer, key_id: Vec<u8>) -> Result<Self, PkiError> {
+    fn assemble(
+        cert: Certificate,
+        signer: RsaSigningKey,
+        key_id: Vec<u8>,
+    ) -> Result<Self, PkiError> {
         let der = cert.to_der().map_err(enc_err("CA certificate"))?;
         let key_pem = signer
-            .key
-            .as_ref()
+            .key()
             .to_pkcs1_pem(LineEnding::LF)
             .map_err(enc_err("CA private key"))?;
         Ok(Self {
@@ -492,51 +496,9 @@ fn rsa_public_key(spki: &SubjectPublicKeyInfoOwned) -> Result<RsaPublicKey, PkiE
     RsaPublicKey::from_public_key_der(&der).map_err(parse_err("CA public key"))
 }
 
-/// The CA's key, signing SHA-256 PKCS#1 v1.5. `ring` signs several times
-/// faster than the `rsa` crate (this is most of what a helper process
-/// spends per certificate) but refuses keys under 2048 bits, which the
-/// `rsa` crate then signs; both give the same (deterministic) signature.
-struct Signer {
-    key: SigningKey<Sha256>,
-    ring: Option<ring::signature::RsaKeyPair>,
-}
-
-impl Signer {
-    fn new(key: RsaPrivateKey) -> Result<Self, PkiError> {
-        let der = key.to_pkcs1_der().map_err(enc_err("CA private key"))?;
-        let ring = ring::signature::RsaKeyPair::from_der(der.as_bytes()).ok();
-        Ok(Signer {
-            key: SigningKey::<Sha256>::new(key),
-            ring,
-        })
-    }
-
-    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, PkiError> {
-        match &self.ring {
-            Some(pair) => {
-                let mut sig = vec![0; pair.public().modulus_len()];
-                pair.sign(
-                    &ring::signature::RSA_PKCS1_SHA256,
-                    &ring::rand::SystemRandom::new(),
-                    message,
-                    &mut sig,
-                )
-                .map_err(enc_err("signature"))?;
-                Ok(sig)
-            }
-            // Randomized signing only blinds the RSA operation; PKCS#1 v1.5
-            // signatures themselves are deterministic.
-            None => Ok(self
-                .key
-                .sign_with_rng(&mut rand::rngs::OsRng, message)
-                .to_vec()),
-        }
-    }
-}
-
-fn sign_tbs(signer: &Signer, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
+fn sign_tbs(signer: &RsaSigningKey, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
     let der = tbs.to_der().map_err(enc_err("TBS certificate"))?;
-    let sig = signer.sign(&der)?;
+    let sig = signer.sign_sha256(&der).map_err(enc_err("signature"))?;
     Ok(Certificate {
         signature_algorithm: tbs.signature.clone(),
         tbs_certificate: tbs,

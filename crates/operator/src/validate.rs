@@ -366,7 +366,7 @@ fn bindings(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
         } else if !seen.insert(b.identity.as_str()) {
             problem(format!("spec.bindings[{i}].identity is listed twice"));
         }
-        if !is_instance(&b.instance) {
+        if !choria_k8s::crd::is_instance(&b.instance) {
             problem(format!(
                 "spec.bindings[{i}].instance must name an instance as the provisioner does: aws.<account>.<id>, gcp.<project>.<id> or azure.<subscription>.<vm id>"
             ));
@@ -380,22 +380,6 @@ fn bindings(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
             ));
         }
     }
-}
-
-/// `choria_k8s::crd::INSTANCE`, without a regex engine: a provider, an
-/// account and an id.
-fn is_instance(s: &str) -> bool {
-    let part = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    };
-    let parts: Vec<&str> = s.split('.').collect();
-    s.len() <= 253
-        && parts.len() == 3
-        && ["aws", "gcp", "azure"].contains(&parts[0])
-        && part(parts[1])
-        && part(parts[2])
 }
 
 /// `spec.helper`, or else `spec.nodeConfiguration`: what configures the nodes.

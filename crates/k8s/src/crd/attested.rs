@@ -145,6 +145,20 @@ pub const MAX_BINDINGS: i64 = 256;
 /// account and the instance's id, each of letters, digits, `-` and `_`.
 pub const INSTANCE: &str = "^(aws|gcp|azure)[.][-_a-zA-Z0-9]+[.][-_a-zA-Z0-9]+$";
 
+/// Whether `s` names an instance as [`INSTANCE`] says, without a regex
+/// engine: a provider, an account and an id.
+pub fn is_instance(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    s.len() <= 253
+        && parts.len() == 3
+        && ["aws", "gcp", "azure"].contains(&parts[0])
+        && parts[1..].iter().all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
 /// `spec.bindings` is a map keyed by identity: each listed once.
 pub(super) fn bindings_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     super::pod::keyed::<BoundNode>(generator, "identity")

@@ -21,8 +21,8 @@ pub mod status_patch;
 pub mod validation;
 
 pub use attested::{
-    AdmissionSpec, AuditSpec, BoundNode, ConfigMapKeyRef, EvidenceSpec, RevokedNode, INSTANCE,
-    MAX_BINDINGS, MAX_REVOCATIONS,
+    is_instance, AdmissionSpec, AuditSpec, BoundNode, ConfigMapKeyRef, EvidenceSpec, RevokedNode,
+    INSTANCE, MAX_BINDINGS, MAX_REVOCATIONS,
 };
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,

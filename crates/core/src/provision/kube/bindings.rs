@@ -32,7 +32,8 @@ pub fn plan<'a>(
     listed
         .iter()
         .filter(|b| {
-            choria_wire::identity::validate(&b.identity).is_ok() && is_instance(&b.instance)
+            choria_wire::identity::validate(&b.identity).is_ok()
+                && choria_k8s::crd::is_instance(&b.instance)
         })
         .filter(|b| {
             current
@@ -41,18 +42,6 @@ pub fn plan<'a>(
                 .is_none_or(|w| w.instance != b.instance)
         })
         .collect()
-}
-
-/// An instance as [`crate::evidence::Evidence::instance`] names it.
-fn is_instance(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('.').collect();
-    parts.len() == 3
-        && ["aws", "gcp", "azure"].contains(&parts[0])
-        && parts[1..].iter().all(|p| {
-            !p.is_empty()
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        })
 }
 
 /// Applies the resource's list while this replica works, until `stop`.
