@@ -18,7 +18,7 @@
 //! under CI a missing peer fails the test (tests/support/peers.rs).
 
 use crate::support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
-use crate::support::election::{bucket_config, read_key_entry, KeyEntry};
+use crate::support::election::{bucket_config, read_key_entry, KeyEntry, KeyHistory};
 use crate::support::gopeers::{
     choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers,
 };
@@ -30,6 +30,7 @@ use choria_wire::client::{self, BrokerOptions, ConnectOptions};
 use choria_wire::security::ed25519::Ed25519KeyPair;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::SystemTime;
 use std::time::{Duration, Instant};
 
 /// The election bucket's TTL on the test brokers: the shortest go-choria's
@@ -437,43 +438,78 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
     let mut r2 = ours("r2");
 
     // One of ours leads on the broker's bucket and provisions fleet A alone.
-    let first = wait_leader(&admin, None, TTL * 3, &broker).await;
-    let by = wait_configured(&journal, 60, Duration::from_secs(60), &broker).await;
+    // (A wait for a condition: the bound only ends a run that never gets
+    // there, two debug builds starting beside other tiers.)
+    let history = KeyHistory::start_with(admin.clone());
+    wait_leader(&admin, None, TTL * 6, &broker).await;
+    let by = wait_configured(&journal, 60, Duration::from_secs(90), &broker).await;
     let senders: std::collections::BTreeSet<&String> = by.values().flatten().collect();
-    assert_eq!(
-        senders.len(),
-        1,
-        "fleet A configured by one leader: {senders:?}"
-    );
+    // Only a replica the bucket named configures. On a machine starved for
+    // long enough, a leader may miss its renewals and the other take over:
+    // that is the election working, so both may then appear, each as one
+    // the bucket named; a standby that never led never does.
+    let leaders: std::collections::BTreeSet<String> = history
+        .finish()
+        .await
+        .into_iter()
+        .filter(|e| e.op == "PUT")
+        .map(|e| e.value)
+        .collect();
     assert!(
-        senders
-            .iter()
-            .all(|s| first.value.starts_with(s.split('.').next().unwrap())),
-        "by the one the bucket names ({}): {senders:?}",
-        first.value
+        !senders.is_empty()
+            && senders.iter().all(|s| {
+                let replica = s.split('.').next().unwrap();
+                leaders
+                    .iter()
+                    .any(|l| l.starts_with(&format!("{replica}.")))
+            }),
+        "fleet A configured by {senders:?}, the bucket named {leaders:?}"
     );
+    if leaders.len() > 1 {
+        println!("the lead moved while fleet A was provisioned: {leaders:?}");
+    }
 
-    // A graceful stop hands over through the broker's imports at once:
-    // the standby leads well before the stopped leader's entry would expire.
-    let (leader, standby) = if first.value.starts_with("r1.") {
+    // A graceful stop hands over through the broker's imports at once: the
+    // stopped leader releases its entry before it exits, and the standby
+    // leads well before that entry would have expired.
+    let current = wait_leader(&admin, None, TTL, &broker).await;
+    let (leader, standby) = if current.value.starts_with("r1.") {
         (&mut r1, &mut r2)
     } else {
         (&mut r2, &mut r1)
     };
+    let over_the_stop = KeyHistory::start_with(admin.clone());
     let stopped = Instant::now();
     leader.signal("TERM");
     assert!(leader.wait_exit(Duration::from_secs(10)).success());
-    let second = wait_leader(&admin, Some(&first.value), TTL, &broker).await;
+    let after = read_key_entry(&admin).await;
+    assert!(
+        after
+            .as_ref()
+            .is_none_or(|e| e.op != "PUT" || e.value != current.value),
+        "the stopped leader's entry was not released: {after:?}"
+    );
+    let second = wait_leader(&admin, Some(&current.value), TTL * 2, &broker).await;
     let took = stopped.elapsed();
     println!(
         "graceful hand-over {} -> {} in {took:.2?}",
-        first.value, second.value
+        current.value, second.value
     );
+    // Both times are the broker's own: the standby's entry was stored before
+    // the stopped leader's last one could have expired.
+    let last_renewal = over_the_stop
+        .finish()
+        .await
+        .iter()
+        .filter(|e| e.op == "PUT" && e.value == current.value)
+        .map(|e| e.stored)
+        .fold(current.stored, SystemTime::max);
     assert!(
-        took < TTL * 3 / 4,
-        "the hand-over took {took:?}: the stopped leader's entry was not released"
+        second.stored < last_renewal + TTL,
+        "the standby led {:?} after the stopped leader's last renewal: it waited for the entry to expire",
+        second.stored.duration_since(last_renewal).unwrap_or_default()
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + TTL * 2;
     while standby.metric("choria_provisioner_paused") != 0.0 {
         assert!(
             Instant::now() < deadline,
@@ -520,6 +556,10 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
     drop(r1);
     drop(r2);
     let killed = Instant::now();
+    // What the bucket holds now is our leader's last renewal: nothing of
+    // ours runs to write another.
+    let last = read_key_entry(&admin).await.expect("our leader's entry");
+    assert_eq!((last.op.as_str(), &last.value), ("PUT", &second.value));
     // Its candidate retries back off to at most ~30 s (backoff.TwentySec).
     let third = wait_leader(
         &admin,
@@ -528,17 +568,20 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
         &broker,
     )
     .await;
-    let took = killed.elapsed();
     println!(
-        "kill -9 {} -> {} after {took:.2?}",
-        second.value, third.value
+        "kill -9 {} -> {} after {:.2?}",
+        second.value,
+        third.value,
+        killed.elapsed()
     );
     assert_eq!(third.value, "go.provisioners.example.net");
-    // Our entry lives TTL after its last renewal, at most a quarter TTL
-    // before the kill (tests/election_go.rs EARLIEST_CRASH_FAILOVER).
+    // The broker's own times: the Go provisioner took the key only once our
+    // entry had expired, a TTL after its last renewal (what the broker's
+    // clock stamped, so no load on this machine moves it).
+    let waited = third.stored.duration_since(last.stored).unwrap_or_default();
     assert!(
-        took >= TTL - Duration::from_secs(2),
-        "the Go provisioner led {took:?} after the kill, before our entry could expire"
+        waited >= TTL,
+        "the Go provisioner led {waited:?} after our last renewal, before our entry could expire"
     );
     let journal_b = work.path().join("journal-b.jsonl");
     let fleet_b = fleet(&broker, &signers, "b", 20, &journal_b).await;

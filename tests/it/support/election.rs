@@ -151,7 +151,12 @@ pub struct KeyHistory {
 
 impl KeyHistory {
     pub async fn start(nats: &NatsServer) -> KeyHistory {
-        let admin = admin(nats).await;
+        KeyHistory::start_with(admin(nats).await)
+    }
+
+    /// The same, read through `admin`, a client of the account that holds
+    /// the bucket (a real Choria broker's `choria` account).
+    pub fn start_with(admin: async_nats::Client) -> KeyHistory {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let st = stop.clone();
         let task = tokio::spawn(async move {
