@@ -180,4 +180,8 @@ if [ ${#unavailable[@]} -gt 0 ]; then
   printf '!!!   %s\n' "${unavailable[@]}" >&2
   [ "$status" -ne 0 ] || status=1
 fi
+# Last of all, why each failed test failed (scripts/failures.py): libtest
+# prints it mid-run, and a long log cut in the middle (as CI keeps it) would
+# lose it.
+[ "$status" -eq 0 ] || python3 "$ROOT/scripts/failures.py" "$results" || true
 exit "$status"
