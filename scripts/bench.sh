@@ -39,6 +39,15 @@
 #   --directed MODE       the simulator's `--directed` (per-node, the default, or
 #                         shared: one queue subscription per connection, ~1 KiB
 #                         per simulated node instead of ~10 KiB; --scale uses it)
+#   --broker KIND         nats (default): a plain nats-server, protocol v1 without
+#                         TLS or signatures (`choria_insecure`). choria: the path
+#                         production runs, the real Choria broker (`choria broker run`
+#                         from go-choria, built by scripts/build-go-peers.sh choria)
+#                         with TLS and x509 security: the nodes connect with their
+#                         provisioning JWTs (checked by the broker against the
+#                         signer), the provisioner logs in as `provisioner` with the
+#                         broker's password and a client certificate of the run's
+#                         CA, and signs every request with its RSA key
 #   --profile             perf-record our provisioner in every run (perf.data +
 #                         perf-report.txt in the run directory)
 #   --out DIR             where results go (default ~/.cache/choria-provisioner-rs/bench-results/<date>)
@@ -94,6 +103,7 @@ DIRECTED=per-node
 REPLICAS_LIST=1
 HELPER_SLEEP=""
 JWT_HELPER="$ROOT/examples/helper.sh"
+BROKER_KIND=nats
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
@@ -113,6 +123,7 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
     --no-go) TRY_GO=0; shift ;;
+    --broker) BROKER_KIND="$2"; shift 2 ;;
     --profile) PROFILE=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
@@ -125,6 +136,10 @@ case "$SCENARIO" in
   template) SCENARIOS=(template) ;;
   all) SCENARIOS=(jwt pki) ;;
   *) echo "bench.sh: --scenario must be jwt, pki, template or all" >&2; exit 2 ;;
+esac
+case "$BROKER_KIND" in
+  nats | choria) ;;
+  *) echo "bench.sh: --broker must be nats or choria" >&2; exit 2 ;;
 esac
 IFS=, read -r -a NODES_ARR <<<"$NODES_LIST"
 IFS=, read -r -a WORKERS_ARR <<<"$WORKERS_LIST"
@@ -203,6 +218,25 @@ python3 -c 'import os; print(os.urandom(32).hex())' >"$WORK/shards.seed"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" \
   -days 30 -subj "/CN=bench CA" 2>/dev/null
 
+# --broker choria: go-choria's broker, with certificates of the run's CA
+# for itself and for the provisioner's login.
+CHORIA=""
+if [ "$BROKER_KIND" = choria ]; then
+  log "building go-choria's choria (scripts/build-go-peers.sh choria)"
+  CHORIA="$("$ROOT/scripts/build-go-peers.sh" choria 2>"$OUT/choria-build.log" | grep '/choria$' | tail -n1)" ||
+    { log "go-choria's choria could not be built (see $OUT/choria-build.log)"; exit 1; }
+  [ -x "$CHORIA" ] || { log "go-choria's choria could not be built (see $OUT/choria-build.log)"; exit 1; }
+  issue_cert() { # name, CN, subjectAltName
+    openssl req -newkey rsa:2048 -nodes -keyout "$WORK/$1.key" -out "$WORK/$1.csr" -subj "/CN=$2" 2>/dev/null
+    printf 'subjectAltName=%s\n' "$3" >"$WORK/$1.ext"
+    openssl x509 -req -in "$WORK/$1.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
+      -out "$WORK/$1.pem" -days 30 -extfile "$WORK/$1.ext" 2>/dev/null
+  }
+  issue_cert broker broker.bench.example.net "DNS:broker.bench.example.net,DNS:localhost,IP:127.0.0.1"
+  issue_cert provisioner provisioner.bench "DNS:provisioner.bench"
+  BROKER_PASSWORD="$(python3 -c 'import os; print(os.urandom(12).hex())')"
+fi
+
 python3 "$REPORT" machine >"$OUT/machine.json"
 {
   echo "command: scripts/bench.sh $ORIG_ARGS"
@@ -210,11 +244,43 @@ python3 "$REPORT" machine >"$OUT/machine.json"
   echo "simulator: --directed $DIRECTED"
   echo "binary: $BIN"
   echo "go: $GO_STATUS"
+  echo "broker: $BROKER_KIND${CHORIA:+ ($CHORIA)}"
 } >"$OUT/info.txt"
 RESULTS="$OUT/results.jsonl"
 : >"$RESULTS"
 
 # ---- one run ---------------------------------------------------------------
+# go-choria's broker on $2, configured in $1 as a production broker is for
+# provisioning (the provisioning signer, the provisioner's password, Choria
+# Streams), logging at warn; its pid in BROKER_PID.
+start_choria_broker() {
+  local dir="$1" port="$2"
+  cat >"$dir/broker.conf" <<EOF
+identity = broker.bench.example.net
+logfile = $dir/broker.log
+loglevel = warn
+plugin.choria.broker_network = true
+plugin.choria.network.listen_address = 127.0.0.1
+plugin.choria.network.client_port = $port
+plugin.choria.stats_address = 127.0.0.1
+plugin.choria.stats_port = $(free_port)
+plugin.choria.use_srv = false
+plugin.security.provider = file
+plugin.security.file.certificate = $WORK/broker.pem
+plugin.security.file.key = $WORK/broker.key
+plugin.security.file.ca = $WORK/ca.pem
+plugin.choria.network.system.user = system
+plugin.choria.network.system.password = $BROKER_PASSWORD-system
+plugin.choria.network.provisioning.client_password = $BROKER_PASSWORD
+plugin.choria.network.provisioning.signer_cert = $WORK/signer.pub
+plugin.choria.network.stream.store = $dir/streams
+EOF
+  (cd "$dir" && HOME="$dir" exec "$CHORIA" broker run --config "$dir/broker.conf" >"$dir/broker.out" 2>&1) &
+  BROKER_PID=$!
+  PIDS+=("$BROKER_PID")
+  wait_for_port "$port"
+}
+
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]+"${PIDS[@]}"}"; do kill "$p" 2>/dev/null || true; done
@@ -248,11 +314,20 @@ run_one() {
   monitor="$(free_port)"
   if [ "$impl" = go ]; then limit="$GO_TIMEOUT"; prov_bin="$GO_BIN"; else limit="$TIMEOUT"; prov_bin="$BIN"; fi
 
-  printf 'listen: 127.0.0.1:%s\nmax_payload: 4MB\n' "$port" >"$dir/nats.conf"
-  "$CACHE_BIN/nats-server" -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
-  local nats_pid=$!
-  PIDS+=("$nats_pid")
-  wait_for_port "$port"
+  local nats_pid fleet_tls=()
+  if [ "$BROKER_KIND" = choria ]; then
+    start_choria_broker "$dir" "$port"
+    nats_pid=$BROKER_PID
+    # Provisioning-mode servers connect with TLS (verifying the broker
+    # against the CA they were given) and their provisioning JWT.
+    fleet_tls=(--tls-required --tls-ca "$WORK/ca.pem")
+  else
+    printf 'listen: 127.0.0.1:%s\nmax_payload: 4MB\n' "$port" >"$dir/nats.conf"
+    "$CACHE_BIN/nats-server" -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
+    nats_pid=$!
+    PIDS+=("$nats_pid")
+    wait_for_port "$port"
+  fi
 
   # pki: the nodes' CSRs are signed before the fleet starts (--presign-csrs),
   # so the simulator's RSA work is not counted against the provisioner.
@@ -260,7 +335,7 @@ run_one() {
   [ "$scenario" = pki ] && fleet_extra+=(--presign-csrs)
   "$BIN" fleet --nats "nats://127.0.0.1:$port" --nodes "$nodes" --token s3cret \
     --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done --directed "$DIRECTED" \
-    "${fleet_extra[@]}" --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
+    "${fleet_extra[@]}" "${fleet_tls[@]}" --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
   local fleet_pid=$!
   PIDS+=("$fleet_pid")
   # The provisioner starts only once every node has announced itself, so
@@ -312,7 +387,11 @@ run_one() {
     else
       echo "helper: $helper"
     fi
-    echo "choria_insecure: true"
+    if [ "$BROKER_KIND" = choria ]; then
+      echo "broker_provisioning_password: $BROKER_PASSWORD"
+    else
+      echo "choria_insecure: true"
+    fi
     echo "monitor_port: $monitor"
     echo "loglevel: warn"
     # The Go provisioner's default logfile is a file named "info" in its
@@ -337,8 +416,16 @@ run_one() {
   cat >"$dir/choria.cfg" <<EOF
 identity = provisioner.bench
 plugin.choria.middleware_hosts = nats://127.0.0.1:$port
+plugin.choria.use_srv = false
 plugin.security.provider = file
 EOF
+  if [ "$BROKER_KIND" = choria ]; then
+    cat >>"$dir/choria.cfg" <<EOF
+plugin.security.file.certificate = $WORK/provisioner.pem
+plugin.security.file.key = $WORK/provisioner.key
+plugin.security.file.ca = $WORK/ca.pem
+EOF
+  fi
 
   python3 "$REPORT" snap fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap0.json"
   local start_ns prov_pid perf_pid="" urls="http://127.0.0.1:$monitor/metrics" pids=()
@@ -442,7 +529,7 @@ for scenario in "${SCENARIOS[@]}"; do
 done
 
 python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" \
-  --scale "$SCALE" >"$OUT/report.md"
+  --scale "$SCALE" --broker "$BROKER_KIND" >"$OUT/report.md"
 echo
 cat "$OUT/report.md"
 echo

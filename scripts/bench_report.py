@@ -517,6 +517,11 @@ def cmd_summary(args):
     opt = dict(zip(args[1::2], args[2::2]))
     machine = load(opt["--machine"]) if "--machine" in opt else {}
     go_status = opt.get("--go-status", "")
+    broker = {
+        "choria": "the real Choria broker (`choria broker run`): TLS, x509 security, provisioning "
+                  "JWTs checked by the broker, the provisioner logged in as `provisioner` with a "
+                  "client certificate; protocol v1 signed with the provisioner's RSA key",
+    }.get(opt.get("--broker", "nats"), "nats-server, protocol v1 without TLS or signatures (`choria_insecure`)")
     rows = [json.loads(l) for l in open(path) if l.strip()]
     groups = {}
     for r in rows:
@@ -534,10 +539,12 @@ def cmd_summary(args):
     w("")
     w(f"Go provisioner: {go_status or 'not attempted'}")
     w("")
+    w(f"Broker: {broker} (its CPU is the `broker CPU s` column)")
+    w("")
     w("## Results (medians of the valid runs)")
     w("")
     w("| scenario | nodes | workers | impl | valid/runs | nodes/min | e2e s | p50 s/node | p99 s/node "
-      "| prov CPU s | prov peak RSS MiB | helper CPU s | fleet CPU s | fleet RSS MiB | nats CPU s "
+      "| prov CPU s | prov peak RSS MiB | helper CPU s | fleet CPU s | fleet RSS MiB | broker CPU s "
       "| machine busy % | other CPU s | 1st discovery | cycles |")
     w("|" + "---|" * 19)
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3] != "rust")):
@@ -553,6 +560,17 @@ def cmd_summary(args):
           f"| {fmt(g('fleet_hwm_mib'), '{:.0f}')} | {fmt(g('nats_cpu_s'), '{:.2f}')} "
           f"| {fmt(g('machine_busy_pct'), '{:.0f}')} | {fmt(g('other_cpu_s'), '{:.1f}')} "
           f"| {fmt(disc)}/{key[1]:,} | {fmt(g('discover_cycles'))} |")
+    # CPU per node of each process: where the time goes, whatever the rate
+    w("")
+    w("| scenario | nodes | workers | impl | prov CPU ms/node | helper CPU ms/node "
+      "| fleet CPU ms/node | broker CPU ms/node |")
+    w("|" + "---|" * 8)
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3] != "rust")):
+        ok = [r for r in groups[key] if r.get("valid")]
+        per = lambda f: med([r[f] * 1000 / r["nodes"] for r in ok if r.get(f) is not None])  # noqa: E731
+        w(f"| {key[0]} | {key[1]:,} | {key[2]} | {key[3]} | {fmt(per('prov_cpu_s'), '{:.2f}')} "
+          f"| {fmt(per('helper_cpu_s'), '{:.2f}')} | {fmt(per('fleet_cpu_s'), '{:.2f}')} "
+          f"| {fmt(per('nats_cpu_s'), '{:.2f}')} |")
     # ratios when both implementations ran
     ratio_lines = []
     for (sc, n, wk, impl), rs in sorted(groups.items()):
