@@ -102,6 +102,11 @@ log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
 log "layers inside the crates: no import cycle, rooms, sizes (scripts/check-layers.py)"
 python3 "$ROOT/scripts/check-layers.py"
+# The commit convention (docs/src/contributing.md, "Commits") for every
+# commit after the one it was adopted at.
+log "commit messages: area: summary in at most 72 characters, a body (scripts/check-commits.py)"
+python3 "$ROOT/scripts/check-commits.py" --self-test
+python3 "$ROOT/scripts/check-commits.py"
 # The book in docs/: builds without a warning, no internal link or anchor
 # broken (~2 s once mdBook is installed; its reference pages are compared
 # with the code by tests/it/book.rs in cargo test below).
