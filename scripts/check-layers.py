@@ -17,6 +17,12 @@ this script checks is inside them:
    out tests (files named tests.rs, trailing `#[cfg(test)] mod tests`) and
    the declarative tables in TABLES.
 
+4. Every module is documented where a newcomer looks: each crate's root
+   doc names each module the root declares (in backticks, linked or not),
+   and ARCHITECTURE.md names every source file (its name, in an inline code
+   span: `driver.rs`, `election/driver.rs` or `driver`), tests.rs and
+   mod.rs aside.
+
 Only non-test code counts: tests may reach across (a test of the
 leadership glue builds a provisioner).
 """
@@ -288,8 +294,39 @@ def long_functions(path, lines):
     return out
 
 
+def undocumented():
+    """Modules a crate root's doc or ARCHITECTURE.md does not name."""
+    out = []
+    for crate, src in CRATES.items():
+        root = os.path.join(ROOT, src, "main.rs" if crate == "choria-provisioner" else "lib.rs")
+        text = open(root).read()
+        doc = "\n".join(l[3:] for l in text.splitlines() if l.startswith("//!"))
+        declared = re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text, re.M)
+        for m in declared:
+            if not re.search(r"`[^`\n]*\b" + m + r"\b[^`\n]*`", doc):
+                out.append(f"{os.path.relpath(root, ROOT)}: its doc does not name module `{m}`")
+    arch = open(os.path.join(ROOT, "ARCHITECTURE.md")).read()
+    arch = re.sub(r"```.*?```", "", arch, flags=re.S)
+    named = set()
+    for para in re.split(r"\n\s*\n", arch):
+        for span in re.findall(r"`([^`]+)`", para):
+            for word in re.split(r"[\s,;()]+", span):
+                for part in word.split("/"):
+                    part = part.strip().strip(".:")
+                    named.add(part[:-3] if part.endswith(".rs") else part)
+    for src in CRATES.values():
+        for d, _, files in os.walk(os.path.join(ROOT, src)):
+            for f in sorted(files):
+                stem = f[:-3]
+                if not f.endswith(".rs") or stem in ("mod", "lib", "main", "tests") or stem.endswith("_tests"):
+                    continue
+                if stem not in named:
+                    out.append(f"ARCHITECTURE.md does not name {os.path.relpath(os.path.join(d, f), ROOT)}")
+    return out
+
+
 def main():
-    problems = []
+    problems = undocumented()
     core_rooms = {}
     for crate, src in CRATES.items():
         src = os.path.join(ROOT, src)
@@ -333,7 +370,8 @@ def main():
     if problems:
         return 1
     print(f"check-layers: {len(CRATES)} crates: no import cycle, every room's use allowed, "
-          f"no file over {MAX_FILE} lines or function over {MAX_FN} outside tests and tables")
+          f"no file over {MAX_FILE} lines or function over {MAX_FN} outside tests and tables, "
+          f"every module named in its crate's doc and ARCHITECTURE.md")
     return 0
 
 

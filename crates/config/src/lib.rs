@@ -7,6 +7,17 @@
 //!   `key = value` format, reduced to what a provisioner client needs, and the
 //!   derivation of the NATS connection options and the request signer from it.
 //! * [`duration`]: Choria's duration syntax (`1m`, `36h`, `1d`, `1w`, `1M`, `1y`).
+//! * The sections of `provisioner.yaml` beyond the Go provisioner's, each
+//!   its own module: [`election`], [`day_two`] (records and renewal),
+//!   [`admission`] (the Rego policy), [`evidence`] (cloud instance
+//!   documents), [`audit`] (the audit stream), [`template`]
+//!   (`configuration_template:` and its minijinja environment, with
+//!   `template_names` the names templates are compiled under) and
+//!   [`interpolation`] (what an interpolated value may hold where it lands).
+//! * [`schema`]: every key of `provisioner.yaml` declared once, read by the
+//!   parser, the operator's writer and the book's reference; [`names`]:
+//!   Kubernetes' name rules; `yaml`: a YAML tree that keeps entries in order,
+//!   duplicates included.
 //!
 //! Every error names the file, the key and what is wrong, for example
 //! `provisioner.yaml: interval: 30s is below the minimum of 1m`. Settings that

@@ -11,7 +11,10 @@
 //! it connects in `setup`; the connections and subscriptions in `wiring`;
 //! the tasks reading them in `loops`; one request on one node in `serve`;
 //! what every task shares in `context`; the tally at the end in `summary`.
-//! Each node itself is a state machine in [`node`].
+//! Each node itself is a state machine in [`node`]. Beside the run: the
+//! [`journal`] writer, the reference [`helper`] (`fleet-helper`) and the
+//! small [`ca`] it signs with, [`evidence`] (instance documents the nodes
+//! present, `--evidence-key`) and the terminal's [`progress`] line.
 
 pub mod ca;
 pub mod evidence;

@@ -2,7 +2,8 @@
 //! ([`crd`]), which the operator builds from and a pod follows, and small
 //! helpers shared by the operator, the Lease election and a pod's link to
 //! its `Provisioner`: the process's one client, error text that never
-//! carries secrets, the pod's namespace.
+//! carries secrets, the pod's namespace; and cert-manager's
+//! [`certificate_request`], typed with the fields we write and read.
 
 pub mod certificate_request;
 pub mod crd;

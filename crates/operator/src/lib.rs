@@ -7,7 +7,11 @@
 //! * [`build`]: the owned objects, built without a cluster;
 //! * [`validate`]: what makes a spec invalid, with messages saying what to fix;
 //! * [`reconcile`]: one reconciliation (server-side apply, status, events);
-//! * [`metrics`]: counters, served on the `/metrics`, `/healthz`, `/readyz` endpoint.
+//! * [`metrics`]: counters, served on the `/metrics`, `/healthz`, `/readyz` endpoint;
+//! * [`policy`]: what the cluster admin allows a Provisioner to ask for;
+//! * [`admission`]: the ValidatingAdmissionPolicies that hold the pods and
+//!   Provisioner writers to it in the API server;
+//! * `fixtures` (tests only): Provisioner fixtures and a mocked API server.
 //!
 //! The operator runs HA: every replica campaigns for the Lease
 //! `choria-provisioner-operator` through [`choria_replica::election`], and only the
