@@ -49,6 +49,12 @@ impl Shared {
         }
     }
 
+    fn wake_all(&self) {
+        for n in self.waiters.lock().expect("never poisoned").values() {
+            n.notify_one();
+        }
+    }
+
     fn schedule(&self, name: &str, at: Instant) {
         let mut due = self.due.lock().expect("never poisoned");
         let at = due.get(name).map_or(at, |t| (*t).min(at));
@@ -201,7 +207,13 @@ async fn follow(
                 }
                 shared.wake(&name);
             }
-            Ok(_) => {}
+            // What a (re)list found is in the store only now: the reflector
+            // holds a listing back until it is whole, so a waiter woken by
+            // its InitApply looked and did not find it. A request created
+            // as the watch started and issued before its first list (the
+            // first nodes of a run) would wait out its timeout unseen.
+            Ok(watcher::Event::InitDone) => shared.wake_all(),
+            Ok(watcher::Event::Init) => {}
             // The watcher backs off and retries by itself; a waiter's
             // deadline bounds what a broken watch costs it.
             Err(e) => warn!(error = %e, "watching the CertificateRequests failed; retrying"),
@@ -270,6 +282,49 @@ mod tests {
         ready.sort();
         assert_eq!(ready, ["a", "b"], "the earlier time of a kept");
         assert_eq!(next, None);
+    }
+
+    /// A request the first list finds is seen by its waiter, which was
+    /// woken (and looked) before the listing reached the store.
+    #[tokio::test]
+    async fn a_request_in_the_first_list_wakes_its_waiter_once_it_is_in_the_store() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let writer = reflector::store::Writer::default();
+        let store = writer.as_reader();
+        let shared = Arc::new(Shared::default());
+        let notify = Arc::new(Notify::new());
+        shared
+            .waiters
+            .lock()
+            .unwrap()
+            .insert("node-1-x".into(), notify.clone());
+        let follower = tokio::spawn(follow(rx.reflect(writer), shared.clone(), None));
+        let mut cr: CertificateRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cert-manager.io/v1", "kind": "CertificateRequest",
+            "metadata": {"name": "node-1-x", "namespace": "choria"},
+            "spec": {"request": "", "issuerRef": {"name": "ca"}},
+        }))
+        .unwrap();
+        cr.metadata.resource_version = Some("1".into());
+        let key = ObjectRef::<CertificateRequest>::new("node-1-x").within("choria");
+        tx.unbounded_send(Ok(watcher::Event::Init)).unwrap();
+        tx.unbounded_send(Ok(watcher::Event::InitApply(cr)))
+            .unwrap();
+        // Woken by the InitApply: the store does not hold the listing yet.
+        tokio::time::timeout(Duration::from_secs(1), notify.notified())
+            .await
+            .expect("woken by InitApply");
+        assert!(
+            store.get(&key).is_none(),
+            "a listing is held back until whole"
+        );
+        tx.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), notify.notified())
+            .await
+            .expect("woken again once the listing is in the store");
+        assert!(store.get(&key).is_some());
+        drop(tx);
+        follower.await.unwrap();
     }
 
     #[tokio::test]
