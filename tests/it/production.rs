@@ -92,6 +92,21 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// What part two reads through `$REPO` (the Provisioner example), in a
+/// directory of `shell`'s with the page's ports changed as in its text: the
+/// pods must reach the broker where part one's blocks started it.
+fn repo_with_ports(shell: &Shell, ports: &[(&str, String)]) -> PathBuf {
+    const READ: &str = "docs/src/examples/kubernetes/provisioner-production.yaml";
+    let copy = shell.work.path().join("repo");
+    let mut text = std::fs::read_to_string(repo().join(READ)).unwrap();
+    for (from, to) in ports {
+        text = text.replace(from, to);
+    }
+    std::fs::create_dir_all(copy.join(READ).parent().unwrap()).unwrap();
+    std::fs::write(copy.join(READ), text).unwrap();
+    copy
+}
+
 fn page() -> String {
     std::fs::read_to_string(repo().join(PAGE)).unwrap()
 }
@@ -217,7 +232,8 @@ async fn part_two_secrets_and_provisioner_are_what_the_operator_runs() {
 /// it, with `NODE_TIER_ADDRESS`, `NODE_TIER_KUBECONFIG`, `NODE_TIER_KUBECTL`
 /// and `CHORIA_BIN`): part one on the host, then part two to the end, its
 /// pods on a real kubelet taking over part one's node and renewing it. What
-/// differs from the text: the ports (as in part one); `BROKER_ADDRESS` is
+/// differs from the text: the ports (as in part one, and in the Provisioner
+/// example part two applies, which `REPO` holds a copy of); `BROKER_ADDRESS` is
 /// set to the bridge's address (the pods reach the host there), as the page
 /// tells a reader whose first `hostname -I` address is not the one.
 #[test]
@@ -252,10 +268,11 @@ fn the_whole_page_on_a_real_kubelet() {
         ("4222", free_port().to_string()),
         ("9090", free_port().to_string()),
     ];
+    let copy = repo_with_ports(&shell, &edits);
     let ran = shell.run(
         &script(all, &edits),
         &[
-            ("REPO", repo()),
+            ("REPO", &copy),
             ("KUBECONFIG", &kubeconfig),
             ("BROKER_ADDRESS", Path::new(&address)),
         ],
