@@ -57,6 +57,23 @@ def shortened(body):
     )
 
 
+def self_test():
+    log = [
+        "test a::b ... FAILED", "", "failures:", "", "---- a::b stdout ----",
+        "it printed this", "thread 'a::b' (1) panicked at x.rs:1:1:", "the reason", "",
+        "---- a::c stdout ----", "only this", "", "failures:", "    a::b", "    a::c", "",
+        "test result: FAILED. 0 passed; 2 failed",
+    ]
+    found = list(blocks(log))
+    assert [n for n, _ in found] == ["a::b", "a::c"], found
+    assert found[0][1][1].endswith("panicked at x.rs:1:1:"), found
+    long = [f"line {i}" for i in range(100)] + ["thread 'x' panicked at y.rs"] + [f"after {i}" for i in range(100)]
+    cut = shortened(long)
+    assert cut[:HEAD] == long[:HEAD] and cut[HEAD] == "[... 90 lines ...]", cut[: HEAD + 1]
+    assert cut[HEAD + 1] == "thread 'x' panicked at y.rs" and cut[-1] == "[... 51 more lines]", cut[-3:]
+    print("failures: self-test passed")
+
+
 def main(path):
     with open(path, errors="replace") as f:
         lines = f.read().splitlines()
@@ -71,4 +88,7 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+    else:
+        main(sys.argv[1])
