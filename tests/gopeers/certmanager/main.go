@@ -1,8 +1,10 @@
 // cert-manager-controller: the real cert-manager controllers (the packages of
 // github.com/cert-manager/cert-manager at the version in go.mod), only the
-// ones the integration tests need, for a bare test control plane (etcd +
-// kube-apiserver, no kubelet). Built by `scripts/build-kube-peers.sh
-// cert-manager`; tests/cert_manager.rs runs it.
+// ones the integration tests and the node tier's quick start need (a CA made
+// by a self-signed Certificate, CertificateRequests signed by the CA issuer),
+// for a bare test control plane (etcd + kube-apiserver, no kubelet) or the
+// node tier's cluster. Built by `scripts/build-kube-peers.sh cert-manager`;
+// tests/it/cert_manager.rs and scripts/node-tier/quick-start.sh run it.
 //
 // cert-manager's own cmd/controller is a separate module the Go module proxy
 // does not serve, so this wrapper does what its app does for the controllers
@@ -33,15 +35,31 @@ import (
 	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
 
 	// Each registers its controller with controllerpkg.Register.
-	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver" // certificaterequests-approver
-	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/ca"       // certificaterequests-issuer-ca
-	_ "github.com/cert-manager/cert-manager/pkg/controller/issuers"                      // issuers
-	// The CA issuer type for the issuers controller (Issuer Ready condition).
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver"   // certificaterequests-approver
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/ca"         // certificaterequests-issuer-ca
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/selfsigned" // certificaterequests-issuer-selfsigned
+	_ "github.com/cert-manager/cert-manager/pkg/controller/issuers"                        // issuers
+	// A Certificate's life: a key, a CertificateRequest, its Secret, its
+	// Ready condition, renewal, old requests pruned (the quick start on
+	// Kubernetes makes its CA with one, scripts/node-tier/quick-start.sh).
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/issuing"         // certificates-issuing
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/keymanager"      // certificates-key-manager
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/readiness"       // certificates-readiness
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/requestmanager"  // certificates-request-manager
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/revisionmanager" // certificates-revision-manager
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/trigger"         // certificates-trigger
+	// The issuer types for the issuers controller (Issuer Ready condition).
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/ca"
+	_ "github.com/cert-manager/cert-manager/pkg/issuer/selfsigned"
 )
 
 // The controllers compiled in, in start order; all run by default.
-var available = []string{"issuers", "certificaterequests-approver", "certificaterequests-issuer-ca"}
+var available = []string{
+	"issuers", "certificaterequests-approver", "certificaterequests-issuer-ca",
+	"certificaterequests-issuer-selfsigned", "certificates-trigger", "certificates-key-manager",
+	"certificates-request-manager", "certificates-issuing", "certificates-readiness",
+	"certificates-revision-manager",
+}
 
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
