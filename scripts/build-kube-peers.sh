@@ -20,12 +20,18 @@
 #   helm            helm.sh/helm/v3/cmd/helm (v3.22.0)     (tests/kubepeers/helm)
 #                   scripts/node-tier.sh installs charts/choria-provisioner-operator
 #                   with it; the version ldflags of Helm's Makefile
+#   kube-proxy      k8s.io/kubernetes/cmd/kube-proxy        (tests/kubepeers/kubernetes)
+#   coredns         github.com/coredns/coredns with the kubernetes and errors
+#                   plugins only                            (tests/kubepeers/coredns)
+#                   the node tier's Services and cluster DNS, for the Kubernetes
+#                   quick start run from its page
 #
 # The versions are the ones required in the wrapper modules' go.mod (see
 # tests/kubepeers/README.md). tests/it/support/kube.rs starts them.
 #
 # Usage: scripts/build-kube-peers.sh [etcd] [kube-apiserver] [kubectl] [cert-manager]
 #          [kubelet] [kube-scheduler] [kube-controller-manager] [helm]
+#          [kube-proxy] [coredns]
 #        (default: etcd kube-apiserver kubectl)
 #        scripts/build-kube-peers.sh --pin 1.M.N
 #        (rewrites tests/kubepeers/kubernetes/go.mod and go.sum for Kubernetes
@@ -200,6 +206,13 @@ build_helm() {
   build_bin helm "$moddir" helm.sh/helm/v3/cmd/helm "$flags"
 }
 
+build_coredns() {
+  local moddir="$KUBEPEERS/coredns" v
+  v="$(module_version "$moddir" github.com/coredns/coredns)" || return 1
+  build_bin coredns "$moddir" . "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$v" \
+    "main=$(cd "$moddir" && sha256sum main.go)"
+}
+
 # pin K: points tests/kubepeers/kubernetes at k8s.io/kubernetes vK.
 pin() {
   local k="${1#v}" moddir="$KUBEPEERS/kubernetes"
@@ -230,7 +243,7 @@ pin() {
     run_go "$moddir" "editing go.mod" -- mod edit "-godebug=$godebug" >/dev/null || exit 1
   fi
   local tools=() t
-  for t in kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager; do
+  for t in kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager kube-proxy; do
     tools+=("k8s.io/kubernetes/cmd/$t@v$k")
   done
   run_go "$moddir" "go get" -- get -tool "${tools[@]}" >/dev/null || exit 1
@@ -251,10 +264,11 @@ built=()
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd && built+=("$CACHE_BIN/etcd") || failed=1 ;;
-    kube-apiserver | kubectl | kubelet | kube-scheduler | kube-controller-manager) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
+    kube-apiserver | kubectl | kubelet | kube-scheduler | kube-controller-manager | kube-proxy) build_kube "$t" && built+=("$CACHE_BIN/$t") || failed=1 ;;
     cert-manager) build_cert_manager && built+=("$CACHE_BIN/cert-manager-controller") || failed=1 ;;
     helm) build_helm && built+=("$CACHE_BIN/helm") || failed=1 ;;
-    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager, kubelet, kube-scheduler, kube-controller-manager, helm)" >&2; exit 2 ;;
+    coredns) build_coredns && built+=("$CACHE_BIN/coredns") || failed=1 ;;
+    *) echo "build-kube-peers: unknown binary '$t' (want: etcd, kube-apiserver, kubectl, cert-manager, kubelet, kube-scheduler, kube-controller-manager, helm, kube-proxy, coredns)" >&2; exit 2 ;;
   esac
 done
 
