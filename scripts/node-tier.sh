@@ -57,6 +57,9 @@
 #      broker's name and the nodes' CA path made this machine's), its pods on the
 #      kubelet, which take over part one's node and renew it (6.'s namespace
 #      `choria` is deleted first: the guide makes its own).
+#   8. the quick start on Kubernetes (docs/src/quick-start/kubernetes.md) from
+#      its own text (scripts/node-tier/quick-start.sh adds what the page
+#      assumes of a cluster: CoreDNS, kube-proxy, cert-manager, the images).
 #      The measured figures are printed as a table at the end.
 #
 #   scripts/node-tier.sh [--hold] [--image OCI_ARCHIVE] [--keep]
@@ -103,9 +106,10 @@
 #                   --root-ca-file (the pods' ca.crt: the apiserver's
 #                   self-signed certificate and CA), kubeconfigs with the admin
 #                   token for authn/authz delegation.
-#   no kube-proxy   the one ClusterIP pods need, the `kubernetes` Service
-#                   (10.0.0.1:443), is DNATed to the apiserver by our own nat
-#                   chain (PREROUTING for pods, OUTPUT for the host).
+#   kube-proxy      only for the quick start (8.): until then the one ClusterIP
+#                   pods need, the `kubernetes` Service (10.0.0.1:443), is DNATed
+#                   to the apiserver by our own nat chain (PREROUTING for pods,
+#                   OUTPUT for the host), which stays first after it.
 #   containerd      private root/state/socket/runc root under the work
 #                   directory, CRI with cgroupfs (SystemdCgroup = false: no
 #                   systemd here), runc, sandbox_image = the pause image made
@@ -120,9 +124,10 @@
 #                   above); evictionHard at 1 % and image GC at 100 % (this disk
 #                   has < 10 % free: the defaults would taint the node with
 #                   DiskPressure and garbage-collect the imported images, which
-#                   no registry can bring back); resolvConf "" (no DNS for pods:
-#                   nothing to resolve, and the host's resolver is not reachable
-#                   from them); authn anonymous + authz AlwaysAllow on its API
+#                   no registry can bring back); resolvConf "" (the host's
+#                   resolver is not reachable from the pods), clusterDNS the
+#                   bridge's address, where CoreDNS answers for cluster.local
+#                   once the quick start (8.) starts it; authn anonymous + authz AlwaysAllow on its API
 #                   (the apiserver has no kubelet client certificate); its own
 #                   root, cert and pod log dirs; --node-ip = the bridge's IP (a
 #                   loopback node IP is refused); and it runs in a mount
@@ -245,6 +250,7 @@ pass "$(containerd --version | awk '{print $1, $3}'), $(runc --version | head -n
 step "binaries (scripts/build-kube-peers.sh)"
 STEP_LOGS=("$CACHE_DIR/node-tier-build.log")
 nice -n 10 "$ROOT/scripts/build-kube-peers.sh" etcd kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager \
+  kube-proxy coredns cert-manager \
   >"$CACHE_DIR/node-tier-build.log" 2>&1 || die "scripts/build-kube-peers.sh failed"
 # The real choria (go-choria's broker, server and CLI) for the production
 # guide's run (7.).
@@ -611,36 +617,8 @@ int main(void) {
 EOF
 gcc -static -Os -s -o "$W/pause/pause" "$W/pause/pause.c" >"$W/pause/build.log" 2>&1 || die "gcc -static pause.c"
 # An OCI archive of one layer (/pause), as `ctr images import` takes it.
-python3 - "$W/pause/pause" "$W/pause/pause.oci.tar" "$PAUSE_REF" <<'PY' || die "writing the pause image"
-import hashlib, io, json, sys, tarfile
-src, out, ref = sys.argv[1:]
-def tar_bytes(entries):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for name, data, mode in entries:
-            ti = tarfile.TarInfo(name)
-            ti.size, ti.mode, ti.mtime, ti.uid, ti.gid = len(data), mode, 0, 0, 0
-            t.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
-layer = tar_bytes([("pause", open(src, "rb").read(), 0o755)])
-sha = lambda b: "sha256:" + hashlib.sha256(b).hexdigest()
-config = json.dumps({
-    "architecture": "amd64", "os": "linux",
-    "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-    "rootfs": {"type": "layers", "diff_ids": [sha(layer)]},
-}, sort_keys=True).encode()
-manifest = json.dumps({
-    "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha(config), "size": len(config)},
-    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha(layer), "size": len(layer)}],
-}, sort_keys=True).encode()
-index = json.dumps({"schemaVersion": 2, "manifests": [{
-    "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": sha(manifest), "size": len(manifest),
-    "annotations": {"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]},
-}]}).encode()
-blobs = [(f"blobs/sha256/{sha(b)[7:]}", b, 0o644) for b in (layer, config, manifest)]
-open(out, "wb").write(tar_bytes([("oci-layout", b'{"imageLayoutVersion":"1.0.0"}', 0o644), ("index.json", index, 0o644)] + blobs))
-PY
+python3 "$ROOT/scripts/node-tier/oci-image.py" "$W/pause/pause" "$W/pause/pause.oci.tar" "$PAUSE_REF" \
+  --user 65535:65535 || die "writing the pause image"
 # Loopback is added by containerd's CRI itself (from bin_dir); the bridge gives
 # each pod an address on our /24 and only a route to the service range.
 cat >"$W/cni/net.d/10-$CNI_NET.conflist" <<EOF
@@ -746,6 +724,8 @@ failSwapOn: false
 oomScoreAdj: 0
 podLogsDir: $W/pod-logs
 resolvConf: ""
+clusterDNS: ["$GW"]
+clusterDomain: cluster.local
 maxPods: 32
 evictionHard:
   memory.available: 100Mi
@@ -1398,6 +1378,9 @@ NODE_TIER_ADDRESS="$GW" NODE_TIER_KUBECONFIG="$KUBECONFIG_FILE" NODE_TIER_KUBECT
 GUIDE_S="$(secs "$t0" "$(now)")"
 summary "production guide, both parts (part one, then the pods renew)" "$GUIDE_S s"
 pass "the guide's every command ran; the pods renewed part one's node in $GUIDE_S s (both parts)"
+# ---- 8. the quick start on Kubernetes, from its page ------------------------------------------
+# shellcheck source=scripts/node-tier/quick-start.sh
+source "$ROOT/scripts/node-tier/quick-start.sh"
 
 step_done
 log "node-tier: measured (3 provisioner replicas, $FLEET_NODES fleet nodes on the host, sampler every $SAMPLE_MS ms):"

@@ -29,6 +29,7 @@ mod host;
 mod hostile;
 mod interop_go;
 mod kube_apiserver;
+mod kubernetes_quick_start;
 mod memory;
 mod node_tier;
 mod operator_bindings;
