@@ -181,7 +181,7 @@ if [ "${CHORIA_NODE_TIER:-0}" = 1 ]; then
   log "node tier: real pods on a real kubelet (scripts/node-tier.sh)"
   "$ROOT/scripts/node-tier.sh" || node_status=$?
 else
-  log "node tier not run (CHORIA_NODE_TIER=1 runs scripts/node-tier.sh, ~6.5 min warm)"
+  log "node tier not run (CHORIA_NODE_TIER=1 runs scripts/node-tier.sh, ~7 min warm)"
 fi
 [ "$status" -ne 0 ] || status=$node_status
 if [ ${#unavailable[@]} -gt 0 ]; then
