@@ -18,7 +18,9 @@
 //! under CI a missing peer fails the test (tests/support/peers.rs).
 
 use crate::support::broker::{ChoriaBroker, Network, PROVISIONER_PASSWORD};
-use crate::support::election::{bucket_config, read_key_entry, KeyEntry, KeyHistory};
+use crate::support::election::{
+    assert_no_overlap, bucket_config, read_key_entry, KeyEntry, KeyHistory,
+};
 use crate::support::gopeers::{
     choria_bin, choria_tool, go_provisioner_bin, make_signers, s, Signers,
 };
@@ -434,13 +436,14 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
             &[],
         )
     };
+    // Every entry the election key holds from before either of ours starts.
+    let history = KeyHistory::start_with(admin.clone());
     let mut r1 = ours("r1");
     let mut r2 = ours("r2");
 
     // One of ours leads on the broker's bucket and provisions fleet A alone.
     // (A wait for a condition: the bound only ends a run that never gets
     // there, two debug builds starting beside other tiers.)
-    let history = KeyHistory::start_with(admin.clone());
     wait_leader(&admin, None, TTL * 6, &broker).await;
     let by = wait_configured(&journal, 60, Duration::from_secs(90), &broker).await;
     let senders: std::collections::BTreeSet<&String> = by.values().flatten().collect();
@@ -468,6 +471,8 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
     if leaders.len() > 1 {
         println!("the lead moved while fleet A was provisioned: {leaders:?}");
     }
+    // Whoever led, no node was worked by two of them at once.
+    assert_no_overlap(&crate::support::read_journal_so_far(&journal));
 
     // A graceful stop hands over through the broker's imports at once: the
     // stopped leader releases its entry before it exits, and the standby
@@ -495,19 +500,25 @@ async fn ours_and_the_go_provisioner_share_the_brokers_election_and_hand_over() 
         "graceful hand-over {} -> {} in {took:.2?}",
         current.value, second.value
     );
-    // Both times are the broker's own: the standby's entry was stored before
-    // the stopped leader's last one could have expired.
-    let last_renewal = over_the_stop
-        .finish()
-        .await
+    // Both times are the broker's own: the standby's claim (its first
+    // entry, not a later renewal `wait_leader` may have read) was stored
+    // before the stopped leader's last renewal could have expired.
+    let seen = over_the_stop.finish().await;
+    let last_renewal = seen
         .iter()
         .filter(|e| e.op == "PUT" && e.value == current.value)
         .map(|e| e.stored)
         .fold(current.stored, SystemTime::max);
+    let claimed = seen
+        .iter()
+        .filter(|e| e.op == "PUT" && e.value == second.value)
+        .map(|e| e.stored)
+        .min()
+        .unwrap_or(second.stored);
     assert!(
-        second.stored < last_renewal + TTL,
+        claimed < last_renewal + TTL,
         "the standby led {:?} after the stopped leader's last renewal: it waited for the entry to expire",
-        second.stored.duration_since(last_renewal).unwrap_or_default()
+        claimed.duration_since(last_renewal).unwrap_or_default()
     );
     let deadline = Instant::now() + TTL * 2;
     while standby.metric("choria_provisioner_paused") != 0.0 {

@@ -142,8 +142,9 @@ pub async fn read_key_entry(admin: &async_nats::Client) -> Option<KeyEntry> {
 }
 
 /// Every distinct entry the election key held while this ran, read every
-/// 20 ms from the CHORIA account: an entry lives at least until it is
-/// renewed (a renew period) or expires (the TTL), so none is missed.
+/// 20 ms from the CHORIA account: a leader's entry lives at least until it
+/// is renewed (a renew period) or expires (the TTL), so no claim or renewal
+/// is missed; a release marker a standby replaces within 20 ms may be.
 pub struct KeyHistory {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<Vec<KeyEntry>>,
