@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Hold new commits to the house's commit convention (docs/src/contributing.md).
 
-Every commit after SINCE (the one before this check was added; older history
-is left as it is) must have:
+Every commit after SINCE (the last one before the convention was adopted;
+older history is left as it is) must have:
   * a subject `area: summary`: an area (a crate, module, file, script or
     page, lower or upper case, words joined by `,`, `/`, `.`, `-` or `_`),
     a colon and a space, then the summary;
@@ -37,10 +37,12 @@ def problems(subject, body):
 
 
 def commits(since):
-    """(sha, subject, body) of the non-merge commits after `since`."""
+    """(sha, subject, body) of the non-merge commits after `since`; with
+    `since` None, the newest commit only."""
     fmt = "%H%x00%s%x00%b%x1e"
+    span = ["-1", "HEAD"] if since is None else [f"{since}..HEAD"]
     log = subprocess.run(
-        ["git", "log", "--no-merges", f"--format={fmt}", f"{since}..HEAD"],
+        ["git", "log", "--no-merges", f"--format={fmt}", *span],
         check=True, capture_output=True, text=True,
     ).stdout
     for rec in log.split("\x1e"):
@@ -72,8 +74,9 @@ def main():
     known = subprocess.run(["git", "merge-base", "--is-ancestor", SINCE, "HEAD"],
                            capture_output=True)
     if known.returncode != 0:
-        # A shallow clone or another history: the newest commit only.
-        since = "HEAD~1"
+        # A shallow clone or another history: the newest commit only (a
+        # clone of depth 1 has no HEAD~1 to count from).
+        since = None
         print(f"check-commits: {SINCE[:12]} is not in this history; checking HEAD only")
     else:
         since = SINCE
@@ -87,7 +90,8 @@ def main():
     if bad:
         print("check-commits: the convention is in docs/src/contributing.md, 'Commits'")
         return 1
-    print(f"check-commits: {n} commit(s) after {since[:12]} follow `area: summary` (<= {MAX_SUBJECT}) with a body")
+    after = "HEAD only" if since is None else f"after {since[:12]}"
+    print(f"check-commits: {n} commit(s) {after} follow `area: summary` (<= {MAX_SUBJECT}) with a body")
     return 0
 
 
