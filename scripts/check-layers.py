@@ -298,12 +298,15 @@ def undocumented():
     """Modules a crate root's doc or ARCHITECTURE.md does not name."""
     out = []
     for crate, src in CRATES.items():
-        root = os.path.join(ROOT, src, "main.rs" if crate == "choria-provisioner" else "lib.rs")
+        root = os.path.join(ROOT, src, "lib.rs")
+        if not os.path.exists(root):
+            root = os.path.join(ROOT, src, "main.rs")
         text = open(root).read()
         doc = "\n".join(l[3:] for l in text.splitlines() if l.startswith("//!"))
+        spans = " ".join(re.findall(r"`([^`]+)`", doc))
         declared = re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text, re.M)
         for m in declared:
-            if not re.search(r"`[^`\n]*\b" + m + r"\b[^`\n]*`", doc):
+            if m != "tests" and not re.search(r"\b" + m + r"\b", spans):
                 out.append(f"{os.path.relpath(root, ROOT)}: its doc does not name module `{m}`")
     arch = open(os.path.join(ROOT, "ARCHITECTURE.md")).read()
     arch = re.sub(r"```.*?```", "", arch, flags=re.S)
