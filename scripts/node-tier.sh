@@ -109,7 +109,8 @@
 #   kube-proxy      only for the quick start (8.): until then the one ClusterIP
 #                   pods need, the `kubernetes` Service (10.0.0.1:443), is DNATed
 #                   to the apiserver by our own nat chain (PREROUTING for pods,
-#                   OUTPUT for the host), which stays first after it.
+#                   OUTPUT for the host); kube-proxy's jumps go before it, and
+#                   pass that Service by (it has no endpoints).
 #   containerd      private root/state/socket/runc root under the work
 #                   directory, CRI with cgroupfs (SystemdCgroup = false: no
 #                   systemd here), runc, sandbox_image = the pause image made

@@ -22,10 +22,15 @@ step "quick start on Kubernetes: cluster DNS, Services, cert-manager, images"
 STEP_LOGS=("$W/coredns.log" "$W/kube-proxy.log" "$W/cert-manager.log" "$W/quick-start-setup.log")
 [ -n "$HELM" ] || die "the quick start installs the chart with helm, which could not be built"
 {
-  kc delete namespace "$PNS" --wait=true --timeout=180s
-  hm uninstall choria-provisioner-operator -n "$NS" --wait --timeout 180s
-  kc delete namespace "$NS" --wait=true --timeout=180s
+  kc delete namespace "$PNS" --wait=true --timeout=180s &&
+    hm uninstall choria-provisioner-operator -n "$NS" --wait --timeout 180s &&
+    kc delete namespace "$NS" --wait=true --timeout=180s
 } >"$W/quick-start-setup.log" 2>&1 || die "removing the tier's own operator and namespaces"
+# A pod reaching another through a Service's address gets its answer back
+# un-NATed only if bridged traffic passes iptables (kube-proxy's own
+# requirement; no masquerading here).
+[ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] ||
+  die "kube-proxy needs bridged traffic through iptables: modprobe br_netfilter; sysctl net.bridge.bridge-nf-call-iptables=1"
 
 cat >"$W/Corefile" <<EOF
 .:53 {

@@ -96,25 +96,57 @@ fn the_kubernetes_quick_start_on_a_real_kubelet() {
         );
     }
     // What the page tells its reader to expect: 50 provisioned, the metrics
-    // its last block greps for, no provisioning error.
+    // its last block greps for, and on the leader (the port-forward reaches
+    // any replica) every node's certificate issued and no provisioning error.
     let out = std::fs::read_to_string(shell.out()).unwrap();
     println!("{}", tail_of(&shell.out(), 25));
-    let provisioned = Command::new(&kubectl)
-        .env("KUBECONFIG", &kubeconfig)
-        .args(["-n", "choria", "get", "prov", "quickstart"])
-        .args(["-o", "jsonpath={.status.provisioned}"])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&provisioned.stdout), "50", "{out}");
+    let kubectl_out = |args: &[&str]| {
+        let o = Command::new(&kubectl)
+            .env("KUBECONFIG", &kubeconfig)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "kubectl {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let status = |path: &str| {
+        kubectl_out(&[
+            "-n",
+            "choria",
+            "get",
+            "prov",
+            "quickstart",
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ])
+    };
+    assert_eq!(status(".status.provisioned"), "50", "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("choria_provisioner_leader")),
         "the metrics block printed nothing:\n{out}"
     );
+    let leader = status(".status.leader");
+    let metrics = kubectl_out(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/choria/pods/{leader}:8080/proxy/metrics"),
+    ]);
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{leader} has no {series}:\n{metrics}"))
+    };
+    assert_eq!(
+        value("choria_provisioner_provision_errors{"),
+        0.0,
+        "provisioning errors on the leader {leader}"
+    );
     assert!(
-        out.lines()
-            .filter(|l| l.starts_with("choria_provisioner_provision_errors"))
-            .all(|l| l.ends_with(" 0")),
-        "provisioning errors:\n{out}"
+        value("choria_provisioner_cert_manager_requests{outcome=\"issued\"") >= 50.0,
+        "certificates issued through the leader {leader}:\n{metrics}"
     );
 }
