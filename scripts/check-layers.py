@@ -61,7 +61,7 @@ ROOM_ORDER = [
     "provision/day_two/recorder",
     "provision/day_two",
     "provision/kube",
-    "provision/shared",
+    "provision/steering",
     "provision/metrics",
     "provision/gate",
     "provision/suspects",
@@ -94,31 +94,33 @@ ROOMS = {
     "provision/pipeline/lanes": {"provision/pipeline/registry"},
     "provision/day_two/recorder": {"backoff", "records", "provision/metrics"},
     "provision/signing": {"provision/gate", "provision/text"},
-    "provision/shared": {
-        "monitor", "provision/metrics", "provision/gate", "provision/suspects",
-        "provision/ownership", "provision/signing", "provision/day_two/recorder",
-        "provision/pipeline/registry", "admission", "audit", "records", "evidence",
+    # What steers a running provisioner: the gate, the registry it empties,
+    # readiness, the shards' ownership.
+    "provision/steering": {
+        "monitor", "provision/metrics", "provision/gate", "provision/ownership",
+        "provision/pipeline/registry",
     },
     "provision/sequence": {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
-        "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/pipeline/lanes", "admission", "provision/text", "audit", "evidence",
+        "provision/ownership", "provision/signing", "provision/day_two/recorder",
+        "provision/pipeline/registry", "provision/pipeline/lanes", "admission",
+        "provision/text", "audit", "evidence",
     },
     "provision/day_two": {
-        "backoff", "election", "records", "provision/metrics", "provision/suspects", "provision/text",
-        "provision/signing", "provision/shared", "provision/pipeline/registry",
-        "provision/day_two/recorder", "audit",
+        "backoff", "election", "monitor", "records", "provision/metrics", "provision/gate",
+        "provision/ownership", "provision/suspects", "provision/text", "provision/signing",
+        "provision/pipeline/registry", "provision/day_two/recorder", "audit",
     },
     # spec.revocations: the pods write the resource's list into the
     # revocations' bucket (records), reasons cut to one line (text);
     # spec.bindings: into the names' bucket (evidence), audited (audit).
     "provision/kube": {
-        "backoff", "monitor", "provision/gate", "provision/shared", "records", "provision/text",
+        "backoff", "monitor", "provision/gate", "provision/steering", "records", "provision/text",
         "evidence", "audit",
     },
     "provision/pipeline": {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",
-        "provision/suspects", "provision/ownership", "provision/shared",
+        "provision/suspects", "provision/ownership", "provision/steering",
         "provision/sequence", "provision/pipeline/registry", "provision/pipeline/lanes",
         "provision/text", "audit",
     },

@@ -6,7 +6,7 @@ use crate::telemetry;
 use anyhow::{Context, Result};
 use choria_config::{self as config, Environment};
 use choria_core::monitor::Exposition;
-use choria_core::provision::{self, Options, Prepared, Provisioner, Shared};
+use choria_core::provision::{self, Options, Prepared, Provisioner, Steering};
 use choria_k8s::Kube;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -103,7 +103,7 @@ pub async fn run(args: RunArgs, global: &GlobalArgs) -> Result<()> {
         signal.cancel();
     });
     if args.progress {
-        tokio::spawn(print_progress(provisioner.shared(), shutdown.clone()));
+        tokio::spawn(print_progress(provisioner.steering(), shutdown.clone()));
     }
     provisioner.run(shutdown).await?;
     Ok(())
@@ -169,7 +169,7 @@ fn go_file_exist(path: &Path) -> bool {
 /// ones included for 60 s (so one seen again at once is not worked twice).
 /// The rate covers the time from the first node worked to the last
 /// provisioned, so it stays put once the fleet is done instead of decaying.
-async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
+async fn print_progress(steering: Arc<Steering>, stop: CancellationToken) {
     let started = Instant::now();
     // Sampled ten times a second so the rate's span is right to 0.1 s;
     // printed once a second.
@@ -188,7 +188,7 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
                 return;
             }
         }
-        let m = &shared.metrics;
+        let m = steering.metrics();
         let v = |name: &str| m.value(name).unwrap_or(0.0) as u64;
         let provisioned = v("choria_provisioner_provisioned");
         let busy = v("choria_provisioner_busy_workers");
@@ -208,7 +208,7 @@ async fn print_progress(shared: Arc<Shared>, stop: CancellationToken) {
                 Some(r) => format!("{r:.0} nodes/min"),
                 None => "- nodes/min".into(),
             },
-            if shared.gate.is_paused() {
+            if steering.is_paused() {
                 "  PAUSED"
             } else {
                 ""

@@ -6,7 +6,7 @@ use crate::support::{NatsServer, RunningFleet};
 use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
 use choria_core::monitor::Exposition;
 use choria_core::provision::gate::PauseReason;
-use choria_core::provision::{Options, Provisioner, Shared};
+use choria_core::provision::{Options, Provisioner, Steering};
 use choria_fleet::FleetOptions;
 use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, EventFormat};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 struct Running {
-    shared: Arc<Shared>,
+    steering: Arc<Steering>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -33,13 +33,13 @@ impl Running {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        self.shared.metrics.value(name).unwrap_or(0.0)
+        self.steering.metrics().value(name).unwrap_or(0.0)
     }
 
     /// Waits until every metric in `names` is 0 (each must exist).
     async fn wait_for_zero(&self, names: &[&str], timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        let value = |n: &str| self.shared.metrics.value(n).expect(n);
+        let value = |n: &str| self.steering.metrics().value(n).expect(n);
         while names.iter().any(|n| value(n) != 0.0) {
             assert!(
                 Instant::now() < deadline,
@@ -63,9 +63,9 @@ impl Running {
     }
 }
 
-/// Starts the provisioner in this process; `before` runs on its shared parts
+/// Starts the provisioner in this process; `before` runs on its steering
 /// before it starts (e.g. to start paused).
-fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Shared)) -> Running {
+fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Steering)) -> Running {
     let yaml_path = dir.join("provisioner.yaml");
     std::fs::write(
         &yaml_path,
@@ -88,15 +88,15 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Shared)
         .client_setup(&cfg, &env)
         .unwrap();
     let provisioner = Provisioner::new(cfg, setup, Options::new("test")).unwrap();
-    let shared = provisioner.shared();
-    before(&shared);
+    let steering = provisioner.steering();
+    before(&steering);
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     let task = tokio::spawn(async move {
         provisioner.run(stop).await.expect("the provisioner runs");
     });
     Running {
-        shared,
+        steering,
         shutdown,
         task,
     }
@@ -187,11 +187,11 @@ async fn a_paused_provisioner_ignores_discovery_and_events_and_resuming_discover
     assert_eq!(p.metric("choria_provisioner_paused"), 1.0);
     assert_eq!(p.metric("choria_provisioner_discover_cycles"), 0.0);
     assert_eq!(p.metric("choria_provisioner_event_discovered"), 0.0);
-    assert_eq!(p.shared.registry.len(), 0);
+    assert_eq!(p.steering.registry().len(), 0);
 
     // Resuming discovers at once (the interval is a minute away).
     let resumed = Instant::now();
-    p.shared.resume(PauseReason::Requested);
+    p.steering.resume(PauseReason::Requested);
     assert_eq!(p.metric("choria_provisioner_paused"), 0.0);
     p.wait_for(
         "choria_provisioner_provisioned",
@@ -250,7 +250,7 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
         "inventory not fetched by all",
     )
     .await;
-    p.shared.pause(PauseReason::Requested, false);
+    p.steering.pause(PauseReason::Requested, false);
     // The helpers finish (20 of them started at once: not a fixed time on a
     // loaded machine), but configure must not be sent: once no sequence is
     // left, none was.
@@ -275,7 +275,7 @@ async fn pausing_mid_sequence_stops_each_node_at_its_next_attempt_boundary() {
         "configure was sent while paused"
     );
     // Resuming rediscovers them and finishes the job.
-    p.shared.resume(PauseReason::Requested);
+    p.steering.resume(PauseReason::Requested);
     p.wait_for(
         "choria_provisioner_provisioned",
         20.0,
@@ -357,7 +357,7 @@ async fn restarts_go_out_through(reason: PauseReason, slow_ms: u64) {
         }
     });
     if reason == PauseReason::Election {
-        p.shared.resume(PauseReason::Election);
+        p.steering.resume(PauseReason::Election);
     }
     let journal_path = dir.path().join("journal.jsonl");
     let count =
@@ -366,7 +366,7 @@ async fn restarts_go_out_through(reason: PauseReason, slow_ms: u64) {
     // the gate closes with all of them in flight.
     configure_requests_seen(&nats, N, Duration::from_secs(60)).await;
     assert_eq!(count("configure"), 0, "paused after configure was answered");
-    p.shared.pause(reason, reason == PauseReason::Election);
+    p.steering.pause(reason, reason == PauseReason::Election);
     wait_actions(
         dir.path(),
         "restart",
@@ -375,7 +375,7 @@ async fn restarts_go_out_through(reason: PauseReason, slow_ms: u64) {
         "paused with their configure in flight, not all were restarted",
     )
     .await;
-    p.shared.resume(reason);
+    p.steering.resume(reason);
     p.wait_for(
         "choria_provisioner_provisioned",
         N as f64,
@@ -415,7 +415,7 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
     let p = start(dir.path(), &nats, &template, |h| {
         h.pause(PauseReason::Election, true)
     });
-    p.shared.resume(PauseReason::Election);
+    p.steering.resume(PauseReason::Election);
     p.wait_for(
         "choria_provisioner_sequences",
         N as f64,
@@ -434,8 +434,8 @@ async fn a_sequence_from_a_lost_term_sends_nothing_more_even_after_an_immediate_
         0,
         "the blip comes while the first requests are still in flight"
     );
-    p.shared.pause(PauseReason::Election, true);
-    p.shared.resume(PauseReason::Election);
+    p.steering.pause(PauseReason::Election, true);
+    p.steering.resume(PauseReason::Election);
     p.wait_for(
         "choria_provisioner_provisioned",
         N as f64,

@@ -31,7 +31,7 @@ pub const DEBOUNCE: Duration = Duration::from_millis(300);
 
 /// What every term's controller gets.
 #[derive(Clone)]
-pub(crate) struct Shared {
+pub(crate) struct TermSetup {
     pub(crate) client: Client,
     pub(crate) reporter: Reporter,
     pub(crate) metrics: Arc<Metrics>,
@@ -47,7 +47,7 @@ pub(crate) struct Shared {
 /// election task is gone): nothing can lead any more.
 pub(crate) async fn lead_terms(
     namespace: Option<&str>,
-    shared: &Shared,
+    setup: &TermSetup,
     leading: watch::Receiver<bool>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), OperatorError> {
@@ -61,7 +61,7 @@ pub(crate) async fn lead_terms(
                 won = async { leading.wait_for(|l| *l).await.is_ok() } => if !won { break },
                 _ = shutting_down.cancelled() => break,
             }
-            lead(namespace, shared, leading.clone(), shutting_down.clone()).await;
+            lead(namespace, setup, leading.clone(), shutting_down.clone()).await;
             if shutting_down.is_cancelled() {
                 break;
             }
@@ -86,25 +86,25 @@ pub(crate) async fn lead_terms(
 /// write after that.
 pub(crate) async fn lead(
     namespace: Option<&str>,
-    shared: &Shared,
+    setup: &TermSetup,
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
     let keep = |bounded, name: &String| {
         AbortOnDrop(tokio::spawn(keep_admission_policy(
-            shared.client.clone(),
+            setup.client.clone(),
             bounded,
             name.clone(),
-            shared.settings.policy.clone(),
+            setup.settings.policy.clone(),
             namespace.map(str::to_string),
-            shared.metrics.clone(),
+            setup.metrics.clone(),
         )))
     };
     let _admission = [
-        keep(Bounded::CertificateRequests, &shared.admission_policy),
-        keep(Bounded::Provisioners, &shared.provisioner_admission_policy),
+        keep(Bounded::CertificateRequests, &setup.admission_policy),
+        keep(Bounded::Provisioners, &setup.provisioner_admission_policy),
     ];
-    let (controller, ctx) = controller(namespace, shared);
+    let (controller, ctx) = controller(namespace, setup);
     let stop = CancellationToken::new();
     let stopped = stop.clone();
     let controller = controller
@@ -136,8 +136,11 @@ pub(crate) async fn lead(
 
 /// A term's controller: the Provisioners' watch, and a watch of each owned
 /// kind feeding its store in the reconciliations' context.
-fn controller(namespace: Option<&str>, shared: &Shared) -> (Controller<Provisioner>, Arc<Context>) {
-    let client = &shared.client;
+fn controller(
+    namespace: Option<&str>,
+    setup: &TermSetup,
+) -> (Controller<Provisioner>, Arc<Context>) {
+    let client = &setup.client;
     let (service_accounts, sa) = owned_watch::<ServiceAccount>(client, namespace);
     let (roles, role) = owned_watch::<Role>(client, namespace);
     let (role_bindings, rb) = owned_watch::<RoleBinding>(client, namespace);
@@ -147,9 +150,9 @@ fn controller(namespace: Option<&str>, shared: &Shared) -> (Controller<Provision
     let (pdbs, pdb) = owned_watch::<PodDisruptionBudget>(client, namespace);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        reporter: shared.reporter.clone(),
-        metrics: shared.metrics.clone(),
-        settings: shared.settings.clone(),
+        reporter: setup.reporter.clone(),
+        metrics: setup.metrics.clone(),
+        settings: setup.settings.clone(),
         stores: Stores {
             service_accounts,
             roles,
@@ -321,7 +324,7 @@ mod tests {
     async fn losing_leadership_stops_the_controller() {
         let (client, log, _server) = fake_cluster();
         let (leading_tx, leading) = watch::channel(true);
-        let shared = Shared {
+        let setup = TermSetup {
             client: client.clone(),
             reporter: Reporter::from(FIELD_MANAGER),
             metrics: Arc::new(Metrics::new()),
@@ -332,7 +335,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
-            async move { lead(Some("ops"), &shared, leading, shutdown).await }
+            async move { lead(Some("ops"), &setup, leading, shutdown).await }
         });
         wait_for_line(&log, &format!("GET {PROVISIONERS} watch")).await;
         assert!(!task.is_finished());

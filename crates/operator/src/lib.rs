@@ -42,7 +42,7 @@ pub use options::OperatorOptions;
 use choria_k8s::crd::Provisioner;
 use choria_k8s::{describe_error as describe, hostname_from_proc, POD_NAMESPACE_FILE};
 use choria_replica::monitor::{self, Health, MonitorError};
-use controller::Shared;
+use controller::TermSetup;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
 use kube::Client;
@@ -130,7 +130,7 @@ pub async fn run_with(
         "operator started"
     );
 
-    let shared = Shared {
+    let setup = TermSetup {
         client,
         reporter: Reporter {
             controller: FIELD_MANAGER.into(),
@@ -143,7 +143,7 @@ pub async fn run_with(
     };
     let namespace = options.namespace.as_deref();
     let outcome =
-        controller::lead_terms(namespace, &shared, campaign.leading.clone(), shutdown).await;
+        controller::lead_terms(namespace, &setup, campaign.leading.clone(), shutdown).await;
 
     // The Lease is released only once the controller stopped writing.
     campaign.stop().await;

@@ -2,8 +2,9 @@
 //! the election is released, and every step is bounded in time.
 
 use super::pipeline::lanes;
-use super::{Shared, FLUSH_AT_SHUTDOWN, SHUTDOWN_GRACE, SHUTDOWN_LIMIT};
+use super::{Steering, FLUSH_AT_SHUTDOWN, SHUTDOWN_GRACE, SHUTDOWN_LIMIT};
 use crate::provision::gate::PauseReason;
+use crate::provision::sequence;
 use std::sync::Arc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -11,7 +12,9 @@ use tracing::{debug, error, info, warn};
 
 /// What [`stop`] winds down.
 pub(super) struct Stopping {
-    pub(super) shared: Arc<Shared>,
+    pub(super) steering: Arc<Steering>,
+    /// The sequences' context: their abandon token, cert-manager's signer.
+    pub(super) sequences: Arc<sequence::Context>,
     pub(super) pool: lanes::Pool,
     pub(super) dispatchers: JoinSet<()>,
     pub(super) election: Option<tokio::task::JoinHandle<()>>,
@@ -26,7 +29,8 @@ pub(super) struct Stopping {
 /// process past [`SHUTDOWN_LIMIT`].
 pub(super) async fn stop(s: Stopping) {
     let Stopping {
-        shared,
+        steering,
+        sequences,
         pool,
         mut dispatchers,
         election,
@@ -36,9 +40,9 @@ pub(super) async fn stop(s: Stopping) {
         nats,
     } = s;
     let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
-    shared.gate.pause(PauseReason::Shutdown);
-    shared.registry.close_queue();
-    let dropped = shared.registry.clear();
+    steering.gate.pause(PauseReason::Shutdown);
+    steering.registry.close_queue();
+    let dropped = steering.registry.clear();
     debug!(dropped, "dropped queued nodes");
     // A dispatcher may wait for room in its lane's budget: it has nothing
     // to finish.
@@ -52,7 +56,7 @@ pub(super) async fn stop(s: Stopping) {
     let graceful = tokio::time::timeout(SHUTDOWN_GRACE, pool.tracker.wait()).await;
     if graceful.is_err() {
         warn!("in-flight nodes did not reach an attempt boundary within {SHUTDOWN_GRACE:?}; abandoning them");
-        shared.abandon.cancel();
+        sequences.abandon.cancel();
         // Abandoned sequences stop at their next await; a helper still
         // running is killed when its future is dropped (the runtime drops
         // what is left when the process ends).
@@ -74,7 +78,7 @@ pub(super) async fn stop(s: Stopping) {
     }
     // CertificateRequests still around are deleted (or left to the next
     // start's sweep when the time is up).
-    if let Some(signer) = &shared.signing.cert_manager {
+    if let Some(signer) = &sequences.signing.cert_manager {
         let _ = tokio::time::timeout_at(deadline, signer.shutdown()).await;
     }
     stop_tasks.cancel();

@@ -1,14 +1,13 @@
-//! Follows the verified records into [`Shared::held`]: what each identity
+//! Follows the verified records into the [`Held`] set: what each identity
 //! holds, for the sequence's check of a node that comes back while its
 //! credentials are still good (see [`crate::records::held`]).
 
 use crate::backoff::Backoff;
-use crate::provision::shared::Shared;
+use crate::records::held::Held;
 use crate::records::sealed::{Read, Sealer};
 use crate::records::store::RecordStore;
 use choria_config::day_two::RecordsConfig;
 use futures::StreamExt;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -16,14 +15,11 @@ use tracing::debug;
 pub async fn follow(
     records: RecordsConfig,
     sealer: Sealer,
-    shared: Arc<Shared>,
+    held: Held,
+    name: String,
     stop: CancellationToken,
 ) {
-    let Some(held) = shared.held.clone() else {
-        return;
-    };
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let name = format!("choria-provisioner holders {}", shared.me);
     loop {
         let watch = match RecordStore::connect(&records, sealer.clone(), &name).await {
             // What is stored now, then what comes: the sequence waits for

@@ -30,7 +30,11 @@
 //! a failed request is retried with backoff. Outcomes are counted in
 //! `choria_provisioner_renewals{outcome}`.
 
-use crate::provision::shared::Shared;
+use crate::audit::writer::Auditor;
+use crate::provision::gate::PauseGate;
+use crate::provision::metrics::Metrics;
+use crate::provision::ownership::Ownership;
+use crate::provision::pipeline::registry::Registry;
 use crate::provision::suspects::{Allow, LogLimiter};
 use crate::records::sealed::{Read, Refusal, Sealer};
 use crate::records::store::RecordStore;
@@ -399,10 +403,29 @@ async fn connect(r: &Renewal, stop: &CancellationToken) -> Option<ChoriaClient> 
     }
 }
 
+/// What renewal works with besides its settings: whether it may send, what
+/// it counts and writes down, which nodes are ours, and what it tells the
+/// rest of the provisioner of a node asked back.
+pub struct Context {
+    /// Nothing is sent while it is closed.
+    pub gate: PauseGate,
+    pub metrics: Arc<Metrics>,
+    /// Which nodes are ours to renew (the shards' share).
+    pub ownership: Ownership,
+    /// Forgets a node asked back, so it is provisioned at once on return.
+    pub registry: Arc<Registry>,
+    /// Told when a node is asked back (with `records:`).
+    pub held: Option<crate::records::held::Held>,
+    /// A revoked identity is never asked back.
+    pub revoked: Option<crate::records::revocations::Revoked>,
+    /// Each request sent is audited.
+    pub auditor: Auditor,
+}
+
 type Done = (String, RenewalOutcome);
 
 /// Follows the records and renews what is due until `stop`.
-pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
+pub async fn run(r: Renewal, ctx: Context, stop: CancellationToken) {
     let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let mut records = loop {
         let watched = async {
@@ -412,7 +435,7 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
         match watched.await {
             Ok(w) => break w,
             Err(e) => {
-                shared.metrics.record_error();
+                ctx.metrics.record_error();
                 warn!(error = %e, "renewal cannot read the records; retrying");
                 if !backoff.wait(&stop).await {
                     return;
@@ -441,7 +464,7 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         tokio::select! {
             read = records.next() => match read {
-                Some(read) => state.take(read, &r.cfg, &shared),
+                Some(read) => state.take(read, &r.cfg, &ctx),
                 None => {
                     error!("the records watch ended; renewal stops");
                     return;
@@ -449,25 +472,25 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
             },
             Some((identity, outcome)) = done_rx.recv() => {
                 state.sending.remove(&identity);
-                shared.metrics.renewal(outcome.label());
+                ctx.metrics.renewal(outcome.label());
                 if state.superseded.remove(&identity) {
                     continue;
                 }
                 let now = chrono::Utc::now().timestamp();
                 match outcome {
                     RenewalOutcome::Sent => {
-                        shared.auditor.event(
+                        ctx.auditor.event(
                             crate::audit::event::Kind::Renewal,
                             &identity,
                             serde_json::json!({"step": "reprovision"}),
                         );
-                        if let Some(held) = &shared.held {
+                        if let Some(held) = &ctx.held {
                             held.asked(&identity, now);
                         }
                         state.schedule.asked(&identity, now, r.cfg.retry);
                         // It comes back through provisioning at once: the
                         // hold after its last success must not stop it.
-                        shared.registry.forget_done(&identity);
+                        ctx.registry.forget_done(&identity);
                     }
                     _ => state.schedule.failed(&identity, now, r.cfg.retry),
                 }
@@ -475,13 +498,13 @@ pub async fn run(r: Renewal, shared: Arc<Shared>, stop: CancellationToken) {
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
                 if ticks.is_multiple_of(GAUGE_EVERY) {
-                    shared.metrics.set_records(state.schedule.len());
-                    shared.metrics.set_renewals_due(state.schedule.due_count(now));
-                    shared.metrics.set_renewals_stranded(state.schedule.stranded());
+                    ctx.metrics.set_records(state.schedule.len());
+                    ctx.metrics.set_renewals_due(state.schedule.due_count(now));
+                    ctx.metrics.set_renewals_stranded(state.schedule.stranded());
                 }
                 ticks += 1;
-                if !shared.gate.is_paused() {
-                    state.send_due(&r, &client, &shared, &done_tx, now);
+                if !ctx.gate.is_paused() {
+                    state.send_due(&r, &client, &ctx, &done_tx, now);
                 }
             }
             _ = stop.cancelled() => return,
@@ -504,7 +527,7 @@ struct Loop {
 
 impl Loop {
     /// One value from the records watch.
-    fn take(&mut self, read: Read, cfg: &RenewalConfig, shared: &Shared) {
+    fn take(&mut self, read: Read, cfg: &RenewalConfig, ctx: &Context) {
         let (key, why) = match read {
             Read::Verified(record) => match self.schedule.upsert(&record, cfg) {
                 Upserted::Replayed => (record.identity, Refusal::Replayed),
@@ -527,7 +550,7 @@ impl Loop {
             },
             Read::Refused { key, why, .. } => (key, why),
         };
-        shared.metrics.record_refused(why.reason());
+        ctx.metrics.record_refused(why.reason());
         self.warn(why.reason(), &key, why.describe());
     }
 
@@ -546,14 +569,14 @@ impl Loop {
         &mut self,
         r: &Renewal,
         client: &ChoriaClient,
-        shared: &Shared,
+        ctx: &Context,
         done: &mpsc::UnboundedSender<Done>,
         now: i64,
     ) {
         let instant = std::time::Instant::now();
-        if shared.ownership.sharded() {
+        if ctx.ownership.sharded() {
             // The fleet's rate, shared: each member sends its share.
-            let members = shared.ownership.members().len();
+            let members = ctx.ownership.members().len();
             self.limit
                 .set_per_minute(share_of_rate(r.cfg.rate, members), instant);
         }
@@ -567,24 +590,24 @@ impl Loop {
                 continue;
             }
             // Ours to renew only while it is in our share.
-            if !shared.ownership.owns(&node.identity) {
+            if !ctx.ownership.owns(&node.identity) {
                 self.schedule.later(&node.identity, now, 30);
                 continue;
             }
             // A revoked identity is never asked back: its credentials run
             // out. Looked at again in a minute, in case it is unrevoked.
-            if shared
+            if ctx
                 .revoked
                 .as_ref()
                 .is_some_and(|rv| rv.of(&node.identity).is_some())
             {
                 self.schedule.later(&node.identity, now, 60);
-                shared.metrics.revoked_refusal("renewal");
+                ctx.metrics.revoked_refusal("renewal");
                 continue;
             }
             if !can_return(node.returns_until, now, r.cfg.retry) {
                 self.schedule.strand(&node.identity);
-                shared.metrics.renewal(RenewalOutcome::CannotReturn.label());
+                ctx.metrics.renewal(RenewalOutcome::CannotReturn.label());
                 // A fleet shares its provisioning JWT: its expiry strands
                 // them all at once.
                 if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {

@@ -1,4 +1,5 @@
-//! Follows the revocations' bucket into [`Shared::revoked`], reconnecting
+//! Follows the revocations' bucket into the revoked set the sequences and
+//! renewal read ([`Revoked`]), reconnecting
 //! with backoff, and keeps `choria_provisioner_revocations` and the
 //! `revocations` check of `/readyz` current.
 //!
@@ -9,8 +10,9 @@
 //! `records.create_bucket: false`, means no revocations, and says so.
 
 use crate::backoff::Backoff;
-use crate::provision::shared::Shared;
-use crate::records::revocations::RevocationStore;
+use crate::monitor::Health;
+use crate::provision::metrics::Metrics;
+use crate::records::revocations::{RevocationStore, Revoked};
 use crate::records::store::RecordsError;
 use choria_config::day_two::RecordsConfig;
 use std::sync::{Arc, Mutex};
@@ -21,28 +23,44 @@ use tracing::{debug, error, warn};
 /// The `/readyz` check this follower keeps.
 pub const HEALTH_CHECK: &str = "revocations";
 
-pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: CancellationToken) {
-    let Some(revoked) = shared.revoked.clone() else {
-        return;
-    };
+/// What following the revocations keeps current, and under which names.
+pub struct Follower {
+    /// The set the sequences and renewal read.
+    pub revoked: Revoked,
+    /// The site the revocations are sealed for.
+    pub site: String,
+    /// The connection's name.
+    pub name: String,
+    pub metrics: Arc<Metrics>,
+    pub health: Health,
+}
+
+pub async fn follow(records: RecordsConfig, follower: Follower, stop: CancellationToken) {
+    let Follower {
+        revoked,
+        site,
+        name,
+        metrics,
+        health,
+    } = follower;
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     // Why the revocations are not known now, for `/readyz`.
     let why: Arc<Mutex<String>> = Arc::new(Mutex::new("not read yet".into()));
     let gauge = {
-        let (revoked, shared, stop, why) =
-            (revoked.clone(), shared.clone(), stop.clone(), why.clone());
+        let (revoked, metrics, stop, why) =
+            (revoked.clone(), metrics.clone(), stop.clone(), why.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        shared.metrics.set_revocations(revoked.count());
+                        metrics.set_revocations(revoked.count());
                         let state = if revoked.is_loaded() {
                             Ok(())
                         } else {
                             Err(format!("the revocations are not known: {}; nodes are held until they are", why.lock().unwrap_or_else(|e| e.into_inner())))
                         };
-                        shared.health.set(HEALTH_CHECK, state);
+                        health.set(HEALTH_CHECK, state);
                     }
                     _ = stop.cancelled() => return,
                 }
@@ -52,8 +70,7 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
     loop {
         let store = match crate::records::store::seal_keys(&records) {
             Ok((key, verifier)) => {
-                let name = format!("choria-provisioner revocations {}", shared.me);
-                RevocationStore::connect(&records, key, verifier, &shared.cfg.site, &name).await
+                RevocationStore::connect(&records, key, verifier, &site, &name).await
             }
             Err(e) => Err(e),
         };
@@ -64,7 +81,7 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
                 store
                     .follow(
                         &revoked,
-                        || shared.metrics.record_refused("signature"),
+                        || metrics.record_refused("signature"),
                         stop.clone(),
                     )
                     .await
@@ -84,7 +101,7 @@ pub async fn follow(records: RecordsConfig, shared: Arc<Shared>, stop: Cancellat
             // unprotected bucket): not known, so nodes are held.
             Err(e) => {
                 revoked.set_unknown();
-                shared.metrics.memory_read_error("revocations");
+                metrics.memory_read_error("revocations");
                 *why.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string();
                 warn!(error = %e, "cannot read the revocations; retrying (nodes are held until they are read)");
             }

@@ -12,9 +12,9 @@
 //! The same replica applies this list as `spec.revocations`
 //! ([`super::applies_lists`]).
 
+use super::Link;
 use crate::audit::event::Kind;
 use crate::evidence::bindings::Binding;
-use crate::provision::shared::Shared;
 use choria_k8s::crd::{BoundNode, Provisioner, ResourceRef};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ pub fn plan<'a>(
 /// Applies the resource's list while this replica works, until `stop`.
 pub async fn apply(
     resource: ResourceRef,
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
@@ -57,12 +57,12 @@ pub async fn apply(
         let Some(p) = seen else {
             continue;
         };
-        if p.spec.bindings.is_empty() || !super::applies_lists(&shared) {
+        if p.spec.bindings.is_empty() || !super::applies_lists(&link) {
             continue;
         }
-        match apply_once(&p.spec.bindings, &shared, &writer).await {
+        match apply_once(&p.spec.bindings, &link, &writer).await {
             Ok(0) => debug!(%resource, "spec.bindings applied"),
-            Ok(_) => shared.trigger_discovery(),
+            Ok(_) => link.steering.trigger_discovery(),
             Err(e) => {
                 warn!(%resource, error = %e, "could not apply spec.bindings; trying again")
             }
@@ -72,8 +72,8 @@ pub async fn apply(
 
 /// One pass: reads each listed name's word and writes those the plan
 /// says; how many were written.
-async fn apply_once(listed: &[BoundNode], shared: &Shared, writer: &str) -> Result<usize, String> {
-    let names = match &shared.evidence {
+async fn apply_once(listed: &[BoundNode], link: &Link, writer: &str) -> Result<usize, String> {
+    let names = match &link.evidence {
         Some(gate) => gate.names().await.map_err(|e| e.to_string())?,
         None => None,
     };
@@ -96,7 +96,7 @@ async fn apply_once(listed: &[BoundNode], shared: &Shared, writer: &str) -> Resu
             .await
             .map_err(|e| e.to_string())?;
         info!(node = %b.identity, instance = %b.instance, %reason, "bound by spec.bindings");
-        shared.auditor.event(
+        link.auditor.event(
             Kind::Rebound,
             &b.identity,
             serde_json::json!({"step": "rebind", "reason": format!("{reason} (instance {}, {writer})", b.instance), "n": word.n}),

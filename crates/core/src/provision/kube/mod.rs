@@ -8,13 +8,38 @@ pub mod bindings;
 pub mod resource;
 pub mod revocations;
 
+use crate::audit::writer::Auditor;
 use crate::monitor::Exposition;
-use crate::provision::shared::Shared;
+use crate::provision::steering::Steering;
+use choria_config::day_two::RecordsConfig;
 use choria_k8s::crd::Provisioner;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// What a pod's link to its own `Provisioner` works with.
+pub struct Link {
+    /// Pauses and resumes for `spec.paused`, discovers after a list
+    /// changed who may be provisioned, and says who leads and what was
+    /// done (status).
+    pub steering: Arc<Steering>,
+    /// This process's candidate name (the shards' members, connection
+    /// names).
+    pub me: String,
+    /// The process's Kubernetes client.
+    pub kube: choria_k8s::Kube,
+    /// Where `spec.revocations` are written (with `records:`).
+    pub records: Option<RecordsConfig>,
+    /// The site the revocations are sealed for.
+    pub site: String,
+    /// The revoked set, for `status.revoked` and to write only what changed.
+    pub revoked: Option<crate::records::revocations::Revoked>,
+    /// The names' bucket `spec.bindings` is written into (`evidence:`).
+    pub evidence: Option<Arc<crate::evidence::Gate>>,
+    /// `spec.bindings`' rebindings are audited.
+    pub auditor: Auditor,
+}
 
 /// How often the resource's lists are applied again without a new version
 /// of the resource: a replica that starts working, or a change written by
@@ -55,10 +80,11 @@ impl Rounds {
 /// leader, or in shards mode the first member by name (as it prunes
 /// `status.members`), so two replicas with different versions of the
 /// resource never undo each other's writes.
-pub(crate) fn applies_lists(shared: &Shared) -> bool {
-    let working = shared.metrics.value("choria_provisioner_leader") == Some(1.0);
-    if shared.ownership.sharded() {
-        working && shared.ownership.members().iter().min() == Some(&shared.me)
+pub(crate) fn applies_lists(link: &Link) -> bool {
+    let steering = &link.steering;
+    let working = steering.metrics.value("choria_provisioner_leader") == Some(1.0);
+    if steering.ownership.sharded() {
+        working && steering.ownership.members().iter().min() == Some(&link.me)
     } else {
         working
     }

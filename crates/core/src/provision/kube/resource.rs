@@ -15,9 +15,9 @@
 //! Kubernetes trouble is logged, counted nowhere else and retried: it never
 //! stops provisioning.
 
+use super::Link;
 use crate::monitor::Exposition;
 use crate::provision::gate::PauseReason;
-use crate::provision::shared::Shared;
 use choria_k8s::crd::status_patch::{MembersMerge, StatusApply};
 use choria_k8s::crd::{Member, Provisioner, ProvisionerStatus, ResourceRef};
 use futures::StreamExt;
@@ -43,7 +43,7 @@ pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
 pub const SETTLE: Duration = Duration::from_secs(10);
 
 /// Who this replica is: `candidate` is the name it campaigns under (what
-/// `shared.leader` reports when it leads), `shown` the name status.leader
+/// `Steering::leader` reports when it leads), `shown` the name status.leader
 /// gives it (the pod's, which `kubectl logs` takes).
 #[derive(Clone, Debug)]
 pub struct Me {
@@ -396,13 +396,13 @@ impl Members {
 pub async fn run(
     resource: ResourceRef,
     me: Me,
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     renewal: bool,
     stop: CancellationToken,
 ) {
     // `run` refuses to start as a resource without a client, so this is
     // for callers that did not check: the pod stays paused.
-    let client = match shared.kube.client() {
+    let client = match link.kube.client() {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "cannot follow {resource} without a Kubernetes client; staying paused");
@@ -412,11 +412,11 @@ pub async fn run(
     let api = resource.api(client);
     let (seen_tx, seen) = watch::channel(None);
     let revocations = async {
-        if let Some(records) = shared.cfg.records.clone() {
+        if let Some(records) = link.records.clone() {
             super::revocations::apply(
                 resource.clone(),
                 records,
-                shared.clone(),
+                link.clone(),
                 seen.clone(),
                 stop.clone(),
             )
@@ -424,12 +424,12 @@ pub async fn run(
         }
     };
     let bindings =
-        super::bindings::apply(resource.clone(), shared.clone(), seen.clone(), stop.clone());
+        super::bindings::apply(resource.clone(), link.clone(), seen.clone(), stop.clone());
     tokio::join!(
         follow(
             api.clone(),
             resource.clone(),
-            shared.clone(),
+            link.clone(),
             seen_tx,
             stop.clone()
         ),
@@ -439,7 +439,7 @@ pub async fn run(
             api,
             resource.clone(),
             me,
-            shared.clone(),
+            link.clone(),
             renewal,
             seen.clone(),
             stop.clone()
@@ -452,7 +452,7 @@ pub async fn run(
 async fn follow(
     api: Api<Provisioner>,
     resource: ResourceRef,
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     seen: watch::Sender<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
@@ -483,7 +483,7 @@ async fn follow(
         // Before the first version opens the gate: a listed identity is
         // refused from the pod's first node on, not once its revocation
         // was written and read back.
-        if let Some(revoked) = &shared.revoked {
+        if let Some(revoked) = &link.revoked {
             revoked.set_listed(
                 obj.spec
                     .revocations
@@ -502,10 +502,10 @@ async fn follow(
         paused = Some(want);
         if want {
             info!(%resource, "paused by spec.paused");
-            shared.pause(PauseReason::Requested, false);
+            link.steering.pause(PauseReason::Requested, false);
         } else {
             info!(%resource, "resumed by spec.paused");
-            shared.resume(PauseReason::Requested);
+            link.steering.resume(PauseReason::Requested);
         }
     }
 }
@@ -517,14 +517,14 @@ async fn report(
     api: Api<Provisioner>,
     resource: ResourceRef,
     me: Me,
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     renewal: bool,
     mut seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let member_params = PatchParams::apply(&member_manager(&me.candidate)).force();
-    let mut holder = shared.leader.clone();
+    let mut holder = link.steering.leader.clone();
     let mut holder_open = true;
     let mut members = Members::default();
     let mut reporter = Reporter::new(me.clone());
@@ -541,11 +541,11 @@ async fn report(
             // Before the watch: the watch ends with the same stop, and its
             // end must not skip our leaving.
             _ = stop.cancelled() => {
-                leave(&api, &resource, &me, &member_params, &shared).await;
+                leave(&api, &resource, &me, &member_params, &link).await;
                 return;
             }
             r = seen.changed() => if r.is_err() {
-                leave(&api, &resource, &me, &member_params, &shared).await;
+                leave(&api, &resource, &me, &member_params, &link).await;
                 return;
             },
             _ = tick.tick() => {}
@@ -553,11 +553,11 @@ async fn report(
         let Some(p) = seen.borrow().clone() else {
             continue;
         };
-        let value = |name: &str| shared.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
+        let value = |name: &str| link.steering.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
         let counted = value("choria_provisioner_provisioned");
         let working = value("choria_provisioner_leader") == 1;
-        let sharded = shared.ownership.sharded();
-        let roster = shared.ownership.members();
+        let sharded = link.steering.ownership.sharded();
+        let roster = link.steering.ownership.members();
         let standing = Standing {
             members: &roster,
             sharded,
@@ -575,7 +575,7 @@ async fn report(
             due: value("choria_provisioner_renewals_due"),
         });
         reporter.refused = value("choria_provisioner_refused_nodes");
-        reporter.revoked = shared
+        reporter.revoked = link
             .revoked
             .as_ref()
             .filter(|r| r.is_loaded())
@@ -648,9 +648,9 @@ async fn leave(
     resource: &ResourceRef,
     me: &Me,
     apply: &PatchParams,
-    shared: &Shared,
+    link: &Link,
 ) {
-    if !shared.ownership.sharded() {
+    if !link.steering.ownership.sharded() {
         return;
     }
     let patch = Patch::Apply(StatusApply::new(ProvisionerStatus::default()).named(&resource.name));

@@ -15,7 +15,7 @@
 //! revocation written meanwhile by someone else (`choria-provisioner
 //! revoke`) is never lifted by a view that had not seen it.
 
-use crate::provision::shared::Shared;
+use super::Link;
 use crate::records::revocations::{Revocation, RevocationStore};
 use choria_config::day_two::RecordsConfig;
 use choria_k8s::crd::{Provisioner, ResourceRef, RevokedNode};
@@ -145,11 +145,11 @@ async fn write_if_still_due(
 pub async fn apply(
     resource: ResourceRef,
     records: RecordsConfig,
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     seen: watch::Receiver<Option<Arc<Provisioner>>>,
     stop: CancellationToken,
 ) {
-    let Some(revoked) = shared.revoked.clone() else {
+    let Some(revoked) = link.revoked.clone() else {
         return;
     };
     let writer = writer(&resource);
@@ -158,8 +158,8 @@ pub async fn apply(
     let store = loop {
         let store = match crate::records::store::seal_keys(&records) {
             Ok((key, verifier)) => {
-                let name = format!("choria-provisioner spec.revocations {}", shared.me);
-                RevocationStore::connect(&records, key, verifier, &shared.cfg.site, &name).await
+                let name = format!("choria-provisioner spec.revocations {}", link.me);
+                RevocationStore::connect(&records, key, verifier, &link.site, &name).await
             }
             Err(e) => Err(e),
         };
@@ -176,7 +176,7 @@ pub async fn apply(
     let mut rounds = super::Rounds::new(seen, stop);
     while let Ok(seen) = rounds.next().await {
         // Until the bucket was read, "not revoked" means "not known yet".
-        if !super::applies_lists(&shared) || !revoked.is_loaded() {
+        if !super::applies_lists(&link) || !revoked.is_loaded() {
             continue;
         }
         let Some(p) = seen else {
@@ -186,15 +186,13 @@ pub async fn apply(
             &p.spec.revocations,
             &revoked.all(),
             &writer,
-            &shared.cfg.site,
+            &link.site,
             &Now::current(),
         );
         let mut lifted = false;
         for r in writes {
             let node = r.identity.clone();
-            match write_if_still_due(&store, &p.spec.revocations, &writer, &shared.cfg.site, r)
-                .await
-            {
+            match write_if_still_due(&store, &p.spec.revocations, &writer, &link.site, r).await {
                 Ok(None) => {}
                 Ok(Some(r)) => {
                     if r.revoked {
@@ -214,7 +212,7 @@ pub async fn apply(
         // A lifted node waits among the failed names; look for it now
         // rather than at the next interval.
         if lifted {
-            shared.trigger_discovery();
+            link.steering.trigger_discovery();
         }
         debug!(%resource, "spec.revocations applied");
     }

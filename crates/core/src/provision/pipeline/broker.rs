@@ -3,7 +3,7 @@
 
 use crate::backoff::Backoff;
 use crate::monitor::Health;
-use crate::provision::shared::Shared;
+use crate::provision::steering::Steering;
 use choria_config::ClientSetup;
 use choria_wire::client::{self, ClientError};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub(crate) async fn connect_until_up(
 /// triggers a discovery so nodes whose work failed meanwhile are found again.
 pub(crate) async fn watch_broker(
     mut events: mpsc::UnboundedReceiver<async_nats::Event>,
-    shared: Arc<Shared>,
+    steering: Arc<Steering>,
     stop: CancellationToken,
 ) {
     // async-nats also reports the first connection; only a reconnect after a
@@ -61,14 +61,14 @@ pub(crate) async fn watch_broker(
             async_nats::Event::Connected if disconnected => {
                 disconnected = false;
                 info!("connected to the broker again; rediscovering");
-                shared.health.set("broker", Ok(()));
-                shared.trigger_discovery();
+                steering.health.set("broker", Ok(()));
+                steering.trigger_discovery();
             }
-            async_nats::Event::Connected => shared.health.set("broker", Ok(())),
+            async_nats::Event::Connected => steering.health.set("broker", Ok(())),
             async_nats::Event::Disconnected => {
                 disconnected = true;
                 warn!("disconnected from the broker; reconnecting");
-                shared
+                steering
                     .health
                     .set("broker", Err("disconnected from the broker".into()));
             }

@@ -9,8 +9,8 @@
 //! follows at once instead of at the next interval, up to
 //! [`MAX_FOLLOW_UPS`] times.
 
+use crate::provision::pipeline::context::Context;
 use crate::provision::pipeline::registry::{Offered, PENDING_CAPACITY};
-use crate::provision::shared::Shared;
 use choria_wire::client::{ChoriaClient, Discovered, DiscoveryOptions};
 use choria_wire::filter::Filter;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ const DRAINED: usize = 2_000;
 /// running discovery short.
 pub async fn run(
     client: &ChoriaClient,
-    shared: &Shared,
+    ctx: &Context,
     opts: DiscoveryOptions,
     interval: Duration,
     trigger: &mut mpsc::Receiver<()>,
@@ -52,13 +52,13 @@ pub async fn run(
             let round = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                r = discover(client, shared, opts) => r,
+                r = discover(client, ctx, opts) => r,
             };
             let more = round.is_some_and(|(d, offered)| d.cut_short && offered > 0);
             if !more || follow_up == MAX_FOLLOW_UPS {
                 break;
             }
-            if !drained(shared, interval, shutdown).await {
+            if !drained(ctx, interval, shutdown).await {
                 return;
             }
             info!(follow_up = follow_up + 1, "the last discovery was cut short by discovery_timeout while replies still arrived; discovering again");
@@ -67,9 +67,9 @@ pub async fn run(
 }
 
 /// Waits until the nodes found are mostly worked; false on shutdown.
-async fn drained(shared: &Shared, within: Duration, shutdown: &CancellationToken) -> bool {
+async fn drained(ctx: &Context, within: Duration, shutdown: &CancellationToken) -> bool {
     let until = tokio::time::Instant::now() + within;
-    while shared.registry.pending() > DRAINED && tokio::time::Instant::now() < until {
+    while ctx.registry.pending() > DRAINED && tokio::time::Instant::now() < until {
         tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -88,14 +88,14 @@ pub fn options(timeout: Duration, window: Duration) -> DiscoveryOptions {
 }
 
 /// Offers one discovered name to the registry; true when it was new.
-fn offer(shared: &Shared, node: &str) -> bool {
-    match shared.registry.offer(
+fn offer(ctx: &Context, node: &str) -> bool {
+    match ctx.registry.offer(
         node,
         crate::provision::pipeline::registry::Source::Discovery,
     ) {
         Offered::Queued(_) => true,
         Offered::Full => {
-            shared.metrics.dropped_discovery();
+            ctx.metrics.dropped_discovery();
             false
         }
         Offered::Recent | Offered::Busy => false,
@@ -107,21 +107,21 @@ fn offer(shared: &Shared, node: &str) -> bool {
 /// window is still open. What it found and how many it offered.
 async fn discover(
     client: &ChoriaClient,
-    shared: &Shared,
+    ctx: &Context,
     opts: DiscoveryOptions,
 ) -> Option<(Discovered, usize)> {
-    if let Err(e) = shared.gate.check() {
+    if let Err(e) = ctx.gate.check() {
         warn!(reason = %e, "skipping discovery");
         return None;
     }
-    shared.metrics.discover_cycle();
+    ctx.metrics.discover_cycle();
     info!("looking for provisionable hosts");
     let started = Instant::now();
     let mut offered = 0;
     let found = client
         .discover_each(&Filter::with_agent("choria_provision"), opts, |node| {
-            if shared.ownership.owns(node) {
-                offered += usize::from(offer(shared, node));
+            if ctx.ownership.owns(node) {
+                offered += usize::from(offer(ctx, node));
             }
         })
         .await;
@@ -131,7 +131,7 @@ async fn discover(
             Some((d, offered))
         }
         Err(e) => {
-            shared.metrics.discovery_error();
+            ctx.metrics.discovery_error();
             error!(error = %e, "could not discover nodes");
             None
         }

@@ -25,33 +25,33 @@
 //! logged above debug, and a first request nobody answers is not retried:
 //! the name is offered again at the next discovery, in the suspect lane.
 
+use crate::provision::pipeline::context::Context;
 use crate::provision::pipeline::lanes::{LanePlace, Pool};
 use crate::provision::pipeline::registry;
 use crate::provision::pipeline::registry::{Lane, Ticket};
 use crate::provision::sequence::{HostSequence, Outcome, ProvisionError};
-use crate::provision::shared::Shared;
 use choria_wire::client::ChoriaClient;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
 
 /// Takes `lane`'s tickets until the lanes close, and starts each one's
 /// sequence once the lane has room for it.
-pub(crate) async fn run(lane: Lane, shared: Arc<Shared>, client: Arc<ChoriaClient>, pool: Pool) {
+pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, client: Arc<ChoriaClient>, pool: Pool) {
     debug!(?lane, "dispatcher starting");
-    while let Some(ticket) = shared.registry.next(lane).await {
+    while let Some(ticket) = ctx.registry.next(lane).await {
         let Ok(permit) = pool.lane(lane).clone().acquire_owned().await else {
             break;
         };
         // The term first, then whether the ticket is current: a loss
         // between the two leaves the sequence in a term that is over.
-        let term = shared.gate.term();
+        let term = ctx.gate.term();
         // A lane can hold registrations since replaced or dropped (lost
         // leadership, a shutdown), or nodes no longer ours: skip those.
-        if !shared.ownership.owns(&ticket.identity) {
-            shared.registry.remove(&ticket);
+        if !ctx.ownership.owns(&ticket.identity) {
+            ctx.registry.remove(&ticket);
             continue;
         }
-        if !shared.registry.start(&ticket) {
+        if !ctx.registry.start(&ticket) {
             debug!(node = %ticket.identity, "skipping a stale entry");
             continue;
         }
@@ -61,21 +61,21 @@ pub(crate) async fn run(lane: Lane, shared: Arc<Shared>, client: Arc<ChoriaClien
             pool.lane(lane).clone(),
             pool.lane(Lane::Suspect).clone(),
         );
-        let (shared, client) = (shared.clone(), client.clone());
+        let (ctx, client) = (ctx.clone(), client.clone());
         pool.tracker.spawn(async move {
-            let _in_flight = shared.metrics.sequence();
+            let _in_flight = ctx.metrics.sequence();
             // A sequence that never ends (a panic, an abort at shutdown)
             // must not leave its node registered as worked for ever.
             let lost = Lost {
-                shared: shared.clone(),
+                ctx: ctx.clone(),
                 ticket: Some(ticket.clone()),
             };
             let identity = Arc::from(ticket.identity.as_str());
-            let seq = HostSequence::new(shared.clone(), client, identity, term)
+            let seq = HostSequence::new(ctx.sequences.clone(), client, identity, term)
                 .in_lane(place, ticket.source);
             let result = seq.run(ticket.added.elapsed()).await;
             lost.defuse();
-            record(&shared, ticket, result);
+            record(&ctx, ticket, result);
         });
     }
     debug!(?lane, "dispatcher stopped");
@@ -85,8 +85,8 @@ pub(crate) async fn run(lane: Lane, shared: Arc<Shared>, client: Arc<ChoriaClien
 /// a node that answered: a warning or an info line, at a bounded rate, as
 /// whoever holds the fleet's provisioning JWT can offer names the policy
 /// refuses; the node waits in the suspect lane like any failed one.
-fn not_admitted(shared: &Shared, ticket: &Ticket, e: &ProvisionError) {
-    shared.metrics.provision_error();
+fn not_admitted(ctx: &Context, ticket: &Ticket, e: &ProvisionError) {
+    ctx.metrics.provision_error();
     let deferred = matches!(e, ProvisionError::PolicyDeferred(_));
     let kind = if deferred {
         "admission deferred"
@@ -94,7 +94,7 @@ fn not_admitted(shared: &Shared, ticket: &Ticket, e: &ProvisionError) {
         "admission refused"
     };
     if let crate::provision::suspects::Allow::Yes { suppressed } =
-        shared.logs.check(kind, std::time::Instant::now())
+        ctx.logs.check(kind, std::time::Instant::now())
     {
         if deferred {
             info!(node = %ticket.identity, reason = %e, suppressed_before = suppressed, "not provisioning the node this cycle");
@@ -102,14 +102,14 @@ fn not_admitted(shared: &Shared, ticket: &Ticket, e: &ProvisionError) {
             warn!(node = %ticket.identity, reason = %e, suppressed_before = suppressed, "not provisioning the node");
         }
     }
-    shared.registry.failed(ticket);
+    ctx.registry.failed(ticket);
 }
 
 /// The audit event of a sequence's end, when it was a decision about a node
 /// that answered: provisioned, shut down, refused by a check, denied by the
 /// policy, or deferred. Pauses, lost locks and names that never answered
 /// are not decisions (and anyone can make up names).
-fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) {
+fn audit(ctx: &Context, node: &str, result: &Result<Outcome, ProvisionError>) {
     use crate::audit::event::Kind;
     let because = |e: &ProvisionError| {
         serde_json::json!({
@@ -145,14 +145,14 @@ fn audit(shared: &Shared, node: &str, result: &Result<Outcome, ProvisionError>) 
         },
     };
     if matches!(kind, Kind::Denied | Kind::Refused) {
-        shared.metrics.refused_node();
+        ctx.metrics.refused_node();
     }
-    shared.auditor.event(kind, node, data);
+    ctx.auditor.event(kind, node, data);
 }
 
 /// Forgets its node when dropped before [`Lost::defuse`].
 struct Lost {
-    shared: Arc<Shared>,
+    ctx: Arc<Context>,
     ticket: Option<Arc<Ticket>>,
 }
 
@@ -166,61 +166,58 @@ impl Drop for Lost {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             error!(node = %ticket.identity, "a node's sequence ended without an outcome; forgetting the node so a later discovery retries it");
-            self.shared.registry.remove(&ticket);
+            self.ctx.registry.remove(&ticket);
         }
     }
 }
 
 /// What a node's sequence ended with: metrics, the log line, and what the
 /// registry does with the node.
-fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionError>) {
-    audit(shared, &ticket.identity, &result);
+fn record(ctx: &Context, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionError>) {
+    audit(ctx, &ticket.identity, &result);
     match result {
         // Its record went to the recorder when it was configured.
         Ok(Outcome::Provisioned(_)) => {
-            shared.metrics.provisioned();
+            ctx.metrics.provisioned();
             info!(node = %ticket.identity, "provisioned");
-            shared
-                .registry
+            ctx.registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
         }
         Ok(Outcome::Shutdown) => {
-            shared
-                .registry
+            ctx.registry
                 .remove_later(ticket, registry::HOLD_AFTER_SUCCESS);
         }
         Ok(Outcome::Upgrading { to }) => {
             info!(node = %ticket.identity, version = %to, "node is upgrading; it is provisioned after its next startup");
-            shared.registry.remove(&ticket);
+            ctx.registry.remove(&ticket);
         }
         Err(e) if e.is_pause() => {
             // Thousands may be in flight (waiting): one line each would
             // bury the pause's own.
             debug!(node = %ticket.identity, reason = %e, "stopped provisioning the node");
-            shared.registry.remove(&ticket);
+            ctx.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::Locked { .. }) => {
             // Not ours to work now; a later discovery finds it again if
             // its holder does not finish it (the lock lasts two minutes).
             info!(node = %ticket.identity, reason = %e, "left the node to the provisioner holding it");
-            shared.registry.remove(&ticket);
+            ctx.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::Stale(_)) => {
             // It waited too long before its sequence started: nothing is
             // known of it, not even that it exists.
             debug!(node = %ticket.identity, reason = %e, "not provisioning the node");
-            shared.registry.remove(&ticket);
+            ctx.registry.remove(&ticket);
         }
         Err(e @ ProvisionError::DeniedIdentity(_)) => {
             // Anyone can offer names that match the deny list.
-            shared.metrics.provision_error();
-            if let crate::provision::suspects::Allow::Yes { suppressed } = shared
-                .logs
-                .check("denied identity", std::time::Instant::now())
+            ctx.metrics.provision_error();
+            if let crate::provision::suspects::Allow::Yes { suppressed } =
+                ctx.logs.check("denied identity", std::time::Instant::now())
             {
                 warn!(node = %ticket.identity, error = %e, suppressed_before = suppressed, "not provisioning the node");
             }
-            shared.registry.failed(&ticket);
+            ctx.registry.failed(&ticket);
         }
         Err(
             e @ (ProvisionError::PolicyDenied(_)
@@ -231,33 +228,32 @@ fn record(shared: &Shared, ticket: Arc<Ticket>, result: Result<Outcome, Provisio
             | ProvisionError::Evidence(_)
             | ProvisionError::InstanceBound { .. }
             | ProvisionError::NameBound { .. }),
-        ) => not_admitted(shared, &ticket, &e),
+        ) => not_admitted(ctx, &ticket, &e),
         Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
             // Nobody answered in its name: a made-up name, or a node gone.
             match ticket.source {
-                registry::Source::Discovery => shared.metrics.unconfirmed_discovery(),
-                registry::Source::Event => shared.metrics.unconfirmed_event(),
+                registry::Source::Discovery => ctx.metrics.unconfirmed_discovery(),
+                registry::Source::Event => ctx.metrics.unconfirmed_event(),
             }
             debug!(node = %ticket.identity, rpc, tries, last = %last, "the node never answered; not provisioned");
-            shared.registry.failed(&ticket);
+            ctx.registry.failed(&ticket);
         }
         Err(e @ ProvisionError::Rpc { .. }) => {
             // A node that answered and then stopped answering: whoever has
             // the fleet's provisioning JWT can make up any number of those,
             // so these lines come at a bounded rate (the metric counts all).
-            shared.metrics.provision_error();
-            if let crate::provision::suspects::Allow::Yes { suppressed } = shared
-                .logs
-                .check("provision error", std::time::Instant::now())
+            ctx.metrics.provision_error();
+            if let crate::provision::suspects::Allow::Yes { suppressed } =
+                ctx.logs.check("provision error", std::time::Instant::now())
             {
                 error!(node = %ticket.identity, step = %e.step(), error = %e, suppressed_before = suppressed, "could not provision the node");
             }
-            shared.registry.failed(&ticket);
+            ctx.registry.failed(&ticket);
         }
         Err(e) => {
-            shared.metrics.provision_error();
+            ctx.metrics.provision_error();
             error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
-            shared.registry.failed(&ticket);
+            ctx.registry.failed(&ticket);
         }
     }
 }

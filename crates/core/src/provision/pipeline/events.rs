@@ -3,8 +3,8 @@
 //! restarting (taken at most once per node every two intervals: see
 //! [`crate::provision::pipeline::registry::Registry::shut_down`]).
 
+use crate::provision::pipeline::context::Context;
 use crate::provision::pipeline::registry::{Offered, Source};
-use crate::provision::shared::Shared;
 use crate::provision::suspects;
 use choria_wire::identity;
 use choria_wire::lifecycle::{self, EventType};
@@ -19,7 +19,7 @@ use tracing::{debug, error, warn};
 /// counter, not memory.
 pub async fn listen(
     mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
-    shared: Arc<Shared>,
+    ctx: Arc<Context>,
     suspects: suspects::Suspects,
     stop: CancellationToken,
 ) {
@@ -43,11 +43,11 @@ pub async fn listen(
                 if kind == EventType::Shutdown {
                     // Even while paused: a replica about to work must know
                     // which nodes are restarting (provisioned by another).
-                    shared.registry.shut_down(&event.identity);
-                } else if shared.gate.is_paused() {
+                    ctx.registry.shut_down(&event.identity);
+                } else if ctx.gate.is_paused() {
                     debug!("skipping a startup event while paused");
                 } else {
-                    offer(&shared, &suspects, &event.identity);
+                    offer(&ctx, &suspects, &event.identity);
                 }
             }
             Ok((kind, _)) => debug!(?kind, "ignoring lifecycle event"),
@@ -56,7 +56,7 @@ pub async fn listen(
             }
             Err(e) => {
                 if let Some(n) = suspects.should_log("undecodable lifecycle event") {
-                    warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not shared a lifecycle event");
+                    warn!(subject = %identity::preview(&msg.subject), error = %e, suppressed_before = n, "could not read a lifecycle event");
                 }
             }
         }
@@ -65,14 +65,14 @@ pub async fn listen(
 
 /// Offers an event-announced node; a full lane drops it (counted, logged
 /// at a bounded rate).
-fn offer(shared: &Shared, suspects: &suspects::Suspects, identity: &str) {
-    if !shared.ownership.owns(identity) {
+fn offer(ctx: &Context, suspects: &suspects::Suspects, identity: &str) {
+    if !ctx.ownership.owns(identity) {
         return;
     }
-    match shared.registry.offer(identity, Source::Event) {
+    match ctx.registry.offer(identity, Source::Event) {
         Offered::Queued(_) | Offered::Recent | Offered::Busy => {}
         Offered::Full => {
-            shared.metrics.dropped_event();
+            ctx.metrics.dropped_event();
             if let Some(n) = suspects.should_log("events lane full") {
                 warn!(
                     capacity = crate::provision::pipeline::registry::EVENT_QUEUE,

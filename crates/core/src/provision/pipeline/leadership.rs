@@ -14,15 +14,17 @@ use crate::election::shards::ShardSteer;
 use crate::election::streams::StreamsBackend;
 use crate::election::{self, ElectionError, Steer, HEALTH_CHECK};
 use crate::provision::gate::PauseReason;
-use crate::provision::shared::Shared;
+use crate::provision::steering::Steering;
 use choria_config::{ElectionBackend, ElectionConfig};
+use choria_k8s::crd::ResourceRef;
+use choria_k8s::Kube;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-impl Steer for Shared {
+impl Steer for Steering {
     fn won(&self, me: &str) {
         self.metrics.leadership_transition();
         self.metrics.set_leader(true);
@@ -53,7 +55,7 @@ impl Steer for Shared {
     }
 }
 
-impl Shared {
+impl Steering {
     /// The election (or the shards' membership) failed: counted, and
     /// `/readyz` says why. Both election modes report through here.
     fn election_failed(&self, error: &str) {
@@ -68,7 +70,7 @@ impl Shared {
 }
 
 /// In shards mode the membership steers: our share, and whether we work.
-impl ShardSteer for Shared {
+impl ShardSteer for Steering {
     fn members(&self, members: &[String]) {
         self.metrics.set_shard_members(members.len());
         if self.ownership.set_members(members) && !self.gate.is_paused() {
@@ -102,20 +104,40 @@ impl ShardSteer for Shared {
     }
 }
 
-/// Starts the configured election (none: `None`) steering `shared`. The
+/// Who campaigns, and where: what the election needs besides what it
+/// steers.
+pub(crate) struct Campaign {
+    pub(crate) cfg: ElectionConfig,
+    /// The name we campaign under (see `provision::candidate_identity`).
+    pub(crate) me: String,
+    /// For a Lease election, or the shards' Lease membership.
+    pub(crate) kube: Kube,
+    /// A pod's own `Provisioner`, which owns its Lease.
+    pub(crate) resource: Option<ResourceRef>,
+}
+
+/// Starts the configured election (none: `None`) steering `steering`. The
 /// provisioner paused itself for [`PauseReason::Election`] when it was made.
 /// A pod's Lease is owned by its Provisioner (`resource`), so deleting the
 /// Provisioner collects it.
 pub(crate) fn spawn(
     nats: &async_nats::Client,
-    shared: Arc<Shared>,
+    campaign: Campaign,
+    steering: Arc<Steering>,
     stop: CancellationToken,
     leader_tx: watch::Sender<Option<String>>,
 ) -> Option<JoinHandle<()>> {
-    let cfg = shared.cfg.election.clone();
-    let identity = shared.me.clone();
+    let Campaign {
+        cfg,
+        me: identity,
+        kube,
+        resource,
+    } = campaign;
     if cfg.sharded() {
-        return Some(tokio::spawn(shards(cfg, nats.clone(), shared, stop)));
+        let nats = nats.clone();
+        return Some(tokio::spawn(shards(
+            cfg, identity, kube, nats, steering, stop,
+        )));
     }
     match cfg.backend {
         ElectionBackend::None => None,
@@ -130,17 +152,22 @@ pub(crate) fn spawn(
                     Ok::<_, ElectionError>(b)
                 }
             };
-            Some(tokio::spawn(election::run(setup, shared, stop, leader_tx)))
+            Some(tokio::spawn(election::run(
+                setup, steering, stop, leader_tx,
+            )))
         }
         ElectionBackend::Lease => {
-            let steer = shared.clone();
             let setup = move || {
-                let (cfg, identity, shared) = (cfg.clone(), identity.clone(), shared.clone());
+                let (cfg, identity, kube, resource) = (
+                    cfg.clone(),
+                    identity.clone(),
+                    kube.clone(),
+                    resource.clone(),
+                );
                 async move {
-                    let mut b = LeaseBackend::connect(&shared.kube, &cfg, &identity)?;
-                    let resource = shared.resource.as_ref();
+                    let mut b = LeaseBackend::connect(&kube, &cfg, &identity)?;
                     if let Some(r) = resource.filter(|r| r.namespace == b.namespace()) {
-                        let client = shared.kube.client().map_err(ElectionError::Other)?;
+                        let client = kube.client().map_err(ElectionError::Other)?;
                         let owner = r.owner(client).await.map_err(ElectionError::Other)?;
                         b = b.with_owner(owner);
                     }
@@ -148,7 +175,9 @@ pub(crate) fn spawn(
                     Ok::<_, ElectionError>(b)
                 }
             };
-            Some(tokio::spawn(election::run(setup, steer, stop, leader_tx)))
+            Some(tokio::spawn(election::run(
+                setup, steering, stop, leader_tx,
+            )))
         }
     }
 }
@@ -157,11 +186,13 @@ pub(crate) fn spawn(
 /// up) and drives it until `stop`.
 async fn shards(
     cfg: ElectionConfig,
+    me: String,
+    kube: Kube,
     nats: async_nats::Client,
-    shared: Arc<Shared>,
+    steering: Arc<Steering>,
     stop: CancellationToken,
 ) {
-    let me = &shared.me;
+    let me = &me;
     use crate::election::shards::{self, heartbeats::Heartbeats, lease::LeaseMembership};
     let timings = shards::ShardTimings {
         ttl: cfg.lease_duration,
@@ -182,10 +213,8 @@ async fn shards(
                     .map_err(|e| ElectionError::Other(format!("election.verify_keys: {e}")))?;
             }
             match cfg.backend {
-                ElectionBackend::Lease => {
-                    LeaseMembership::connect(&shared.kube, &cfg, me, key, verifier)
-                        .map(ShardBackend::Lease)
-                }
+                ElectionBackend::Lease => LeaseMembership::connect(&kube, &cfg, me, key, verifier)
+                    .map(ShardBackend::Lease),
                 _ => Heartbeats::connect(
                     nats.clone(),
                     &cfg.name,
@@ -201,12 +230,12 @@ async fn shards(
         }
         .await;
         match set_up {
-            Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, shared, stop).await,
+            Ok(ShardBackend::Lease(b)) => return shards::drive(b, timings, steering, stop).await,
             Ok(ShardBackend::Heartbeats(b)) => {
-                return shards::drive(b, timings, shared, stop).await
+                return shards::drive(b, timings, steering, stop).await
             }
             Err(e) => {
-                crate::election::shards::ShardSteer::failed(&shared, &e.to_string());
+                crate::election::shards::ShardSteer::failed(&steering, &e.to_string());
                 tracing::error!(error = %e, "cannot join the shards; staying paused and retrying");
                 if !backoff.wait(&stop).await {
                     return;
@@ -274,7 +303,7 @@ mod tests {
     fn winning_resumes_and_losing_pauses_and_empties_the_queue() {
         let dir = tempfile::tempdir().unwrap();
         let p = provisioner(dir.path());
-        let h = p.shared();
+        let h = p.steering();
         let m = |name: &str| h.metrics.value(name).unwrap();
         assert!(h.gate.is_paused(), "an elected provisioner starts paused");
 
@@ -306,7 +335,7 @@ mod tests {
         );
         let plain = Provisioner::new(cfg.clone(), setup.clone(), Options::new("test")).unwrap();
         assert!(
-            !plain.shared().gate.is_paused(),
+            !plain.steering().is_paused(),
             "no election, no resource: works at once"
         );
         let as_resource = Options {
@@ -315,7 +344,7 @@ mod tests {
         };
         let pod = Provisioner::new(cfg, setup, as_resource).unwrap();
         assert!(
-            pod.shared().gate.is_paused(),
+            pod.steering().is_paused(),
             "paused until the watch reports spec.paused"
         );
     }
@@ -341,7 +370,7 @@ mod tests {
     fn failures_are_counted_and_fail_readiness_until_an_attempt_works() {
         let dir = tempfile::tempdir().unwrap();
         let p = provisioner(dir.path());
-        let h = p.shared();
+        let h = p.steering();
         Steer::failed(&h, "bucket unreachable");
         Steer::failed(&h, "bucket unreachable");
         assert_eq!(

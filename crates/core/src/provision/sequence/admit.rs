@@ -16,18 +16,18 @@ impl HostSequence {
     /// until the revocations were read once: a revocation holds from a
     /// replica's first node on.
     pub(super) async fn check_revoked(&self) -> Result<(), ProvisionError> {
-        let Some(revoked) = &self.shared.revoked else {
+        let Some(revoked) = &self.ctx.checks.revoked else {
             return Ok(());
         };
         let loaded = tokio::select! {
             l = revoked.wait_loaded(REVOCATIONS_WAIT) => l,
-            _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
         if !loaded {
             return Err(ProvisionError::RevocationsUnknown);
         }
         if let Some(r) = revoked.of(&self.identity) {
-            self.shared.metrics.revoked_refusal("provision");
+            self.ctx.metrics.revoked_refusal("provision");
             return Err(ProvisionError::Revoked {
                 reason: crate::provision::text::one_line(&r.reason, 200),
             });
@@ -39,10 +39,10 @@ impl HostSequence {
     /// to replace: flagged (metric, audit, log), and refused with
     /// `records.exclusive`.
     async fn check_held(&self) -> Result<(), ProvisionError> {
-        if let Some(held) = &self.shared.held {
+        if let Some(held) = &self.ctx.checks.held {
             let loaded = tokio::select! {
                 l = held.wait_loaded(REVOCATIONS_WAIT) => l,
-                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             if !loaded {
                 return Err(ProvisionError::RevocationsUnknown);
@@ -55,20 +55,15 @@ impl HostSequence {
         if !standing.holds_unasked(now) {
             return Ok(());
         }
-        let exclusive = self
-            .shared
-            .cfg
-            .records
-            .as_ref()
-            .is_some_and(|r| r.exclusive);
+        let exclusive = self.ctx.cfg.records.as_ref().is_some_and(|r| r.exclusive);
         let outcome = if exclusive { "refused" } else { "flagged" };
-        self.shared.metrics.held_reprovision(outcome);
+        self.ctx.metrics.held_reprovision(outcome);
         let expires = chrono::DateTime::from_timestamp(standing.expires_unix, 0)
             .map(|t| t.to_rfc3339())
             .unwrap_or_default();
         // Audited either way: refused or let through, someone arrived under
         // a name whose credentials are still good.
-        self.shared.auditor.event(
+        self.ctx.trail.auditor.event(
             crate::audit::event::Kind::Held,
             &self.identity,
             serde_json::json!({"step": "records", "outcome": outcome, "reason": format!("still held valid credentials, expiring {expires}")}),
@@ -82,7 +77,7 @@ impl HostSequence {
 
     /// What the records say this identity holds, if anything.
     pub(super) fn standing(&self) -> Option<crate::records::held::Standing> {
-        self.shared.held.as_ref()?.of(&self.identity)
+        self.ctx.checks.held.as_ref()?.of(&self.identity)
     }
 
     /// Passes when there is no policy or it allows the node; a denial, a
@@ -92,14 +87,14 @@ impl HostSequence {
         &self,
         evidence: Option<&crate::evidence::Evidence>,
     ) -> Result<(), ProvisionError> {
-        let Some(policy) = &self.shared.admission else {
+        let Some(policy) = &self.ctx.checks.admission else {
             return Ok(());
         };
         let protocol = self.client.version().to_string();
         let input = NodeInput {
             identity: &self.identity,
             protocol: &protocol,
-            site: &self.shared.cfg.site,
+            site: &self.ctx.cfg.site,
             inventory: &self.got.inventory,
             csr: self.got.csr.as_ref().map(|c| c.csr.as_str()),
             jwt: self.got.jwt.as_ref(),
@@ -111,7 +106,7 @@ impl HostSequence {
             Ok(doc) => policy.decide(doc).await,
             Err(e) => Err(e),
         };
-        let metrics = &self.shared.metrics;
+        let metrics = &self.ctx.metrics;
         match decision {
             Ok(Decision::Allowed) => {
                 metrics.admission("allowed");

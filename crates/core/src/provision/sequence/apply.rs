@@ -12,7 +12,7 @@ use tracing::{info, warn};
 impl HostSequence {
     pub(super) async fn shutdown(&self) -> Result<(), ProvisionError> {
         let identity: &str = &self.identity;
-        let metrics = &self.shared.metrics;
+        let metrics = &self.ctx.metrics;
         // A shutdown the node refuses is only logged and not retried, as in
         // Go: the helper wants the node gone either way.
         let accepted = self
@@ -31,7 +31,7 @@ impl HostSequence {
     }
     /// `Ok(true)` when no upgrade is needed, `Ok(false)` when one was started.
     pub(super) async fn upgrade(&self, target: &str) -> Result<bool, ProvisionError> {
-        let cfg = &self.shared.cfg;
+        let cfg = &self.ctx.cfg;
         let fail = |reason: &str| ProvisionError::Upgrade {
             version: target.to_string(),
             reason: reason.to_string(),

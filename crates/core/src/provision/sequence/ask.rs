@@ -50,7 +50,7 @@ impl HostSequence {
     /// Verifies the provisioning JWT with `jwt_verify_cert` (re-read each time
     /// so a rotated key takes effect) and settles the token to use.
     pub(super) fn validate_jwt(&mut self) -> Result<(), ProvisionError> {
-        let key = self.shared.signing.credentials.verify_key()?;
+        let key = self.ctx.signing.credentials.verify_key()?;
         let claims =
             parse_provisioning_token(&self.got.raw_jwt, &key).map_err(ProvisionError::Jwt)?;
         if !claims.token.is_empty() {
@@ -180,12 +180,12 @@ impl HostSequence {
             check_csr(
                 &info,
                 &self.identity,
-                &self.shared.signing.deny_list,
-                &self.shared.signing.csr_allowed_dns,
+                &self.ctx.signing.deny_list,
+                &self.ctx.signing.csr_allowed_dns,
             )
         });
         if let Err(e) = checked {
-            self.shared.metrics.rejected_csr(e.reason());
+            self.ctx.metrics.rejected_csr(e.reason());
             return Err(ProvisionError::Csr(e));
         }
         self.got.csr = Some(reply);

@@ -72,11 +72,11 @@ impl HostSequence {
         let client = &self.client;
         let opts = RpcOptions {
             timeout: self
-                .shared
+                .ctx
                 .cfg
                 .rpc_timeout
                 .unwrap_or_else(|| client.rpc_timeout(agent)),
-            confirm: trusted.then_some(self.shared.cfg.reply_window),
+            confirm: trusted.then_some(self.ctx.cfg.reply_window),
         };
         for attempt in 1..=tries {
             // Pausing mid-sequence stops the node here, at an attempt boundary.
@@ -87,9 +87,9 @@ impl HostSequence {
             let request = client.request(&self.identity, agent, action, data, opts);
             let result = tokio::select! {
                 r = request => r,
-                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
-            self.shared.metrics.observe_rpc(rpc, started.elapsed());
+            self.ctx.metrics.observe_rpc(rpc, started.elapsed());
             // An answer in the node's own name confirms it, even one whose
             // body is not what we asked for.
             if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
@@ -100,7 +100,7 @@ impl HostSequence {
                     // Another provisioner holds this node (go-choria's
                     // per-node lock): not a failure to retry in a storm;
                     // the node is left to its holder until it shows up again.
-                    self.shared.metrics.lock_refusal();
+                    self.ctx.metrics.lock_refusal();
                     return Err(ProvisionError::Locked { rpc });
                 }
             }
@@ -137,11 +137,11 @@ impl HostSequence {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff(attempt)) => {}
-                    _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                    _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
                 }
             }
         }
-        self.shared.metrics.rpc_error(rpc);
+        self.ctx.metrics.rpc_error(rpc);
         let tries = tried;
         if !self.is_answered() {
             return Err(ProvisionError::Unconfirmed { rpc, tries, last });
@@ -157,7 +157,7 @@ impl HostSequence {
             debug!(node = &*self.identity, rpc, attempt, tries, error = %e, "RPC attempt failed");
             return;
         }
-        if let Allow::Yes { suppressed } = self.shared.logs.check("rpc attempt", Instant::now()) {
+        if let Allow::Yes { suppressed } = self.ctx.logs.check("rpc attempt", Instant::now()) {
             warn!(node = &*self.identity, rpc, attempt, tries, error = %e, suppressed_before = suppressed, "RPC attempt failed");
         }
     }

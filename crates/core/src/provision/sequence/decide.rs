@@ -18,7 +18,7 @@ impl HostSequence {
     /// helper's merged over the template's (`template::merge`).
     /// A grant refused: counted, and the node fails.
     pub(super) fn refused(&self, e: grants::Refused) -> ProvisionError {
-        self.shared.metrics.refused_value(e.place);
+        self.ctx.metrics.refused_value(e.place);
         ProvisionError::Refused(e)
     }
 
@@ -33,28 +33,28 @@ impl HostSequence {
             inventory: &self.got.inventory,
             jwt: self.got.jwt.as_ref(),
         };
-        let templated = match &self.shared.signing.template {
+        let templated = match &self.ctx.signing.template {
             Some(t) => Some(t.render(&input).map_err(|e| {
-                self.shared.metrics.template_error();
+                self.ctx.metrics.template_error();
                 if let Some(place) = e.refused {
-                    self.shared.metrics.refused_value(place.label());
+                    self.ctx.metrics.refused_value(place.label());
                 }
                 ProvisionError::Template(e)
             })?),
             None => None,
         };
-        let Some(helper) = &self.shared.signing.helper else {
+        let Some(helper) = &self.ctx.signing.helper else {
             // The configuration says one of the two is there.
             return Ok(templated.unwrap_or_default());
         };
         let started = Instant::now();
         let result = tokio::select! {
             r = helper.run(&input) => r,
-            _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
-        self.shared.metrics.observe_helper(started.elapsed());
+        self.ctx.metrics.observe_helper(started.elapsed());
         let helped = result.map_err(|e| {
-            self.shared.metrics.helper_error();
+            self.ctx.metrics.helper_error();
             ProvisionError::Helper(e)
         })?;
         Ok(match templated {
@@ -69,7 +69,7 @@ impl HostSequence {
         &self,
         response: &mut HelperResponse,
     ) -> Result<(), ProvisionError> {
-        let (Some(signer), Some(csr)) = (&self.shared.signing.cert_manager, &self.got.csr) else {
+        let (Some(signer), Some(csr)) = (&self.ctx.signing.cert_manager, &self.got.csr) else {
             return Ok(());
         };
         self.gate_check()?;
@@ -78,16 +78,11 @@ impl HostSequence {
         let _working = self.working().await?;
         let started = Instant::now();
         match signer
-            .sign(
-                &self.identity,
-                &csr.csr,
-                &self.shared.gate,
-                &self.shared.abandon,
-            )
+            .sign(&self.identity, &csr.csr, &self.ctx.gate, &self.ctx.abandon)
             .await
         {
             Ok(issued) => {
-                self.shared.metrics.cert_manager_request("issued");
+                self.ctx.metrics.cert_manager_request("issued");
                 debug!(node = &*self.identity, took = ?started.elapsed(), "certificate issued by cert-manager");
                 response.certificate = issued.certificate;
                 if response.ca.is_empty() {
@@ -98,7 +93,7 @@ impl HostSequence {
             Err(SignError::Paused(p)) => Err(ProvisionError::Paused(p)),
             Err(SignError::Abandoned) => Err(ProvisionError::Abandoned),
             Err(e) => {
-                self.shared.metrics.cert_manager_request(e.outcome());
+                self.ctx.metrics.cert_manager_request(e.outcome());
                 Err(ProvisionError::CertManager(e))
             }
         }
@@ -108,7 +103,7 @@ impl HostSequence {
         &self,
         response: &HelperResponse,
     ) -> Result<String, ProvisionError> {
-        let cfg = &self.shared.cfg;
+        let cfg = &self.ctx.cfg;
         let err = ProvisionError::ServerJwt;
         let Some(ed) = self.got.ed25519.as_ref() else {
             return Err(ProvisionError::ServerJwtSetup("no ed25519 public key set"));
@@ -165,8 +160,8 @@ impl HostSequence {
         )
         .map_err(err)?;
         // Rotated keys take effect: the watcher reads changed files again.
-        let key = self.shared.signing.credentials.signing_key()?;
-        if let Some((_, signer)) = self.shared.signing.credentials.signing_token()?.as_ref() {
+        let key = self.ctx.signing.credentials.signing_key()?;
+        if let Some((_, signer)) = self.ctx.signing.credentials.signing_token()?.as_ref() {
             let Some(ed_key) = key.as_ed25519() else {
                 return Err(ProvisionError::ServerJwtSetup(
                     "jwt_signing_key must be an ed25519 seed to chain-sign",

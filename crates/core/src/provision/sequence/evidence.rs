@@ -11,10 +11,10 @@ impl HostSequence {
     /// `evidence:`. Every refusal is counted by why
     /// (`choria_provisioner_evidence{outcome}`).
     pub(super) async fn check_evidence(&self) -> Result<Option<Evidence>, ProvisionError> {
-        let Some(gate) = &self.shared.evidence else {
+        let Some(gate) = &self.ctx.checks.evidence else {
             return Ok(None);
         };
-        let metrics = &self.shared.metrics;
+        let metrics = &self.ctx.metrics;
         let now = chrono::Utc::now().timestamp();
         let facts: serde_json::Value =
             serde_json::from_str::<serde_json::Value>(&self.got.inventory)
@@ -50,7 +50,7 @@ impl HostSequence {
         &self,
         evidence: Option<&Evidence>,
     ) -> Result<(), ProvisionError> {
-        let (Some(gate), Some(evidence)) = (&self.shared.evidence, evidence) else {
+        let (Some(gate), Some(evidence)) = (&self.ctx.checks.evidence, evidence) else {
             return Ok(());
         };
         let now = chrono::Utc::now().timestamp();
@@ -62,7 +62,7 @@ impl HostSequence {
         match gate.bind(evidence, &self.identity, take_name, now).await {
             Ok(Ok(written)) => {
                 if written.forgery_replaced {
-                    self.shared.metrics.evidence("forged_binding");
+                    self.ctx.metrics.evidence("forged_binding");
                     warn!(node = &*self.identity, instance = %evidence.instance(), "SECURITY: a binding of the instance or the name was not sealed by this Provisioner; ours is written after it");
                 }
                 Ok(())
@@ -87,7 +87,7 @@ impl HostSequence {
         match verdict {
             Verdict::Fits => Ok(false),
             Verdict::InstanceElsewhere(bound) => {
-                self.shared.metrics.evidence("bound_elsewhere");
+                self.ctx.metrics.evidence("bound_elsewhere");
                 Err(ProvisionError::InstanceBound {
                     instance,
                     identity: crate::provision::text::one_line(&bound, 200),
@@ -98,7 +98,7 @@ impl HostSequence {
                 Ok(true)
             }
             Verdict::NameElsewhere(other) => {
-                self.shared.metrics.evidence("bound_elsewhere");
+                self.ctx.metrics.evidence("bound_elsewhere");
                 warn!(node = &*self.identity, bound = %other, presented = %instance, "SECURITY: the name was provisioned from another instance; refusing evidence of this one under it");
                 Err(ProvisionError::NameBound {
                     instance: crate::provision::text::one_line(&other, 200),
@@ -111,7 +111,7 @@ impl HostSequence {
     /// expired (or nothing is on record for it).
     fn may_take_name(&self, now: i64) -> bool {
         let allowed = self
-            .shared
+            .ctx
             .cfg
             .evidence
             .as_ref()
@@ -121,8 +121,8 @@ impl HostSequence {
 
     /// Not known is not "unbound": the node is refused, and tried again.
     fn bindings_unknown(&self, e: crate::records::store::RecordsError) -> ProvisionError {
-        self.shared.metrics.evidence("error");
-        self.shared.metrics.memory_read_error("bindings");
+        self.ctx.metrics.evidence("error");
+        self.ctx.metrics.memory_read_error("bindings");
         ProvisionError::BindingsUnknown(e.to_string())
     }
 }

@@ -28,18 +28,19 @@ mod admit;
 mod apply;
 mod ask;
 mod call;
+mod context;
 mod decide;
 mod error;
 mod evidence;
 pub mod version;
 
 pub use call::LOCK_REFUSED;
+pub use context::{Checks, Context, Trail};
 pub use error::ProvisionError;
 
 use crate::provision::gate::Paused;
 use crate::provision::pipeline::lanes::LanePlace;
 use crate::provision::pipeline::registry::Source;
-use crate::provision::shared::Shared;
 use crate::provision::signing::helper::{CsrReply, Ed25519Reply, HelperResponse};
 use choria_config::Secret;
 use choria_wire::client::ChoriaClient;
@@ -80,7 +81,7 @@ struct Gathered {
 /// One run of the sequence for one node. It owns what it needs, so the part
 /// after the reply windows can finish in a task of its own.
 pub struct HostSequence {
-    shared: Arc<Shared>,
+    ctx: Arc<Context>,
     /// Who asks the node: the provisioner's connection to the broker.
     client: Arc<ChoriaClient>,
     identity: Arc<str>,
@@ -122,15 +123,15 @@ impl HostSequence {
     /// A sequence of the leadership term `term` (the gate's term when the
     /// worker took the node, read before it checked the node was current).
     pub fn new(
-        shared: Arc<Shared>,
+        ctx: Arc<Context>,
         client: Arc<ChoriaClient>,
         identity: Arc<str>,
         term: u64,
     ) -> Self {
         HostSequence {
             term,
-            token: shared.cfg.token.clone(),
-            shared,
+            token: ctx.cfg.token.clone(),
+            ctx,
             client,
             identity,
             got: Gathered::default(),
@@ -157,12 +158,12 @@ impl HostSequence {
     /// guard goes). Waits for one, but never past shutdown's abandon.
     async fn working(&self) -> Result<Working<'_>, ProvisionError> {
         let slot = tokio::select! {
-            s = self.shared.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned)?,
-            _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+            s = self.ctx.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned)?,
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
         Ok(Working {
             _slot: slot,
-            _busy: self.shared.metrics.busy_worker(),
+            _busy: self.ctx.metrics.busy_worker(),
         })
     }
 
@@ -176,9 +177,9 @@ impl HostSequence {
             return;
         }
         match self.source {
-            Some(Source::Discovery) => self.shared.metrics.discovered(),
+            Some(Source::Discovery) => self.ctx.metrics.discovered(),
             Some(Source::Event) => {
-                self.shared.metrics.event_discovered();
+                self.ctx.metrics.event_discovered();
                 info!(
                     node = &*self.identity,
                     "adding node after its startup event"
@@ -214,7 +215,7 @@ impl HostSequence {
             self.settle().await?;
             let permit = tokio::select! {
                 p = budget.acquire_owned() => p.map_err(|_| ProvisionError::Abandoned)?,
-                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             self.place
                 .lock()
@@ -227,14 +228,14 @@ impl HostSequence {
     /// The first part: what the node tells about itself (JWT, ed25519 key,
     /// inventory, CSR), checked. Nothing is acted on yet.
     pub async fn gather(&mut self, waiting: Duration) -> Result<(), ProvisionError> {
-        let cfg = self.shared.cfg.clone();
+        let cfg = self.ctx.cfg.clone();
         if waiting > 2 * cfg.interval {
             return Err(ProvisionError::Stale(waiting));
         }
         // The deny list applies to the identity in every mode (Go applies
         // it to CSR names only, so ed25519 and plain networks had none).
         if let Some(re) = self
-            .shared
+            .ctx
             .signing
             .deny_list
             .iter()
@@ -267,14 +268,14 @@ impl HostSequence {
     /// node's name, and the node is not provisioned this cycle (no helper
     /// run, no key material sent).
     pub async fn settle(&mut self) -> Result<(), ProvisionError> {
-        let _confirming = self.shared.metrics.confirming_node();
+        let _confirming = self.ctx.metrics.confirming_node();
         for c in std::mem::take(&mut self.pending) {
             let result = tokio::select! {
                 r = c.wait() => r,
-                _ = self.shared.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             if let Err(conflict) = result {
-                self.shared.metrics.conflicting_reply();
+                self.ctx.metrics.conflicting_reply();
                 error!(
                     node = &*self.identity,
                     rpc = %conflict.rpc,
@@ -292,7 +293,7 @@ impl HostSequence {
     /// The rest, once settled: the helper, then shutdown, or server JWT,
     /// key encryption, upgrade, configure and restart.
     pub async fn finish(mut self) -> Result<Outcome, ProvisionError> {
-        let cfg = self.shared.cfg.clone();
+        let cfg = self.ctx.cfg.clone();
         // Every trusted answer's window must have been read: an unread one
         // could hold a second answer in the node's name.
         if !self.pending.is_empty() {
@@ -390,12 +391,12 @@ impl HostSequence {
     /// arrival under the name is judged like any other.
     fn configured(&self, record: Option<&crate::records::Record>) {
         if let Some(r) = record {
-            self.shared.recorder.record(r.clone());
+            self.ctx.trail.recorder.record(r.clone());
         }
-        if let Some(held) = &self.shared.held {
+        if let Some(held) = &self.ctx.checks.held {
             held.answered(&self.identity);
         }
-        self.shared.auditor.event(
+        self.ctx.trail.auditor.event(
             crate::audit::event::Kind::Provisioned,
             &self.identity,
             record
@@ -413,8 +414,8 @@ impl HostSequence {
         signer: Option<&str>,
     ) -> Option<Box<crate::records::Record>> {
         let mode = match (
-            self.shared.signing.template.is_some(),
-            self.shared.signing.helper.is_some(),
+            self.ctx.signing.template.is_some(),
+            self.ctx.signing.helper.is_some(),
         ) {
             (true, true) => "template+helper",
             (true, false) => "template",
@@ -423,8 +424,8 @@ impl HostSequence {
         let protocol = self.client.version().to_string();
         let issued = crate::records::Issued {
             identity: &self.identity,
-            replica: &self.shared.me,
-            site: &self.shared.cfg.site,
+            replica: &self.ctx.me,
+            site: &self.ctx.cfg.site,
             protocol: &protocol,
             mode,
             signer,
@@ -458,14 +459,14 @@ impl HostSequence {
         // a restart 4.5 s after the loss land inside the new leader's
         // sequence).
         if self.finishing {
-            return self.shared.gate.check_finishing(self.term, FINISH_GRACE);
+            return self.ctx.gate.check_finishing(self.term, FINISH_GRACE);
         }
-        self.shared.gate.check_term(self.term)?;
+        self.ctx.gate.check_term(self.term)?;
         // Once configured, the node is finished here even if it became
         // another replica's share: stopping before `restart` would leave
         // it configured, holding our lock, for its new owner to configure
         // again two minutes later.
-        if !self.shared.ownership.owns(&self.identity) {
+        if !self.ctx.ownership.owns(&self.identity) {
             return Err(Paused("the node is another replica's share now".into()));
         }
         Ok(())

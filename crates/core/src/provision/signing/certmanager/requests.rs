@@ -28,12 +28,13 @@ const FINAL_DELETIONS: usize = 16;
 pub struct Requests {
     api: Api<CertificateRequest>,
     store: Store<CertificateRequest>,
-    shared: Arc<Shared>,
+    pending: Arc<Pending>,
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// The requests under way: who waits for which, and when each is deleted.
 #[derive(Default)]
-struct Shared {
+struct Pending {
     /// Who waits for which request.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// When each request is to be deleted.
@@ -42,7 +43,7 @@ struct Shared {
     scheduled: Notify,
 }
 
-impl Shared {
+impl Pending {
     fn wake(&self, name: &str) {
         if let Some(n) = self.waiters.lock().expect("never poisoned").get(name) {
             n.notify_one();
@@ -82,7 +83,7 @@ impl Shared {
 pub struct Waiter {
     name: String,
     notify: Arc<Notify>,
-    shared: Arc<Shared>,
+    pending: Arc<Pending>,
 }
 
 impl Waiter {
@@ -95,7 +96,7 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        self.shared
+        self.pending
             .waiters
             .lock()
             .expect("never poisoned")
@@ -112,7 +113,7 @@ impl Requests {
         selector: &str,
         leftovers: Option<Duration>,
     ) -> Self {
-        let shared = Arc::new(Shared::default());
+        let pending = Arc::new(Pending::default());
         let writer = reflector::store::Writer::default();
         let store = writer.as_reader();
         let config = watcher::Config::default().labels(selector);
@@ -120,13 +121,13 @@ impl Requests {
             .default_backoff()
             .reflect(writer);
         let tasks = vec![
-            tokio::spawn(follow(events, shared.clone(), leftovers)),
-            tokio::spawn(delete_when_due(api.clone(), shared.clone())),
+            tokio::spawn(follow(events, pending.clone(), leftovers)),
+            tokio::spawn(delete_when_due(api.clone(), pending.clone())),
         ];
         Requests {
             api,
             store,
-            shared,
+            pending,
             tasks,
         }
     }
@@ -142,7 +143,7 @@ impl Requests {
     /// then wait for [`Waiter::changed`].
     pub fn waiter(&self, name: &str) -> Waiter {
         let notify = Arc::new(Notify::new());
-        self.shared
+        self.pending
             .waiters
             .lock()
             .expect("never poisoned")
@@ -150,18 +151,18 @@ impl Requests {
         Waiter {
             name: name.to_string(),
             notify,
-            shared: self.shared.clone(),
+            pending: self.pending.clone(),
         }
     }
 
     /// Deletes `name` `after` from now.
     pub fn delete_after(&self, name: &str, after: Duration) {
-        self.shared.schedule(name, Instant::now() + after);
+        self.pending.schedule(name, Instant::now() + after);
     }
 
     /// How many deletions are waiting for their time.
     pub fn pending(&self) -> usize {
-        self.shared.due.lock().expect("never poisoned").len()
+        self.pending.due.lock().expect("never poisoned").len()
     }
 
     /// Stops following, and deletes every request still scheduled, now.
@@ -170,7 +171,7 @@ impl Requests {
             t.abort();
         }
         let names: Vec<String> = {
-            let mut due = self.shared.due.lock().expect("never poisoned");
+            let mut due = self.pending.due.lock().expect("never poisoned");
             due.drain().map(|(n, _)| n).collect()
         };
         futures::stream::iter(names)
@@ -191,28 +192,28 @@ impl Drop for Requests {
 /// list finds when `leftovers` says so.
 async fn follow(
     events: impl futures::Stream<Item = Result<watcher::Event<CertificateRequest>, watcher::Error>>,
-    shared: Arc<Shared>,
+    pending: Arc<Pending>,
     leftovers: Option<Duration>,
 ) {
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
-                shared.wake(&o.metadata.name.clone().unwrap_or_default())
+                pending.wake(&o.metadata.name.clone().unwrap_or_default())
             }
             Ok(watcher::Event::InitApply(o)) => {
                 let name = o.metadata.name.clone().unwrap_or_default();
                 if let Some(after) = leftovers {
-                    shared.schedule(&name, due_after_creation(&o, after));
+                    pending.schedule(&name, due_after_creation(&o, after));
                 }
-                shared.wake(&name);
+                pending.wake(&name);
             }
             // What a (re)list found is in the store only now: the reflector
             // holds a listing back until it is whole, so a waiter woken by
             // its InitApply looked and did not find it. A request created
             // as the watch started and issued before its first list (the
             // first nodes of a run) would wait out its timeout unseen.
-            Ok(watcher::Event::InitDone) => shared.wake_all(),
+            Ok(watcher::Event::InitDone) => pending.wake_all(),
             Ok(watcher::Event::Init) => {}
             // The watcher backs off and retries by itself; a waiter's
             // deadline bounds what a broken watch costs it.
@@ -234,13 +235,13 @@ fn due_after_creation(o: &CertificateRequest, after: Duration) -> Instant {
 }
 
 /// Deletes each request when it is due.
-async fn delete_when_due(api: Api<CertificateRequest>, shared: Arc<Shared>) {
+async fn delete_when_due(api: Api<CertificateRequest>, pending: Arc<Pending>) {
     loop {
-        let (ready, next) = shared.take_due(Instant::now());
+        let (ready, next) = pending.take_due(Instant::now());
         for name in ready {
             delete(&api, name).await;
         }
-        let scheduled = shared.scheduled.notified();
+        let scheduled = pending.scheduled.notified();
         match next {
             Some(at) => {
                 tokio::select! {
@@ -269,7 +270,7 @@ mod tests {
 
     #[tokio::test]
     async fn deletions_come_due_in_time_and_earliest_wins() {
-        let s = Shared::default();
+        let s = Pending::default();
         let t = Instant::now();
         s.schedule("a", t + Duration::from_secs(10));
         s.schedule("b", t + Duration::from_secs(5));
@@ -291,14 +292,14 @@ mod tests {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let writer = reflector::store::Writer::default();
         let store = writer.as_reader();
-        let shared = Arc::new(Shared::default());
+        let pending = Arc::new(Pending::default());
         let notify = Arc::new(Notify::new());
-        shared
+        pending
             .waiters
             .lock()
             .unwrap()
             .insert("node-1-x".into(), notify.clone());
-        let follower = tokio::spawn(follow(rx.reflect(writer), shared.clone(), None));
+        let follower = tokio::spawn(follow(rx.reflect(writer), pending.clone(), None));
         let mut cr: CertificateRequest = serde_json::from_value(serde_json::json!({
             "apiVersion": "cert-manager.io/v1", "kind": "CertificateRequest",
             "metadata": {"name": "node-1-x", "namespace": "choria"},
@@ -329,7 +330,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_is_woken_for_its_request_only() {
-        let s = Arc::new(Shared::default());
+        let s = Arc::new(Pending::default());
         let n = Arc::new(Notify::new());
         s.waiters.lock().unwrap().insert("a".into(), n.clone());
         s.wake("b");
