@@ -1,6 +1,7 @@
 use super::*;
 use crate::monitor::Exposition;
 use std::sync::Arc;
+use std::time::Duration;
 
 const COUNTERS: [&str; 11] = [
     "choria_provisioner_rpc_errors",

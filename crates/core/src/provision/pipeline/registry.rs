@@ -38,12 +38,14 @@
 
 use crate::provision::metrics::Metrics;
 use crate::provision::suspects::{Allow, LogLimiter};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+mod hosts;
+use hosts::{remember, Entry, Hosts, State};
 
 /// Names waiting for their sequence, at most, over every lane: the largest
 /// fleet one discovery feeds in one pass.
@@ -118,35 +120,6 @@ pub enum Offered {
     Full,
 }
 
-/// One registration: its generation, when it was made, and where it is.
-#[derive(Clone, Copy)]
-struct Entry {
-    generation: u64,
-    added: Instant,
-    state: State,
-    /// A shutdown was announced while it was worked or held (our own
-    /// restart announces one): a second is a repeat, ignored and counted.
-    /// Kept here rather than as a hint, in the entry's padding: free.
-    shutdown_seen: bool,
-}
-
-// The flag above lives in padding: an entry stays 32 bytes on 64-bit Linux.
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-const _: () = assert!(std::mem::size_of::<Entry>() == 32);
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Offered, waiting in its lane.
-    Pending,
-    /// Its sequence runs.
-    Working,
-    /// Done; held so repeated events do not queue it again.
-    Held,
-    /// Announced its shutdown and is restarting: discovery does not offer
-    /// it again, its next `startup` event does.
-    Restarting,
-}
-
 type LaneChannel = (
     async_channel::Sender<Arc<Ticket>>,
     async_channel::Receiver<Arc<Ticket>>,
@@ -180,103 +153,6 @@ impl Default for Capacity {
             events: EVENT_QUEUE,
         }
     }
-}
-
-/// The registrations and how many of them are pending.
-#[derive(Default)]
-struct Hosts {
-    entries: HashMap<String, Entry>,
-    pending: usize,
-    /// When a `shutdown` event was last taken for each node: one is a
-    /// hint taken at most once per [`Registry::hint_window`] (anyone may
-    /// publish them, as often as they like).
-    hinted: HashMap<String, Instant>,
-    /// When each name last failed (within [`FAILURE_MEMORY`]).
-    failed: HashMap<String, Instant>,
-}
-
-impl Hosts {
-    fn insert(&mut self, identity: &str, entry: Entry) {
-        if entry.state == State::Pending {
-            self.pending += 1;
-        }
-        if let Some(old) = self.entries.insert(identity.to_string(), entry) {
-            self.forgot(old);
-        }
-    }
-
-    fn remove(&mut self, identity: &str) -> Option<Entry> {
-        let old = self.entries.remove(identity)?;
-        self.forgot(old);
-        Some(old)
-    }
-
-    fn set_state(&mut self, identity: &str, generation: u64, state: State) -> bool {
-        match self.entries.get_mut(identity) {
-            Some(e) if e.generation == generation => {
-                if e.state == State::Pending {
-                    self.pending -= 1;
-                }
-                if state == State::Pending {
-                    self.pending += 1;
-                }
-                e.state = state;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn forgot(&mut self, old: Entry) {
-        if old.state == State::Pending {
-            self.pending -= 1;
-        }
-    }
-
-    fn clear(&mut self) -> usize {
-        let n = self.entries.len();
-        self.entries.clear();
-        self.pending = 0;
-        n
-    }
-
-    /// Takes a shutdown hint for `identity` at `now`, unless one was taken
-    /// within `window` or too many are remembered; whether it was taken.
-    fn hint(&mut self, identity: &str, now: Instant, window: Duration, limit: usize) -> bool {
-        if remembered(&self.hinted, identity, now, window) {
-            return false;
-        }
-        remember(&mut self.hinted, identity, now, window, limit)
-    }
-
-    fn failed_recently(&self, identity: &str, now: Instant) -> bool {
-        remembered(&self.failed, identity, now, FAILURE_MEMORY)
-    }
-}
-
-/// Whether `map` holds `key` from within `window` of `now`.
-fn remembered(map: &HashMap<String, Instant>, key: &str, now: Instant, window: Duration) -> bool {
-    map.get(key)
-        .is_some_and(|t| now.saturating_duration_since(*t) < window)
-}
-
-/// Remembers `key` at `now` in a map of at most `limit` (older than
-/// `window` make room first); whether there was room.
-fn remember(
-    map: &mut HashMap<String, Instant>,
-    key: &str,
-    now: Instant,
-    window: Duration,
-    limit: usize,
-) -> bool {
-    if map.len() >= limit && !map.contains_key(key) {
-        map.retain(|_, t| now.saturating_duration_since(*t) < window);
-        if map.len() >= limit {
-            return false;
-        }
-    }
-    map.insert(key.to_string(), now);
-    true
 }
 
 impl Registry {

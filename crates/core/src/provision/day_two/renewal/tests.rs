@@ -1,6 +1,8 @@
 use super::*;
+use crate::records::Record;
 use crate::records::ServerJwtRecord;
 use choria_config::day_two::Before;
+use std::collections::BTreeSet;
 
 fn cfg(before: Before, jitter: u64) -> RenewalConfig {
     RenewalConfig {

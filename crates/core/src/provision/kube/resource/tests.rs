@@ -1,5 +1,5 @@
 use super::*;
-use choria_k8s::crd::{API_VERSION, KIND};
+use choria_k8s::crd::{Member, API_VERSION, KIND};
 use serde_json::json;
 
 #[test]

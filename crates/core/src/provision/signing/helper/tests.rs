@@ -1,4 +1,5 @@
 use super::*;
+use choria_wire::security::tokens::{ProvisioningClaims, ServerClaims};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
