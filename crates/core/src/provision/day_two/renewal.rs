@@ -159,22 +159,8 @@ type Done = (String, RenewalOutcome);
 
 /// Follows the records and renews what is due until `stop`.
 pub async fn run(r: Renewal, ctx: Context, stop: CancellationToken) {
-    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-    let mut records = loop {
-        let watched = async {
-            let store = RecordStore::connect(&r.records, r.sealer.clone(), &r.name).await?;
-            store.watch().await
-        };
-        match watched.await {
-            Ok(w) => break w,
-            Err(e) => {
-                ctx.metrics.record_error();
-                warn!(error = %e, "renewal cannot read the records; retrying");
-                if !backoff.wait(&stop).await {
-                    return;
-                }
-            }
-        }
+    let Some(mut records) = watch_records(&r, &ctx, &stop).await else {
+        return;
     };
     let Some(client) = connect(&r, &stop).await else {
         return;
@@ -203,31 +189,7 @@ pub async fn run(r: Renewal, ctx: Context, stop: CancellationToken) {
                     return;
                 }
             },
-            Some((identity, outcome)) = done_rx.recv() => {
-                state.sending.remove(&identity);
-                ctx.metrics.renewal(outcome.label());
-                if state.superseded.remove(&identity) {
-                    continue;
-                }
-                let now = chrono::Utc::now().timestamp();
-                match outcome {
-                    RenewalOutcome::Sent => {
-                        ctx.auditor.event(
-                            crate::audit::event::Kind::Renewal,
-                            &identity,
-                            serde_json::json!({"step": "reprovision"}),
-                        );
-                        if let Some(held) = &ctx.held {
-                            held.asked(&identity, now);
-                        }
-                        state.schedule.asked(&identity, now, r.cfg.retry);
-                        // It comes back through provisioning at once: the
-                        // hold after its last success must not stop it.
-                        ctx.registry.forget_done(&identity);
-                    }
-                    _ => state.schedule.failed(&identity, now, r.cfg.retry),
-                }
-            }
+            Some((identity, outcome)) = done_rx.recv() => state.done(identity, outcome, &r.cfg, &ctx),
             _ = tick.tick() => {
                 let now = chrono::Utc::now().timestamp();
                 if ticks.is_multiple_of(GAUGE_EVERY) {
@@ -241,6 +203,32 @@ pub async fn run(r: Renewal, ctx: Context, stop: CancellationToken) {
                 }
             }
             _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// The records watch (every current record, then each new one),
+/// retrying with backoff until it opens; `None` once stopped.
+async fn watch_records(
+    r: &Renewal,
+    ctx: &Context,
+    stop: &CancellationToken,
+) -> Option<impl futures::Stream<Item = Read> + Send + Unpin + 'static> {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        let watched = async {
+            let store = RecordStore::connect(&r.records, r.sealer.clone(), &r.name).await?;
+            store.watch().await
+        };
+        match watched.await {
+            Ok(w) => return Some(w),
+            Err(e) => {
+                ctx.metrics.record_error();
+                warn!(error = %e, "renewal cannot read the records; retrying");
+                if !backoff.wait(stop).await {
+                    return None;
+                }
+            }
         }
     }
 }
@@ -259,6 +247,41 @@ struct Loop {
 }
 
 impl Loop {
+    /// A request ended: counted, and the schedule moves (asked: wait
+    /// for the new record; failed: retry later), unless a newer record
+    /// came meanwhile.
+    fn done(
+        &mut self,
+        identity: String,
+        outcome: RenewalOutcome,
+        cfg: &RenewalConfig,
+        ctx: &Context,
+    ) {
+        self.sending.remove(&identity);
+        ctx.metrics.renewal(outcome.label());
+        if self.superseded.remove(&identity) {
+            return;
+        }
+        let now = chrono::Utc::now().timestamp();
+        match outcome {
+            RenewalOutcome::Sent => {
+                ctx.auditor.event(
+                    crate::audit::event::Kind::Renewal,
+                    &identity,
+                    serde_json::json!({"step": "reprovision"}),
+                );
+                if let Some(held) = &ctx.held {
+                    held.asked(&identity, now);
+                }
+                self.schedule.asked(&identity, now, cfg.retry);
+                // It comes back through provisioning at once: the hold
+                // after its last success must not stop it.
+                ctx.registry.forget_done(&identity);
+            }
+            _ => self.schedule.failed(&identity, now, cfg.retry),
+        }
+    }
+
     /// One value from the records watch.
     fn take(&mut self, read: Read, cfg: &RenewalConfig, ctx: &Context) {
         let (key, why) = match read {
@@ -322,55 +345,15 @@ impl Loop {
             if self.sending.contains(&node.identity) {
                 continue;
             }
-            // Ours to renew only while it is in our share.
-            if !ctx.ownership.owns(&node.identity) {
-                self.schedule.later(&node.identity, now, 30);
+            let Some(collective) = self.askable(&node, r, ctx, now, instant) else {
                 continue;
-            }
-            // A revoked identity is never asked back: its credentials run
-            // out. Looked at again in a minute, in case it is unrevoked.
-            if ctx
-                .revoked
-                .as_ref()
-                .is_some_and(|rv| rv.of(&node.identity).is_some())
-            {
-                self.schedule.later(&node.identity, now, 60);
-                ctx.metrics.revoked_refusal("renewal");
-                continue;
-            }
-            if !can_return(node.returns_until, now, r.cfg.retry) {
-                self.schedule.strand(&node.identity);
-                ctx.metrics.renewal(RenewalOutcome::CannotReturn.label());
-                // A fleet shares its provisioning JWT: its expiry strands
-                // them all at once.
-                if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {
-                    error!(
-                        node = %node.identity,
-                        suppressed_before = suppressed,
-                        "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
-                    );
-                }
-                continue;
-            }
-            let collective = node.collective.as_deref().unwrap_or(&r.cfg.collective);
-            if choria_wire::identity::validate(&node.identity).is_err()
-                || crate::provision::signing::grants::check_collectives(
-                    "collectives",
-                    &[collective.to_string()],
-                )
-                .is_err()
-            {
-                // Records are ours, checked when granted: never here.
-                self.schedule.strand(&node.identity);
-                error!(key = %choria_wire::identity::shown(&node.identity), "a sealed record names an identity or collective that is not valid; not renewing it");
-                continue;
-            }
+            };
             let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
                 break;
             };
             sent += 1;
             self.sending.insert(node.identity.clone());
-            let client = client.in_collective(collective);
+            let client = client.in_collective(&collective);
             let (token, done) = (r.token.clone(), done.clone());
             tokio::spawn(async move {
                 let _permit = permit;
@@ -379,6 +362,67 @@ impl Loop {
             });
         }
         self.limit.take(sent);
+    }
+
+    /// Whether `node`, due now, may be asked, and in which collective: it
+    /// is ours, not revoked, could come back, and its record names a valid
+    /// identity and collective. One that may not is moved on the schedule
+    /// (later, or stranded) and counted.
+    fn askable(
+        &mut self,
+        node: &DueNode,
+        r: &Renewal,
+        ctx: &Context,
+        now: i64,
+        instant: std::time::Instant,
+    ) -> Option<String> {
+        // Ours to renew only while it is in our share.
+        if !ctx.ownership.owns(&node.identity) {
+            self.schedule.later(&node.identity, now, 30);
+            return None;
+        }
+        // A revoked identity is never asked back: its credentials run
+        // out. Looked at again in a minute, in case it is unrevoked.
+        if ctx
+            .revoked
+            .as_ref()
+            .is_some_and(|rv| rv.of(&node.identity).is_some())
+        {
+            self.schedule.later(&node.identity, now, 60);
+            ctx.metrics.revoked_refusal("renewal");
+            return None;
+        }
+        if !can_return(node.returns_until, now, r.cfg.retry) {
+            self.schedule.strand(&node.identity);
+            ctx.metrics.renewal(RenewalOutcome::CannotReturn.label());
+            // A fleet shares its provisioning JWT: its expiry strands
+            // them all at once.
+            if let Allow::Yes { suppressed } = self.logs.check("stranded", instant) {
+                error!(
+                    node = %node.identity,
+                    suppressed_before = suppressed,
+                    "not asking the node to renew: its provisioning JWT expires before it could be provisioned again, so it would not come back; give it a new provisioning JWT (it keeps its current credentials until they expire)"
+                );
+            }
+            return None;
+        }
+        let collective = node
+            .collective
+            .clone()
+            .unwrap_or_else(|| r.cfg.collective.clone());
+        if choria_wire::identity::validate(&node.identity).is_err()
+            || crate::provision::signing::grants::check_collectives(
+                "collectives",
+                std::slice::from_ref(&collective),
+            )
+            .is_err()
+        {
+            // Records are ours, checked when granted: never here.
+            self.schedule.strand(&node.identity);
+            error!(key = %choria_wire::identity::shown(&node.identity), "a sealed record names an identity or collective that is not valid; not renewing it");
+            return None;
+        }
+        Some(collective)
     }
 }
 

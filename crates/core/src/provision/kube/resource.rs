@@ -440,41 +440,56 @@ async fn report(
                 members.written(Instant::now());
             }
         }
-        reporter.working = working;
-        reporter.renewal = renewal.then(|| RenewalCounts {
-            records: value("choria_provisioner_records"),
-            due: value("choria_provisioner_renewals_due"),
-        });
-        reporter.refused = value("choria_provisioner_refused_nodes");
-        reporter.revoked = link
-            .revoked
-            .as_ref()
-            .filter(|r| r.is_loaded())
-            .map(|r| r.count() as u64);
+        observe(&mut reporter, &link, renewal, working);
         let who = holder.borrow().clone();
         let Some(write) = reporter.decide(&p, who.as_deref(), counted, Instant::now()) else {
             continue;
         };
-        match api
-            .patch_status(
-                &resource.name,
-                &params,
-                &Patch::Apply(write.body(&resource.name)),
-            )
-            .await
-        {
-            Ok(_) => {
-                debug!(%resource, leader = ?write.leader, provisioned = write.provisioned, "status updated");
-                reporter.written(&write, Instant::now());
-            }
-            // Someone wrote since we read: the watch brings that version,
-            // and the write is decided again from it.
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(%resource, "the status changed under us; deciding again")
-            }
-            Err(e) => {
-                warn!(%resource, error = %choria_k8s::describe_error(&e), "could not update the Provisioner's status")
-            }
+        if write_status(&api, &resource, &params, &write).await {
+            reporter.written(&write, Instant::now());
+        }
+    }
+}
+
+/// What the reporter reports besides the leader and the provisioned
+/// count, read from this replica's metrics and revoked set.
+fn observe(reporter: &mut Reporter, link: &Link, renewal: bool, working: bool) {
+    let value = |name: &str| link.steering.metrics.value(name).unwrap_or(0.0).max(0.0) as u64;
+    reporter.working = working;
+    reporter.renewal = renewal.then(|| RenewalCounts {
+        records: value("choria_provisioner_records"),
+        due: value("choria_provisioner_renewals_due"),
+    });
+    reporter.refused = value("choria_provisioner_refused_nodes");
+    reporter.revoked = link
+        .revoked
+        .as_ref()
+        .filter(|r| r.is_loaded())
+        .map(|r| r.count() as u64);
+}
+
+/// Applies `write` to the status; whether it landed.
+async fn write_status(
+    api: &Api<Provisioner>,
+    resource: &ResourceRef,
+    params: &PatchParams,
+    write: &Write,
+) -> bool {
+    let body = Patch::Apply(write.body(&resource.name));
+    match api.patch_status(&resource.name, params, &body).await {
+        Ok(_) => {
+            debug!(%resource, leader = ?write.leader, provisioned = write.provisioned, "status updated");
+            true
+        }
+        // Someone wrote since we read: the watch brings that version,
+        // and the write is decided again from it.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(%resource, "the status changed under us; deciding again");
+            false
+        }
+        Err(e) => {
+            warn!(%resource, error = %choria_k8s::describe_error(&e), "could not update the Provisioner's status");
+            false
         }
     }
 }

@@ -209,7 +209,16 @@ fn record(ctx: &Context, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionE
             debug!(node = %ticket.identity, reason = %e, "not provisioning the node");
             ctx.registry.remove(&ticket);
         }
-        Err(e @ ProvisionError::DeniedIdentity(_)) => {
+        Err(e) => failed(ctx, ticket, e),
+    }
+}
+
+/// A sequence that failed for its node: counted, logged (at a bounded rate
+/// where anyone could cause it), and the name remembered as failed so it
+/// is retried behind the names that have not failed.
+fn failed(ctx: &Context, ticket: Arc<Ticket>, e: ProvisionError) {
+    match e {
+        e @ ProvisionError::DeniedIdentity(_) => {
             // Anyone can offer names that match the deny list.
             ctx.metrics.provision_error();
             if let crate::provision::suspects::Allow::Yes { suppressed } =
@@ -219,17 +228,15 @@ fn record(ctx: &Context, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionE
             }
             ctx.registry.failed(&ticket);
         }
-        Err(
-            e @ (ProvisionError::PolicyDenied(_)
-            | ProvisionError::Policy(_)
-            | ProvisionError::PolicyDeferred(_)
-            | ProvisionError::Revoked { .. }
-            | ProvisionError::HeldElsewhere { .. }
-            | ProvisionError::Evidence(_)
-            | ProvisionError::InstanceBound { .. }
-            | ProvisionError::NameBound { .. }),
-        ) => not_admitted(ctx, &ticket, &e),
-        Err(ProvisionError::Unconfirmed { rpc, tries, last }) => {
+        e @ (ProvisionError::PolicyDenied(_)
+        | ProvisionError::Policy(_)
+        | ProvisionError::PolicyDeferred(_)
+        | ProvisionError::Revoked { .. }
+        | ProvisionError::HeldElsewhere { .. }
+        | ProvisionError::Evidence(_)
+        | ProvisionError::InstanceBound { .. }
+        | ProvisionError::NameBound { .. }) => not_admitted(ctx, &ticket, &e),
+        ProvisionError::Unconfirmed { rpc, tries, last } => {
             // Nobody answered in its name: a made-up name, or a node gone.
             match ticket.source {
                 registry::Source::Discovery => ctx.metrics.unconfirmed_discovery(),
@@ -238,7 +245,7 @@ fn record(ctx: &Context, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionE
             debug!(node = %ticket.identity, rpc, tries, last = %last, "the node never answered; not provisioned");
             ctx.registry.failed(&ticket);
         }
-        Err(e @ ProvisionError::Rpc { .. }) => {
+        e @ ProvisionError::Rpc { .. } => {
             // A node that answered and then stopped answering: whoever has
             // the fleet's provisioning JWT can make up any number of those,
             // so these lines come at a bounded rate (the metric counts all).
@@ -250,7 +257,7 @@ fn record(ctx: &Context, ticket: Arc<Ticket>, result: Result<Outcome, ProvisionE
             }
             ctx.registry.failed(&ticket);
         }
-        Err(e) => {
+        e => {
             ctx.metrics.provision_error();
             error!(node = %ticket.identity, step = %e.step(), error = %e, "could not provision the node");
             ctx.registry.failed(&ticket);

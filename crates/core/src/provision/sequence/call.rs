@@ -65,17 +65,16 @@ impl HostSequence {
         trusted: bool,
         mut check: impl FnMut(&RpcResult) -> Result<R, String>,
     ) -> Result<(R, Option<Confirmation>), ProvisionError> {
-        let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
+        let (agent, _) = rpc.split_once('#').expect("rpc names are agent#action");
         self.gate_check()?;
         let mut last = String::new();
         let mut tried = 0;
-        let client = &self.client;
         let opts = RpcOptions {
             timeout: self
                 .ctx
                 .cfg
                 .rpc_timeout
-                .unwrap_or_else(|| client.rpc_timeout(agent)),
+                .unwrap_or_else(|| self.client.rpc_timeout(agent)),
             confirm: trusted.then_some(self.ctx.cfg.reply_window),
         };
         for attempt in 1..=tries {
@@ -83,28 +82,7 @@ impl HostSequence {
             self.gate_check()?;
             tried = attempt;
             debug!(node = &*self.identity, rpc, attempt, tries, "calling");
-            let started = Instant::now();
-            let request = client.request(&self.identity, agent, action, data, opts);
-            let result = tokio::select! {
-                r = request => r,
-                _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
-            };
-            self.ctx.metrics.observe_rpc(rpc, started.elapsed());
-            // An answer in the node's own name confirms it, even one whose
-            // body is not what we asked for.
-            if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
-                self.confirmed();
-            }
-            if let Ok((r, _)) = &result {
-                if is_lock_refusal(r) {
-                    // Another provisioner holds this node (go-choria's
-                    // per-node lock): not a failure to retry in a storm;
-                    // the node is left to its holder until it shows up again.
-                    self.ctx.metrics.lock_refusal();
-                    return Err(ProvisionError::Locked { rpc });
-                }
-            }
-            let outcome = match result {
+            let outcome = match self.attempt(rpc, data, opts).await? {
                 Ok((r, confirmation)) => check(&r).map(|v| (v, confirmation)),
                 Err(ClientError::Timeout { timeout, .. }) => {
                     Err(format!("no reply within {timeout:?}"))
@@ -121,24 +99,8 @@ impl HostSequence {
             // A name that never answered is not asked again now: one
             // request is what a made-up name costs (a real node that
             // missed it is found again by the next discovery).
-            if !self.is_answered() {
+            if !self.is_answered() || (attempt < tries && !self.wait_to_retry(attempt).await?) {
                 break;
-            }
-            if attempt < tries {
-                // Retried behind the names that have not failed, or at the
-                // next discovery when there is no room for that now.
-                let demoted = self
-                    .place
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .demote();
-                if !demoted {
-                    break;
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff(attempt)) => {}
-                    _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
-                }
             }
         }
         self.ctx.metrics.rpc_error(rpc);
@@ -147,6 +109,61 @@ impl HostSequence {
             return Err(ProvisionError::Unconfirmed { rpc, tries, last });
         }
         Err(ProvisionError::Rpc { rpc, tries, last })
+    }
+
+    /// One attempt: the request and its answer (or why there is none).
+    /// An answer in the node's own name confirms it; another provisioner's
+    /// lock ends the sequence.
+    async fn attempt<T: Serialize>(
+        &self,
+        rpc: &'static str,
+        data: &T,
+        opts: RpcOptions,
+    ) -> Result<Result<(RpcResult, Option<Confirmation>), ClientError>, ProvisionError> {
+        let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
+        let started = Instant::now();
+        let request = self
+            .client
+            .request(&self.identity, agent, action, data, opts);
+        let result = tokio::select! {
+            r = request => r,
+            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        };
+        self.ctx.metrics.observe_rpc(rpc, started.elapsed());
+        // An answer in the node's own name confirms it, even one whose
+        // body is not what we asked for.
+        if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
+            self.confirmed();
+        }
+        if let Ok((r, _)) = &result {
+            if is_lock_refusal(r) {
+                // Another provisioner holds this node (go-choria's
+                // per-node lock): not a failure to retry in a storm;
+                // the node is left to its holder until it shows up again.
+                self.ctx.metrics.lock_refusal();
+                return Err(ProvisionError::Locked { rpc });
+            }
+        }
+        Ok(result)
+    }
+
+    /// Before attempt `attempt + 1`: moves to the suspect lane and waits
+    /// out the backoff; `false` when there is no room there now (the name
+    /// is retried at the next discovery, behind the names that have not
+    /// failed).
+    async fn wait_to_retry(&self, attempt: u32) -> Result<bool, ProvisionError> {
+        let demoted = self
+            .place
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .demote();
+        if !demoted {
+            return Ok(false);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff(attempt)) => Ok(true),
+            _ = self.ctx.abandon.cancelled() => Err(ProvisionError::Abandoned),
+        }
     }
 
     /// A failed attempt's log line: a warning (at a bounded rate) once the

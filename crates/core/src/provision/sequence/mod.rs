@@ -324,24 +324,7 @@ impl HostSequence {
             self.sign_with_cert_manager(&mut response).await?;
         }
 
-        let (server_jwt, key, provisioner_ecdh_public) = {
-            let _working = if cfg.features.ed25519 || !response.key.is_empty() {
-                Some(self.working().await?)
-            } else {
-                None
-            };
-            let server_jwt = if cfg.features.ed25519 {
-                self.sign_server_jwt(&response)?
-            } else {
-                String::new()
-            };
-            let (key, ecdh) = if response.key.is_empty() {
-                (String::new(), String::new())
-            } else {
-                self.encrypt_key(&response.key)?
-            };
-            (server_jwt, key, ecdh)
-        };
+        let (server_jwt, key, provisioner_ecdh_public) = self.issue(&response).await?;
 
         if cfg.features.upgrades && !response.upgrade.is_empty() {
             match self.upgrade(&response.upgrade).await {
@@ -372,6 +355,32 @@ impl HostSequence {
         self.configured(record.as_deref());
         self.restart().await?;
         Ok(Outcome::Provisioned(record))
+    }
+
+    /// What is issued besides a certificate, in a `workers` slot: the
+    /// server JWT (`features.ed25519`) and the helper's private key
+    /// encrypted for the node; and our ECDH public key for it.
+    async fn issue(
+        &self,
+        response: &HelperResponse,
+    ) -> Result<(String, String, String), ProvisionError> {
+        let cfg = &self.ctx.cfg;
+        let _working = if cfg.features.ed25519 || !response.key.is_empty() {
+            Some(self.working().await?)
+        } else {
+            None
+        };
+        let server_jwt = if cfg.features.ed25519 {
+            self.sign_server_jwt(response)?
+        } else {
+            String::new()
+        };
+        let (key, ecdh) = if response.key.is_empty() {
+            (String::new(), String::new())
+        } else {
+            self.encrypt_key(&response.key)?
+        };
+        Ok((server_jwt, key, ecdh))
     }
 
     /// Every check and the admission policy, in order: revocation and held
