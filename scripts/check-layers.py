@@ -70,6 +70,9 @@ ROOM_ORDER = [
     "provision",
     "election",
     "records",
+    "revocations",
+    "held",
+    "bindings",
     "admission",
     "evidence",
     "audit",
@@ -81,11 +84,16 @@ ROOMS = {
     "backoff": set(),
     "monitor": set(),
     "records": set(),
+    # What the provisioner remembers, a room each: the sealed buckets (records),
+    # the followers that read them back, the plans of the resource's lists.
+    "held": {"records", "backoff"},
+    "bindings": {"records"},
     "election": {"backoff"},
     "provision/text": set(),
-    "admission": {"provision/text", "records", "evidence"},
-    "evidence": {"records"},
+    "admission": {"provision/text", "records", "held", "evidence"},
+    "evidence": {"records", "bindings"},
     "provision/metrics": {"monitor", "records"},
+    "revocations": {"records", "backoff", "monitor", "provision/metrics", "provision/text"},
     "audit": {"backoff", "records", "provision/metrics"},
     "provision/gate": {"provision/metrics"},
     "provision/suspects": {"provision/metrics"},
@@ -104,19 +112,20 @@ ROOMS = {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/ownership", "provision/signing", "provision/day_two/recorder",
         "provision/pipeline/registry", "provision/pipeline/lanes", "admission",
-        "provision/text", "audit", "evidence",
+        "provision/text", "audit", "evidence", "held", "revocations",
     },
     "provision/day_two": {
         "backoff", "election", "monitor", "records", "provision/metrics", "provision/gate",
         "provision/ownership", "provision/suspects", "provision/text", "provision/signing",
-        "provision/pipeline/registry", "provision/day_two/recorder", "audit",
+        "provision/pipeline/registry", "provision/day_two/recorder", "audit", "held",
+        "revocations",
     },
     # spec.revocations: the pods write the resource's list into the
-    # revocations' bucket (records), reasons cut to one line (text);
-    # spec.bindings: into the names' bucket (evidence), audited (audit).
+    # revocations' bucket (revocations plans each write, records seals);
+    # spec.bindings: into the names' bucket (bindings), audited (audit).
     "provision/kube": {
         "backoff", "monitor", "provision/gate", "provision/steering", "records", "provision/text",
-        "evidence", "audit",
+        "evidence", "audit", "revocations", "bindings",
     },
     "provision/pipeline": {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",

@@ -119,7 +119,7 @@ async fn mark_revoked(
     site: &str,
 ) -> Result<()> {
     let (key, verifier) = choria_core::records::store::seal_keys(records)?;
-    let store = choria_core::records::revocations::RevocationStore::connect_read_only(
+    let store = choria_core::revocations::RevocationStore::connect_read_only(
         records,
         key,
         verifier,

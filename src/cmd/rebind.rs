@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use choria_config::ProvisionerConfig;
 use choria_core::audit::event::{Event, Kind};
-use choria_core::evidence::bindings::{Bindings, Side};
+use choria_core::bindings::{Bindings, Side};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]

@@ -7,8 +7,8 @@
 
 use anyhow::{bail, Context, Result};
 use choria_config::ProvisionerConfig;
-use choria_core::records::revocations::{Revocation, RevocationStore};
 use choria_core::records::store::RecordStore;
+use choria_core::revocations::{Revocation, RevocationStore};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]

@@ -9,12 +9,12 @@
 use crate::support::NatsServer;
 use async_nats::jetstream::{self, kv};
 use choria_config::day_two::{Before, RecordsConfig, RenewalConfig};
-use choria_core::evidence::bindings::{Bindings, Bound};
+use choria_core::bindings::{Bindings, Bound};
 use choria_core::provision::day_two::renewal::Schedule;
-use choria_core::records::revocations::{Revocation, RevocationStore, Revoked};
 use choria_core::records::sealed::{Read, Sealer};
 use choria_core::records::store::{RecordStore, RecordsError};
 use choria_core::records::Record;
+use choria_core::revocations::{Revocation, RevocationStore, Revoked};
 use choria_wire::security::seal::SealKey;
 use futures::StreamExt;
 use std::path::Path;

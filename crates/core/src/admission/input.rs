@@ -53,7 +53,7 @@ pub struct NodeInput<'a> {
     /// The node's ed25519 public key (hex), with the `ed25519` feature.
     pub ed25519_public_key: Option<&'a str>,
     /// What the records say it holds (with `records:`).
-    pub record: Option<crate::records::held::Standing>,
+    pub record: Option<crate::held::Standing>,
     /// Its verified instance identity (with `evidence:`).
     pub evidence: Option<&'a crate::evidence::Evidence>,
 }

@@ -41,7 +41,6 @@
 //! part that talks to the bucket.
 
 mod ber;
-pub mod bindings;
 mod parse;
 mod pkcs7;
 #[cfg(test)]
@@ -49,6 +48,7 @@ mod pkcs7_tests;
 #[cfg(test)]
 mod tests;
 
+use crate::bindings;
 use choria_config::evidence::{EvidenceConfig, NodeName, IDENTITY_PLACEHOLDER};
 use choria_wire::security::tokens::{verify_rs256_jws, verify_rsa_sha256, TokenVerifyKey};
 use rsa::RsaPublicKey;
@@ -517,7 +517,7 @@ impl Gate {
                 forgery_replaced: false,
             }));
         };
-        use bindings::Bound;
+        use crate::bindings::Bound;
         let instance = evidence.instance();
         let instances = link.store(bindings::Side::Instances).await?;
         let first = match instances.bind(&instance, identity, false, now).await? {

@@ -442,11 +442,8 @@ fn checks(cfg: &ProvisionerConfig, me: &str) -> Result<Checks, RunError> {
         revoked: cfg
             .records
             .as_ref()
-            .map(|_| crate::records::revocations::Revoked::default()),
-        held: cfg
-            .records
-            .as_ref()
-            .map(|_| crate::records::held::Held::default()),
+            .map(|_| crate::revocations::Revoked::default()),
+        held: cfg.records.as_ref().map(|_| crate::held::Held::default()),
         admission,
         evidence: crate::evidence::Gate::load(cfg, me)?.map(Arc::new),
     })

@@ -160,7 +160,7 @@ fn followers(
     tasks: &mut JoinSet<()>,
 ) {
     if let Some(held) = sequences.checks.held.clone() {
-        tasks.spawn(day_two::holders::follow(
+        tasks.spawn(crate::held::follow::follow(
             records.clone(),
             sealer,
             held,
@@ -169,14 +169,14 @@ fn followers(
         ));
     }
     if let Some(revoked) = sequences.checks.revoked.clone() {
-        let follower = day_two::revocations::Follower {
+        let follower = crate::revocations::follow::Follower {
             revoked,
             site: cfg.site.clone(),
             name: format!("choria-provisioner revocations {me}"),
             metrics: steering.metrics.clone(),
             health: steering.health.clone(),
         };
-        tasks.spawn(day_two::revocations::follow(
+        tasks.spawn(crate::revocations::follow::follow(
             records.clone(),
             follower,
             stop.clone(),
@@ -199,13 +199,13 @@ fn guard(
             label: "records",
         },
         day_two::guard::Watched {
-            bucket: crate::records::revocations::bucket(records),
+            bucket: crate::revocations::bucket(records),
             label: "revocations",
         },
     ];
     if cfg.evidence.is_some() {
         watched.push(day_two::guard::Watched {
-            bucket: crate::evidence::bindings::bucket(records),
+            bucket: crate::bindings::bucket(records),
             label: "bindings",
         });
     }

@@ -18,10 +18,8 @@
 //! verify.
 
 pub mod connection;
-pub mod held;
 pub mod keys;
 pub mod ledger;
-pub mod revocations;
 pub mod sealed;
 pub mod store;
 

@@ -4,7 +4,5 @@
 //! their credentials expire.
 
 pub mod guard;
-pub mod holders;
 pub mod recorder;
 pub mod renewal;
-pub mod revocations;

@@ -148,9 +148,9 @@ pub struct Context {
     /// Forgets a node asked back, so it is provisioned at once on return.
     pub registry: Arc<Registry>,
     /// Told when a node is asked back (with `records:`).
-    pub held: Option<crate::records::held::Held>,
+    pub held: Option<crate::held::Held>,
     /// A revoked identity is never asked back.
-    pub revoked: Option<crate::records::revocations::Revoked>,
+    pub revoked: Option<crate::revocations::Revoked>,
     /// Each request sent is audited.
     pub auditor: Auditor,
 }

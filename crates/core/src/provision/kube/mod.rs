@@ -4,9 +4,8 @@
 //! counts, shard members) true, and writes `spec.revocations` and
 //! `spec.bindings`.
 
-pub mod bindings;
+pub mod lists;
 pub mod resource;
-pub mod revocations;
 
 use crate::audit::writer::Auditor;
 use crate::monitor::Exposition;
@@ -34,7 +33,7 @@ pub struct Link {
     /// The site the revocations are sealed for.
     pub site: String,
     /// The revoked set, for `status.revoked` and to write only what changed.
-    pub revoked: Option<crate::records::revocations::Revoked>,
+    pub revoked: Option<crate::revocations::Revoked>,
     /// The names' bucket `spec.bindings` is written into (`evidence:`).
     pub evidence: Option<Arc<crate::evidence::Gate>>,
     /// `spec.bindings`' rebindings are audited.

@@ -284,7 +284,7 @@ pub async fn run(
     let (seen_tx, seen) = watch::channel(None);
     let revocations = async {
         if let Some(records) = link.records.clone() {
-            super::revocations::apply(
+            super::lists::revocations(
                 resource.clone(),
                 records,
                 link.clone(),
@@ -295,7 +295,7 @@ pub async fn run(
         }
     };
     let bindings =
-        super::bindings::apply(resource.clone(), link.clone(), seen.clone(), stop.clone());
+        super::lists::bindings(resource.clone(), link.clone(), seen.clone(), stop.clone());
     tokio::join!(
         follow(
             api.clone(),

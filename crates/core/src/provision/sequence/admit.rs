@@ -76,7 +76,7 @@ impl HostSequence {
     }
 
     /// What the records say this identity holds, if anything.
-    pub(super) fn standing(&self) -> Option<crate::records::held::Standing> {
+    pub(super) fn standing(&self) -> Option<crate::held::Standing> {
         self.ctx.checks.held.as_ref()?.of(&self.identity)
     }
 

@@ -47,9 +47,9 @@ pub struct Context {
 #[derive(Default)]
 pub struct Checks {
     /// The identities revoked now (with `records:`).
-    pub(crate) revoked: Option<crate::records::revocations::Revoked>,
+    pub(crate) revoked: Option<crate::revocations::Revoked>,
     /// What each identity holds on record (with `records:`).
-    pub(crate) held: Option<crate::records::held::Held>,
+    pub(crate) held: Option<crate::held::Held>,
     /// The admission policy (`admission:` or `rego_policy`).
     pub(crate) admission: Option<Arc<crate::admission::Policy>>,
     /// The instance identity evidence every node must present

@@ -7,8 +7,11 @@
 //!
 //! Fed from the verified records (the same watch renewal reads) and from
 //! renewal's own requests; pure apart from the lock, every call takes `now`.
+//! [`follow`] is the task that feeds it from the records.
 
-use super::Record;
+pub mod follow;
+
+use crate::records::Record;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -146,7 +149,7 @@ mod tests {
             mode: "helper".into(),
             signer: None,
             certificate: None,
-            server_jwt: Some(super::super::ServerJwtRecord {
+            server_jwt: Some(crate::records::ServerJwtRecord {
                 jti: "j".into(),
                 issued_unix: time_unix,
                 expires_unix: time_unix + 3600,

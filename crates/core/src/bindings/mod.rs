@@ -23,6 +23,14 @@
 //! of puts after a binding unbinds nothing. A key filled by someone else
 //! before any binding of ours refuses the node (fail closed) instead of
 //! binding it somewhere no reader of this key would look.
+//!
+//! Everything about bindings is here: this file holds the buckets and
+//! their rules; [`listed`] plans what a `Provisioner`'s `spec.bindings`
+//! writes (applied by `provision::kube::lists`). The evidence gate
+//! ([`crate::evidence`]) checks and writes them for each node;
+//! `choria-provisioner rebind` moves a name by hand.
+
+pub mod listed;
 
 use crate::records::ledger::{Appended, Ledger, Spec};
 use crate::records::store::RecordsError;

@@ -1,9 +1,9 @@
 //! Follows the verified records into the [`Held`] set: what each identity
 //! holds, for the sequence's check of a node that comes back while its
-//! credentials are still good (see [`crate::records::held`]).
+//! credentials are still good (see [`super`]).
 
+use super::Held;
 use crate::backoff::Backoff;
-use crate::records::held::Held;
 use crate::records::sealed::{Read, Sealer};
 use crate::records::store::RecordStore;
 use choria_config::day_two::RecordsConfig;

@@ -9,10 +9,10 @@
 //! any failure). Only a bucket known to be missing, with
 //! `records.create_bucket: false`, means no revocations, and says so.
 
+use super::{RevocationStore, Revoked};
 use crate::backoff::Backoff;
 use crate::monitor::Health;
 use crate::provision::metrics::Metrics;
-use crate::records::revocations::{RevocationStore, Revoked};
 use crate::records::store::RecordsError;
 use choria_config::day_two::RecordsConfig;
 use std::sync::{Arc, Mutex};

@@ -10,17 +10,11 @@
 //! on, as one made by hand is.
 //!
 //! The same replica applies this list as `spec.revocations`
-//! ([`super::applies_lists`]).
+//! (`provision::kube::lists`).
 
-use super::Link;
-use crate::audit::event::Kind;
-use crate::evidence::bindings::Binding;
-use choria_k8s::crd::{BoundNode, Provisioner, ResourceRef};
+use super::Binding;
+use choria_k8s::crd::BoundNode;
 use std::collections::HashMap;
-use std::sync::Arc;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 /// The listed names whose binding is not the list's: those to write.
 /// `current` is each listed name's word now (`None`: never bound). A name
@@ -42,67 +36,6 @@ pub fn plan<'a>(
                 .is_none_or(|w| w.instance != b.instance)
         })
         .collect()
-}
-
-/// Applies the resource's list while this replica works, until `stop`.
-pub async fn apply(
-    resource: ResourceRef,
-    link: Arc<Link>,
-    seen: watch::Receiver<Option<Arc<Provisioner>>>,
-    stop: CancellationToken,
-) {
-    let writer = super::revocations::writer(&resource);
-    let mut rounds = super::Rounds::new(seen, stop);
-    while let Ok(seen) = rounds.next().await {
-        let Some(p) = seen else {
-            continue;
-        };
-        if p.spec.bindings.is_empty() || !super::applies_lists(&link) {
-            continue;
-        }
-        match apply_once(&p.spec.bindings, &link, &writer).await {
-            Ok(0) => debug!(%resource, "spec.bindings applied"),
-            Ok(_) => link.steering.trigger_discovery(),
-            Err(e) => {
-                warn!(%resource, error = %e, "could not apply spec.bindings; trying again")
-            }
-        }
-    }
-}
-
-/// One pass: reads each listed name's word and writes those the plan
-/// says; how many were written.
-async fn apply_once(listed: &[BoundNode], link: &Link, writer: &str) -> Result<usize, String> {
-    let names = match &link.evidence {
-        Some(gate) => gate.names().await.map_err(|e| e.to_string())?,
-        None => None,
-    };
-    let Some(names) = names else {
-        return Err("no instance bindings here: spec.bindings needs spec.evidence with one identity per instance".into());
-    };
-    let mut current = HashMap::new();
-    for b in listed {
-        if choria_wire::identity::validate(&b.identity).is_ok() {
-            let word = names.word(&b.identity).await.map_err(|e| e.to_string())?;
-            current.insert(b.identity.clone(), word);
-        }
-    }
-    let due = plan(listed, &current);
-    for b in &due {
-        let reason = crate::provision::text::one_line(&b.reason, 500);
-        let now = chrono::Utc::now().timestamp();
-        let word = names
-            .rebind(&b.identity, &b.instance, writer, &reason, now)
-            .await
-            .map_err(|e| e.to_string())?;
-        info!(node = %b.identity, instance = %b.instance, %reason, "bound by spec.bindings");
-        link.auditor.event(
-            Kind::Rebound,
-            &b.identity,
-            serde_json::json!({"step": "rebind", "reason": format!("{reason} (instance {}, {writer})", b.instance), "n": word.n}),
-        );
-    }
-    Ok(due.len())
 }
 
 #[cfg(test)]

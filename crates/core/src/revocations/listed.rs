@@ -15,16 +15,9 @@
 //! revocation written meanwhile by someone else (`choria-provisioner
 //! revoke`) is never lifted by a view that had not seen it.
 
-use super::Link;
-use crate::records::revocations::{Revocation, RevocationStore};
-use choria_config::day_two::RecordsConfig;
-use choria_k8s::crd::{Provisioner, ResourceRef, RevokedNode};
+use super::{Revocation, RevocationStore};
+use choria_k8s::crd::{ResourceRef, RevokedNode};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 /// Who the revocations the list writes name as their writer: how a lifting
 /// knows the list revoked the identity.
@@ -114,7 +107,7 @@ pub fn plan(
 /// Plans `r`'s identity again from its value in the bucket now and writes
 /// what that plan says, conditionally on the revision read: what was
 /// written, if anything.
-async fn write_if_still_due(
+pub async fn write_if_still_due(
     store: &RevocationStore,
     listed: &[RevokedNode],
     writer: &str,
@@ -139,83 +132,6 @@ async fn write_if_still_due(
         return Ok(None);
     };
     store.put_at(&w, at).await
-}
-
-/// Applies the resource's list while this replica works, until `stop`.
-pub async fn apply(
-    resource: ResourceRef,
-    records: RecordsConfig,
-    link: Arc<Link>,
-    seen: watch::Receiver<Option<Arc<Provisioner>>>,
-    stop: CancellationToken,
-) {
-    let Some(revoked) = link.revoked.clone() else {
-        return;
-    };
-    let writer = writer(&resource);
-    let mut backoff =
-        crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let store = loop {
-        let store = match crate::records::store::seal_keys(&records) {
-            Ok((key, verifier)) => {
-                let name = format!("choria-provisioner spec.revocations {}", link.me);
-                RevocationStore::connect(&records, key, verifier, &link.site, &name).await
-            }
-            Err(e) => Err(e),
-        };
-        match store {
-            Ok(s) => break s,
-            Err(e) => {
-                warn!(%resource, error = %e, "cannot open the revocations to apply spec.revocations; retrying");
-                if !backoff.wait(&stop).await {
-                    return;
-                }
-            }
-        }
-    };
-    let mut rounds = super::Rounds::new(seen, stop);
-    while let Ok(seen) = rounds.next().await {
-        // Until the bucket was read, "not revoked" means "not known yet".
-        if !super::applies_lists(&link) || !revoked.is_loaded() {
-            continue;
-        }
-        let Some(p) = seen else {
-            continue;
-        };
-        let writes = plan(
-            &p.spec.revocations,
-            &revoked.all(),
-            &writer,
-            &link.site,
-            &Now::current(),
-        );
-        let mut lifted = false;
-        for r in writes {
-            let node = r.identity.clone();
-            match write_if_still_due(&store, &p.spec.revocations, &writer, &link.site, r).await {
-                Ok(None) => {}
-                Ok(Some(r)) => {
-                    if r.revoked {
-                        info!(%resource, node = %r.identity, reason = %r.reason, "revoked by spec.revocations");
-                    } else {
-                        info!(%resource, node = %r.identity, "lifted: no longer in spec.revocations");
-                        lifted = true;
-                    }
-                    revoked.set(r);
-                }
-                Err(e) => {
-                    warn!(%resource, %node, error = %e, "could not write a revocation of spec.revocations; trying again");
-                    break;
-                }
-            }
-        }
-        // A lifted node waits among the failed names; look for it now
-        // rather than at the next interval.
-        if lifted {
-            link.steering.trigger_discovery();
-        }
-        debug!(%resource, "spec.revocations applied");
-    }
 }
 
 #[cfg(test)]

@@ -8,9 +8,20 @@
 //! sealed with the Provisioner's key count. Until the bucket was read once,
 //! the set says so ([`Revoked::is_loaded`]) and sequences wait for it: a
 //! revocation must hold from a replica's first node on.
+//!
+//! Everything about revocations is here: this file holds a revocation,
+//! the bucket's store and the [`Revoked`] set; [`follow`] is the task that
+//! keeps the set current; [`listed`] plans the writes that make the bucket
+//! agree with a `Provisioner`'s `spec.revocations` (applied by
+//! `provision::kube::lists`). Who reads the set: each node's sequence
+//! (refused while revoked), renewal (never asks a revoked node back), the
+//! pods' `status.revoked`.
 
-use super::connection::RecordsError;
-use super::ledger::{Appended, Ledger, Spec};
+pub mod follow;
+pub mod listed;
+
+use crate::records::connection::RecordsError;
+use crate::records::ledger::{Appended, Ledger, Spec};
 use async_nats::jetstream::kv;
 use choria_config::day_two::RecordsConfig;
 use choria_wire::security::seal::{Purpose, Seal, SealKey, SealVerifier};
@@ -169,7 +180,7 @@ impl RevocationStore {
         let mut newest: Option<Revocation> = None;
         let mut at = At::default();
         for e in self.ledger.entries().await? {
-            if !super::keys::is_key_of(identity, &e.key) {
+            if !crate::records::keys::is_key_of(identity, &e.key) {
                 continue;
             }
             if e.key == identity {
@@ -224,7 +235,7 @@ impl RevocationStore {
             )
             .ok()?;
         let r: Revocation = serde_json::from_str(&e.revocation).ok()?;
-        (super::keys::is_key_of(&r.identity, key) && r.site == self.site).then_some(r)
+        (crate::records::keys::is_key_of(&r.identity, key) && r.site == self.site).then_some(r)
     }
 
     /// Every identity revoked now (verified values only, the newest word
