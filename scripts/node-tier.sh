@@ -1017,60 +1017,8 @@ kc -n "$PNS" create configmap choria-provisioner-helper --from-file=helper.sh=ex
 # scrapes each; only provisioners export choria_provisioner_leader). Which pod
 # had which IP: a kubectl watch, for the report.
 IPAM_DIR="$W/cni/ipam/$CNI_NET"
-cat >"$W/sampler.py" <<'PY'
-import concurrent.futures as cf, os, re, sys, time, urllib.request
-ipam, port, out, period = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]) / 1000
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-names = ("choria_provisioner_leader", "choria_provisioner_paused", "choria_provisioner_provisioned")
-def scrape(ip):
-    try:
-        with opener.open(f"http://{ip}:{port}/metrics", timeout=0.5) as r:
-            body = r.read().decode()
-    except Exception:
-        return ip, None
-    v = dict.fromkeys(names, 0.0)
-    seen = False
-    for line in body.splitlines():
-        for n in names:
-            if line.startswith(n + " ") or line.startswith(n + "{"):
-                v[n] += float(line.rsplit(None, 1)[1])
-                seen = seen or n == names[0]
-    return ip, (v if seen else None)
-# A fixed cadence: a scrape not answered within the period (a pod going away
-# whose address no longer answers) is recorded as unknown ("ip:-") and not
-# waited for; that address is asked again once the request has ended.
-known, pending = set(), {}
-pool = cf.ThreadPoolExecutor(16)
-with open(out, "a", buffering=1) as f:
-    while True:
-        t = time.time()
-        try:
-            ips = sorted(x for x in os.listdir(ipam) if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", x))
-        except FileNotFoundError:
-            ips = []
-        for ip in [i for i in pending if i not in ips and pending[i].done()]:
-            del pending[ip]
-        for ip in ips:
-            if ip not in pending:
-                pending[ip] = pool.submit(scrape, ip)
-        cf.wait([pending[ip] for ip in ips], timeout=max(0.0, t + 0.8 * period - time.time()))
-        cells = []
-        for ip in ips:
-            fut = pending[ip]
-            v = fut.result() if fut.done() else (ip, None)
-            v = v[1]
-            if fut.done():
-                del pending[ip]
-            if v is not None:
-                known.add(ip)
-                cells.append("%s:%d:%d:%d" % (ip, v[names[0]], v[names[1]], v[names[2]]))
-            elif ip in known:
-                cells.append(ip + ":-")
-        f.write("%d %s\n" % (t * 1000, " ".join(cells)))
-        time.sleep(max(0.0, period - (time.time() - t)))
-PY
 TIMELINE="$W/timeline.txt"
-spawn sampler python3 "$W/sampler.py" "$IPAM_DIR" 8080 "$TIMELINE" "$SAMPLE_MS"
+spawn sampler python3 "$ROOT/scripts/node-tier/sampler.py" "$IPAM_DIR" 8080 "$TIMELINE" "$SAMPLE_MS"
 spawn podwatch env KUBECACHEDIR="$W/kube-cache" "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" -n "$PNS" get pods --watch \
   -o jsonpath='{.status.podIP} {.metadata.name}{"\n"}'
 t_apply=$(now)
