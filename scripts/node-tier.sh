@@ -958,25 +958,8 @@ wait_until 20 "nats-server on $GW:$nport" nats_up
 FLEET_BIN="${NODE_TIER_FLEET_BIN:-}"
 if [ -z "$FLEET_BIN" ]; then
   FLEET_BIN="$W/choria-provisioner"
-  python3 - "$ARCHIVE" "${IMAGE_BINARY#/}" "$FLEET_BIN" <<'PY' || die "no ${IMAGE_BINARY} in $ARCHIVE"
-import json, shutil, sys, tarfile
-archive, member, out = sys.argv[1:]
-with tarfile.open(archive) as oci:
-    blob = lambda d: oci.extractfile("blobs/" + d.replace(":", "/"))
-    desc = json.load(oci.extractfile("index.json"))["manifests"][0]
-    while "manifests" in (m := json.load(blob(desc["digest"]))):
-        desc = m["manifests"][0]
-    for layer in reversed(m["layers"]):
-        with tarfile.open(fileobj=blob(layer["digest"]), mode="r:*") as t:
-            try:
-                f = t.extractfile(member)
-            except KeyError:
-                continue
-            with open(out, "wb") as o:
-                shutil.copyfileobj(f, o)
-            sys.exit(0)
-sys.exit(1)
-PY
+  python3 "$ROOT/scripts/node-tier/oci-extract.py" "$ARCHIVE" "${IMAGE_BINARY#/}" "$FLEET_BIN" ||
+    die "no ${IMAGE_BINARY} in $ARCHIVE"
   chmod 0755 "$FLEET_BIN"
 fi
 grep -qw -- "$VERSION" <<<"$("$FLEET_BIN" --version)" || die "$FLEET_BIN is not version $VERSION"

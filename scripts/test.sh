@@ -108,9 +108,10 @@ log "commit messages: area: summary in at most 72 characters, a body (scripts/ch
 python3 "$ROOT/scripts/check-commits.py" --self-test
 python3 "$ROOT/scripts/check-commits.py"
 # The helpers' own tests: the failure summary printed last, the node tier's
-# image writer and its metrics sampler.
+# image writer and reader and its metrics sampler.
 python3 "$ROOT/scripts/failures.py" --self-test
 python3 "$ROOT/scripts/node-tier/oci-image.py" --self-test
+python3 "$ROOT/scripts/node-tier/oci-extract.py" --self-test
 python3 "$ROOT/scripts/node-tier/sampler.py" --self-test
 # The book in docs/: builds without a warning, no internal link or anchor
 # broken (~2 s once mdBook is installed; its reference pages are compared
