@@ -14,7 +14,13 @@
 //! `renewalsDue`, and in shards mode each member its own entry of `members`.
 
 mod attested;
+mod broker;
+mod election;
+mod enums;
+mod node;
+mod pki;
 pub mod pod;
+mod records;
 mod reference;
 mod status;
 pub mod status_patch;
@@ -24,10 +30,16 @@ pub use attested::{
     is_instance, AdmissionSpec, AuditSpec, BoundNode, ConfigMapKeyRef, EvidenceSpec, RevokedNode,
     INSTANCE, MAX_BINDINGS, MAX_REVOCATIONS,
 };
+pub use broker::{BrokerSpec, SecretKeyRef};
+pub use election::{ElectionBackend, ElectionMode, ElectionSpec};
+pub use enums::{ImagePullPolicy, LogLevel};
+pub use node::{Features, HelperSpec, NodeConfigurationSpec};
+pub use pki::{CertManagerSpec, IssuerRef, PkiSpec};
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
     RESERVED_VOLUMES,
 };
+pub use records::{RecordsSpec, RenewalSpec};
 pub use reference::{owner_reference, ResourceRef};
 pub use status::{Member, ProvisionerStatus, POD_FIELD_MANAGER};
 
@@ -36,7 +48,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// The API group.
 pub const GROUP: &str = "provisioning.choria.io";
@@ -301,382 +312,6 @@ pub fn default_image() -> String {
 
 fn default_monitor_port() -> i32 {
     DEFAULT_MONITOR_PORT
-}
-
-/// A container image pull policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum ImagePullPolicy {
-    Always,
-    IfNotPresent,
-    Never,
-}
-
-impl ImagePullPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImagePullPolicy::Always => "Always",
-            ImagePullPolicy::IfNotPresent => "IfNotPresent",
-            ImagePullPolicy::Never => "Never",
-        }
-    }
-}
-
-/// The provisioner's log level (`loglevel` of `provisioner.yaml`), spelt
-/// as Kubernetes spells enum values; the lower-case spelling of earlier
-/// versions (and of `provisioner.yaml`) is still accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(transform = also_lower_case)]
-pub enum LogLevel {
-    #[serde(alias = "debug")]
-    Debug,
-    #[serde(alias = "info")]
-    Info,
-    #[serde(alias = "warn")]
-    Warn,
-    #[serde(alias = "error")]
-    Error,
-    #[serde(alias = "fatal")]
-    Fatal,
-}
-
-/// An enum's schema that also takes its values' lower-case spelling (the
-/// spelling of earlier versions), after the values themselves: one plain
-/// string enum (schemars writes documented variants as `oneOf`).
-fn also_lower_case(schema: &mut schemars::Schema) {
-    use serde_json::Value;
-    let mut values: Vec<Value> = match schema.get("enum") {
-        Some(Value::Array(v)) => v.clone(),
-        _ => Vec::new(),
-    };
-    if let Some(Value::Array(one_of)) = schema.get("oneOf") {
-        for v in one_of {
-            match (v.get("const"), v.get("enum")) {
-                (Some(c), _) => values.push(c.clone()),
-                (None, Some(Value::Array(e))) => values.extend(e.iter().cloned()),
-                _ => {}
-            }
-        }
-    }
-    let lower: Vec<Value> = values
-        .iter()
-        .filter_map(Value::as_str)
-        .map(|v| Value::String(v.to_lowercase()))
-        .collect();
-    values.extend(lower);
-    schema.remove("oneOf");
-    schema.insert("type".into(), "string".into());
-    schema.insert("enum".into(), Value::Array(values));
-}
-
-impl LogLevel {
-    /// As `provisioner.yaml` writes it.
-    pub fn as_str(self) -> &'static str {
-        choria_config::LogLevel::from(self).as_str()
-    }
-}
-
-impl From<LogLevel> for choria_config::LogLevel {
-    fn from(l: LogLevel) -> Self {
-        match l {
-            LogLevel::Debug => choria_config::LogLevel::Debug,
-            LogLevel::Info => choria_config::LogLevel::Info,
-            LogLevel::Warn => choria_config::LogLevel::Warn,
-            LogLevel::Error => choria_config::LogLevel::Error,
-            LogLevel::Fatal => choria_config::LogLevel::Fatal,
-        }
-    }
-}
-
-/// Which election decides the provisioning replica (`election.backend` of
-/// `provisioner.yaml`). Spelt as Kubernetes spells enum values (`Lease`,
-/// `Streams`, `None`, like `mode`'s `Leader` and `Shards`); the lower-case
-/// spelling of earlier versions is still accepted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(transform = also_lower_case)]
-pub enum ElectionBackend {
-    /// A Kubernetes Lease named like this resource.
-    #[default]
-    #[serde(alias = "lease")]
-    Lease,
-    /// The Choria Streams KV bucket Go provisioners use.
-    #[serde(alias = "streams")]
-    Streams,
-    /// No election: every replica provisions.
-    #[serde(alias = "none")]
-    None,
-}
-
-impl ElectionBackend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ElectionBackend::Lease => "lease",
-            ElectionBackend::Streams => "streams",
-            ElectionBackend::None => "none",
-        }
-    }
-}
-
-/// How the replicas share the work (`election.mode` of `provisioner.yaml`),
-/// spelt `Leader` and `Shards` here.
-pub use choria_config::election::ElectionMode;
-
-/// Leader election settings; durations are strings such as `15s`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ElectionSpec {
-    /// `Leader` (one replica works) or `Shards` (every replica works its
-    /// share; needs the `lease` or `streams` backend). With `Shards`, the
-    /// Lease timings are the membership's on both backends.
-    #[serde(default)]
-    pub mode: ElectionMode,
-    /// `Lease` (a Kubernetes Lease), `Streams` (Choria Streams, compatible
-    /// with Go provisioners) or `None` (the lower-case spelling of earlier
-    /// versions is still accepted).
-    #[serde(default)]
-    pub backend: ElectionBackend,
-    /// Lease: how long a leader's record is valid (default `15s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_duration: Option<String>,
-    /// Lease: the leader steps down when it could not renew for this long
-    /// (default `10s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renew_deadline: Option<String>,
-    /// Lease: time between attempts (default `2s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_period: Option<String>,
-    /// Streams: the KV bucket (default `CHORIA_LEADER_ELECTION`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<String>,
-    /// Streams: the election name, the KV key (default `provisioner`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Streams: the JetStream API prefix (default `choria.streams`; empty for
-    /// the account's own `$JS.API`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_prefix: Option<String>,
-}
-
-/// `features:` of `provisioner.yaml`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Features {
-    /// Fetch a CSR from each node for the helper to sign (not with `ed25519`).
-    #[serde(default)]
-    pub pki: bool,
-    /// Fetch and verify each node's provisioning JWT.
-    #[serde(default)]
-    pub jwt: bool,
-    /// Organization Issuer networks: sign a server JWT for each node (turns
-    /// `jwt` on).
-    #[serde(default)]
-    pub ed25519: bool,
-    /// Honour the helper's `upgrade` version.
-    #[serde(default)]
-    pub upgrades: bool,
-}
-
-/// The broker the provisioner connects to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BrokerSpec {
-    /// Broker URLs, such as `nats://broker.example.net:4222`.
-    pub urls: Vec<String>,
-    /// Our Choria identity (default: this resource's name).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    /// A `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and `ca.crt`:
-    /// the `file` security provider (x509, protocol v1). With
-    /// `clientJwtSecret`, its CA verifies the broker and its certificate is
-    /// the TLS client certificate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_secret: Option<String>,
-    /// A Secret with `token` (client JWT) and `seed` (hex ed25519 seed): the
-    /// `choria` security provider (protocol v2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_jwt_secret: Option<String>,
-    /// With `clientJwtSecret` and no `tlsSecret`, nothing verifies the
-    /// broker's TLS certificate: the token and the key exchange would cross
-    /// an unauthenticated channel. That is refused unless this is `true`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub insecure_skip_verify: bool,
-}
-
-/// Where records are kept (`records:`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RecordsSpec {
-    /// NATS URLs of a JetStream the records may be written to, such as
-    /// `nats://records.example.net:4222`.
-    pub urls: Vec<String>,
-    /// The KV bucket (default `CHORIA_PROVISIONER_RECORDS`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<String>,
-    /// Records a node's key holds, 1 to 64 (default 5); later ones go to an
-    /// overflow key, none is pushed out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history: Option<i32>,
-    /// Create the bucket when it is missing (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub create_bucket: Option<bool>,
-    /// Servers that hold a copy of each bucket the pods create (records,
-    /// revocations, instance bindings), 1 to 5 (default 1): 3 on a
-    /// clustered JetStream keeps them through a lost server.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<i32>,
-    /// A NATS `.creds` file (user JWT and seed) in a Secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials_secret: Option<SecretKeyRef>,
-    /// NATS user name, with `passwordSecret`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// The NATS password of `user`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_secret: Option<SecretKeyRef>,
-    /// A NATS token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_secret: Option<SecretKeyRef>,
-    /// A CA certificate that verifies the server's TLS certificate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_ca_secret: Option<SecretKeyRef>,
-    /// A client certificate for mutual TLS, with `tlsKeySecret`: how the
-    /// records reach a Choria broker's own Streams on an x509 network.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_cert_secret: Option<SecretKeyRef>,
-    /// The private key of `tlsCertSecret`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_key_secret: Option<SecretKeyRef>,
-}
-
-/// Renewal before expiry (`renewal:`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RenewalSpec {
-    /// When a credential is due: this long before it expires (`30d`,
-    /// `12h`: a positive duration) or when this share of its lifetime is
-    /// left (`20%`: above 0% and below 100%).
-    pub before: String,
-    /// Due times move earlier by a stable share of this per node, so a
-    /// fleet provisioned at once is not renewed at once (default `0s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jitter: Option<String>,
-    /// Renewals (`reprovision` requests) per minute at most (default 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<i32>,
-    /// The collective `reprovision` goes to when a record names none
-    /// (default `mcollective`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub collective: Option<String>,
-    /// How long a node may take to come back before it is asked again
-    /// (default `10m`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<String>,
-    /// The broker and credentials that reach the provisioned nodes in
-    /// their collective, as a caller their policies allow to call
-    /// `choria_provision#reprovision`; unset: `spec.broker`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub broker: Option<BrokerSpec>,
-}
-
-/// A key of a Secret in this resource's namespace; it reaches the pods as a
-/// file, never as configuration text.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
-pub struct SecretKeyRef {
-    /// The Secret's name.
-    pub name: String,
-    /// The key in the Secret.
-    pub key: String,
-}
-
-/// The helper program.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct HelperSpec {
-    /// The command line run for each node, e.g.
-    /// `/etc/choria-provisioner/helper/helper.sh`.
-    pub command: String,
-    /// A ConfigMap mounted read-only (mode 0755) at
-    /// `/etc/choria-provisioner/helper`, e.g. holding `helper.sh`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config_map: Option<String>,
-}
-
-/// Node configuration templates (minijinja); each value is a template
-/// rendered per node from `identity`, `inventory`, `jwt`, `csr`,
-/// `ed25519`, `site` and `values`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeConfigurationSpec {
-    /// Your own values, `{{ values.NAME }}` in the templates.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub values: BTreeMap<String, String>,
-    /// Choria setting → template of its value.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub configuration: BTreeMap<String, String>,
-    /// Policy file name (`<agent>.policy`) → template of its text.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub action_policies: BTreeMap<String, String>,
-    /// Rego file name (`<agent>.rego`, `default.rego`) → template of its text.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub opa_policies: BTreeMap<String, String>,
-    /// Claims the server JWTs are based on (`features.ed25519`), as the
-    /// helper's `server_claims`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_object_schema")]
-    pub server_claims: Option<serde_json::Value>,
-    /// Template of the version to upgrade nodes to (`features.upgrades`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<String>,
-}
-
-/// An object whose fields the API server keeps as given.
-fn free_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
-}
-
-/// Certificate signing for `features.pki`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PkiSpec {
-    /// A cert-manager issuer signs each node's CSR through a
-    /// CertificateRequest in this resource's namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_manager: Option<CertManagerSpec>,
-}
-
-/// cert-manager as the signer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CertManagerSpec {
-    /// The issuer that signs.
-    pub issuer_ref: IssuerRef,
-    /// Requested certificate lifetime, e.g. `2160h` (default: the issuer's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duration: Option<String>,
-    /// cert-manager key usages (default: digital signature, key
-    /// encipherment, server auth, client auth).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub usages: Vec<String>,
-    /// How long a request may wait to be issued (default `30s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<String>,
-    /// How long a used request is kept before deletion (default `0s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep: Option<String>,
-}
-
-/// A cert-manager issuer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct IssuerRef {
-    /// The issuer's name.
-    pub name: String,
-    /// `Issuer` (default) or `ClusterIssuer`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// Default `cert-manager.io`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
 }
 
 /// The CRD: the schema derived from the types, with the admission rules of
