@@ -199,14 +199,7 @@ pub fn encode_request(
 pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
     let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
 
-    let secure: SecureRequest = parse_layer(
-        Layer::SecureRequest,
-        &transport.data,
-        SECURE_REQUEST_PROTOCOL,
-    )?;
-    require_non_empty(Layer::SecureRequest, "message", &secure.message)?;
-    require_non_empty(Layer::SecureRequest, "signature", &secure.signature)?;
-    require_non_empty(Layer::SecureRequest, "pubcert", &secure.pubcert)?;
+    let secure = open_secure(&transport.data)?;
 
     let inner: RequestIn = parse_json(Layer::Request, secure.message.as_bytes())?;
     let l = Layer::Request;
@@ -222,19 +215,7 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
         .envelope
         .ok_or_else(|| ProtocolError::schema(l, "envelope", "is required"))?;
 
-    let id = env
-        .requestid
-        .ok_or_else(|| ProtocolError::schema(l, "envelope.requestid", "is required"))?;
-    if id.chars().count() != REQUEST_ID_LEN {
-        return Err(ProtocolError::schema(
-            l,
-            "envelope.requestid",
-            format!(
-                "must be exactly {REQUEST_ID_LEN} characters, got {}",
-                id.chars().count()
-            ),
-        ));
-    }
+    let id = request_id(l, env.requestid)?;
     let sender = env
         .senderid
         .ok_or_else(|| ProtocolError::schema(l, "envelope.senderid", "is required"))?;
@@ -280,6 +261,32 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
         transport_sender: transport.headers.mc_sender,
         caller_jwt: String::new(),
     })
+}
+
+/// The secure layer, with what the schema requires of it: a provisioning-mode
+/// server reads the signature and certificate without checking them, but
+/// they must be there.
+fn open_secure(data: &[u8]) -> Result<SecureRequest, ProtocolError> {
+    let secure: SecureRequest = parse_layer(Layer::SecureRequest, data, SECURE_REQUEST_PROTOCOL)?;
+    require_non_empty(Layer::SecureRequest, "message", &secure.message)?;
+    require_non_empty(Layer::SecureRequest, "signature", &secure.signature)?;
+    require_non_empty(Layer::SecureRequest, "pubcert", &secure.pubcert)?;
+    Ok(secure)
+}
+
+/// The envelope's request id: required, and exactly as long as Choria's
+/// (counted in characters, as the schema counts them).
+fn request_id(layer: Layer, id: Option<String>) -> Result<String, ProtocolError> {
+    let id = id.ok_or_else(|| ProtocolError::schema(layer, "envelope.requestid", "is required"))?;
+    let len = id.chars().count();
+    if len != REQUEST_ID_LEN {
+        return Err(ProtocolError::schema(
+            layer,
+            "envelope.requestid",
+            format!("must be exactly {REQUEST_ID_LEN} characters, got {len}"),
+        ));
+    }
+    Ok(id)
 }
 
 /// The v1 schema requires a filter object with the `fact`, `cf_class`, `identity`

@@ -175,15 +175,7 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
     let transport: Transport = open_transport(data, TRANSPORT_PROTOCOL)?;
     let headers = transport.headers.unwrap_or_default();
 
-    let ls = Layer::SecureRequest;
-    let secure: SecureRequest = parse_layer(ls, &transport.data, SECURE_REQUEST_PROTOCOL)?;
-    if secure.request.is_empty() {
-        return Err(ProtocolError::schema(ls, "request", "must not be empty"));
-    }
-    if secure.signature.is_empty() {
-        return Err(ProtocolError::schema(ls, "signature", "must not be empty"));
-    }
-    require_non_empty(ls, "caller", &secure.caller)?;
+    let secure = open_secure(&transport.data)?;
 
     let l = Layer::Request;
     let inner: RequestIn = parse_json(l, &secure.request)?;
@@ -222,29 +214,7 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
     if time < 1 {
         return Err(ProtocolError::schema(l, "time", "must be at least 1"));
     }
-    // The filter is optional in v2 (Go omits a nil one); when present it is
-    // an object (so not null, as in Go's schema) with the required arrays.
-    let filter = match inner.filter {
-        None => Filter::default(),
-        Some(value) => {
-            let obj = value
-                .as_object()
-                .ok_or_else(|| ProtocolError::schema(l, "filter", "must be an object"))?;
-            for key in ["fact", "cf_class", "identity", "compound"] {
-                if !obj.get(key).is_some_and(|v| v.is_array()) {
-                    return Err(ProtocolError::schema(
-                        l,
-                        "filter",
-                        format!("{key} must be an array"),
-                    ));
-                }
-            }
-            let f: Filter = serde_json::from_value(value)
-                .map_err(|e| ProtocolError::schema(l, "filter", e.to_string()))?;
-            validate_filter(l, &f)?;
-            f
-        }
-    };
+    let filter = decode_filter(l, inner.filter)?;
 
     Ok(Request {
         version: Version::V2,
@@ -261,6 +231,45 @@ pub fn decode_request(data: &[u8]) -> Result<Request, ProtocolError> {
         transport_sender: headers.sender,
         caller_jwt: secure.caller,
     })
+}
+
+/// The secure layer, with the request, signature and caller JWT the schema
+/// requires of it.
+fn open_secure(data: &[u8]) -> Result<SecureRequest, ProtocolError> {
+    let ls = Layer::SecureRequest;
+    let secure: SecureRequest = parse_layer(ls, data, SECURE_REQUEST_PROTOCOL)?;
+    if secure.request.is_empty() {
+        return Err(ProtocolError::schema(ls, "request", "must not be empty"));
+    }
+    if secure.signature.is_empty() {
+        return Err(ProtocolError::schema(ls, "signature", "must not be empty"));
+    }
+    require_non_empty(ls, "caller", &secure.caller)?;
+    Ok(secure)
+}
+
+/// The filter is optional in v2 (Go omits a nil one); when present it is an
+/// object (so not null, as in Go's schema) with the required arrays.
+fn decode_filter(l: Layer, filter: Option<serde_json::Value>) -> Result<Filter, ProtocolError> {
+    let Some(value) = filter else {
+        return Ok(Filter::default());
+    };
+    let obj = value
+        .as_object()
+        .ok_or_else(|| ProtocolError::schema(l, "filter", "must be an object"))?;
+    for key in ["fact", "cf_class", "identity", "compound"] {
+        if !obj.get(key).is_some_and(|v| v.is_array()) {
+            return Err(ProtocolError::schema(
+                l,
+                "filter",
+                format!("{key} must be an array"),
+            ));
+        }
+    }
+    let f: Filter = serde_json::from_value(value)
+        .map_err(|e| ProtocolError::schema(l, "filter", e.to_string()))?;
+    validate_filter(l, &f)?;
+    Ok(f)
 }
 
 /// Builds v2 reply layers. Provisioning-mode servers do not sign replies, so the
