@@ -254,29 +254,8 @@ pub(crate) fn records(
     let Some(r) = section(file, sec, "records", RecordsFile::KEYS, w)? else {
         return Ok(None);
     };
-    let Some(url) = non_empty(r.string("url")?) else {
-        return Err(r.error(
-            "url",
-            "required: the NATS URL of a JetStream the records may be written to (the provisioning account of a Choria broker has no KV access)",
-        ));
-    };
-    let urls: Vec<String> = url.split(',').map(|u| u.trim().to_string()).collect();
-    if let Some(bad) = urls
-        .iter()
-        .find(|u| u.is_empty() || u.contains(char::is_whitespace))
-    {
-        return Err(r.error("url", format!("{bad:?} is not a URL")));
-    }
-    let bucket = non_empty(r.string("bucket")?).unwrap_or_else(|| DEFAULT_RECORDS_BUCKET.into());
-    if !bucket
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(r.error(
-            "bucket",
-            format!("{bucket:?} is not a bucket name (letters, digits, _ and -)"),
-        ));
-    }
+    let urls = records_urls(&r)?;
+    let bucket = records_bucket(&r)?;
     let history = match r.int("history")? {
         None => DEFAULT_RECORDS_HISTORY,
         Some(h) if (1..=64).contains(&h) => h as u8,
@@ -322,6 +301,46 @@ pub(crate) fn records(
         verify_keys: r.string_list("verify_keys")?.unwrap_or_default(),
         exclusive: r.bool("exclusive")?.unwrap_or(false),
     };
+    check_records_keys(&r, &cfg)?;
+    Ok(Some(cfg))
+}
+
+/// `records.url`: required, one URL or several separated by commas.
+fn records_urls(r: &Section) -> Result<Vec<String>, ConfigError> {
+    let Some(url) = non_empty(r.string("url")?) else {
+        return Err(r.error(
+            "url",
+            "required: the NATS URL of a JetStream the records may be written to (the provisioning account of a Choria broker has no KV access)",
+        ));
+    };
+    let urls: Vec<String> = url.split(',').map(|u| u.trim().to_string()).collect();
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| u.is_empty() || u.contains(char::is_whitespace))
+    {
+        return Err(r.error("url", format!("{bad:?} is not a URL")));
+    }
+    Ok(urls)
+}
+
+/// `records.bucket`, or the default bucket: a name JetStream takes.
+fn records_bucket(r: &Section) -> Result<String, ConfigError> {
+    let bucket = non_empty(r.string("bucket")?).unwrap_or_else(|| DEFAULT_RECORDS_BUCKET.into());
+    if !bucket
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(r.error(
+            "bucket",
+            format!("{bucket:?} is not a bucket name (letters, digits, _ and -)"),
+        ));
+    }
+    Ok(bucket)
+}
+
+/// What only the whole `records:` section shows wrong: verify keys that are
+/// not keys, and a secret given both inline and as a file.
+fn check_records_keys(r: &Section, cfg: &RecordsConfig) -> Result<(), ConfigError> {
     for (i, k) in cfg.verify_keys.iter().enumerate() {
         if choria_wire::security::parse_public_key_hex(k).is_err() {
             // Not echoed: a seed pasted here by mistake is a secret.
@@ -341,7 +360,7 @@ pub(crate) fn records(
     if cfg.token.is_some() && cfg.token_file.is_some() {
         return Err(r.error("token_file", "set token or token_file, not both"));
     }
-    Ok(Some(cfg))
+    Ok(())
 }
 
 /// `renewal:`; needs `records:` (the schedule is read from them).

@@ -103,63 +103,23 @@ fn parse_go_duration(s: &str) -> Result<i64, String> {
         if !(b == b'.' || b.is_ascii_digit()) {
             return Err(format!("expected a number at {rest:?}"));
         }
-        // Integer part.
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let mut whole: u128 = 0;
-        for d in rest[..int_len].bytes() {
-            whole = whole * 10 + u128::from(d - b'0');
-            if whole > MAX_NANOS + 1 {
-                return Err("too long".into());
-            }
-        }
-        rest = &rest[int_len..];
-        // Fraction.
-        let mut frac: u128 = 0;
-        let mut scale: f64 = 1.0;
-        let mut frac_len = 0;
-        if let Some(after_dot) = rest.strip_prefix('.') {
-            frac_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
-            // Digits past what fits are consumed but ignored, as in Go.
-            for d in after_dot[..frac_len].bytes() {
-                let next = frac * 10 + u128::from(d - b'0');
-                if next > MAX_NANOS {
-                    break;
-                }
-                frac = next;
-                scale *= 10.0;
-            }
-            rest = &after_dot[frac_len..];
-        }
-        if int_len == 0 && frac_len == 0 {
+        let (whole, int_len, after_int) = leading_int(rest)?;
+        let (frac, after_frac) = leading_fraction(after_int);
+        if int_len == 0 && frac.digits == 0 {
             return Err("a '.' needs digits".into());
         }
-        // Unit.
-        let unit_len = rest
+        let unit_len = after_frac
             .char_indices()
             .find(|(_, c)| *c == '.' || c.is_ascii_digit())
-            .map_or(rest.len(), |(i, _)| i);
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let per: u128 = match unit {
-            "ns" => 1,
-            "us" | "\u{00b5}s" | "\u{03bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => NANOS_PER_HOUR,
-            "" => return Err("a number has no unit".into()),
-            other => {
-                return Err(format!(
-                    "unknown unit {other:?} (valid: ns, us, ms, s, m, h)"
-                ))
-            }
-        };
+            .map_or(after_frac.len(), |(i, _)| i);
+        let per = unit_nanos(&after_frac[..unit_len])?;
+        rest = &after_frac[unit_len..];
         let mut v = whole
             .checked_mul(per)
             .filter(|v| *v <= MAX_NANOS + 1)
             .ok_or("too long")?;
-        if frac > 0 {
-            v += (frac as f64 * (per as f64 / scale)) as u128;
+        if frac.value > 0 {
+            v += (frac.value as f64 * (per as f64 / frac.scale)) as u128;
         }
         total += v;
         if total > MAX_NANOS + 1 {
@@ -173,6 +133,70 @@ fn parse_go_duration(s: &str) -> Result<i64, String> {
     } else {
         Ok(total as i64)
     }
+}
+
+/// The integer part of one of Go's numbers: its value, its digit count and
+/// what follows it. A value past the longest duration is refused here, before
+/// it can overflow.
+fn leading_int(s: &str) -> Result<(u128, usize, &str), String> {
+    let len = s.bytes().take_while(u8::is_ascii_digit).count();
+    let mut whole: u128 = 0;
+    for d in s[..len].bytes() {
+        whole = whole * 10 + u128::from(d - b'0');
+        if whole > MAX_NANOS + 1 {
+            return Err("too long".into());
+        }
+    }
+    Ok((whole, len, &s[len..]))
+}
+
+/// The digits after a number's `.`: `value / scale` of the unit.
+struct Fraction {
+    value: u128,
+    scale: f64,
+    digits: usize,
+}
+
+/// The fraction at the start of `s`, if it starts with `.`, and what follows.
+fn leading_fraction(s: &str) -> (Fraction, &str) {
+    let mut frac = Fraction {
+        value: 0,
+        scale: 1.0,
+        digits: 0,
+    };
+    let Some(after_dot) = s.strip_prefix('.') else {
+        return (frac, s);
+    };
+    frac.digits = after_dot.bytes().take_while(u8::is_ascii_digit).count();
+    // Digits past what fits are consumed but ignored, as in Go.
+    for d in after_dot[..frac.digits].bytes() {
+        let next = frac.value * 10 + u128::from(d - b'0');
+        if next > MAX_NANOS {
+            break;
+        }
+        frac.value = next;
+        frac.scale *= 10.0;
+    }
+    let rest = &after_dot[frac.digits..];
+    (frac, rest)
+}
+
+/// Nanoseconds in one of Go's units.
+fn unit_nanos(unit: &str) -> Result<u128, String> {
+    Ok(match unit {
+        "ns" => 1,
+        "us" | "\u{00b5}s" | "\u{03bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => NANOS_PER_HOUR,
+        "" => return Err("a number has no unit".into()),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (valid: ns, us, ms, s, m, h)"
+            ))
+        }
+    })
 }
 
 /// Formats a duration the way people write them in these files: the largest

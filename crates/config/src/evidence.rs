@@ -181,36 +181,9 @@ pub(crate) fn evidence(
         ));
     }
     let (aws_accounts, gcp_projects, azure_subscriptions) = account_lists(&e)?;
-    let gcp_audience = e
-        .string("gcp_audience")?
-        .filter(|a| !a.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_GCP_AUDIENCE.into());
-    if gcp_certificates.is_some() && !gcp_audience.contains(IDENTITY_PLACEHOLDER) {
-        return Err(e.error(
-            "gcp_audience",
-            format!("{gcp_audience:?} does not hold {IDENTITY_PLACEHOLDER}: a token for one node would then be good for any name"),
-        ));
-    }
-    let max_age = match e.duration("max_age")? {
-        Some((raw, d)) if d.is_zero() => {
-            return Err(e.error(
-                "max_age",
-                format!("{raw:?} is zero; leave it out to accept instances of any age"),
-            ))
-        }
-        other => other.map(|(_, d)| d),
-    };
-    let node_name = match e.string("node_name")?.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some("instance_id") => Some(NodeName::InstanceId),
-        Some("instance_name") => Some(NodeName::InstanceName),
-        Some(other) => {
-            return Err(e.error(
-                "node_name",
-                format!("{other:?} is neither instance_id nor instance_name"),
-            ))
-        }
-    };
+    let gcp_audience = gcp_audience(&e, gcp_certificates.is_some())?;
+    let max_age = max_age(&e)?;
+    let node_name = node_name(&e)?;
     let one_identity_per_instance = e.bool("one_identity_per_instance")?.unwrap_or(true);
     if one_identity_per_instance && !has_records {
         return Err(e.error(
@@ -245,6 +218,51 @@ pub(crate) fn evidence(
         node_name,
         one_identity_per_instance,
     }))
+}
+
+/// `evidence.gcp_audience`, or the default: with GCP tokens verified it must
+/// name the node, or one node's token would pass for another.
+fn gcp_audience(e: &Section, gcp: bool) -> Result<String, ConfigError> {
+    let gcp_audience = e
+        .string("gcp_audience")?
+        .filter(|a| !a.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_GCP_AUDIENCE.into());
+    if gcp && !gcp_audience.contains(IDENTITY_PLACEHOLDER) {
+        return Err(e.error(
+            "gcp_audience",
+            format!("{gcp_audience:?} does not hold {IDENTITY_PLACEHOLDER}: a token for one node would then be good for any name"),
+        ));
+    }
+    Ok(gcp_audience)
+}
+
+/// `evidence.max_age`: unset takes instances of any age, zero is refused
+/// rather than refusing every instance.
+fn max_age(e: &Section) -> Result<Option<Duration>, ConfigError> {
+    Ok(match e.duration("max_age")? {
+        Some((raw, d)) if d.is_zero() => {
+            return Err(e.error(
+                "max_age",
+                format!("{raw:?} is zero; leave it out to accept instances of any age"),
+            ))
+        }
+        other => other.map(|(_, d)| d),
+    })
+}
+
+/// `evidence.node_name`: which of the instance's names the node must carry.
+fn node_name(e: &Section) -> Result<Option<NodeName>, ConfigError> {
+    Ok(match e.string("node_name")?.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some("instance_id") => Some(NodeName::InstanceId),
+        Some("instance_name") => Some(NodeName::InstanceName),
+        Some(other) => {
+            return Err(e.error(
+                "node_name",
+                format!("{other:?} is neither instance_id nor instance_name"),
+            ))
+        }
+    })
 }
 
 /// `8d10da13-8125-4ba9-a717-bf7490507b3d`: 8-4-4-4-12 hex digits.
