@@ -13,19 +13,15 @@ use sections::{cert_manager, configuration_template, features};
 
 impl ProvisionerConfig {
     /// Parses and validates YAML text without touching the file system; `file`
-    /// is only used in messages.
+    /// is only used in messages. Settings are read in the file's order of
+    /// concerns: the first error wins and the warnings come out in this
+    /// order, so the order is behaviour.
     pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let file = file.as_ref();
-        let root = Node::parse(text).map_err(|message| ConfigError::Syntax {
-            file: file.to_path_buf(),
-            message: format!("not valid YAML: {message}"),
-        })?;
         let mut warnings = Vec::new();
-        let sec = Section::new(file, "", root, ProvisionerFile::KEYS, &mut warnings)?;
+        let sec = document(text, file, &mut warnings)?;
         let w = &mut warnings;
 
-        // Read in the file's order of concerns; the first error wins and the
-        // warnings come out in this order, so the order is behaviour.
         let workers = workers(&sec)?;
         let (interval_text, interval) = interval(&sec)?;
         let (logfile, loglevel) = logging(&sec, w)?;
@@ -36,10 +32,7 @@ impl ProvisionerConfig {
         let choria_insecure = sec.bool("choria_insecure")?.unwrap_or(false);
         let site = sec.string("site")?.unwrap_or_default();
         let monitor_port = monitor_port(&sec, w)?;
-        let broker_port = sec.int("broker_port")?;
-        if broker_port.is_some() {
-            w.push(ignored(&sec, "broker_port"));
-        }
+        let broker_port = broker_port(&sec, w)?;
         let trust = trust(&sec)?;
         let rego_policy = non_empty(sec.string("rego_policy")?);
         let leader_election = sec.bool("leader_election")?.unwrap_or(false);
@@ -57,13 +50,7 @@ impl ProvisionerConfig {
         let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
         let audit = crate::audit::audit(file, &sec, records.is_some(), w)?;
         let evidence = crate::evidence::evidence(file, &sec, records.is_some(), w)?;
-        let election = ElectionConfig::resolve(
-            file,
-            sec.node("election").cloned(),
-            leader_election,
-            &sec.key("leader_election"),
-            w,
-        )?;
+        let election = election(file, &sec, leader_election, w)?;
 
         Ok(ProvisionerConfig {
             file: file.to_path_buf(),
@@ -109,6 +96,19 @@ impl ProvisionerConfig {
             warnings,
         })
     }
+}
+
+/// The file's top level, as YAML that is a mapping of settings.
+fn document<'a>(
+    text: &str,
+    file: &'a Path,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<Section<'a>, ConfigError> {
+    let root = Node::parse(text).map_err(|message| ConfigError::Syntax {
+        file: file.to_path_buf(),
+        message: format!("not valid YAML: {message}"),
+    })?;
+    Section::new(file, "", root, ProvisionerFile::KEYS, w)
 }
 
 /// `workers`: Go's `runtime.NumCPU()` for 0 or unset.
@@ -240,6 +240,31 @@ fn monitor_port(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Option<u16>
             .map(Some)
             .map_err(|_| sec.error("monitor_port", format!("{p} is not a port (1-65535)"))),
     }
+}
+
+/// `broker_port`: read as Go reads it, and ignored as Go ignores it.
+fn broker_port(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Option<i64>, ConfigError> {
+    let broker_port = sec.int("broker_port")?;
+    if broker_port.is_some() {
+        w.push(ignored(sec, "broker_port"));
+    }
+    Ok(broker_port)
+}
+
+/// `election:`, or the Go provisioner's `leader_election` when it is absent.
+fn election(
+    file: &Path,
+    sec: &Section,
+    leader_election: bool,
+    w: &mut Vec<ConfigWarning>,
+) -> Result<ElectionConfig, ConfigError> {
+    ElectionConfig::resolve(
+        file,
+        sec.node("election").cloned(),
+        leader_election,
+        &sec.key("leader_election"),
+        w,
+    )
 }
 
 /// A key Go accepts and ignores.

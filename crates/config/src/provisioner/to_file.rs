@@ -1,6 +1,6 @@
 //! The settings written back as a `provisioner.yaml`.
 
-use super::ProvisionerConfig;
+use super::{CertManagerConfig, ConfigurationTemplate, ProvisionerConfig};
 use crate::duration::format_duration;
 use crate::schema::{CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
 use std::path::PathBuf;
@@ -57,38 +57,46 @@ impl ProvisionerConfig {
                 format_duration(self.reply_window)
             }),
             csr_allowed_dns_names: Some(self.csr_allowed_dns_names.clone()),
-            configuration_template: self.configuration_template.as_ref().map(|t| {
-                ConfigurationTemplateFile {
-                    values: Some(t.values.clone()),
-                    configuration: Some(t.configuration.clone()),
-                    action_policies: Some(t.action_policies.clone()),
-                    opa_policies: Some(t.opa_policies.clone()),
-                    server_claims: t
-                        .server_claims
-                        .as_ref()
-                        .map(|c| serde_json::to_value(c).expect("claims serialize")),
-                    upgrade: t.upgrade.clone(),
-                }
-            }),
+            configuration_template: self.configuration_template.as_ref().map(template_file),
             records: self.records.as_ref().map(|r| r.to_file()),
             renewal: self.renewal.as_ref().map(|r| r.to_file()),
             admission: self.admission.as_ref().map(|a| a.to_file()),
             audit: self.audit.as_ref().map(|a| a.to_file()),
             evidence: self.evidence.as_ref().map(|e| e.to_file()),
-            cert_manager: self.cert_manager.as_ref().map(|c| CertManagerFile {
-                issuer: Some(c.issuer.clone()),
-                issuer_kind: Some(c.issuer_kind.clone()),
-                issuer_group: Some(c.issuer_group.clone()),
-                namespace: Some(c.namespace.clone()),
-                duration: c.duration.map(format_duration),
-                usages: Some(c.usages.clone()),
-                timeout: d(c.timeout),
-                keep: Some(if c.keep.is_zero() {
-                    "0s".to_string()
-                } else {
-                    format_duration(c.keep)
-                }),
-            }),
+            cert_manager: self.cert_manager.as_ref().map(cert_manager_file),
         }
+    }
+}
+
+/// `configuration_template:` as written.
+fn template_file(t: &ConfigurationTemplate) -> ConfigurationTemplateFile {
+    ConfigurationTemplateFile {
+        values: Some(t.values.clone()),
+        configuration: Some(t.configuration.clone()),
+        action_policies: Some(t.action_policies.clone()),
+        opa_policies: Some(t.opa_policies.clone()),
+        server_claims: t
+            .server_claims
+            .as_ref()
+            .map(|c| serde_json::to_value(c).expect("claims serialize")),
+        upgrade: t.upgrade.clone(),
+    }
+}
+
+/// `cert_manager:` as written, its durations in the files' spelling.
+fn cert_manager_file(c: &CertManagerConfig) -> CertManagerFile {
+    CertManagerFile {
+        issuer: Some(c.issuer.clone()),
+        issuer_kind: Some(c.issuer_kind.clone()),
+        issuer_group: Some(c.issuer_group.clone()),
+        namespace: Some(c.namespace.clone()),
+        duration: c.duration.map(format_duration),
+        usages: Some(c.usages.clone()),
+        timeout: Some(format_duration(c.timeout)),
+        keep: Some(if c.keep.is_zero() {
+            "0s".to_string()
+        } else {
+            format_duration(c.keep)
+        }),
     }
 }

@@ -92,33 +92,8 @@ pub(super) fn cert_manager(
             format!("{namespace:?} is not a namespace name"),
         ));
     }
-    let duration = match c.duration("duration")? {
-        Some((raw, d)) if !raw.trim().is_empty() => {
-            if d < Duration::from_secs(3600) {
-                return Err(c.error(
-                    "duration",
-                    format!("{raw} is shorter than cert-manager's minimum of 1h"),
-                ));
-            }
-            Some(d)
-        }
-        _ => None,
-    };
-    let usages = c.string_list("usages")?.unwrap_or_else(|| {
-        DEFAULT_CERT_MANAGER_USAGES
-            .iter()
-            .map(|u| u.to_string())
-            .collect()
-    });
-    for (i, u) in usages.iter().enumerate() {
-        if !CERT_MANAGER_USAGES.contains(&u.as_str()) {
-            return Err(c.item_error(
-                "usages",
-                i,
-                format!("{u:?} is not a cert-manager key usage (e.g. \"digital signature\", \"server auth\", \"client auth\")"),
-            ));
-        }
-    }
+    let duration = certificate_duration(&c)?;
+    let usages = usages(&c)?;
     let timeout = positive_duration(&c, "timeout", DEFAULT_CERT_MANAGER_TIMEOUT)?;
     let keep = match c.duration("keep")? {
         Some((raw, d)) if !raw.trim().is_empty() => d,
@@ -134,6 +109,43 @@ pub(super) fn cert_manager(
         timeout,
         keep,
     }))
+}
+
+/// `cert_manager.duration`: unset leaves the lifetime to the issuer, and
+/// cert-manager refuses one under an hour.
+fn certificate_duration(c: &Section) -> Result<Option<Duration>, ConfigError> {
+    Ok(match c.duration("duration")? {
+        Some((raw, d)) if !raw.trim().is_empty() => {
+            if d < Duration::from_secs(3600) {
+                return Err(c.error(
+                    "duration",
+                    format!("{raw} is shorter than cert-manager's minimum of 1h"),
+                ));
+            }
+            Some(d)
+        }
+        _ => None,
+    })
+}
+
+/// `cert_manager.usages`, or the defaults: each one cert-manager knows.
+fn usages(c: &Section) -> Result<Vec<String>, ConfigError> {
+    let usages = c.string_list("usages")?.unwrap_or_else(|| {
+        DEFAULT_CERT_MANAGER_USAGES
+            .iter()
+            .map(|u| u.to_string())
+            .collect()
+    });
+    for (i, u) in usages.iter().enumerate() {
+        if !CERT_MANAGER_USAGES.contains(&u.as_str()) {
+            return Err(c.item_error(
+                "usages",
+                i,
+                format!("{u:?} is not a cert-manager key usage (e.g. \"digital signature\", \"server auth\", \"client auth\")"),
+            ));
+        }
+    }
+    Ok(usages)
 }
 
 /// A policy file name as go-choria's `configure` writes it into the
@@ -170,50 +182,10 @@ pub(super) fn configuration_template(
         ConfigurationTemplateFile::KEYS,
         w,
     )?;
-    let values = match tsec.node("values") {
-        None => BTreeMap::new(),
-        Some(n @ Node::Map(_)) => match n.to_json() {
-            serde_json::Value::Object(m) => m.into_iter().collect(),
-            _ => unreachable!("a mapping is a JSON object"),
-        },
-        Some(other) => {
-            return Err(tsec.error(
-                "values",
-                format!("expected a mapping, found {}", other.kind()),
-            ))
-        }
-    };
-    let configuration = tsec.string_map(CONFIGURATION)?.unwrap_or_default();
-    for key in configuration.keys() {
-        if key.is_empty()
-            || key.contains('=')
-            || key.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(tsec.error(
-                CONFIGURATION,
-                format!(
-                    "{key:?} is not a Choria setting name (no spaces, '=' or control characters)"
-                ),
-            ));
-        }
-    }
-    // go-choria refuses other names ("expected %q to have .policy
-    // extension") after writing the configuration: the node would be
-    // configured without its policies.
-    let policies = |section: &str, ext: &str| -> Result<BTreeMap<String, String>, ConfigError> {
-        let map = tsec.string_map(section)?.unwrap_or_default();
-        for file in map.keys() {
-            if !is_policy_file(file, ext) {
-                return Err(tsec.error(
-                    section,
-                    format!("{file:?} is not a policy file name such as rpcutil{ext} (letters, digits, _, - and ., ending {ext})"),
-                ));
-            }
-        }
-        Ok(map)
-    };
-    let action_policies = policies(ACTION_POLICIES, ".policy")?;
-    let opa_policies = policies(OPA_POLICIES, ".rego")?;
+    let values = template_values(&tsec)?;
+    let configuration = settings(&tsec)?;
+    let action_policies = policies(&tsec, ACTION_POLICIES, ".policy")?;
+    let opa_policies = policies(&tsec, OPA_POLICIES, ".rego")?;
     let server_claims = match tsec.node("server_claims") {
         None => None,
         Some(n) => Some(
@@ -245,4 +217,62 @@ pub(super) fn configuration_template(
         ));
     }
     Ok(Some(template))
+}
+
+/// `configuration_template.values`: any mapping, as the templates see it.
+fn template_values(tsec: &Section) -> Result<BTreeMap<String, serde_json::Value>, ConfigError> {
+    Ok(match tsec.node("values") {
+        None => BTreeMap::new(),
+        Some(n @ Node::Map(_)) => match n.to_json() {
+            serde_json::Value::Object(m) => m.into_iter().collect(),
+            _ => unreachable!("a mapping is a JSON object"),
+        },
+        Some(other) => {
+            return Err(tsec.error(
+                "values",
+                format!("expected a mapping, found {}", other.kind()),
+            ))
+        }
+    })
+}
+
+/// `configuration_template.configuration`: each name one a `key = value`
+/// line can hold.
+fn settings(tsec: &Section) -> Result<BTreeMap<String, String>, ConfigError> {
+    let configuration = tsec.string_map(CONFIGURATION)?.unwrap_or_default();
+    for key in configuration.keys() {
+        if key.is_empty()
+            || key.contains('=')
+            || key.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(tsec.error(
+                CONFIGURATION,
+                format!(
+                    "{key:?} is not a Choria setting name (no spaces, '=' or control characters)"
+                ),
+            ));
+        }
+    }
+    Ok(configuration)
+}
+
+/// The policies of one kind, each named as go-choria names a policy file.
+fn policies(
+    tsec: &Section,
+    section: &str,
+    ext: &str,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let map = tsec.string_map(section)?.unwrap_or_default();
+    // go-choria refuses other names ("expected %q to have .policy
+    // extension") after writing the configuration: the node would be
+    // configured without its policies.
+    for file in map.keys() {
+        if !is_policy_file(file, ext) {
+            return Err(tsec.error(
+                section,
+                format!("{file:?} is not a policy file name such as rpcutil{ext} (letters, digits, _, - and ., ending {ext})"),
+            ));
+        }
+    }
+    Ok(map)
 }
