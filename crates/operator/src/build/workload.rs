@@ -1,6 +1,7 @@
 //! What runs: the Deployment of provisioner pods and the metrics Service.
 
 use super::*;
+use choria_k8s::crd::ConfigMapKeyRef;
 
 /// The Deployment `<name>` running `image`; `checksum` is the ConfigMap's.
 pub fn deployment(p: &Provisioner, image: &str, checksum: &str) -> Result<Deployment, BuildError> {
@@ -99,54 +100,15 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
     for (i, (secret, keys)) in secret_mounts(&name, s).into_iter().enumerate() {
         let volume = format!("secret-{i}");
         mounts.push(read_only(&volume, &format!("{SECRETS_DIR}/{secret}")));
-        volumes.push(Volume {
-            name: volume,
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret),
-                // Only the keys in use; group-readable for fsGroup.
-                items: Some(
-                    keys.into_iter()
-                        .map(|k| KeyToPath {
-                            key: k.clone(),
-                            path: k,
-                            mode: None,
-                        })
-                        .collect(),
-                ),
-                default_mode: Some(0o440),
-                optional: None,
-            }),
-            ..Volume::default()
-        });
+        volumes.push(secret_volume(volume, secret, keys));
     }
     if let Some(cm) = s.helper.as_ref().and_then(|h| h.config_map.as_ref()) {
         mounts.push(read_only("helper", HELPER_DIR));
-        volumes.push(Volume {
-            name: "helper".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: cm.clone(),
-                default_mode: Some(0o755),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
+        volumes.push(helper_volume(cm));
     }
     if let Some(a) = &s.admission {
         mounts.push(read_only("admission", ADMISSION_DIR));
-        volumes.push(Volume {
-            name: "admission".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: a.policy.name.clone(),
-                items: Some(vec![KeyToPath {
-                    key: a.policy.key.clone(),
-                    path: a.policy.key.clone(),
-                    mode: None,
-                }]),
-                default_mode: Some(0o444),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
+        volumes.push(admission_volume(&a.policy));
     }
     // The spec's own after ours; validation keeps their names and paths
     // apart from ours.
@@ -154,6 +116,59 @@ fn volumes(p: &Provisioner) -> (Vec<Volume>, Vec<VolumeMount>) {
     mounts.extend(s.pod.volume_mounts.iter().map(|m| pod_mount(&s.pod, m)));
 
     (volumes, mounts)
+}
+
+/// One Secret's volume: only the keys in use, group-readable for fsGroup.
+fn secret_volume(volume: String, secret: String, keys: BTreeSet<String>) -> Volume {
+    Volume {
+        name: volume,
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            items: Some(
+                keys.into_iter()
+                    .map(|k| KeyToPath {
+                        key: k.clone(),
+                        path: k,
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            default_mode: Some(0o440),
+            optional: None,
+        }),
+        ..Volume::default()
+    }
+}
+
+/// The helper's ConfigMap, its files executable.
+fn helper_volume(config_map: &str) -> Volume {
+    Volume {
+        name: "helper".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map.to_string(),
+            default_mode: Some(0o755),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+/// The admission policy: the one key of its ConfigMap, read-only.
+fn admission_volume(policy: &ConfigMapKeyRef) -> Volume {
+    Volume {
+        name: "admission".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: policy.name.clone(),
+            items: Some(vec![KeyToPath {
+                key: policy.key.clone(),
+                path: policy.key.clone(),
+                mode: None,
+            }]),
+            default_mode: Some(0o444),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 /// A mount of `spec.pod`: read-only when the kubelet writes its volume

@@ -3,7 +3,7 @@
 //! deserve.
 
 use choria_k8s::crd::{ElectionBackend, ElectionMode, Provisioner, ProvisionerStatus};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
@@ -118,40 +118,14 @@ pub fn operator_status(
     let generation = p.metadata.generation;
     let previous = p.status.clone().unwrap_or_default();
     let s = &p.spec;
-    let ready_pods = deployment
-        .and_then(|d| d.status.as_ref())
-        .and_then(|st| st.ready_replicas)
-        .unwrap_or(0);
-    let available = deployment
-        .and_then(|d| d.status.as_ref())
-        .and_then(|st| st.available_replicas)
-        .unwrap_or(0);
+    let ready_pods = pod_count(deployment, |st| st.ready_replicas);
+    let available = pod_count(deployment, |st| st.available_replicas);
 
-    let (ready, ready_reason, ready_message) = match refused {
-        Some(r) => (
-            false,
-            r.reason.to_string(),
-            "the owned objects were not applied; see the Degraded condition".to_string(),
-        ),
-        None => {
-            let (ok, reason, message) = readiness(deployment, s.replicas);
-            (ok, reason.to_string(), message)
-        }
-    };
+    let (ready, ready_reason, ready_message) = ready(refused, deployment, s.replicas);
     let (progress, progress_reason, progress_message) = progressing(deployment);
     let (elected, elected_reason, elected_message) = leader_elected(p, &previous, available);
-    let (paused_reason, paused_message) = if s.paused {
-        (
-            "PausedBySpec",
-            "spec.paused is true: the pods do not provision",
-        )
-    } else {
-        ("NotPaused", "spec.paused is false")
-    };
-    let (degraded_reason, degraded_message) = match refused {
-        Some(r) => (r.reason, r.problems.join("; ")),
-        None => ("AsExpected", "the spec is valid".to_string()),
-    };
+    let (paused_reason, paused_message) = paused(s.paused);
+    let (degraded_reason, degraded_message) = degraded(refused);
 
     let condition = |type_: &str, status: &str, reason: &str, message: String| {
         // The transition time moves only when the status does.
@@ -195,14 +169,60 @@ pub fn operator_status(
         ],
         observed_generation: generation,
         ready_replicas: Some(ready_pods),
-        replicas: Some(
-            deployment
-                .and_then(|d| d.status.as_ref())
-                .and_then(|st| st.replicas)
-                .unwrap_or(0),
-        ),
+        replicas: Some(pod_count(deployment, |st| st.replicas)),
         selector: Some(selector(&p.name_any())),
         ..ProvisionerStatus::default()
+    }
+}
+
+/// One of the Deployment's pod counts, 0 before it reports any.
+fn pod_count(
+    deployment: Option<&Deployment>,
+    count: impl Fn(&DeploymentStatus) -> Option<i32>,
+) -> i32 {
+    deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(count)
+        .unwrap_or(0)
+}
+
+/// The Ready condition: never while the spec is refused, else the
+/// Deployment's rollout.
+fn ready(
+    refused: Option<&Refusal>,
+    deployment: Option<&Deployment>,
+    replicas: i32,
+) -> (bool, String, String) {
+    match refused {
+        Some(r) => (
+            false,
+            r.reason.to_string(),
+            "the owned objects were not applied; see the Degraded condition".to_string(),
+        ),
+        None => {
+            let (ok, reason, message) = readiness(deployment, replicas);
+            (ok, reason.to_string(), message)
+        }
+    }
+}
+
+/// The Paused condition's reason and message.
+fn paused(paused: bool) -> (&'static str, &'static str) {
+    if paused {
+        (
+            "PausedBySpec",
+            "spec.paused is true: the pods do not provision",
+        )
+    } else {
+        ("NotPaused", "spec.paused is false")
+    }
+}
+
+/// The Degraded condition's reason and message: the refusal's problems.
+fn degraded<'a>(refused: Option<&Refusal<'a>>) -> (&'a str, String) {
+    match refused {
+        Some(r) => (r.reason, r.problems.join("; ")),
+        None => ("AsExpected", "the spec is valid".to_string()),
     }
 }
 
