@@ -206,31 +206,8 @@ impl Node {
     }
 
     pub(super) fn configure(&mut self, data: &str) -> Result<Handled, Box<Handled>> {
-        #[derive(Deserialize)]
-        struct Args {
-            #[serde(default)]
-            token: String,
-            #[serde(default)]
-            config: String,
-            #[serde(default)]
-            key: String,
-            #[serde(default)]
-            certificate: String,
-            #[serde(default)]
-            ca: String,
-            #[serde(default)]
-            ssldir: String,
-            #[serde(default)]
-            ecdh_public: String,
-            #[serde(default)]
-            server_jwt: String,
-            #[serde(default)]
-            action_policies: BTreeMap<String, String>,
-            #[serde(default)]
-            opa_policies: BTreeMap<String, String>,
-        }
         let a = "configure";
-        let args: Args = self.parse(a, data)?;
+        let args: ConfigureArgs = self.parse(a, data)?;
         self.check_token(a, &args.token)?;
         if args.config.is_empty() {
             return Ok(self.abort(
@@ -250,24 +227,12 @@ impl Node {
         };
 
         if !args.certificate.is_empty() && !args.ssldir.is_empty() && !args.ca.is_empty() {
-            if !args.key.is_empty() {
-                let Some(ecdh) = &self.ecdh else {
-                    return Ok(self.abort(a, "TLS Setup Failed: private key not set"));
-                };
-                let shared = match ecdh.shared_secret(&args.ecdh_public) {
-                    Ok(s) => s,
-                    Err(e) => return Ok(self.abort(a, format!("TLS Setup Failed: {e}"))),
-                };
-                match pem_crypt::decrypt_private_key(&args.key, &shared) {
-                    Ok(der) => self.written.private_key = Some(der),
-                    Err(e) => return Ok(self.abort(a, format!("TLS Setup Failed: {e}"))),
-                }
+            if let Err(failed) = self.write_tls(&args) {
+                return Ok(self.abort(a, format!("TLS Setup Failed: {failed}")));
             }
-            self.written.certificate = Some(args.certificate);
-            self.written.ca = Some(args.ca);
         }
         if !args.server_jwt.is_empty() {
-            self.written.server_jwt = Some(args.server_jwt);
+            self.written.server_jwt = Some(args.server_jwt.clone());
         }
         if let Err(e) = validate_config(&settings) {
             return Ok(self.abort(
@@ -275,23 +240,8 @@ impl Node {
                 format!("Could not write config: generated configuration could not be parsed: {e}"),
             ));
         }
-        for name in args.action_policies.keys() {
-            if !name.ends_with(".policy") {
-                return Ok(self.abort(
-                    a,
-                    format!("Could not save Action Policies: expected {name:?} to have .policy extension"),
-                ));
-            }
-        }
-        for name in args.opa_policies.keys() {
-            if !name.ends_with(".rego") {
-                return Ok(self.abort(
-                    a,
-                    format!(
-                        "Could not save OPA Policies: expected {name:?} to have .rego extension"
-                    ),
-                ));
-            }
+        if let Err(refused) = check_policy_names(&args) {
+            return Ok(self.abort(a, refused));
         }
         let lines = settings.len() + 1;
         self.written.config = Some(settings);
@@ -304,6 +254,27 @@ impl Node {
         );
         handled.effects.events.push(EventType::Provisioned);
         Ok(handled)
+    }
+
+    /// `configure`'s TLS material as the node writes it: the private key
+    /// decrypted with the ECDH secret shared with the provisioner (when one
+    /// is sent), then the certificate and CA; none of them when the key
+    /// cannot be decrypted.
+    fn write_tls(&mut self, args: &ConfigureArgs) -> Result<(), String> {
+        if !args.key.is_empty() {
+            let Some(ecdh) = &self.ecdh else {
+                return Err("private key not set".into());
+            };
+            let shared = ecdh
+                .shared_secret(&args.ecdh_public)
+                .map_err(|e| e.to_string())?;
+            let der =
+                pem_crypt::decrypt_private_key(&args.key, &shared).map_err(|e| e.to_string())?;
+            self.written.private_key = Some(der);
+        }
+        self.written.certificate = Some(args.certificate.clone());
+        self.written.ca = Some(args.ca.clone());
+        Ok(())
     }
 
     /// Whether the written configuration turns provisioning off.
@@ -474,4 +445,49 @@ impl Node {
         }
         Ok(handled)
     }
+}
+
+/// The arguments of `configure`, each empty when not sent.
+#[derive(Deserialize)]
+struct ConfigureArgs {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    config: String,
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    certificate: String,
+    #[serde(default)]
+    ca: String,
+    #[serde(default)]
+    ssldir: String,
+    #[serde(default)]
+    ecdh_public: String,
+    #[serde(default)]
+    server_jwt: String,
+    #[serde(default)]
+    action_policies: BTreeMap<String, String>,
+    #[serde(default)]
+    opa_policies: BTreeMap<String, String>,
+}
+
+/// The policy file names go-choria refuses, with its message: action
+/// policies end `.policy`, OPA policies `.rego`.
+fn check_policy_names(args: &ConfigureArgs) -> Result<(), String> {
+    for name in args.action_policies.keys() {
+        if !name.ends_with(".policy") {
+            return Err(format!(
+                "Could not save Action Policies: expected {name:?} to have .policy extension"
+            ));
+        }
+    }
+    for name in args.opa_policies.keys() {
+        if !name.ends_with(".rego") {
+            return Err(format!(
+                "Could not save OPA Policies: expected {name:?} to have .rego extension"
+            ));
+        }
+    }
+    Ok(())
 }
