@@ -25,6 +25,7 @@ pub mod token;
 use crate::telemetry::{self, LogFormat};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -180,30 +181,10 @@ pub fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => e.exit(),
     };
-    // The helper runs once per node: no runtime and no logging on stdout.
-    let command = match command {
-        Command::FleetHelper(args) => return fleet_helper::run(args),
-        command => command,
+    let command = match without_runtime(command, &global) {
+        ControlFlow::Break(code) => return code,
+        ControlFlow::Continue(command) => command,
     };
-    let command = match command {
-        Command::Crd => return crd::run(),
-        Command::Policy(args) => return policy::run(args),
-        Command::Token(args) => {
-            return match token::run(args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("Error: {}", error_text(&e));
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        command => command,
-    };
-    if let Command::Run(args) = &command {
-        if args.check {
-            return run::check(args, &global);
-        }
-    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -211,49 +192,73 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match command {
-            Command::Run(args) => run::run(args, &global).await,
-            Command::Fleet(args) => {
-                let _log = global.init_stderr_logging()?;
-                fleet::run(args).await
-            }
-            Command::Discover(args) => {
-                let _log = global.init_stderr_logging()?;
-                discover::run(args).await
-            }
-            Command::Operator(args) => {
-                let _log = global.init_stderr_logging()?;
-                operator::run(args).await
-            }
-            Command::Nodes(args) => {
-                let _log = global.init_quiet_logging()?;
-                nodes::run(args).await
-            }
-            Command::Revoke(args) => {
-                let _log = global.init_quiet_logging()?;
-                revoke::revoke(args).await
-            }
-            Command::Unrevoke(args) => {
-                let _log = global.init_quiet_logging()?;
-                revoke::unrevoke(args).await
-            }
-            Command::Rebind(args) => {
-                let _log = global.init_quiet_logging()?;
-                rebind::run(args).await
-            }
-            Command::Audit(args) => {
-                let _log = global.init_quiet_logging()?;
-                audit::run(args).await
-            }
-            Command::FleetHelper(_) | Command::Crd | Command::Policy(_) | Command::Token(_) => {
-                unreachable!("run without a runtime")
-            }
-        }
-    });
+    let result = runtime.block_on(on_runtime(command, &global));
     // Whatever is still running (a reconnecting broker connection, a
     // blocking read) must not hold the process after the command returned.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    exit_code(result)
+}
+
+/// The commands that need no async runtime run here, before one is started:
+/// their exit code, or the command back when it needs the runtime.
+fn without_runtime(command: Command, global: &GlobalArgs) -> ControlFlow<ExitCode, Command> {
+    match command {
+        // The helper runs once per node: no runtime and no logging on stdout.
+        Command::FleetHelper(args) => ControlFlow::Break(fleet_helper::run(args)),
+        Command::Crd => ControlFlow::Break(crd::run()),
+        Command::Policy(args) => ControlFlow::Break(policy::run(args)),
+        Command::Token(args) => ControlFlow::Break(exit_code(token::run(args))),
+        Command::Run(args) if args.check => ControlFlow::Break(run::check(&args, global)),
+        command => ControlFlow::Continue(command),
+    }
+}
+
+/// The commands that run on the async runtime, each with the logging it
+/// wants: `run` sets up its own, the operator tools log to stderr, the
+/// record tools only what goes wrong.
+async fn on_runtime(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run::run(args, global).await,
+        Command::Fleet(args) => {
+            let _log = global.init_stderr_logging()?;
+            fleet::run(args).await
+        }
+        Command::Discover(args) => {
+            let _log = global.init_stderr_logging()?;
+            discover::run(args).await
+        }
+        Command::Operator(args) => {
+            let _log = global.init_stderr_logging()?;
+            operator::run(args).await
+        }
+        Command::Nodes(args) => {
+            let _log = global.init_quiet_logging()?;
+            nodes::run(args).await
+        }
+        Command::Revoke(args) => {
+            let _log = global.init_quiet_logging()?;
+            revoke::revoke(args).await
+        }
+        Command::Unrevoke(args) => {
+            let _log = global.init_quiet_logging()?;
+            revoke::unrevoke(args).await
+        }
+        Command::Rebind(args) => {
+            let _log = global.init_quiet_logging()?;
+            rebind::run(args).await
+        }
+        Command::Audit(args) => {
+            let _log = global.init_quiet_logging()?;
+            audit::run(args).await
+        }
+        Command::FleetHelper(_) | Command::Crd | Command::Policy(_) | Command::Token(_) => {
+            unreachable!("run without a runtime")
+        }
+    }
+}
+
+/// A command's result as the process's exit code, its error on stderr.
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
