@@ -295,19 +295,6 @@ impl ChoriaBroker {
         }
     }
 
-    /// Kills the broker (as a crash would) and starts it again on the same
-    /// ports with the same configuration and store after `down`.
-    pub fn restart(&mut self, down: Duration) {
-        self.kill();
-        std::thread::sleep(down);
-        self.child = spawn(&self.bin, &self.conf, &self.dir);
-        let deadline = Instant::now() + START_TIMEOUT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "the broker did not come back");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     /// Kills the broker as a crash would and wipes its Streams store, as
     /// when a machine of a cluster is replaced; [`ChoriaBroker::start_again`]
     /// brings it back empty.

@@ -55,9 +55,7 @@ pub enum Mode {
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub node: String,
-    pub agent: String,
     pub action: String,
-    pub data: Value,
 }
 
 pub struct Actor {
@@ -160,9 +158,7 @@ impl Actor {
                 let action = body["action"].as_str().unwrap_or("").to_string();
                 seen2.lock().unwrap().push(Seen {
                     node: node.clone(),
-                    agent: req.agent.clone(),
                     action: action.clone(),
-                    data: body["data"].clone(),
                 });
                 let replies: Vec<(String, String, Vec<u8>)> = match &mode {
                     Mode::OwnName(name) => vec![(

@@ -459,19 +459,8 @@ impl ControlPlane {
         child.wait_with_output().expect("kubectl output")
     }
 
-    /// The temporary directory holding the data, keys, certificates,
-    /// kubeconfigs and logs (`etcd.log`, `kube-apiserver.log`).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     fn apiserver_log_path(&self) -> PathBuf {
         self.dir.path().join("kube-apiserver.log")
-    }
-
-    /// The end of kube-apiserver's log, to put in assertion messages.
-    pub fn apiserver_log_tail(&self) -> String {
-        tail(&self.apiserver_log_path())
     }
 
     /// How long etcd and kube-apiserver took to become ready.

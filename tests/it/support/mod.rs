@@ -1,6 +1,5 @@
 //! Shared test support: a real nats-server on a free loopback port, the
 //! simulated fleet in-process, and RPC helpers that say what failed.
-#![allow(dead_code)]
 
 use choria_fleet::{self as fleet, FleetOptions, FleetSummary};
 use choria_wire::client::{self, ChoriaClient, ConnectOptions, DiscoveryOptions, RpcResult};
@@ -55,7 +54,8 @@ pub fn free_port() -> u16 {
 pub struct NatsServer {
     child: Child,
     pub port: u16,
-    pub dir: tempfile::TempDir,
+    /// Its configuration and store, removed once it is killed.
+    _dir: tempfile::TempDir,
     conf: PathBuf,
 }
 
@@ -106,7 +106,7 @@ impl NatsServer {
         NatsServer {
             child,
             port,
-            dir,
+            _dir: dir,
             conf,
         }
     }
@@ -206,10 +206,8 @@ impl NatsServer {
     }
 }
 
-/// Reads a finished fleet's journal into JSON values: every line must be complete.
 /// A fresh signing key for `records.signing_key` (and shard heartbeats),
 /// written into `dir`; its path.
-#[allow(dead_code)]
 pub fn signing_key(dir: &Path) -> PathBuf {
     let path = dir.join("signing.seed");
     let key = choria_wire::security::seal::SealKey::generate();
@@ -217,6 +215,7 @@ pub fn signing_key(dir: &Path) -> PathBuf {
     path
 }
 
+/// Reads a finished fleet's journal into JSON values: every line must be complete.
 pub fn read_journal(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("could not read the journal {}: {e}", path.display()));

@@ -36,8 +36,6 @@ pub struct ProvisionerProcess {
     child: Child,
     pub monitor_port: u16,
     pub log_path: PathBuf,
-    /// Where it was started; config files live here.
-    pub dir: PathBuf,
 }
 
 impl ProvisionerProcess {
@@ -115,14 +113,9 @@ impl ProvisionerProcess {
             child,
             monitor_port,
             log_path,
-            dir: dir.to_path_buf(),
         };
         p.wait_for_monitor(Duration::from_secs(20));
         p
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     fn wait_for_monitor(&self, timeout: Duration) {
@@ -174,7 +167,6 @@ impl ProvisionerProcess {
     }
 
     /// Waits until metric `name` falls to `at_most`; panics with the log tail.
-    #[allow(dead_code)]
     pub async fn wait_for_metric_at_most(&mut self, name: &str, at_most: f64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
