@@ -44,8 +44,6 @@ mod ber;
 mod parse;
 mod pkcs7;
 #[cfg(test)]
-mod pkcs7_tests;
-#[cfg(test)]
 mod tests;
 
 use crate::bindings;

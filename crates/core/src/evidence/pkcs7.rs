@@ -352,3 +352,6 @@ fn dns_names(cert: &Certificate) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,7 +4,9 @@
 //! attested document (its signing certificate inside, issued by an
 //! intermediate the verifier is given).
 
-use super::*;
+// Through the verifier, as evidence reaches it: the glob brings the
+// evidence module's types (and this module, as `pkcs7`) into scope.
+use crate::evidence::*;
 use base64::Engine as _;
 use der::Decode as _;
 use std::process::Command;
