@@ -102,6 +102,11 @@ log "manifests: chart lint/render, kubernetes-validate 1.34 strict, CRD copies"
 "$ROOT/scripts/check-manifests.sh"
 log "layers inside the crates: no import cycle, rooms, sizes (scripts/check-layers.py)"
 python3 "$ROOT/scripts/check-layers.py"
+# Tests a reader can follow: no test function over 150 lines, no dead_code
+# allowance in tests/it/support, long test modules in <file>/tests.rs.
+log "tests: scenarios in named steps, support without dead code (scripts/check-tests.py)"
+python3 "$ROOT/scripts/check-tests.py" --self-test
+python3 "$ROOT/scripts/check-tests.py"
 # The commit convention (docs/src/contributing.md, "Commits") for every
 # commit after the one it was adopted at.
 log "commit messages: area: summary in at most 72 characters, a body (scripts/check-commits.py)"
