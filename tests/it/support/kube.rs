@@ -122,105 +122,11 @@ impl ControlPlane {
             .map_err(|e| format!("temp dir: {e}"))?;
         let d = dir.path();
         let (client, peer, port) = (free_port(), free_port(), free_port());
-
-        // One private key serves both to sign service-account tokens and,
-        // as --service-account-key-file accepts private keys, to verify them.
-        let sa_key = d.join("sa.key");
-        let out = Command::new("openssl")
-            .args([
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-                "-out",
-            ])
-            .arg(&sa_key)
-            .output()
-            .map_err(|e| format!("openssl is needed for the service-account key: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "openssl genpkey failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-
-        // Random tokens: nothing outside this test can guess its way in.
-        let admin_token = format!("admin-{}", uuid::Uuid::new_v4().simple());
-        let operator_token = format!("operator-{}", uuid::Uuid::new_v4().simple());
-        let tokens = d.join("tokens.csv");
-        std::fs::write(
-            &tokens,
-            // token,user,uid,"groups"; the operator is in no group, so RBAC
-            // grants it only what every authenticated user gets (discovery).
-            format!(
-                "{admin_token},admin,admin,\"system:masters\"\n{operator_token},operator,operator\n"
-            ),
-        )
-        .map_err(|e| format!("writing {}: {e}", tokens.display()))?;
-
-        let etcd_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let mut etcd = spawn(
-            &bins.etcd,
-            &d.join("etcd.log"),
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", d.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=default={peer_url}"),
-                // test data need not survive a power cut; fsync is most of
-                // etcd's latency on a busy disk
-                "--unsafe-no-fsync".into(),
-                "--log-level=warn".into(),
-            ],
-        )?;
-        // Started before etcd answers, kube-apiserver only logs dial errors
-        // and retries; waiting keeps its log readable.
+        let sa_key = service_account_key(d)?;
+        let (admin_token, operator_token, tokens) = token_file(d)?;
         let deadline = began + READY_TIMEOUT;
-        loop {
-            if http_get_ok(client, "/health") {
-                break;
-            }
-            if let Some(e) = exited(&mut etcd, "etcd", &d.join("etcd.log")) {
-                return Err(e);
-            }
-            if Instant::now() > deadline {
-                let _ = etcd.kill();
-                let _ = etcd.wait();
-                return Err(format!(
-                    "etcd did not become healthy on {etcd_url} in {READY_TIMEOUT:?}:\n{}",
-                    tail(&d.join("etcd.log"))
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-
-        let server = format!("https://127.0.0.1:{port}");
-        let apiserver_args: Vec<String> = vec![
-            format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-            // needed when the machine has no default route
-            "--advertise-address=127.0.0.1".into(),
-            // no kube-proxy/endpoints to maintain for a lone apiserver
-            "--endpoint-reconciler-type=none".into(),
-            // serving certificate self-signed into this directory
-            format!("--cert-dir={}", d.join("certs").display()),
-            format!("--service-account-issuer={server}"),
-            format!("--service-account-key-file={}", sa_key.display()),
-            format!("--service-account-signing-key-file={}", sa_key.display()),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--authorization-mode=RBAC".into(),
-            format!("--token-auth-file={}", tokens.display()),
-            // no controller-manager creates the default ServiceAccounts
-            // this plugin would insist on (as in envtest)
-            "--disable-admission-plugins=ServiceAccount".into(),
-            "--allow-privileged=true".into(),
-        ];
+        let (mut etcd, etcd_url) = start_etcd(bins, d, client, peer, deadline)?;
+        let apiserver_args = apiserver_args(d, &etcd_url, port, &sa_key, &tokens);
         let apiserver = spawn(
             &bins.kube_apiserver,
             &d.join("kube-apiserver.log"),
@@ -247,39 +153,7 @@ impl ControlPlane {
             started_in: Duration::ZERO,
             dir,
         };
-        // The CA is only known once kube-apiserver has written its certificate.
-        let crt = cp.dir.path().join("certs/apiserver.crt");
-        loop {
-            let log = cp.apiserver_log_path();
-            if let Some(e) = exited(&mut cp.apiserver, "kube-apiserver", &log) {
-                return Err(e);
-            }
-            if crt.is_file() && TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(cp.not_ready("did not listen"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        cp.admin_kubeconfig = cp.kubeconfig(&cp.admin_token.clone());
-        loop {
-            let out = cp.kubectl(&["get", "--raw=/readyz", "--request-timeout=5s"]);
-            if out.status.success() {
-                break;
-            }
-            let log = cp.apiserver_log_path();
-            if let Some(e) = exited(&mut cp.apiserver, "kube-apiserver", &log) {
-                return Err(e);
-            }
-            if Instant::now() > deadline {
-                return Err(cp.not_ready(&format!(
-                    "/readyz did not pass: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        cp.wait_ready(deadline)?;
         cp.started_in = began.elapsed();
         eprintln!(
             "kube control plane ready at {} in {:.1?} (dir {})",
@@ -288,6 +162,46 @@ impl ControlPlane {
             cp.dir.path().display()
         );
         Ok(cp)
+    }
+
+    /// Waits for kube-apiserver: its certificate written, its port open,
+    /// then `/readyz`; sets the admin kubeconfig on the way.
+    fn wait_ready(&mut self, deadline: Instant) -> Result<(), String> {
+        let port = self.port;
+        // The CA is only known once kube-apiserver has written its certificate.
+        let crt = self.dir.path().join("certs/apiserver.crt");
+        loop {
+            let log = self.apiserver_log_path();
+            if let Some(e) = exited(&mut self.apiserver, "kube-apiserver", &log) {
+                return Err(e);
+            }
+            if crt.is_file() && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(self.not_ready("did not listen"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.admin_kubeconfig = self.kubeconfig(&self.admin_token.clone());
+        loop {
+            let out = self.kubectl(&["get", "--raw=/readyz", "--request-timeout=5s"]);
+            if out.status.success() {
+                break;
+            }
+            let log = self.apiserver_log_path();
+            if let Some(e) = exited(&mut self.apiserver, "kube-apiserver", &log) {
+                return Err(e);
+            }
+            if Instant::now() > deadline {
+                return Err(self.not_ready(&format!(
+                    "/readyz did not pass: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// Kills kube-apiserver (etcd keeps the data).
@@ -467,6 +381,135 @@ impl ControlPlane {
     pub fn started_in(&self) -> Duration {
         self.started_in
     }
+}
+
+/// A fresh RSA key in `d`: one private key serves both to sign
+/// service-account tokens and, as --service-account-key-file accepts
+/// private keys, to verify them.
+fn service_account_key(d: &Path) -> Result<PathBuf, String> {
+    let sa_key = d.join("sa.key");
+    let out = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&sa_key)
+        .output()
+        .map_err(|e| format!("openssl is needed for the service-account key: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "openssl genpkey failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+
+    Ok(sa_key)
+}
+
+/// The static token file in `d`: (the admin's token, the operator's, the file).
+/// Random tokens: nothing outside this test can guess its way in.
+fn token_file(d: &Path) -> Result<(String, String, PathBuf), String> {
+    let admin_token = format!("admin-{}", uuid::Uuid::new_v4().simple());
+    let operator_token = format!("operator-{}", uuid::Uuid::new_v4().simple());
+    let tokens = d.join("tokens.csv");
+    std::fs::write(
+        &tokens,
+        // token,user,uid,"groups"; the operator is in no group, so RBAC
+        // grants it only what every authenticated user gets (discovery).
+        format!(
+            "{admin_token},admin,admin,\"system:masters\"\n{operator_token},operator,operator\n"
+        ),
+    )
+    .map_err(|e| format!("writing {}: {e}", tokens.display()))?;
+
+    Ok((admin_token, operator_token, tokens))
+}
+
+/// Starts etcd on `client` and `peer` and waits until it is healthy: the
+/// process and its client URL.
+fn start_etcd(
+    bins: &Bins,
+    d: &Path,
+    client: u16,
+    peer: u16,
+    deadline: Instant,
+) -> Result<(Child, String), String> {
+    let etcd_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let mut etcd = spawn(
+        &bins.etcd,
+        &d.join("etcd.log"),
+        &[
+            "--name=default".into(),
+            format!("--data-dir={}", d.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            // test data need not survive a power cut; fsync is most of
+            // etcd's latency on a busy disk
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ],
+    )?;
+    // Started before etcd answers, kube-apiserver only logs dial errors
+    // and retries; waiting keeps its log readable.
+    loop {
+        if http_get_ok(client, "/health") {
+            break;
+        }
+        if let Some(e) = exited(&mut etcd, "etcd", &d.join("etcd.log")) {
+            return Err(e);
+        }
+        if Instant::now() > deadline {
+            let _ = etcd.kill();
+            let _ = etcd.wait();
+            return Err(format!(
+                "etcd did not become healthy on {etcd_url} in {READY_TIMEOUT:?}:\n{}",
+                tail(&d.join("etcd.log"))
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    Ok((etcd, etcd_url))
+}
+
+/// kube-apiserver's command line for a lone server on `port` over etcd.
+fn apiserver_args(
+    d: &Path,
+    etcd_url: &str,
+    port: u16,
+    sa_key: &Path,
+    tokens: &Path,
+) -> Vec<String> {
+    let server = format!("https://127.0.0.1:{port}");
+    vec![
+        format!("--etcd-servers={etcd_url}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        // needed when the machine has no default route
+        "--advertise-address=127.0.0.1".into(),
+        // no kube-proxy/endpoints to maintain for a lone apiserver
+        "--endpoint-reconciler-type=none".into(),
+        // serving certificate self-signed into this directory
+        format!("--cert-dir={}", d.join("certs").display()),
+        format!("--service-account-issuer={server}"),
+        format!("--service-account-key-file={}", sa_key.display()),
+        format!("--service-account-signing-key-file={}", sa_key.display()),
+        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        "--authorization-mode=RBAC".into(),
+        format!("--token-auth-file={}", tokens.display()),
+        // no controller-manager creates the default ServiceAccounts
+        // this plugin would insist on (as in envtest)
+        "--disable-admission-plugins=ServiceAccount".into(),
+        "--allow-privileged=true".into(),
+    ]
 }
 
 impl Drop for ControlPlane {
