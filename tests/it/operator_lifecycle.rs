@@ -81,6 +81,31 @@ fn dry_run(c: &Cluster, object: &str) -> Result<String, String> {
 /// of its rule, which names the field and says what to fix (and never
 /// repeats the value: a URL with a password is not echoed).
 fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
+    the_shipped_examples_pass(c);
+    for (i, spec) in valid_specs().into_iter().enumerate() {
+        let p = provisioner_with(&format!("valid-{i}"), spec.clone());
+        dry_run(c, &p.to_string()).unwrap_or_else(|e| panic!("valid variant {spec} refused: {e}"));
+    }
+    let invalid = [invalid_specs(), invalid_day_two_specs()].concat();
+    let mut seen = Vec::new();
+    for (i, (spec, message)) in invalid.into_iter().enumerate() {
+        let p = provisioner_with(&format!("invalid-{i}"), spec.clone());
+        let refused = dry_run(c, &p.to_string())
+            .err()
+            .unwrap_or_else(|| panic!("{spec} was accepted; want {message:?}"));
+        assert!(refused.contains(message), "{spec}: {refused}");
+        assert!(
+            !refused.contains("hunter2"),
+            "the value is echoed: {refused}"
+        );
+        seen.push((spec.to_string(), message.to_string()));
+    }
+    a_name_too_long_for_its_service_is_refused(c);
+    seen
+}
+
+/// Every Provisioner the repository and the book ship passes admission.
+fn the_shipped_examples_pass(c: &Cluster) {
     for file in [
         "deploy/example-provisioner.yaml",
         "deploy/example-provisioner-cert-manager.yaml",
@@ -101,7 +126,11 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
             }
         }
     }
-    let valid = [
+}
+
+/// Specs admission must take, each merged into a minimal valid Provisioner.
+fn valid_specs() -> Vec<Value> {
+    vec![
         json!({}),
         json!({"interval": "1h", "serverJwtValidity": "1y", "rpcTimeout": "1500ms", "discoveryTimeout": "1m30s"}),
         json!({"interval": "1.5d", "helperTimeout": "0.5s"}),
@@ -135,12 +164,13 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}}),
         json!({"evidence": {"azureCertificates": {"name": "roots", "key": "azure.pem"}, "oneIdentityPerInstance": false,
                             "azureSubscriptions": ["8d10da13-8125-4ba9-a717-bf7490507b3d"]}}),
-    ];
-    for (i, spec) in valid.into_iter().enumerate() {
-        let p = provisioner_with(&format!("valid-{i}"), spec.clone());
-        dry_run(c, &p.to_string()).unwrap_or_else(|e| panic!("valid variant {spec} refused: {e}"));
-    }
-    let invalid: Vec<(Value, &str)> = vec![
+    ]
+}
+
+/// Specs admission must refuse, with the message it must give: the
+/// provisioner's own settings.
+fn invalid_specs() -> Vec<(Value, &'static str)> {
+    vec![
         (json!({"features": {"pki": true, "ed25519": true}, "jwtVerifyKeySecret": {"name": "k", "key": "v"}, "jwtSigningKeySecret": {"name": "k", "key": "s"}}),
          "spec.features: Invalid value: \"object\": spec.features: pki and ed25519 cannot both be enabled; enable only one"),
         (json!({"helper": null}),
@@ -211,6 +241,13 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
          "spec.logLevel: Unsupported value: \"Verbose\""),
         (json!({"election": {"mode": "Shards", "backend": "streams", "retryPeriod": "9s"}}),
          "spec.election.renewDeadline: Invalid value: \"object\": spec.election.renewDeadline must be longer than 1.2 × retryPeriod (defaults 10s and 2s)"),
+    ]
+}
+
+/// As `invalid_specs`, for day two: renewal, records, the pod's additions,
+/// evidence, audit, admission policy, revocations and bindings.
+fn invalid_day_two_specs() -> Vec<(Value, &'static str)> {
+    vec![
         (json!({"renewal": {"before": "30d"}, "tokenSecret": {"name": "t", "key": "token"}}),
          "spec.renewal: Invalid value: \"object\": spec.renewal works from the records of what was issued: set spec.records too"),
         (json!({"records": {"urls": []}}),
@@ -297,21 +334,11 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         (json!({"records": {"urls": ["nats://records:4222"]}, "evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}},
                 "bindings": [{"identity": "web-1", "instance": "gcp.p.1", "reason": "a"}, {"identity": "web-1", "instance": "gcp.p.2", "reason": "b"}]}),
          "spec.bindings[1]: Duplicate value"),
-    ];
-    let mut seen = Vec::new();
-    for (i, (spec, message)) in invalid.into_iter().enumerate() {
-        let p = provisioner_with(&format!("invalid-{i}"), spec.clone());
-        let refused = dry_run(c, &p.to_string())
-            .err()
-            .unwrap_or_else(|| panic!("{spec} was accepted; want {message:?}"));
-        assert!(refused.contains(message), "{spec}: {refused}");
-        assert!(
-            !refused.contains("hunter2"),
-            "the value is echoed: {refused}"
-        );
-        seen.push((spec.to_string(), message.to_string()));
-    }
-    // A name too long for <name>-metrics, at the root.
+    ]
+}
+
+/// A name too long for <name>-metrics, at the root.
+fn a_name_too_long_for_its_service_is_refused(c: &Cluster) {
     let mut long = provisioner_with("x", json!({}));
     long["metadata"]["name"] = json!("a".repeat(56));
     let refused = dry_run(c, &long.to_string()).unwrap_err();
@@ -319,7 +346,6 @@ fn validation_at_admission(c: &Cluster) -> Vec<(String, String)> {
         refused.contains("metadata.name must be at most 55 lower case letters, digits and '-', starting with a letter: it also names the Service <name>-metrics"),
         "{refused}"
     );
-    seen
 }
 
 /// `kubectl scale provisioner` (what an HPA does too) sets spec.replicas
