@@ -46,6 +46,17 @@ async fn serving_fleet(nats: &NatsServer, nodes: usize, journal: &std::path::Pat
     .await
 }
 
+/// The renewal client's Choria configuration in `dir`, on `nats`: its path.
+fn renewal_client_cfg(dir: &std::path::Path, nats: &NatsServer) -> std::path::PathBuf {
+    let renewal_cfg = dir.join("renewal.cfg");
+    std::fs::write(
+        &renewal_cfg,
+        crate::support::plain_client_cfg("renewal.example.net", &nats.url()),
+    )
+    .unwrap();
+    renewal_cfg
+}
+
 /// Requests of `action` per node, with their senders.
 fn senders(journal: &[Value], action: &str) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -65,17 +76,37 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     let (dir, _store, nats) = jetstream_and_ca("renewal CA");
     let journal = dir.path().join("journal.jsonl");
     let fleet = serving_fleet(&nats, NODES, &journal).await;
+    let mut replicas = given_two_replicas_renewing_in_shards(dir.path(), &nats);
+    when_every_node_is_configured_three_times(&journal, &replicas).await;
+    let Counts {
+        sent,
+        written,
+        on_record,
+        transitions,
+    } = what_the_replicas_counted(&replicas);
+    let (listed, table) = what_nodes_lists(dir.path());
+    for mut p in replicas.drain(..) {
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(5)).success());
+    }
+    let (_, j) = fleet.finish().await;
+
+    println!(
+        "{NODES} nodes renewed twice each: {sent} reprovision requests sent, {written} records written, {on_record} on record"
+    );
+    then_nodes_lists_one_verified_record_per_node(&listed, &table);
+    then_each_node_was_renewed_by_its_owner(&j, &transitions, sent, written);
+}
+
+/// Two replicas in shards keeping records and renewing certificates that
+/// are valid 2 minutes.
+fn given_two_replicas_renewing_in_shards(
+    dir: &std::path::Path,
+    nats: &NatsServer,
+) -> Vec<ProvisionerProcess> {
+    let renewal_cfg = renewal_client_cfg(dir, nats);
     // Certificates valid 2 minutes, due with 90 % of that left: 12 s after
     // issue. The renewal client speaks to the nodes' collective.
-    let renewal_cfg = dir.path().join("renewal.cfg");
-    std::fs::write(
-        &renewal_cfg,
-        format!(
-            "identity = renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
-            nats.url()
-        ),
-    )
-    .unwrap();
     let yaml = format!(
         "workers: 8\ninterval: 1m\ntoken: {TOKEN}\nsite: renewal\nchoria_insecure: true\nrpc_timeout: 3s\n\
          discovery_window: 500ms\nhelper: {bin} fleet-helper --ca-cert {ca} --ca-key {key} --validity 2m\n\
@@ -84,25 +115,30 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
          renewal:\n  before: 90%\n  rate: 6000\n  retry: 30s\n  choria_config: {renewal}\n\
          election:\n  mode: shards\n  backend: streams\n  name: renewal\n  signing_key: {seed}\n",
         bin = binary(),
-        ca = dir.path().join("ca.pem").display(),
-        key = dir.path().join("ca.key").display(),
+        ca = dir.join("ca.pem").display(),
+        key = dir.join("ca.key").display(),
         url = nats.url(),
-        seed = crate::support::signing_key(dir.path()).display(),
+        seed = crate::support::signing_key(dir).display(),
         renewal = renewal_cfg.display(),
     );
     let choria = format!(
         "identity = provisioner.renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
         nats.url()
     );
-    let mut replicas: Vec<ProvisionerProcess> = ["r1", "r2"]
+    ["r1", "r2"]
         .iter()
-        .map(|n| ProvisionerProcess::start_named(dir.path(), n, &yaml, &choria, &[]))
-        .collect();
+        .map(|n| ProvisionerProcess::start_named(dir, n, &yaml, &choria, &[]))
+        .collect()
+}
 
-    // Every node configured three times: provisioned, renewed, renewed.
+/// Every node configured three times: provisioned, renewed, renewed.
+async fn when_every_node_is_configured_three_times(
+    journal: &std::path::Path,
+    replicas: &[ProvisionerProcess],
+) {
     let deadline = Instant::now() + Duration::from_secs(150);
     loop {
-        let j = crate::support::read_journal_so_far(&journal);
+        let j = crate::support::read_journal_so_far(journal);
         let configured = senders(&j, "configure");
         let done = configured.values().filter(|s| s.len() >= 3).count();
         if done == NODES {
@@ -115,6 +151,19 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// What the replicas counted, read before they stop.
+struct Counts {
+    /// The `sent` series of the replicas' renewals counters, summed.
+    sent: f64,
+    written: f64,
+    on_record: f64,
+    /// Each replica's working transitions.
+    transitions: Vec<f64>,
+}
+
+fn what_the_replicas_counted(replicas: &[ProvisionerProcess]) -> Counts {
     // The `sent` series of each replica's renewals counter.
     let sent: f64 = replicas
         .iter()
@@ -140,10 +189,20 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         .map(|p| p.metric("choria_provisioner_leadership_transitions"))
         .collect();
 
+    Counts {
+        sent,
+        written,
+        on_record,
+        transitions,
+    }
+}
+
+/// What `nodes --json` and `nodes --expiring 1h` print.
+fn what_nodes_lists(dir: &std::path::Path) -> (Vec<Value>, String) {
     // `nodes` lists every node's latest record.
     let out = std::process::Command::new(binary())
         .args(["nodes", "--json", "--config"])
-        .arg(dir.path().join("r1.yaml"))
+        .arg(dir.join("r1.yaml"))
         .output()
         .unwrap();
     assert!(
@@ -158,20 +217,15 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         .collect();
     let table = std::process::Command::new(binary())
         .args(["nodes", "--expiring", "1h", "--config"])
-        .arg(dir.path().join("r1.yaml"))
+        .arg(dir.join("r1.yaml"))
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout).to_string();
 
-    for mut p in replicas.drain(..) {
-        p.signal("TERM");
-        assert!(p.wait_exit(Duration::from_secs(5)).success());
-    }
-    let (_, j) = fleet.finish().await;
+    (listed, table)
+}
 
-    println!(
-        "{NODES} nodes renewed twice each: {sent} reprovision requests sent, {written} records written, {on_record} on record"
-    );
+fn then_nodes_lists_one_verified_record_per_node(listed: &[Value], table: &str) {
     assert_eq!(listed.len(), NODES, "one record per node");
     // The headers, a line a node, and the count.
     assert_eq!(table.lines().count(), NODES + 2, "{table}");
@@ -180,7 +234,7 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
         Some(format!("{NODES} nodes expiring within 1h").as_str()),
         "{table}"
     );
-    for r in &listed {
+    for r in listed {
         assert_eq!(r["verified"], true, "{r}");
         let cert = &r["certificate"];
         assert!(
@@ -196,6 +250,14 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
             "a secret in {text}"
         );
     }
+}
+
+fn then_each_node_was_renewed_by_its_owner(
+    j: &[Value],
+    transitions: &[f64],
+    sent: f64,
+    written: f64,
+) {
     // Renewed by the owner: each node's reprovision requests came from the
     // replica that configured it (its shard), never from the other — while
     // the membership held. A replica that misses its own heartbeats for
@@ -203,8 +265,8 @@ async fn records_are_kept_and_certificates_renewed_twice_by_their_owner() {
     // nodes by design; seen once in CI with 6 s/4 s/1 s timings on a loaded
     // machine, so this runs on the default 15 s/10 s/2 s, and a run where a
     // replica paused says so instead of failing on a legitimate hand-over.
-    let configured = senders(&j, "configure");
-    let reprovisioned = senders(&j, "reprovision");
+    let configured = senders(j, "configure");
+    let reprovisioned = senders(j, "reprovision");
     let membership_held = transitions.iter().all(|&t| t == 1.0);
     if !membership_held {
         println!("a replica paused during the run (working transitions {transitions:?}): ownership moved, not checked");
@@ -244,22 +306,12 @@ fn refused(p: &ProvisionerProcess, reason: &str) -> f64 {
 /// sealed record; a deleted key changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_records_in_the_bucket_drive_no_renewal() {
-    use choria_core::records::sealed::Sealer;
-    use choria_wire::security::seal::SealKey;
     use futures::StreamExt;
     const FLEET: usize = 12;
     let (dir, _store, nats) = jetstream_and_ca("forged CA");
     let journal = dir.path().join("journal.jsonl");
     let fleet = serving_fleet(&nats, FLEET, &journal).await;
-    let renewal_cfg = dir.path().join("renewal.cfg");
-    std::fs::write(
-        &renewal_cfg,
-        format!(
-            "identity = renewal.example.net\nplugin.choria.middleware_hosts = {}\n",
-            nats.url()
-        ),
-    )
-    .unwrap();
+    let renewal_cfg = renewal_client_cfg(dir.path(), &nats);
     // Certificates valid an hour, due with 10 % of that left: nothing is
     // due for 54 minutes unless a record says otherwise.
     let yaml = format!(
@@ -293,14 +345,68 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     )
     .await;
 
+    let ids = &fleet.identities;
+    let (_writer, mut evil) = when_the_bucket_is_written_over(&nats, ids).await;
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (refused(&p, "unsigned") < 1.0
+        || refused(&p, "signature") < 2.0
+        || refused(&p, "deleted") < 1.0)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A forged record would have been sent within a tick; wait out several
+    // seconds more, and the settle time a record gets.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let asked = senders(
+        &crate::support::read_journal_so_far(&journal),
+        "reprovision",
+    );
+    assert!(asked.is_empty(), "reprovision sent: {asked:?}");
+    let heard = tokio::time::timeout(Duration::from_millis(100), evil.next()).await;
+    assert_eq!(refused(&p, "unsigned"), 1.0, "the unsealed record");
+    assert_eq!(
+        refused(&p, "signature"),
+        2.0,
+        "the foreign seal and the edited record"
+    );
+    assert_eq!(refused(&p, "deleted"), 1.0);
+    assert!(
+        heard.is_err(),
+        "a request reached the writer's collective: {heard:?}"
+    );
+    assert_eq!(
+        p.metric("choria_provisioner_records"),
+        FLEET as f64,
+        "on record: every real node, the deleted one kept"
+    );
+    assert_eq!(p.metric("choria_provisioner_renewals_due"), 0.0);
+
+    then_nodes_lists_the_sealed_records(dir.path(), ids);
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(5)).success());
+    fleet.finish().await;
+}
+
+/// Writes over the bucket FORGED as a plain client of its JetStream could:
+/// the victim's record unsealed, a made-up node sealed with a foreign key,
+/// another's record edited and a third's deleted (`ids` are the fleet's
+/// nodes). The writer, and its subscription to the collective the
+/// made-up node is in.
+async fn when_the_bucket_is_written_over(
+    nats: &NatsServer,
+    ids: &[String],
+) -> (async_nats::Client, async_nats::Subscriber) {
+    use choria_core::records::sealed::Sealer;
+    use choria_wire::security::seal::SealKey;
     // The writer: a plain client of the same JetStream.
     let writer = async_nats::connect(nats.url()).await.unwrap();
-    let mut evil = writer.subscribe("evil.>").await.unwrap();
+    let evil = writer.subscribe("evil.>").await.unwrap();
     let kv = async_nats::jetstream::new(writer.clone())
         .get_key_value("FORGED")
         .await
         .unwrap();
-    let ids = &fleet.identities;
     let now = chrono::Utc::now().timestamp();
     let sealed: Value = serde_json::from_slice(&kv.get(&ids[0]).await.unwrap().unwrap()).unwrap();
     let mut record: Value = serde_json::from_str(sealed["record"].as_str().unwrap()).unwrap();
@@ -338,44 +444,15 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
     // 4. A third node's record deleted.
     kv.delete(&ids[2]).await.unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while (refused(&p, "unsigned") < 1.0
-        || refused(&p, "signature") < 2.0
-        || refused(&p, "deleted") < 1.0)
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // A forged record would have been sent within a tick; wait out several
-    // seconds more, and the settle time a record gets.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let asked = senders(
-        &crate::support::read_journal_so_far(&journal),
-        "reprovision",
-    );
-    assert!(asked.is_empty(), "reprovision sent: {asked:?}");
-    let heard = tokio::time::timeout(Duration::from_millis(100), evil.next()).await;
-    assert_eq!(refused(&p, "unsigned"), 1.0, "the unsealed record");
-    assert_eq!(
-        refused(&p, "signature"),
-        2.0,
-        "the foreign seal and the edited record"
-    );
-    assert_eq!(refused(&p, "deleted"), 1.0);
-    assert!(
-        heard.is_err(),
-        "a request reached the writer's collective: {heard:?}"
-    );
-    assert_eq!(
-        p.metric("choria_provisioner_records"),
-        FLEET as f64,
-        "on record: every real node, the deleted one kept"
-    );
-    assert_eq!(p.metric("choria_provisioner_renewals_due"), 0.0);
+    (writer, evil)
+}
 
+/// What `nodes` lists after the bucket was written over: each real node's
+/// newest sealed record, the made-up one unverified.
+fn then_nodes_lists_the_sealed_records(dir: &std::path::Path, ids: &[String]) {
     let out = std::process::Command::new(binary())
         .args(["nodes", "--json", "--config"])
-        .arg(dir.path().join("provisioner.yaml"))
+        .arg(dir.join("provisioner.yaml"))
         .output()
         .unwrap();
     assert!(
@@ -405,9 +482,6 @@ async fn forged_records_in_the_bucket_drive_no_renewal() {
         "{:?}",
         listed[&ids[3]]
     );
-    p.signal("TERM");
-    assert!(p.wait_exit(Duration::from_secs(5)).success());
-    fleet.finish().await;
 }
 
 /// Every node's decision on the audit stream, sealed, and `audit` reads it
@@ -542,12 +616,7 @@ async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
     const FLEET: usize = 4;
     let (dir, _store, nats) = jetstream_and_ca("revocation CA");
     let journal = dir.path().join("journal.jsonl");
-    let renewal_cfg = dir.path().join("renewal.cfg");
-    std::fs::write(
-        &renewal_cfg,
-        crate::support::plain_client_cfg("renewal.example.net", &nats.url()),
-    )
-    .unwrap();
+    let renewal_cfg = renewal_client_cfg(dir.path(), &nats);
     // Certificates valid 2 minutes, due with 90 % left: renewed 15 s after
     // they are issued (the settling time after a provisioning).
     let yaml = format!(
@@ -652,7 +721,20 @@ async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
             .contains("the identity is revoked: lost in transit"),
         "the refusal names the revocation's reason"
     );
-    let listed = cli(&["nodes"]);
+    then_nodes_lists_the_revocations_and_their_reasons(&cli(&["nodes"]), kept_out, cut_off);
+    cli(&["unrevoke", kept_out]);
+    p.wait_for_metric_at_most(
+        "choria_provisioner_revocations",
+        1.0,
+        Duration::from_secs(15),
+    )
+    .await;
+    then_a_forged_lifting_lifts_nothing(&nats, &mut p, cut_off).await;
+}
+
+/// `nodes` (its output `listed`) marks `cut_off` revoked with its reason,
+/// and `kept_out` with its own.
+fn then_nodes_lists_the_revocations_and_their_reasons(listed: &str, kept_out: &str, cut_off: &str) {
     let line = |node: &str| {
         listed
             .lines()
@@ -669,15 +751,15 @@ async fn a_revoked_identity_is_neither_provisioned_nor_renewed() {
         !line("node-000.fleet.example.net").contains("REVOKED"),
         "{listed}"
     );
-    cli(&["unrevoke", kept_out]);
-    p.wait_for_metric_at_most(
-        "choria_provisioner_revocations",
-        1.0,
-        Duration::from_secs(15),
-    )
-    .await;
-    // A forged value in the revocations' bucket (unsealed) lifts nothing:
-    // it is counted as refused, and the other revocation holds.
+}
+
+/// A forged value in the revocations' bucket (unsealed) lifts nothing:
+/// it is counted as refused, and the revocation of `cut_off` holds.
+async fn then_a_forged_lifting_lifts_nothing(
+    nats: &NatsServer,
+    p: &mut ProvisionerProcess,
+    cut_off: &str,
+) {
     let other = async_nats::connect(nats.url()).await.unwrap();
     async_nats::jetstream::new(other)
         .get_key_value("REVOKED_TEST_REVOCATIONS")
@@ -790,12 +872,7 @@ async fn a_name_back_while_its_credentials_are_good_is_flagged_or_refused() {
 async fn a_second_arrival_after_a_renewal_is_held_not_waved_through() {
     const NODE: &str = "node-000.fleet.example.net";
     let (dir, _store, nats) = jetstream_and_ca("window CA");
-    let renewal_cfg = dir.path().join("renewal.cfg");
-    std::fs::write(
-        &renewal_cfg,
-        crate::support::plain_client_cfg("renewal.example.net", &nats.url()),
-    )
-    .unwrap();
+    let renewal_cfg = renewal_client_cfg(dir.path(), &nats);
     // Certificates valid 2 minutes, due 12 s after issue.
     let yaml = format!(
         "workers: 4\ninterval: 1m\ntoken: {TOKEN}\nsite: window\nchoria_insecure: true\nrpc_timeout: 3s\n\
