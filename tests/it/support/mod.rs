@@ -25,6 +25,7 @@ pub mod kube;
 pub mod operator;
 pub mod page;
 pub mod peers;
+pub mod promql;
 pub mod provisioner;
 pub mod realnodes;
 
