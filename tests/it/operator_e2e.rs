@@ -187,11 +187,6 @@ fn senders(journal: &[Value]) -> Vec<String> {
 
 // ------------------------------------------------------------------ tests
 
-/// The operator, with only the chart's permissions, turns a Provisioner into
-/// its owned objects with the right content, follows spec changes (checksum
-/// roll, PDB removal, pause without roll), reports an invalid spec as
-/// Degraded with a Warning Event while leaving the objects alone, and owns
-/// everything with controller references so a cluster's GC collects it.
 /// The least-privilege scenario: one Provisioner reconciled, inspected,
 /// changed, refused and deleted; `uid` is its uid, for the owner references.
 struct LeastPrivilege {
@@ -223,6 +218,11 @@ const OWNED: [(&str, &str); 9] = [
     ("poddisruptionbudget", "prov"),
 ];
 
+/// The operator, with only the chart's permissions, turns a Provisioner into
+/// its owned objects with the right content, follows spec changes (checksum
+/// roll, PDB removal, pause without roll), reports an invalid spec as
+/// Degraded with a Warning Event while leaving the objects alone, and owns
+/// everything with controller references so a cluster's GC collects it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_reconciles_a_provisioner_with_least_privilege() {
     let Some(bins) = ControlPlane::available() else {
@@ -920,11 +920,6 @@ fn policy_refusals(c: &Cluster) {
     cp.kubectl_ok(&["delete", PROV, "greedy", "-n", NS]);
 }
 
-/// Two `run` processes of a Provisioner's Deployment, logged in with only the
-/// operator-generated Role: one leads through the Lease, `kubectl get prov`
-/// shows it and the provisioned count, `spec.paused` pauses and resumes the
-/// leader within 5 s without a restart, and every node is provisioned once.
-/// Also writes the sample `kubectl get prov -A` for the README.
 /// How many nodes the pause scenario provisions.
 const PAUSED_FLEET: usize = 1000;
 
@@ -941,6 +936,11 @@ struct PauseRun {
     c: Cluster,
 }
 
+/// Two `run` processes of a Provisioner's Deployment, logged in with only the
+/// operator-generated Role: one leads through the Lease, `kubectl get prov`
+/// shows it and the provisioned count, `spec.paused` pauses and resumes the
+/// leader within 5 s without a restart, and every node is provisioned once.
+/// Also writes the sample `kubectl get prov -A` for the README.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioner_pods_follow_pause_and_report_the_leader() {
     let Some(bins) = ControlPlane::available() else {
@@ -1218,12 +1218,6 @@ fn after_the_leader(c: &Cluster, mut pods: Vec<Proc>, leader: usize, nodes: usiz
     event_where(cp, "fleet", "LeaderChanged", |n| n == gone);
 }
 
-/// The Lease election of operator-run pods on a real API server: the leader
-/// killed (-9) or stopped (TERM) again and again while a fleet is
-/// provisioned. A standby works again within 1 s past lease_duration plus
-/// retry_period of a crash and within 2 s of a stop, no two replicas lead at
-/// once and no node hears from a replica outside its term, and every node is
-/// provisioned exactly once.
 /// The failover scenario's fixture: a fleet provisioned by three pods of
 /// one Provisioner while leaders are killed and stopped in turn, and what
 /// each round measured.
@@ -1251,6 +1245,12 @@ struct Failover {
     graceful: Vec<Duration>,
 }
 
+/// The Lease election of operator-run pods on a real API server: the leader
+/// killed (-9) or stopped (TERM) again and again while a fleet is
+/// provisioned. A standby works again within 1 s past lease_duration plus
+/// retry_period of a crash and within 2 s of a stop, no two replicas lead at
+/// once and no node hears from a replica outside its term, and every node is
+/// provisioned exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_failover_kill_and_stop() {
     let Some(bins) = ControlPlane::available() else {
@@ -1650,13 +1650,6 @@ async fn namespaced_operator_reconciles_only_its_namespace_and_leaves_foreign_ob
     drop(operator);
 }
 
-/// Helper-free on Kubernetes: a Provisioner with `nodeConfiguration` and
-/// `pki.certManager` and no helper. Its pod, logged in with only the Role
-/// the operator generated (which now allows CertificateRequests, and
-/// nothing more), has the real cert-manager sign every node's CSR; the
-/// requests carry our labels, the node's identity and the Provisioner as
-/// owner; every node is provisioned with its rendered configuration and a
-/// certificate from the Issuer's CA.
 /// How many nodes the cert-manager scenario provisions.
 const CERT_MANAGER_FLEET: usize = 60;
 
@@ -1672,6 +1665,13 @@ struct NoHelper {
     deployment: Value,
 }
 
+/// Helper-free on Kubernetes: a Provisioner with `nodeConfiguration` and
+/// `pki.certManager` and no helper. Its pod, logged in with only the Role
+/// the operator generated (which now allows CertificateRequests, and
+/// nothing more), has the real cert-manager sign every node's CSR; the
+/// requests carry our labels, the node's identity and the Provisioner as
+/// owner; every node is provisioned with its rendered configuration and a
+/// certificate from the Issuer's CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provisioner_without_a_helper_signs_through_cert_manager_with_its_own_role() {
     let Some(bins) = ControlPlane::available() else {
