@@ -9,22 +9,23 @@
 //! and [`CertificateAuthority::key_pem`].
 
 use choria_wire::security::rsa_signer::RsaSigningKey;
-use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey, LineEnding};
-use rsa::pkcs1v15::{Signature as RsaSignature, VerifyingKey};
-use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
-use rsa::signature::Verifier;
+mod key;
+mod verify;
+use key::OID_EC_PUBLIC_KEY;
+pub use key::{CaKey, EcdsaP256CaKey, RsaCaKey};
+use rsa::pkcs1::DecodeRsaPrivateKey;
+use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
 use rsa::traits::PublicKeyParts;
 use rsa::{RsaPrivateKey, RsaPublicKey};
-use sha2::{Sha256, Sha384, Sha512};
 use std::fmt;
 use std::time::{Duration, SystemTime};
+pub use verify::{certificate_common_name, verify_issued_by};
 use x509_cert::attr::AttributeTypeAndValue;
 use x509_cert::der::asn1::{
-    Any, AnyRef, BitString, GeneralizedTime, Ia5String, ObjectIdentifier, OctetString, SetOfVec,
-    UtcTime,
+    Any, BitString, GeneralizedTime, Ia5String, ObjectIdentifier, OctetString, SetOfVec, UtcTime,
 };
 use x509_cert::der::referenced::OwnedToRef;
-use x509_cert::der::{Decode, Encode, SliceReader, Tag};
+use x509_cert::der::{Decode, Encode, Tag};
 use x509_cert::ext::pkix::name::GeneralName;
 use x509_cert::ext::pkix::{
     AuthorityKeyIdentifier, BasicConstraints, ExtendedKeyUsage, KeyUsage, KeyUsages,
@@ -34,7 +35,7 @@ use x509_cert::ext::{AsExtension, Extension};
 use x509_cert::name::{Name, RdnSequence, RelativeDistinguishedName};
 use x509_cert::request::CertReq;
 use x509_cert::serial_number::SerialNumber;
-use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
+use x509_cert::spki::SubjectPublicKeyInfoOwned;
 use x509_cert::time::{Time, Validity};
 use x509_cert::{Certificate, TbsCertificate, Version};
 
@@ -42,7 +43,6 @@ use choria_wire::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
 use choria_wire::security::pem_crypt::{go_pem_encode, pem_error_text};
 
 const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
-const OID_SHA256_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
 const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
 const OID_SHA512_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
 const OID_KP_SERVER_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.1");
@@ -104,7 +104,7 @@ pub enum PkiError {
     #[error("certificate signature algorithm {0} is not supported (only SHA256/384/512 with RSA)")]
     UnsupportedSignatureAlgorithm(String),
     /// A CA key that is not RSA.
-    #[error("CA public key algorithm {0} is not supported (only RSA)")]
+    #[error("CA public key algorithm {0} is not supported (only RSA and ECDSA P-256)")]
     UnsupportedPublicKey(String),
     /// The certificate names another issuer.
     #[error("certificate was issued by {issuer:?}, not by the CA {ca:?}")]
@@ -136,16 +136,16 @@ fn parse_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {
     }
 }
 
-/// A self-signed RSA CA that signs node CSRs.
+/// A CA (RSA or ECDSA P-256) that signs node CSRs.
 ///
 /// `Debug` shows the CA's subject only; the private key is available solely
 /// through [`CertificateAuthority::key_pem`].
 pub struct CertificateAuthority {
     cert: Certificate,
     cert_pem: String,
-    signer: RsaSigningKey,
-    /// The PKCS#1 PEM of the key, made once so `key_pem` cannot fail;
-    /// wiped from memory on drop.
+    signer: Box<dyn CaKey>,
+    /// The PEM of the key, made once so `key_pem` cannot fail (empty for a
+    /// key that never leaves its token); wiped from memory on drop.
     key_pem: rsa::pkcs1::der::zeroize::Zeroizing<String>,
     /// Put into issued certificates as their authority key id, so chain
     /// builders (OpenSSL, Go) find this CA even when it was made elsewhere.
@@ -170,17 +170,29 @@ impl CertificateAuthority {
     /// Like [`CertificateAuthority::generate`] with an existing key, for
     /// callers that pre-generate keys (RSA generation is the slow part).
     pub fn from_key(common_name: &str, key: RsaPrivateKey) -> Result<Self, PkiError> {
+        Self::self_signed(common_name, Box::new(RsaCaKey(RsaSigningKey::new(key))))
+    }
+
+    /// Makes a new CA with an ECDSA P-256 key, like
+    /// [`CertificateAuthority::generate`].
+    pub fn generate_p256(common_name: &str) -> Result<Self, PkiError> {
+        Self::self_signed(common_name, Box::new(EcdsaP256CaKey::generate()?))
+    }
+
+    /// A self-signed CA certificate for `CN=<common_name>` over `key`,
+    /// valid for [`CA_VALIDITY`].
+    pub fn self_signed(common_name: &str, key: Box<dyn CaKey>) -> Result<Self, PkiError> {
         if common_name.is_empty() {
             return Err(CsrError::MissingCommonName.into());
         }
         let subject = common_name_subject(common_name)?;
-        let spki = rsa_spki(&key.to_public_key())?;
+        let spki = key.public_key()?;
         let key_id = key_identifier(&spki)?;
         let now = SystemTime::now();
         let mut tbs = TbsCertificate {
             version: Version::V3,
             serial_number: random_serial()?,
-            signature: sha256_with_rsa(),
+            signature: key.algorithm(),
             issuer: subject.clone(),
             validity: validity(now - BACKDATE, now + CA_VALIDITY)?,
             subject,
@@ -209,9 +221,8 @@ impl CertificateAuthority {
             )?,
         ];
         tbs.extensions = Some(extensions);
-        let signer = RsaSigningKey::new(key);
-        let cert = sign_tbs(&signer, tbs)?;
-        Self::assemble(cert, signer, key_id)
+        let cert = sign_tbs(key.as_ref(), tbs)?;
+        Self::assemble(cert, key, key_id)
     }
 
     /// Loads a CA from its certificate and its unencrypted RSA key, either
@@ -219,14 +230,29 @@ impl CertificateAuthority {
     /// with a matching label is used, so bundles are fine.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
         let cert = parse_certificate(cert_pem, "CA certificate")?;
-        let key = parse_private_key(key_pem)?;
         let spki = &cert.tbs_certificate.subject_public_key_info;
-        if spki.algorithm.oid != OID_RSA_ENCRYPTION {
-            return Err(PkiError::UnsupportedPublicKey(
-                spki.algorithm.oid.to_string(),
-            ));
-        }
-        if rsa_public_key(spki)? != key.to_public_key() {
+        let key: Box<dyn CaKey> = match spki.algorithm.oid {
+            OID_RSA_ENCRYPTION => {
+                let key = parse_private_key(key_pem)?;
+                if rsa_public_key(spki)? != key.to_public_key() {
+                    return Err(PkiError::KeyMismatch);
+                }
+                Box::new(RsaCaKey(RsaSigningKey::new(key)))
+            }
+            OID_EC_PUBLIC_KEY => {
+                let block = pem_block(key_pem, "CA private key", &["PRIVATE KEY"])?;
+                Box::new(EcdsaP256CaKey::from_pkcs8(block.contents())?)
+            }
+            other => return Err(PkiError::UnsupportedPublicKey(other.to_string())),
+        };
+        Self::from_certificate(cert, key)
+    }
+
+    /// A CA from its certificate and a key that must be the certificate's
+    /// (a file's, or one in a token).
+    pub fn from_certificate(cert: Certificate, key: Box<dyn CaKey>) -> Result<Self, PkiError> {
+        let spki = &cert.tbs_certificate.subject_public_key_info;
+        if key.public_key()? != *spki {
             return Err(PkiError::KeyMismatch);
         }
         // Prefer the CA's own subject key id: issuers differ in how they
@@ -236,19 +262,16 @@ impl CertificateAuthority {
             Ok(None) => key_identifier(spki)?,
             Err(e) => return Err(parse_err("CA subject key identifier")(e)),
         };
-        Self::assemble(cert, RsaSigningKey::new(key), key_id)
+        Self::assemble(cert, key, key_id)
     }
 
     fn assemble(
         cert: Certificate,
-        signer: RsaSigningKey,
+        signer: Box<dyn CaKey>,
         key_id: Vec<u8>,
     ) -> Result<Self, PkiError> {
         let der = cert.to_der().map_err(enc_err("CA certificate"))?;
-        let key_pem = signer
-            .key()
-            .to_pkcs1_pem(LineEnding::LF)
-            .map_err(enc_err("CA private key"))?;
+        let key_pem = signer.pem().unwrap_or_default();
         Ok(Self {
             cert,
             cert_pem: go_pem_encode("CERTIFICATE", &[], &der),
@@ -315,7 +338,7 @@ impl CertificateAuthority {
         let mut tbs = TbsCertificate {
             version: Version::V3,
             serial_number: random_serial()?,
-            signature: sha256_with_rsa(),
+            signature: self.signer.algorithm(),
             issuer: self.cert.tbs_certificate.subject.clone(),
             validity: validity(now - BACKDATE, not_after)?,
             subject: req.info.subject,
@@ -356,71 +379,10 @@ impl CertificateAuthority {
             )?,
         ];
         tbs.extensions = Some(extensions);
-        let cert = sign_tbs(&self.signer, tbs)?;
+        let cert = sign_tbs(self.signer.as_ref(), tbs)?;
         let der = cert.to_der().map_err(enc_err("certificate"))?;
         Ok(go_pem_encode("CERTIFICATE", &[], &der))
     }
-}
-
-/// Checks that `cert_pem` was issued by the CA in `ca_cert_pem`: the
-/// certificate's issuer is the CA's subject and its signature over the TBS
-/// certificate verifies with the CA's RSA key. Validity dates, key usages
-/// and the CA's own trust are not checked.
-pub fn verify_issued_by(cert_pem: &str, ca_cert_pem: &str) -> Result<(), PkiError> {
-    let der = pem_block(cert_pem, "certificate", &["CERTIFICATE"])?.into_contents();
-    let cert = Certificate::from_der(&der).map_err(parse_err("certificate"))?;
-    let ca = parse_certificate(ca_cert_pem, "CA certificate")?;
-
-    let issuer = &cert.tbs_certificate.issuer;
-    let ca_subject = &ca.tbs_certificate.subject;
-    if issuer != ca_subject {
-        return Err(PkiError::IssuerMismatch {
-            issuer: issuer.to_string(),
-            ca: ca_subject.to_string(),
-        });
-    }
-
-    let spki = &ca.tbs_certificate.subject_public_key_info;
-    if spki.algorithm.oid != OID_RSA_ENCRYPTION {
-        return Err(PkiError::UnsupportedPublicKey(
-            spki.algorithm.oid.to_string(),
-        ));
-    }
-    let key = rsa_public_key(spki)?;
-    let sig_bytes = cert
-        .signature
-        .as_bytes()
-        .ok_or(PkiError::InvalidSignature)?;
-    let sig = RsaSignature::try_from(sig_bytes).map_err(|_| PkiError::InvalidSignature)?;
-    let tbs = raw_tbs(&der)?;
-    let verified = match cert.signature_algorithm.oid {
-        o if o == OID_SHA256_RSA => VerifyingKey::<Sha256>::new(key).verify(tbs, &sig),
-        o if o == OID_SHA384_RSA => VerifyingKey::<Sha384>::new(key).verify(tbs, &sig),
-        o if o == OID_SHA512_RSA => VerifyingKey::<Sha512>::new(key).verify(tbs, &sig),
-        o => return Err(PkiError::UnsupportedSignatureAlgorithm(o.to_string())),
-    };
-    verified.map_err(|_| PkiError::InvalidSignature)
-}
-
-/// The (last, like Go) subject CN of a PEM certificate.
-pub fn certificate_common_name(cert_pem: &str) -> Result<String, PkiError> {
-    let cert = parse_certificate(cert_pem, "certificate")?;
-    last_common_name(&cert.tbs_certificate.subject).ok_or(PkiError::MissingCommonName)
-}
-
-/// The signed bytes exactly as they appear in the certificate; re-encoding
-/// the parsed structure could differ from what the issuer signed.
-fn raw_tbs(cert_der: &[u8]) -> Result<&[u8], PkiError> {
-    let body = AnyRef::from_der(cert_der)
-        .map_err(parse_err("certificate"))?
-        .value();
-    let mut reader = SliceReader::new(body).map_err(parse_err("certificate"))?;
-    let tbs = AnyRef::decode(&mut reader).map_err(parse_err("certificate"))?;
-    let len = tbs
-        .encoded_len()
-        .and_then(usize::try_from)
-        .map_err(parse_err("certificate"))?;
-    Ok(&body[..len])
 }
 
 fn last_common_name(name: &Name) -> Option<String> {
@@ -439,13 +401,6 @@ fn common_name_subject(common_name: &str) -> Result<Name, PkiError> {
     };
     let set = SetOfVec::try_from(vec![atv]).map_err(enc_err("subject"))?;
     Ok(RdnSequence(vec![RelativeDistinguishedName(set)]))
-}
-
-fn sha256_with_rsa() -> AlgorithmIdentifierOwned {
-    AlgorithmIdentifierOwned {
-        oid: OID_SHA256_RSA,
-        parameters: Some(Any::null()),
-    }
 }
 
 /// 16 random bytes, top bit clear so the INTEGER stays positive without
@@ -486,19 +441,14 @@ fn key_identifier(spki: &SubjectPublicKeyInfoOwned) -> Result<Vec<u8>, PkiError>
     Ok(ski.0.as_bytes().to_vec())
 }
 
-fn rsa_spki(key: &RsaPublicKey) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
-    let der = key.to_public_key_der().map_err(enc_err("public key"))?;
-    SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
-}
-
 fn rsa_public_key(spki: &SubjectPublicKeyInfoOwned) -> Result<RsaPublicKey, PkiError> {
     let der = spki.to_der().map_err(parse_err("CA public key"))?;
     RsaPublicKey::from_public_key_der(&der).map_err(parse_err("CA public key"))
 }
 
-fn sign_tbs(signer: &RsaSigningKey, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
+fn sign_tbs(signer: &dyn CaKey, tbs: TbsCertificate) -> Result<Certificate, PkiError> {
     let der = tbs.to_der().map_err(enc_err("TBS certificate"))?;
-    let sig = signer.sign_sha256(&der).map_err(enc_err("signature"))?;
+    let sig = signer.sign(&der)?;
     Ok(Certificate {
         signature_algorithm: tbs.signature.clone(),
         tbs_certificate: tbs,

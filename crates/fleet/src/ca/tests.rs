@@ -1,8 +1,12 @@
+use super::key::OID_ECDSA_SHA256;
 use super::*;
 use choria_wire::security::csr::CsrSubject;
 use choria_wire::testing::test_key;
 use choria_wire::testing::{openssl, run_ok, skip_without_openssl};
+use rsa::pkcs1::LineEnding;
+use rsa::pkcs1v15::Signature as RsaSignature;
 use rsa::pkcs1v15::SigningKey;
+use sha2::Sha256;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::OnceLock;
@@ -339,6 +343,85 @@ fn signs_with_an_openssl_made_ca() {
     run_ok(
         openssl()
             .args(["verify", "-purpose", "sslserver", "-CAfile"])
+            .arg(&ca_file)
+            .arg(&cert_file),
+    );
+}
+
+#[test]
+fn an_ecdsa_p256_ca_signs_csrs_that_verify_here_and_in_openssl() {
+    let ca = CertificateAuthority::generate_p256("EC Test CA").unwrap();
+    let cert = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    verify_issued_by(&cert, &ca.cert_pem()).unwrap();
+    let parsed = parse(&cert);
+    assert_eq!(parsed.signature_algorithm.oid, OID_ECDSA_SHA256);
+    // The node's own RSA key, not the CA's, is what the certificate carries.
+    assert_eq!(
+        parsed.tbs_certificate.subject_public_key_info.algorithm.oid,
+        OID_RSA_ENCRYPTION
+    );
+    // Another P-256 CA of the same name did not issue it.
+    let other = CertificateAuthority::generate_p256("EC Test CA").unwrap();
+    assert_eq!(
+        verify_issued_by(&cert, &other.cert_pem()).unwrap_err(),
+        PkiError::InvalidSignature
+    );
+    // Its key, written out and read back, is the same CA.
+    let again = CertificateAuthority::from_pem(&ca.cert_pem(), &ca.key_pem()).unwrap();
+    let cert2 = again.sign_csr(&node_csr("node2.example.net"), DAY).unwrap();
+    verify_issued_by(&cert2, &ca.cert_pem()).unwrap();
+    assert_eq!(
+        CertificateAuthority::from_pem(&ca.cert_pem(), &other.key_pem()).unwrap_err(),
+        PkiError::KeyMismatch
+    );
+    if skip_without_openssl("ECDSA chain check") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = write(dir.path(), "ca.pem", &ca.cert_pem());
+    let cert_file = write(dir.path(), "cert.pem", &cert);
+    for purpose in ["sslserver", "sslclient"] {
+        let out = run_ok(
+            openssl()
+                .args(["verify", "-purpose", purpose, "-CAfile"])
+                .arg(&ca_file)
+                .arg(&cert_file),
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+    }
+}
+
+#[test]
+fn signs_with_an_openssl_made_ecdsa_p256_ca() {
+    if skip_without_openssl("OpenSSL EC CA check") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("ca.key");
+    let ca_file = dir.path().join("ca.pem");
+    run_ok(
+        openssl()
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", "/DC=net/DC=example/CN=Fleet CA", "-keyout"])
+            .arg(&key_file)
+            .arg("-out")
+            .arg(&ca_file),
+    );
+    let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+    let key_pem = std::fs::read_to_string(&key_file).unwrap();
+    let ca = CertificateAuthority::from_pem(&ca_pem, &key_pem).unwrap();
+    let cert = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    verify_issued_by(&cert, &ca_pem).unwrap();
+    // The issuer is the CA's subject exactly, repeated attributes and all.
+    assert_eq!(
+        parse(&cert).tbs_certificate.issuer,
+        parse(&ca_pem).tbs_certificate.subject
+    );
+    let cert_file = write(dir.path(), "cert.pem", &cert);
+    run_ok(
+        openssl()
+            .args(["verify", "-purpose", "sslclient", "-CAfile"])
             .arg(&ca_file)
             .arg(&cert_file),
     );

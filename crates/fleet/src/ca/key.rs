@@ -1,0 +1,129 @@
+//! The CA's private key as the CA uses it: the algorithm it signs with,
+//! its public key, and a signature over the bytes of a certificate. A file
+//! key is RSA (SHA256WithRSA, through `ring`) or ECDSA P-256
+//! (ecdsa-with-SHA256, through `ring`); a key held elsewhere (a PKCS#11
+//! token) implements [`CaKey`] too and never enters this process.
+
+use super::{enc_err, parse_err, PkiError};
+use choria_wire::security::rsa_signer::RsaSigningKey;
+use ring::rand::SystemRandom;
+use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+use rsa::pkcs1::der::zeroize::Zeroizing;
+use rsa::pkcs1::{EncodeRsaPrivateKey, LineEnding};
+use rsa::pkcs8::EncodePublicKey;
+use x509_cert::der::asn1::{Any, BitString, ObjectIdentifier};
+use x509_cert::der::Decode;
+use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
+
+pub(super) const OID_SHA256_RSA: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+pub(super) const OID_EC_PUBLIC_KEY: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+pub(super) const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+pub(super) const OID_ECDSA_SHA256: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.2.840.10045.4.3.2");
+
+/// What a CA needs of its private key.
+pub trait CaKey: Send + Sync {
+    /// The signature algorithm of what it signs (the certificate's
+    /// `signatureAlgorithm`).
+    fn algorithm(&self) -> AlgorithmIdentifierOwned;
+    /// Its public key, as a certificate carries it.
+    fn public_key(&self) -> Result<SubjectPublicKeyInfoOwned, PkiError>;
+    /// A signature over `data` in [`CaKey::algorithm`]'s encoding.
+    fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError>;
+    /// The key as PEM, for the CA's own files; `None` for a key that never
+    /// leaves where it is kept. Secret.
+    fn pem(&self) -> Option<Zeroizing<String>>;
+}
+
+/// An RSA key read from a file or made here.
+pub struct RsaCaKey(pub(super) RsaSigningKey);
+
+impl CaKey for RsaCaKey {
+    fn algorithm(&self) -> AlgorithmIdentifierOwned {
+        AlgorithmIdentifierOwned {
+            oid: OID_SHA256_RSA,
+            parameters: Some(Any::null()),
+        }
+    }
+
+    fn public_key(&self) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+        let der = self
+            .0
+            .key()
+            .to_public_key()
+            .to_public_key_der()
+            .map_err(enc_err("public key"))?;
+        SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
+    }
+
+    fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
+        self.0.sign_sha256(data).map_err(enc_err("signature"))
+    }
+
+    fn pem(&self) -> Option<Zeroizing<String>> {
+        self.0.key().to_pkcs1_pem(LineEnding::LF).ok()
+    }
+}
+
+/// An ECDSA P-256 key read from a PKCS#8 file or made here.
+pub struct EcdsaP256CaKey {
+    pair: EcdsaKeyPair,
+    /// The PKCS#8 document it was read from, for [`CaKey::pem`].
+    pkcs8: Zeroizing<Vec<u8>>,
+}
+
+impl EcdsaP256CaKey {
+    /// A new key.
+    pub fn generate() -> Result<Self, PkiError> {
+        let rng = SystemRandom::new();
+        let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng)
+            .map_err(enc_err("ECDSA P-256 key"))?;
+        Self::from_pkcs8(doc.as_ref())
+    }
+
+    /// The key in a PKCS#8 `PRIVATE KEY` document.
+    pub fn from_pkcs8(der: &[u8]) -> Result<Self, PkiError> {
+        let rng = SystemRandom::new();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, der, &rng)
+            .map_err(parse_err("CA private key (ECDSA P-256, PKCS#8)"))?;
+        Ok(EcdsaP256CaKey {
+            pair,
+            pkcs8: Zeroizing::new(der.to_vec()),
+        })
+    }
+}
+
+impl CaKey for EcdsaP256CaKey {
+    fn algorithm(&self) -> AlgorithmIdentifierOwned {
+        AlgorithmIdentifierOwned {
+            oid: OID_ECDSA_SHA256,
+            parameters: None,
+        }
+    }
+
+    fn public_key(&self) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+        Ok(SubjectPublicKeyInfoOwned {
+            algorithm: AlgorithmIdentifierOwned {
+                oid: OID_EC_PUBLIC_KEY,
+                parameters: Some(Any::from(OID_P256)),
+            },
+            subject_public_key: BitString::from_bytes(self.pair.public_key().as_ref())
+                .map_err(enc_err("public key"))?,
+        })
+    }
+
+    fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
+        let sig = self
+            .pair
+            .sign(&SystemRandom::new(), data)
+            .map_err(enc_err("signature"))?;
+        Ok(sig.as_ref().to_vec())
+    }
+
+    fn pem(&self) -> Option<Zeroizing<String>> {
+        let block = pem::Pem::new("PRIVATE KEY", self.pkcs8.to_vec());
+        Some(Zeroizing::new(pem::encode(&block)))
+    }
+}
