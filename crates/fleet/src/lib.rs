@@ -16,7 +16,8 @@
 //! small [`ca`] it signs with, [`evidence`] (instance documents the nodes
 //! present, `--evidence-key`) and the terminal's [`progress`] line.
 
-pub mod ca;
+/// The CA the reference helper signs with: the wire's, re-exported.
+pub use choria_wire::security::ca;
 pub mod evidence;
 pub mod helper;
 pub mod journal;

@@ -8,6 +8,9 @@
 //! * [`ecdh`]: X25519 key agreement for shipping private keys;
 //! * [`pem_crypt`]: RFC 1423 PEM encryption with the shared secret;
 //! * [`csr`]: RSA keys, CSRs and the `cert_deny_list` rules;
+//! * [`ca`]: a certificate authority that signs node CSRs (the built-in CA
+//!   of `features.pki`, the simulator's and the reference helper's), its key
+//!   a file's or a PKCS#11 token's;
 //! * [`ed25519`]: `gen25519` keys and nonce signatures;
 //! * [`ksuid`]: KSUID `jti` values bound to `iat`;
 //! * [`seal`]: ed25519 seals over what we write to the bus and read back.
@@ -18,6 +21,7 @@
 //! the real Go code (`go_vectors`, test-only) and, where the `openssl` CLI is
 //! installed, cross-check PEM encryption and CSRs with it.
 
+pub mod ca;
 pub mod csr;
 pub mod ecdh;
 pub mod ed25519;

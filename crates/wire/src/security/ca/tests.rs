@@ -1,8 +1,8 @@
 use super::key::OID_ECDSA_SHA256;
 use super::*;
-use choria_wire::security::csr::CsrSubject;
-use choria_wire::testing::test_key;
-use choria_wire::testing::{openssl, run_ok, skip_without_openssl};
+use crate::security::csr::CsrSubject;
+use crate::testing::test_key;
+use crate::testing::{openssl, run_ok, skip_without_openssl};
 use rsa::pkcs1::LineEnding;
 use rsa::pkcs1v15::Signature as RsaSignature;
 use rsa::pkcs1v15::SigningKey;
@@ -233,7 +233,7 @@ fn from_pem_refuses_bad_input() {
         CertificateAuthority::from_pem(&cert, &other_key).unwrap_err(),
         PkiError::KeyMismatch
     );
-    let encrypted = choria_wire::security::encrypt_private_key(&ca.key_pem(), &[7; 32]).unwrap();
+    let encrypted = crate::security::encrypt_private_key(&ca.key_pem(), &[7; 32]).unwrap();
     assert_eq!(
         CertificateAuthority::from_pem(&cert, &encrypted).unwrap_err(),
         PkiError::EncryptedKey

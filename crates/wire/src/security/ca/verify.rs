@@ -8,7 +8,7 @@ use super::{
     last_common_name, parse_certificate, parse_err, pem_block, rsa_public_key, PkiError,
     OID_SHA384_RSA, OID_SHA512_RSA,
 };
-use choria_wire::security::csr::OID_RSA_ENCRYPTION;
+use crate::security::csr::OID_RSA_ENCRYPTION;
 use rsa::pkcs1v15::{Signature as RsaSignature, VerifyingKey};
 use rsa::signature::Verifier;
 use sha2::{Sha256, Sha384, Sha512};

@@ -5,7 +5,7 @@
 //! token) implements [`CaKey`] too and never enters this process.
 
 use super::{enc_err, parse_err, PkiError};
-use choria_wire::security::rsa_signer::RsaSigningKey;
+use crate::security::rsa_signer::RsaSigningKey;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
 use rsa::pkcs1::der::zeroize::Zeroizing;

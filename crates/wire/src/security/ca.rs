@@ -1,14 +1,17 @@
-//! A small certificate authority for tests, benchmarks and the example
-//! helper (`choria-provisioner fleet-helper`).
+//! A certificate authority that signs node CSRs: the built-in CA of
+//! `features.pki` (`ca:` in `provisioner.yaml`), and the one the simulator,
+//! the reference helper (`choria-provisioner fleet-helper`), the tests and
+//! the benchmarks sign with.
 //!
-//! It issues what a Choria deployment expects from its CA: RSA keys,
-//! SHA256WithRSA signatures, node certificates whose subject is the CSR's
-//! and whose SANs carry the node's name, usable for both TLS server and
-//! client authentication. It is not meant to run a production PKI: there is
-//! no revocation, no policy and no persistence beyond [`CertificateAuthority::cert_pem`]
+//! It issues what a Choria deployment expects from its CA: node
+//! certificates whose subject and key are the CSR's, whose SANs carry the
+//! node's name, usable for both TLS server and client authentication, with a
+//! random serial and a lifetime capped at the CA's own. The CA's key is RSA
+//! or ECDSA P-256, a file's or one kept in a token ([`CaKey`]). There is no
+//! revocation list and no persistence beyond [`CertificateAuthority::cert_pem`]
 //! and [`CertificateAuthority::key_pem`].
 
-use choria_wire::security::rsa_signer::RsaSigningKey;
+use crate::security::rsa_signer::RsaSigningKey;
 mod key;
 mod verify;
 use key::OID_EC_PUBLIC_KEY;
@@ -39,8 +42,8 @@ use x509_cert::spki::SubjectPublicKeyInfoOwned;
 use x509_cert::time::{Time, Validity};
 use x509_cert::{Certificate, TbsCertificate, Version};
 
-use choria_wire::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
-use choria_wire::security::pem_crypt::{go_pem_encode, pem_error_text};
+use crate::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
+use crate::security::pem_crypt::{go_pem_encode, pem_error_text};
 
 const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
 const OID_SHA384_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
