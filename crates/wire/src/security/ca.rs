@@ -13,12 +13,10 @@
 
 use crate::security::rsa_signer::RsaSigningKey;
 mod key;
+mod load;
 mod verify;
-use key::OID_EC_PUBLIC_KEY;
 pub use key::{CaKey, EcdsaP256CaKey, RsaCaKey};
-use rsa::pkcs1::DecodeRsaPrivateKey;
-use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
-use rsa::traits::PublicKeyParts;
+use rsa::pkcs8::DecodePublicKey;
 use rsa::{RsaPrivateKey, RsaPublicKey};
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -42,7 +40,7 @@ use x509_cert::spki::SubjectPublicKeyInfoOwned;
 use x509_cert::time::{Time, Validity};
 use x509_cert::{Certificate, TbsCertificate, Version};
 
-use crate::security::csr::{self, CsrError, OID_RSA_ENCRYPTION};
+use crate::security::csr::{self, CsrError};
 use crate::security::pem_crypt::{go_pem_encode, pem_error_text};
 
 const OID_CN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
@@ -153,6 +151,13 @@ pub struct CertificateAuthority {
     /// Put into issued certificates as their authority key id, so chain
     /// builders (OpenSSL, Go) find this CA even when it was made elsewhere.
     key_id: Vec<u8>,
+    /// What follows an issued certificate in a node's `certificate.pem`:
+    /// the CA itself when it is an intermediate, and the intermediates
+    /// above it (never a self-signed root).
+    chain_pem: String,
+    /// What a node trusts (its `ca.pem`): every certificate of the CA's
+    /// file, the root included.
+    trust_pem: String,
 }
 
 impl fmt::Debug for CertificateAuthority {
@@ -228,34 +233,16 @@ impl CertificateAuthority {
         Self::assemble(cert, key, key_id)
     }
 
-    /// Loads a CA from its certificate and its unencrypted RSA key, either
-    /// PKCS#1 (`RSA PRIVATE KEY`) or PKCS#8 (`PRIVATE KEY`). The first block
-    /// with a matching label is used, so bundles are fine.
-    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
-        let cert = parse_certificate(cert_pem, "CA certificate")?;
-        let spki = &cert.tbs_certificate.subject_public_key_info;
-        let key: Box<dyn CaKey> = match spki.algorithm.oid {
-            OID_RSA_ENCRYPTION => {
-                let key = parse_private_key(key_pem)?;
-                if rsa_public_key(spki)? != key.to_public_key() {
-                    return Err(PkiError::KeyMismatch);
-                }
-                Box::new(RsaCaKey(RsaSigningKey::new(key)))
-            }
-            OID_EC_PUBLIC_KEY => {
-                let block = pem_block(key_pem, "CA private key", &["PRIVATE KEY"])?;
-                Box::new(EcdsaP256CaKey::from_pkcs8(block.contents())?)
-            }
-            other => return Err(PkiError::UnsupportedPublicKey(other.to_string())),
-        };
-        Self::from_certificate(cert, key)
-    }
-
     /// A CA from its certificate and a key that must be the certificate's
     /// (a file's, or one in a token).
     pub fn from_certificate(cert: Certificate, key: Box<dyn CaKey>) -> Result<Self, PkiError> {
         let spki = &cert.tbs_certificate.subject_public_key_info;
-        if key.public_key()? != *spki {
+        // The key's bits and kind decide; how the algorithm's parameters
+        // are spelled (an RSA key's NULL present or not) does not.
+        let public = key.public_key()?;
+        if public.subject_public_key != spki.subject_public_key
+            || public.algorithm.oid != spki.algorithm.oid
+        {
             return Err(PkiError::KeyMismatch);
         }
         // Prefer the CA's own subject key id: issuers differ in how they
@@ -275,12 +262,20 @@ impl CertificateAuthority {
     ) -> Result<Self, PkiError> {
         let der = cert.to_der().map_err(enc_err("CA certificate"))?;
         let key_pem = signer.pem().unwrap_or_default();
+        let cert_pem = go_pem_encode("CERTIFICATE", &[], &der);
+        let chain_pem = if is_self_signed(&cert) {
+            String::new()
+        } else {
+            cert_pem.clone()
+        };
         Ok(Self {
+            trust_pem: cert_pem.clone(),
             cert,
-            cert_pem: go_pem_encode("CERTIFICATE", &[], &der),
+            cert_pem,
             signer,
             key_pem,
             key_id,
+            chain_pem,
         })
     }
 
@@ -293,6 +288,18 @@ impl CertificateAuthority {
     /// caller decides where it goes and must not log it.
     pub fn key_pem(&self) -> String {
         self.key_pem.as_str().to_owned()
+    }
+
+    /// What follows an issued certificate in a node's `certificate.pem`
+    /// (the intermediates, the CA itself if it is one); empty for a root.
+    pub fn chain_pem(&self) -> &str {
+        &self.chain_pem
+    }
+
+    /// What a node is told to trust (`ca` of the configure request): the
+    /// CA's certificate file, its root included.
+    pub fn trust_pem(&self) -> &str {
+        &self.trust_pem
     }
 
     /// The CA's subject common name.
@@ -478,45 +485,15 @@ fn pem_block(
         })
 }
 
+/// A certificate that names itself as its issuer: a root, which a node
+/// trusts rather than is sent.
+fn is_self_signed(cert: &Certificate) -> bool {
+    cert.tbs_certificate.issuer == cert.tbs_certificate.subject
+}
+
 fn parse_certificate(text: &str, what: &'static str) -> Result<Certificate, PkiError> {
     let block = pem_block(text, what, &["CERTIFICATE"])?;
     Certificate::from_der(block.contents()).map_err(parse_err(what))
-}
-
-fn parse_private_key(text: &str) -> Result<RsaPrivateKey, PkiError> {
-    const WHAT: &str = "CA private key";
-    let block = pem::parse_many(text)
-        .map_err(|e| PkiError::BadPem {
-            what: WHAT,
-            reason: pem_error_text(&e),
-        })?
-        .into_iter()
-        .find(|b| {
-            matches!(
-                b.tag(),
-                "RSA PRIVATE KEY" | "PRIVATE KEY" | "ENCRYPTED PRIVATE KEY"
-            )
-        })
-        .ok_or(PkiError::MissingPemBlock {
-            what: WHAT,
-            expected: "RSA PRIVATE KEY or PRIVATE KEY",
-        })?;
-    if block.tag() == "ENCRYPTED PRIVATE KEY" || block.headers().get("Proc-Type").is_some() {
-        return Err(PkiError::EncryptedKey);
-    }
-    // The rsa crate's errors describe the structure, never the key bytes.
-    let key = if block.tag() == "RSA PRIVATE KEY" {
-        RsaPrivateKey::from_pkcs1_der(block.contents()).map_err(parse_err(WHAT))?
-    } else {
-        RsaPrivateKey::from_pkcs8_der(block.contents()).map_err(parse_err(WHAT))?
-    };
-    if key.n().bits() < 1024 {
-        return Err(PkiError::Parse {
-            what: WHAT,
-            reason: format!("a {} bit RSA key is too small", key.n().bits()),
-        });
-    }
-    Ok(key)
 }
 
 #[cfg(test)]

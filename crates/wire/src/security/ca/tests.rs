@@ -1,11 +1,13 @@
 use super::key::OID_ECDSA_SHA256;
+use super::load::{parse_chain, parse_private_key};
 use super::*;
-use crate::security::csr::CsrSubject;
+use crate::security::csr::{CsrSubject, OID_RSA_ENCRYPTION};
 use crate::testing::test_key;
 use crate::testing::{openssl, run_ok, skip_without_openssl};
 use rsa::pkcs1::LineEnding;
 use rsa::pkcs1v15::Signature as RsaSignature;
 use rsa::pkcs1v15::SigningKey;
+use rsa::traits::PublicKeyParts;
 use sha2::Sha256;
 use std::path::Path;
 use std::str::FromStr;
@@ -425,4 +427,99 @@ fn signs_with_an_openssl_made_ecdsa_p256_ca() {
             .arg(&ca_file)
             .arg(&cert_file),
     );
+}
+
+/// An OpenSSL root (RSA) and an intermediate under it (P-256, its key in
+/// SEC1 as `openssl ecparam -genkey` writes it): the intermediate's file
+/// then the root, as `ca.certificate` takes them.
+fn openssl_intermediate(dir: &Path) -> (String, String, std::path::PathBuf) {
+    let p = |name: &str| dir.join(name);
+    run_ok(
+        openssl()
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3",
+            ])
+            .args(["-subj", "/O=Acme/CN=Root CA", "-keyout"])
+            .arg(p("root.key"))
+            .arg("-out")
+            .arg(p("root.pem")),
+    );
+    run_ok(
+        openssl()
+            .args(["ecparam", "-genkey", "-name", "prime256v1", "-out"])
+            .arg(p("int.key")),
+    );
+    run_ok(
+        openssl()
+            .args(["req", "-new", "-subj", "/O=Acme/CN=Intermediate CA", "-key"])
+            .arg(p("int.key"))
+            .arg("-out")
+            .arg(p("int.csr")),
+    );
+    write(
+        dir,
+        "int.ext",
+        "basicConstraints=critical,CA:true\nkeyUsage=critical,keyCertSign,cRLSign\n",
+    );
+    run_ok(
+        openssl()
+            .args(["x509", "-req", "-days", "2", "-in"])
+            .arg(p("int.csr"))
+            .arg("-CA")
+            .arg(p("root.pem"))
+            .arg("-CAkey")
+            .arg(p("root.key"))
+            .args(["-CAcreateserial", "-extfile"])
+            .arg(p("int.ext"))
+            .arg("-out")
+            .arg(p("int.pem")),
+    );
+    let read = |name: &str| std::fs::read_to_string(p(name)).unwrap();
+    (
+        read("int.pem") + &read("root.pem"),
+        read("int.key"),
+        p("root.pem"),
+    )
+}
+
+#[test]
+fn an_intermediate_sends_itself_as_the_chain_and_the_root_as_trust() {
+    if skip_without_openssl("intermediate CA check") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (file, sec1_key, root_file) = openssl_intermediate(dir.path());
+    assert!(sec1_key.contains("BEGIN EC PRIVATE KEY"), "{sec1_key}");
+    let ca = CertificateAuthority::from_pem(&file, &sec1_key).unwrap();
+    assert_eq!(ca.common_name().as_deref(), Some("Intermediate CA"));
+    let chain = parse_chain(ca.chain_pem()).unwrap();
+    assert_eq!(chain.len(), 1, "the intermediate only, never the root");
+    assert_eq!(
+        chain[0].tbs_certificate.subject,
+        parse(&ca.cert_pem()).tbs_certificate.subject
+    );
+    assert_eq!(parse_chain(ca.trust_pem()).unwrap().len(), 2);
+
+    let leaf = ca.sign_csr(&node_csr("node1.example.net"), DAY).unwrap();
+    let sent = write(dir.path(), "certificate.pem", &(leaf + ca.chain_pem()));
+    let trust = write(dir.path(), "ca.pem", ca.trust_pem());
+    // What a node is sent verifies with either what it trusts or the root
+    // alone, the intermediate coming from its own certificate file.
+    for anchor in [&trust, &root_file] {
+        run_ok(
+            openssl()
+                .args(["verify", "-purpose", "sslclient", "-CAfile"])
+                .arg(anchor)
+                .arg("-untrusted")
+                .arg(&sent)
+                .arg(&sent),
+        );
+    }
+}
+
+#[test]
+fn a_root_sends_no_chain() {
+    let ca = ca();
+    assert_eq!(ca.chain_pem(), "");
+    assert_eq!(ca.trust_pem(), ca.cert_pem());
 }
