@@ -21,7 +21,7 @@ mod crd;
 mod render;
 
 use choria_config::schema::{
-    AdmissionFile, AuditFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
+    AdmissionFile, AuditFile, CaFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
     EvidenceFile, FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile,
 };
 use choria_config::{parse_duration, ProvisionerConfig};
@@ -74,6 +74,7 @@ fn section(ty: &str) -> Option<&'static [Field]> {
         "ElectionFile" => ElectionFile::FIELDS,
         "ConfigurationTemplateFile" => ConfigurationTemplateFile::FIELDS,
         "CertManagerFile" => CertManagerFile::FIELDS,
+        "CaFile" => CaFile::FIELDS,
         "RecordsFile" => RecordsFile::FIELDS,
         "RenewalFile" => RenewalFile::FIELDS,
         "AdmissionFile" => AdmissionFile::FIELDS,

@@ -9,7 +9,7 @@
 //! * [`duration`]: Choria's duration syntax (`1m`, `36h`, `1d`, `1w`, `1M`, `1y`).
 //! * The sections of `provisioner.yaml` beyond the Go provisioner's, each
 //!   its own module: [`election`], [`day_two`] (records and renewal),
-//!   [`admission`] (the Rego policy), [`evidence`] (cloud instance
+//!   [`admission`] (the Rego policy), [`ca`] (the built-in CA), [`evidence`] (cloud instance
 //!   documents), [`audit`] (the audit stream), [`template`]
 //!   (`configuration_template:` and its minijinja environment, with
 //!   `template_names` the names templates are compiled under) and
@@ -26,6 +26,7 @@
 
 pub mod admission;
 pub mod audit;
+pub mod ca;
 pub mod choria;
 pub mod day_two;
 pub mod duration;

@@ -146,6 +146,8 @@ file_section! {
         configuration_template: ConfigurationTemplateFile,
         /// Ours: a cert-manager issuer signs the nodes' CSRs (below).
         cert_manager: CertManagerFile,
+        /// Ours: the built-in CA signs the nodes' CSRs (below).
+        ca: CaFile,
         /// Ours: a record of every provisioning in a JetStream KV bucket
         /// (below).
         records: RecordsFile,
@@ -413,6 +415,25 @@ file_section! {
         ///
         /// Default: `0s`
         keep: String,
+    }
+}
+
+file_section! {
+    /// `ca:` (ours).
+    pub struct CaFile {
+        /// The CA certificate (PEM) that signs the nodes' CSRs, followed by
+        /// its chain up to the root when it is an intermediate. Required.
+        certificate: String,
+        /// The CA's private key: an unencrypted PEM file (RSA or ECDSA
+        /// P-256, PKCS#1, SEC1 or PKCS#8), or a PKCS#11 URI (RFC 7512) such
+        /// as `pkcs11:token=fleet;object=ca?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/choria-provisioner/pin`.
+        /// Required.
+        key: String,
+        /// The lifetime of each certificate it signs (at least `1h`; never
+        /// past the CA's own expiry).
+        ///
+        /// Default: `90d`
+        validity: String,
     }
 }
 

@@ -14,6 +14,12 @@ impl ProvisionerConfig {
     /// parse. The Go provisioner only finds out when it provisions a node.
     pub fn check_files(&self) -> Result<(), ConfigError> {
         self.check_helper()?;
+        if let (true, Some(ca)) = (self.features.pki, &self.ca) {
+            // A key in a token is opened by the provisioner when it starts.
+            if matches!(ca.key, crate::ca::KeyRef::File(_)) {
+                self.load_ca()?;
+            }
+        }
         if self.features.jwt {
             self.load_verify_key()?;
         }
@@ -111,6 +117,16 @@ impl ProvisionerConfig {
             };
             self.err("jwt_verify_cert", message)
         })
+    }
+
+    /// The built-in CA (`ca:`) from its files, its errors named by the
+    /// setting at fault.
+    pub fn load_ca(&self) -> Result<choria_wire::security::ca::CertificateAuthority, ConfigError> {
+        let Some(ca) = &self.ca else {
+            return Err(self.err("ca", "not set"));
+        };
+        ca.load()
+            .map_err(|e| self.err(&format!("ca.{}", e.key), e.message))
     }
 
     /// The key that signs server JWTs (`jwt_signing_key`), read on every call.

@@ -138,6 +138,8 @@ pub struct ProvisionerConfig {
     pub configuration_template: Option<ConfigurationTemplate>,
     /// cert-manager as the signer of the nodes' certificates (ours).
     pub cert_manager: Option<CertManagerConfig>,
+    /// The built-in CA as the signer of the nodes' certificates (ours).
+    pub ca: Option<crate::ca::CaConfig>,
     /// Where every provisioning is recorded (ours).
     pub records: Option<crate::day_two::RecordsConfig>,
     /// Credentials renewed before they expire (ours).

@@ -38,14 +38,11 @@ impl ProvisionerConfig {
         let leader_election = sec.bool("leader_election")?.unwrap_or(false);
         let upgrades = upgrades(&sec)?;
         let features = features(file, &sec, w)?;
-        let cert_manager = cert_manager(file, &sec, w)?;
-        check_signers(&sec, w, &features, &helper, cert_manager.as_ref(), &trust)?;
+        let (cert_manager, ca, lifetime) = signers(file, &sec, w, &features, &helper, &trust)?;
         check_upgrades(&sec, w, &features, &upgrades);
         let timeouts = timeouts(&sec, w)?;
         let reply_window = reply_window(&sec)?;
         let csr_allowed_dns_names = csr_allowed_dns_names(&sec)?;
-        let lifetime =
-            shortest_lifetime(&features, trust.server_jwt_validity, cert_manager.as_ref());
         let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
         let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
         let audit = crate::audit::audit(file, &sec, records.is_some(), w)?;
@@ -88,6 +85,7 @@ impl ProvisionerConfig {
             csr_allowed_dns_names,
             configuration_template,
             cert_manager,
+            ca,
             records,
             renewal,
             admission,
@@ -338,27 +336,98 @@ fn upgrades(sec: &Section) -> Result<Upgrades, ConfigError> {
     })
 }
 
-/// What the enabled features need to work at all: someone to sign the
-/// nodes' certificates (`pki`), a key to verify their JWTs (`jwt`), a key to
-/// sign theirs (`ed25519`). A cert-manager with nothing to sign is a warning.
-fn check_signers(
+/// `cert_manager`, `ca`, and the shortest lifetime of what is issued.
+type SignerSettings = (
+    Option<CertManagerConfig>,
+    Option<crate::ca::CaConfig>,
+    Option<Lifetime>,
+);
+
+/// `cert_manager:` and `ca:`, checked against the features and the
+/// helper, and the shortest lifetime of what is issued.
+fn signers(
+    file: &Path,
     sec: &Section,
     w: &mut Vec<ConfigWarning>,
     features: &Features,
     helper: &str,
-    cert_manager: Option<&CertManagerConfig>,
+    trust: &Trust,
+) -> Result<SignerSettings, ConfigError> {
+    let cert_manager = cert_manager(file, sec, w)?;
+    let ca = crate::ca::ca(file, sec, w)?;
+    let signers = Signers {
+        helper,
+        cert_manager: cert_manager.as_ref(),
+        ca: ca.as_ref(),
+    };
+    check_signers(sec, w, features, &signers, trust)?;
+    let lifetime = shortest_lifetime(features, trust.server_jwt_validity, &signers);
+    Ok((cert_manager, ca, lifetime))
+}
+
+/// Who may sign the nodes' certificates: the helper (its command line,
+/// empty when there is none), cert-manager, the built-in CA.
+struct Signers<'a> {
+    helper: &'a str,
+    cert_manager: Option<&'a CertManagerConfig>,
+    ca: Option<&'a crate::ca::CaConfig>,
+}
+
+impl Signers<'_> {
+    /// The lifetime of the certificates we sign, when we know it (a
+    /// helper's certificates are its own business).
+    fn certificate_lifetime(&self) -> Option<Lifetime> {
+        let cert_manager = self
+            .cert_manager
+            .and_then(|c| c.duration)
+            .map(|d| Lifetime {
+                setting: "cert_manager.duration",
+                lifetime: d,
+            });
+        let ca = self.ca.map(|c| Lifetime {
+            setting: "ca.validity",
+            lifetime: c.validity,
+        });
+        cert_manager.or(ca)
+    }
+}
+
+/// What the enabled features need to work at all: someone to sign the
+/// nodes' certificates (`pki`), a key to verify their JWTs (`jwt`), a key to
+/// sign theirs (`ed25519`). A signer with nothing to sign is a warning; two
+/// signers of ours are one too many.
+fn check_signers(
+    sec: &Section,
+    w: &mut Vec<ConfigWarning>,
+    features: &Features,
+    signers: &Signers,
     trust: &Trust,
 ) -> Result<(), ConfigError> {
-    if cert_manager.is_some() && !features.pki {
-        w.push(sec.warning(
-            "cert_manager",
-            "set while features.pki is off: no CSR is fetched, so cert-manager signs nothing",
+    if signers.cert_manager.is_some() && signers.ca.is_some() {
+        return Err(sec.error(
+            "ca",
+            "set together with cert_manager: choose one signer for the nodes' certificates",
         ));
     }
-    if features.pki && helper.is_empty() && cert_manager.is_none() {
+    for (key, set) in [
+        ("cert_manager", signers.cert_manager.is_some()),
+        ("ca", signers.ca.is_some()),
+    ] {
+        if set && !features.pki {
+            w.push(sec.warning(
+                key,
+                "set while features.pki is off: no CSR is fetched, so nothing is signed",
+            ));
+        }
+    }
+    if features.pki
+        && signers.helper.is_empty()
+        && signers.cert_manager.is_none()
+        && signers.ca.is_none()
+    {
         return Err(sec.error(
             "helper",
-            "required with features.pki unless cert_manager is set: something has to sign the nodes' certificates (configuration_template only configures them)",
+            "required with features.pki unless cert_manager or ca is set: something has to sign the nodes' certificates (configuration_template only configures them)",
         ));
     }
     if features.jwt && trust.jwt_verify_cert.is_none() {
@@ -490,15 +559,12 @@ impl super::ProvisionerConfig {
             setting: "server_jwt_validity",
             lifetime: self.server_jwt_validity,
         });
-        let cert = self
-            .cert_manager
-            .as_ref()
-            .and_then(|c| c.duration)
-            .map(|d| Lifetime {
-                setting: "cert_manager.duration",
-                lifetime: d,
-            });
-        match (jwt, cert) {
+        let signers = Signers {
+            helper: &self.helper,
+            cert_manager: self.cert_manager.as_ref(),
+            ca: self.ca.as_ref(),
+        };
+        match (jwt, signers.certificate_lifetime()) {
             (Some(j), Some(c)) => Some(if c.lifetime > j.lifetime { c } else { j }),
             (j, c) => j.or(c),
         }
@@ -506,22 +572,19 @@ impl super::ProvisionerConfig {
 }
 
 /// The shortest lifetime this configuration issues, when it knows one: the
-/// server JWTs (`features.ed25519`) and cert-manager's certificates (with a
-/// `duration`); a helper's certificates are its own business.
+/// server JWTs (`features.ed25519`) and the certificates we sign
+/// (cert-manager's with a `duration`, the built-in CA's); a helper's
+/// certificates are its own business.
 fn shortest_lifetime(
     features: &Features,
     server_jwt_validity: Duration,
-    cert_manager: Option<&CertManagerConfig>,
+    signers: &Signers,
 ) -> Option<Lifetime> {
     let jwt = features.ed25519.then_some(Lifetime {
         setting: "server_jwt_validity",
         lifetime: server_jwt_validity,
     });
-    let cert = cert_manager.and_then(|c| c.duration).map(|d| Lifetime {
-        setting: "cert_manager.duration",
-        lifetime: d,
-    });
-    match (jwt, cert) {
+    match (jwt, signers.certificate_lifetime()) {
         (Some(j), Some(c)) => Some(if c.lifetime < j.lifetime { c } else { j }),
         (j, c) => j.or(c),
     }

@@ -241,6 +241,9 @@ impl ProvisionerConfig {
         if let Some(c) = &self.cert_manager {
             out.push(("cert_manager".into(), cert_manager_summary(c)));
         }
+        if let Some(c) = &self.ca {
+            out.push(("ca".into(), c.effective()));
+        }
         if let Some(t) = &self.configuration_template {
             out.push((
                 "configuration_template".into(),

@@ -784,6 +784,8 @@ fn settings_written_by_to_file_parse_back_to_the_same_settings() {
          audit: {stream: A, subject: audit.x, max_age: 30d, max_bytes: 2097152, create_stream: false}\n\
          evidence: {aws_certificates: /aws.pem, aws_accounts: ['123456789012'], gcp_certificates: /g.json, gcp_audience: 'x:{identity}', gcp_projects: [p1], max_age: 2h, node_name: instance_id, one_identity_per_instance: true}\n",
         "helper: h\nevidence: {aws_certificates: /aws.pem, one_identity_per_instance: false}\n",
+        "features: {pki: true}\nconfiguration_template: {configuration: {a: b}}\n\
+         ca: {certificate: /ca.pem, key: 'pkcs11:token=fleet;object=ca?module-path=/m.so&pin-source=file:/pin', validity: 30d}\n",
     ];
     for yaml in cases {
         let first = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
@@ -833,14 +835,22 @@ fn every_schema_key_is_written_for_a_full_configuration() {
          evidence: {aws_certificates: /a.pem}\n",
     )
     .unwrap();
-    let yaml = c.to_file().to_yaml().unwrap();
-    let doc: serde_json::Value = serde_norway::from_str(&yaml).unwrap();
+    // One signer of ours at a time: the built-in CA in a second one.
+    let with_ca = ok("helper: h\nca: {certificate: /ca.pem, key: /ca.key}\n");
+    let mut yaml = String::new();
+    let mut written = serde_json::Map::new();
+    for c in [c, with_ca] {
+        let text = c.to_file().to_yaml().unwrap();
+        let doc: serde_json::Value = serde_norway::from_str(&text).unwrap();
+        written.extend(doc.as_object().unwrap().clone());
+        yaml.push_str(&text);
+    }
     // The *_file forms stand in for the secrets themselves.
     for key in crate::schema::ProvisionerFile::KEYS
         .iter()
         .filter(|k| !k.ends_with("_file"))
     {
-        assert!(doc.get(key).is_some(), "{key} not written:\n{yaml}");
+        assert!(written.contains_key(*key), "{key} not written:\n{yaml}");
     }
 }
 
