@@ -22,21 +22,30 @@ pub fn test_key() -> &'static RsaPrivateKey {
 pub fn skip_without_openssl(what: &str) -> bool {
     let missing = Command::new("openssl").arg("version").output().is_err();
     if missing {
-        let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
-        assert!(
-            !ci,
-            "openssl cannot be run and CI is set: {what} FAILS instead of passing unchecked"
-        );
-        let thread = std::thread::current();
-        let test = thread.name().unwrap_or("a test");
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "!!! {test}: NOT RUN — openssl is not installed: {what} proves nothing\n\
-             test-not-run: {test}: openssl is not installed"
-        );
+        not_run("openssl", what);
     }
     missing
+}
+
+/// Fails the calling test under CI, where `tool` is installed by
+/// `scripts/test.sh` and its absence is a broken run; otherwise says
+/// loudly that `what` is not checked, with the marker `scripts/test.sh`
+/// counts.
+pub(crate) fn not_run(tool: &str, what: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
+    assert!(
+        !ci,
+        "{tool} cannot be run and CI is set: {what} FAILS instead of passing unchecked"
+    );
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "!!! {test}: NOT RUN — {tool} is not installed: {what} proves nothing\n\
+         skipped: {tool} not installed\n\
+         test-not-run: {test}: {tool} is not installed"
+    );
 }
 
 /// A `Command` for the `openssl` binary.
@@ -54,4 +63,25 @@ pub fn run_ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Fails the test unless `openssl verify` accepts `cert_pem` as issued by
+/// `ca_pem` for TLS servers and clients both (what a Choria node's
+/// certificate is used for).
+#[cfg(test)]
+pub(crate) fn openssl_verifies(ca_pem: &str, cert_pem: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    let cert_file = dir.path().join("cert.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    std::fs::write(&cert_file, cert_pem).unwrap();
+    for purpose in ["sslserver", "sslclient"] {
+        let out = run_ok(
+            openssl()
+                .args(["verify", "-purpose", purpose, "-CAfile"])
+                .arg(&ca_file)
+                .arg(&cert_file),
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+    }
 }

@@ -11,17 +11,55 @@ use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
 use rsa::pkcs1::der::zeroize::Zeroizing;
 use rsa::pkcs1::{EncodeRsaPrivateKey, LineEnding};
 use rsa::pkcs8::EncodePublicKey;
+use rsa::RsaPublicKey;
 use x509_cert::der::asn1::{Any, BitString, ObjectIdentifier};
 use x509_cert::der::Decode;
 use x509_cert::spki::{AlgorithmIdentifierOwned, SubjectPublicKeyInfoOwned};
 
-pub(super) const OID_SHA256_RSA: ObjectIdentifier =
+pub(crate) const OID_SHA256_RSA: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
-pub(super) const OID_EC_PUBLIC_KEY: ObjectIdentifier =
+pub(crate) const OID_EC_PUBLIC_KEY: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
-pub(super) const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
-pub(super) const OID_ECDSA_SHA256: ObjectIdentifier =
+pub(crate) const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+pub(crate) const OID_ECDSA_SHA256: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.2.840.10045.4.3.2");
+
+/// sha256WithRSAEncryption, NULL parameters (RFC 4055), as every RSA CA key
+/// signs, a file's or a token's.
+pub(crate) fn sha256_with_rsa() -> AlgorithmIdentifierOwned {
+    AlgorithmIdentifierOwned {
+        oid: OID_SHA256_RSA,
+        parameters: Some(Any::null()),
+    }
+}
+
+/// ecdsa-with-SHA256, parameters absent (RFC 5758), as every P-256 CA key
+/// signs.
+pub(crate) fn ecdsa_with_sha256() -> AlgorithmIdentifierOwned {
+    AlgorithmIdentifierOwned {
+        oid: OID_ECDSA_SHA256,
+        parameters: None,
+    }
+}
+
+/// An RSA public key as a certificate carries it (rsaEncryption, NULL
+/// parameters), encoded by the `rsa` crate for file and token keys alike.
+pub(crate) fn rsa_spki(key: &RsaPublicKey) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+    let der = key.to_public_key_der().map_err(enc_err("public key"))?;
+    SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
+}
+
+/// A P-256 public key (the uncompressed SEC1 point) as a certificate
+/// carries it: id-ecPublicKey with the named curve prime256v1.
+pub(crate) fn p256_spki(point: &[u8]) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
+    Ok(SubjectPublicKeyInfoOwned {
+        algorithm: AlgorithmIdentifierOwned {
+            oid: OID_EC_PUBLIC_KEY,
+            parameters: Some(Any::from(OID_P256)),
+        },
+        subject_public_key: BitString::from_bytes(point).map_err(enc_err("public key"))?,
+    })
+}
 
 /// What a CA needs of its private key.
 pub trait CaKey: Send + Sync {
@@ -42,20 +80,11 @@ pub struct RsaCaKey(pub(super) RsaSigningKey);
 
 impl CaKey for RsaCaKey {
     fn algorithm(&self) -> AlgorithmIdentifierOwned {
-        AlgorithmIdentifierOwned {
-            oid: OID_SHA256_RSA,
-            parameters: Some(Any::null()),
-        }
+        sha256_with_rsa()
     }
 
     fn public_key(&self) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
-        let der = self
-            .0
-            .key()
-            .to_public_key()
-            .to_public_key_der()
-            .map_err(enc_err("public key"))?;
-        SubjectPublicKeyInfoOwned::from_der(der.as_bytes()).map_err(enc_err("public key"))
+        rsa_spki(&self.0.key().to_public_key())
     }
 
     fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
@@ -97,21 +126,11 @@ impl EcdsaP256CaKey {
 
 impl CaKey for EcdsaP256CaKey {
     fn algorithm(&self) -> AlgorithmIdentifierOwned {
-        AlgorithmIdentifierOwned {
-            oid: OID_ECDSA_SHA256,
-            parameters: None,
-        }
+        ecdsa_with_sha256()
     }
 
     fn public_key(&self) -> Result<SubjectPublicKeyInfoOwned, PkiError> {
-        Ok(SubjectPublicKeyInfoOwned {
-            algorithm: AlgorithmIdentifierOwned {
-                oid: OID_EC_PUBLIC_KEY,
-                parameters: Some(Any::from(OID_P256)),
-            },
-            subject_public_key: BitString::from_bytes(self.pair.public_key().as_ref())
-                .map_err(enc_err("public key"))?,
-        })
+        p256_spki(self.pair.public_key().as_ref())
     }
 
     fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
