@@ -4,12 +4,16 @@
 //! Checks that need it fail under CI (`CI` set, as `.ci/run` runs
 //! `scripts/test.sh`, which installs openssl) and are skipped loudly, with
 //! the marker `scripts/test.sh` counts, in a plain `cargo test` without it
-//! (the rule of `tests/it/support/peers.rs`).
+//! (the rule of `tests/it/support/peers.rs`). `softhsm` makes a private
+//! SoftHSM2 token with RSA, P-256 and Ed25519 keys for the PKCS#11 tests,
+//! under the same rule.
 
 use crate::security::csr::generate_rsa_key;
 use rsa::RsaPrivateKey;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+pub mod softhsm;
 
 /// One 1024 bit key shared by tests where the size does not matter.
 pub fn test_key() -> &'static RsaPrivateKey {

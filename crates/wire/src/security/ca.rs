@@ -15,6 +15,7 @@ use crate::security::rsa_signer::RsaSigningKey;
 mod key;
 mod load;
 mod verify;
+pub(crate) use key::{ecdsa_with_sha256, p256_spki, rsa_spki, sha256_with_rsa, OID_P256};
 pub use key::{CaKey, EcdsaP256CaKey, RsaCaKey};
 use rsa::pkcs8::DecodePublicKey;
 use rsa::{RsaPrivateKey, RsaPublicKey};
@@ -121,6 +122,10 @@ pub enum PkiError {
     /// The certificate subject has no CN.
     #[error("certificate subject has no common name")]
     MissingCommonName,
+    /// The CA's key, kept in a token, could not be read or sign (the
+    /// token's error, which never carries the PIN).
+    #[error("the CA key in its token: {0}")]
+    TokenKey(String),
 }
 
 fn enc_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {

@@ -11,6 +11,8 @@
 //! * [`ca`]: a certificate authority that signs node CSRs (the built-in CA
 //!   of `features.pki`, the simulator's and the reference helper's), its key
 //!   a file's or a PKCS#11 token's;
+//! * [`pkcs11`]: keys that stay in a PKCS#11 token (`pkcs11:` URIs), the
+//!   CA's and an ed25519 signer;
 //! * [`ed25519`]: `gen25519` keys and nonce signatures;
 //! * [`ksuid`]: KSUID `jti` values bound to `iat`;
 //! * [`seal`]: ed25519 seals over what we write to the bus and read back.
@@ -29,6 +31,7 @@ pub mod ed25519;
 mod go_vectors;
 pub mod ksuid;
 pub mod pem_crypt;
+pub mod pkcs11;
 pub mod rsa_signer;
 pub mod seal;
 pub mod tokens;
