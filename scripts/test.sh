@@ -23,10 +23,14 @@ ensure_nats_server
 export NATS_SERVER_BIN="$CACHE_BIN/nats-server"
 
 # openssl makes test certificates; faketime (libfaketime) moves a leader's
-# clock in the fault tier.
+# clock in the fault tier; softhsm2 is the PKCS#11 token the wire's token-key
+# tests sign with (its module at Debian's path, as the tests expect), and
+# opensc's pkcs11-tool inspects such tokens by hand.
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
+{ [ -e /usr/lib/softhsm/libsofthsm2.so ] && command -v softhsm2-util >/dev/null 2>&1; } || missing+=(softhsm2)
+command -v pkcs11-tool >/dev/null 2>&1 || missing+=(opensc)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} from Debian's packages"
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
