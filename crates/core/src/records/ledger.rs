@@ -409,7 +409,10 @@ impl View {
                 before.history, self.history
             ));
         }
-        if self.messages < before.messages || self.first_sequence > before.first_sequence {
+        // A stream that never held anything reports its first sequence as
+        // 0; the first value written is #1 all the same.
+        let first = |v: &View| v.first_sequence.max(1);
+        if self.messages < before.messages || first(self) > first(before) {
             return Some(format!(
                 "values were removed ({} held before, {} now; the first is now #{})",
                 before.messages, self.messages, self.first_sequence
@@ -460,6 +463,31 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nats-server reports a new, empty stream's first sequence as 0: the
+    /// first record written to it (#1) erases nothing.
+    #[test]
+    fn the_first_value_in_a_new_bucket_is_not_an_erasure() {
+        let empty = View {
+            created: 1,
+            messages: 0,
+            first_sequence: 0,
+            history: 5,
+            missing: Vec::new(),
+        };
+        let first = View {
+            messages: 1,
+            first_sequence: 1,
+            ..empty.clone()
+        };
+        assert_eq!(first.erased_since(&empty), None);
+        let second_only = View {
+            messages: 1,
+            first_sequence: 2,
+            ..empty.clone()
+        };
+        assert!(second_only.erased_since(&empty).is_some(), "#1 was removed");
+    }
 
     #[test]
     fn only_what_erases_reads_as_erased() {
