@@ -103,13 +103,19 @@ pub struct Renewal {
 
 /// Loads `renewal.choria_config` (at start-up: an error there is a
 /// configuration error).
+///
+/// `choria_insecure` is about the provisioning network; the provisioned
+/// nodes check their callers with their own security. So a renewal
+/// configuration that names an x509 certificate and key signs with them
+/// even then, and only one without them goes unsigned.
 pub fn setup(
     cfg: &RenewalConfig,
-    insecure: bool,
+    choria_insecure: bool,
     env: &choria_config::Environment,
 ) -> Result<choria_config::ClientSetup, choria_config::ConfigError> {
-    choria_config::ChoriaClientConfig::load_with(&cfg.choria_config, env)?
-        .client_setup_for(insecure, None, env)
+    let client = choria_config::ChoriaClientConfig::load_with(&cfg.choria_config, env)?;
+    let signs = client.file_certificate.is_some() && client.file_key.is_some();
+    client.client_setup_for(choria_insecure && !signs, None, env)
 }
 
 /// Connects to the provisioned nodes' network, retrying; `None` on stop.

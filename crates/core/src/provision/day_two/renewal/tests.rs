@@ -258,3 +258,65 @@ fn a_node_is_asked_while_its_provisioning_jwt_still_lets_it_come_back() {
         c.retry
     ));
 }
+
+/// A renewal client configuration in `dir`: the broker, and the file
+/// provider's certificate, key and CA when `x509`.
+fn renewal_client_config(dir: &std::path::Path, x509: bool) -> RenewalConfig {
+    use choria_wire::security::ca::CertificateAuthority;
+    use choria_wire::security::csr::{generate_rsa_key, make_csr, CsrSubject};
+    use rsa::pkcs1::{EncodeRsaPrivateKey, LineEnding};
+    let mut text =
+        "identity = admin.mcollective\nplugin.choria.middleware_hosts = nats://127.0.0.1:4222\n\
+                    plugin.security.provider = file\n"
+            .to_string();
+    if x509 {
+        let ca = CertificateAuthority::generate_p256("Renewal CA").unwrap();
+        let key = generate_rsa_key(2048).unwrap();
+        let csr = make_csr(&key, &CsrSubject::new("admin.mcollective")).unwrap();
+        let cert = ca.sign_csr(&csr, Duration::from_secs(3600)).unwrap();
+        let key_pem = key.to_pkcs1_pem(LineEnding::LF).unwrap();
+        for (name, body) in [
+            ("cert.pem", cert.as_str()),
+            ("key.pem", key_pem.as_str()),
+            ("ca.pem", &ca.cert_pem()),
+        ] {
+            std::fs::write(dir.join(name), body).unwrap();
+        }
+        text.push_str(&format!(
+            "plugin.security.file.certificate = {0}/cert.pem\nplugin.security.file.key = {0}/key.pem\n\
+             plugin.security.file.ca = {0}/ca.pem\n",
+            dir.display()
+        ));
+    }
+    let path = dir.join("renewal.cfg");
+    std::fs::write(&path, text).unwrap();
+    RenewalConfig {
+        choria_config: path,
+        ..cfg(Before::Share(0.5), 0)
+    }
+}
+
+/// `choria_insecure` leaves the provisioning network unsigned; the
+/// provisioned nodes check their callers, so renewal signs with the x509
+/// credentials its own configuration names (real go-choria refuses an
+/// unsigned `reprovision` as "invalid pem data": tests/it/builtin_ca.rs).
+#[test]
+fn renewal_signs_with_its_own_certificate_even_when_provisioning_is_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = choria_config::Environment::default();
+    let signed = setup(&renewal_client_config(dir.path(), true), true, &env).unwrap();
+    assert!(
+        matches!(
+            signed.identity.signer,
+            choria_wire::protocol::RequestSigner::V1Rsa { .. }
+        ),
+        "{:?}",
+        signed.identity.signer
+    );
+    let bare = tempfile::tempdir().unwrap();
+    let unsigned = setup(&renewal_client_config(bare.path(), false), true, &env).unwrap();
+    assert!(matches!(
+        unsigned.identity.signer,
+        choria_wire::protocol::RequestSigner::V1Insecure
+    ));
+}
