@@ -29,6 +29,7 @@ pub struct Metrics {
     helper_errors: IntCounter,
     template_errors: IntCounter,
     cert_manager_requests: IntCounterVec,
+    ca_signatures: IntCounterVec,
     helper_shutdowns: IntCounter,
     discovered: IntCounter,
     event_discovered: IntCounter,
@@ -157,6 +158,12 @@ impl Metrics {
                 "CertificateRequests made for nodes' CSRs, by how they ended",
                 "outcome",
                 &CERT_MANAGER_OUTCOMES,
+            ),
+            ca_signatures: labelled(
+                "choria_provisioner_ca_signatures",
+                "CSRs the built-in CA was asked to sign, by how it ended",
+                "outcome",
+                &CA_OUTCOMES,
             ),
             helper_shutdowns: counter(
                 "choria_provisioner_helper_shutdown_requests",

@@ -102,6 +102,10 @@ pub enum PkiError {
         /// Library error text.
         reason: String,
     },
+    /// The CA's key could not sign (a token gone, a module failing): the
+    /// CA's trouble, not the request's.
+    #[error("the CA key could not sign: {0}")]
+    KeyFailed(String),
     /// A certificate signature algorithm we cannot verify.
     #[error("certificate signature algorithm {0} is not supported (only SHA256/384/512 with RSA)")]
     UnsupportedSignatureAlgorithm(String),

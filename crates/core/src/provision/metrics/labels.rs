@@ -28,6 +28,10 @@ pub const SHARD_REFUSED_REASONS: [&str; 6] = [
 /// Labels of `choria_provisioner_cert_manager_requests{outcome}`: what
 /// [`super::signing::certmanager::SignError::outcome`] names.
 pub const CERT_MANAGER_OUTCOMES: [&str; 5] = ["issued", "denied", "failed", "timeout", "error"];
+/// Labels of `choria_provisioner_ca_signatures{outcome}`: a certificate
+/// `issued`, a CSR `refused`, or the CA's key `unavailable` (see
+/// [`super::signing::ca::CaSignError::outcome`]).
+pub const CA_OUTCOMES: [&str; 3] = ["issued", "refused", "unavailable"];
 /// Labels of `choria_provisioner_admission{decision}`: what the admission
 /// policy decided for a node (`error`: it could not be evaluated, and the
 /// node was refused).

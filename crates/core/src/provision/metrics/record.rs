@@ -184,6 +184,10 @@ impl Metrics {
             .inc();
     }
 
+    pub fn ca_signature(&self, outcome: &str) {
+        self.ca_signatures.with_label_values(&[outcome]).inc();
+    }
+
     pub fn helper_shutdown(&self) {
         self.helper_shutdowns.inc();
     }

@@ -98,6 +98,34 @@ impl HostSequence {
             }
         }
     }
+
+    /// The certificate and CA from the built-in CA, when it is the signer
+    /// and the helper (if any) gave no certificate.
+    pub(super) async fn sign_with_ca(
+        &self,
+        response: &mut HelperResponse,
+    ) -> Result<(), ProvisionError> {
+        let (Some(ca), Some(csr)) = (&self.ctx.signing.ca, &self.got.csr) else {
+            return Ok(());
+        };
+        self.gate_check()?;
+        let _working = self.working().await?;
+        match ca.sign(&csr.csr).await {
+            Ok(issued) => {
+                self.ctx.metrics.ca_signature("issued");
+                response.certificate = issued.certificate;
+                if response.ca.is_empty() {
+                    response.ca = issued.ca;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.ca_signature(e.outcome());
+                Err(ProvisionError::Ca(e))
+            }
+        }
+    }
+
     /// The server JWT for ed25519 networks, as Go's `generateServerJWT` makes it.
     pub(super) fn sign_server_jwt(
         &self,

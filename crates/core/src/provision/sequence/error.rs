@@ -1,6 +1,7 @@
 //! How a node's sequence fails: one error per step, each naming it.
 
 use crate::provision::gate::Paused;
+use crate::provision::signing::ca::CaSignError;
 use crate::provision::signing::certmanager::SignError;
 use crate::provision::signing::helper::HelperError;
 use crate::provision::signing::template::TemplateError;
@@ -50,6 +51,8 @@ pub enum ProvisionError {
     Template(#[source] TemplateError),
     #[error("cert-manager: {0}")]
     CertManager(#[source] SignError),
+    #[error("built-in CA: {0}")]
+    Ca(#[source] CaSignError),
     #[error("configuration deferred by the helper: {0}")]
     Deferred(String),
     #[error("could not sign the server JWT: {0}")]
@@ -113,6 +116,7 @@ impl ProvisionError {
             ProvisionError::Helper(_) | ProvisionError::Deferred(_) => "helper",
             ProvisionError::Template(_) => "template",
             ProvisionError::CertManager(_) => "cert_manager",
+            ProvisionError::Ca(_) => "ca",
             ProvisionError::ServerJwt(_) | ProvisionError::ServerJwtSetup(_) => "server_jwt",
             ProvisionError::KeyEncryption(_) => "key_encryption",
             ProvisionError::Upgrade { .. } => "choria_provision#release_update",

@@ -322,6 +322,7 @@ impl HostSequence {
         let helper_signed = !response.certificate.is_empty();
         if cfg.features.pki && response.certificate.is_empty() {
             self.sign_with_cert_manager(&mut response).await?;
+            self.sign_with_ca(&mut response).await?;
         }
 
         let (server_jwt, key, provisioner_ecdh_public) = self.issue(&response).await?;
@@ -349,6 +350,7 @@ impl HostSequence {
         let signer = match (response.certificate.is_empty(), helper_signed) {
             (true, _) => None,
             (false, true) => Some("helper"),
+            (false, false) if self.ctx.signing.ca.is_some() => Some("ca"),
             (false, false) => Some("cert-manager"),
         };
         let record = self.record(&response, &server_jwt, &config, signer);

@@ -1,7 +1,8 @@
 //! Deciding a node's configuration and signing for it: the user's helper
 //! and `configuration_template`, the checks on what they grant, cert-manager
-//! as a signer, and the keys we verify and sign with.
+//! and the built-in CA as signers, and the keys we verify and sign with.
 
+pub mod ca;
 pub mod certmanager;
 pub mod credentials;
 pub mod grants;
@@ -24,6 +25,9 @@ pub struct Signing {
     pub template: Option<template::NodeTemplate>,
     /// `cert_manager`: signs the nodes' CSRs when the helper did not.
     pub cert_manager: Option<certmanager::Signer>,
+    /// `ca`: the built-in CA, signing the nodes' CSRs when the helper did
+    /// not.
+    pub ca: Option<Arc<ca::BuiltinCa>>,
     /// `cert_deny_list`: identities and CSR names never signed for.
     pub deny_list: Vec<Regex>,
     /// DNS names besides the identity a CSR may ask for.
@@ -61,6 +65,10 @@ impl Signing {
                 .cert_manager
                 .clone()
                 .map(|c| certmanager::Signer::new(c, kube.clone(), provisioner.cloned())),
+            ca: match (&cfg.ca, cfg.features.pki) {
+                (Some(c), true) => Some(Arc::new(ca::BuiltinCa::new(cfg.load_ca()?, c.validity))),
+                _ => None,
+            },
             deny_list: cfg.cert_deny_regexes()?,
             csr_allowed_dns: cfg.csr_allowed_dns_regexes()?,
             credentials: Arc::new(credentials::Credentials::load(cfg.clone())),

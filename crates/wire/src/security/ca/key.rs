@@ -88,7 +88,9 @@ impl CaKey for RsaCaKey {
     }
 
     fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
-        self.0.sign_sha256(data).map_err(enc_err("signature"))
+        self.0
+            .sign_sha256(data)
+            .map_err(|e| PkiError::KeyFailed(e.to_string()))
     }
 
     fn pem(&self) -> Option<Zeroizing<String>> {
@@ -137,7 +139,7 @@ impl CaKey for EcdsaP256CaKey {
         let sig = self
             .pair
             .sign(&SystemRandom::new(), data)
-            .map_err(enc_err("signature"))?;
+            .map_err(|e| PkiError::KeyFailed(e.to_string()))?;
         Ok(sig.as_ref().to_vec())
     }
 
