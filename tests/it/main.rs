@@ -13,6 +13,7 @@ mod attested_page;
 mod behaviour_go;
 mod book;
 mod broker;
+mod builtin_ca;
 mod cert_manager;
 mod cli;
 mod cluster;
