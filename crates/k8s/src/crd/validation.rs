@@ -5,8 +5,9 @@
 //!
 //! They cover every static rule of the spec: exclusive features, a helper or
 //! templates, what `features` need, broker credentials, names and keys,
-//! duration formats and their minimums, ranges, and `spec.pod`'s additions
-//! (`validation/pod.rs`: names, what the operator keeps for itself, bounds).
+//! duration formats and their minimums, ranges, the signer's fields
+//! (`validation/pki.rs`) and `spec.pod`'s additions (`validation/pod.rs`:
+//! names, what the operator keeps for itself, bounds).
 //! What the API server cannot see (Secrets, issuers, the provisioner's own
 //! parsers over the generated files, the cluster admin's policy) stays with
 //! the operator, which also still checks everything here: objects stored
@@ -18,6 +19,7 @@
 use serde_json::{json, Value};
 
 mod attested;
+mod pki;
 mod pod;
 pub use pod::{ENV_NAME, MAX_ENV, MAX_ENV_VALUE, MAX_MOUNTS, MAX_VOLUMES};
 
@@ -197,12 +199,6 @@ fn object_name(at: &'static str, what: &str) -> Rule {
 
 /// Every rule, in the order they are documented.
 pub fn rules() -> Vec<Rule> {
-    let usages = choria_config::provisioner::CERT_MANAGER_USAGES;
-    let usage_list = usages
-        .iter()
-        .map(|u| format!("'{u}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
     let mut all = vec![
         rule(
             "",
@@ -436,23 +432,8 @@ pub fn rules() -> Vec<Rule> {
         ),
         object_name("spec.renewal.broker.tlsSecret", "a Secret's name"),
         object_name("spec.renewal.broker.clientJwtSecret", "a Secret's name"),
-        // cert-manager.
-        object_name("spec.pki.certManager.issuerRef.name", "an issuer's name"),
-        rule(
-            "spec.pki.certManager.issuerRef.kind",
-            "self.matches('^[A-Za-z0-9]+$')",
-            "spec.pki.certManager.issuerRef.kind must be a kind such as Issuer or ClusterIssuer",
-        ),
-        object_name("spec.pki.certManager.issuerRef.group", "an API group"),
-        rule(
-            "spec.pki.certManager.usages",
-            format!("self.all(u, u in [{usage_list}])"),
-            format!(
-                "spec.pki.certManager.usages must be cert-manager key usages: {}",
-                usages.join(", ")
-            ),
-        ),
     ];
+    all.extend(pki::rules());
     all.extend(duration_rules(
         "spec.interval",
         Some((
@@ -463,11 +444,6 @@ pub fn rules() -> Vec<Rule> {
     for at in POSITIVE_DURATIONS {
         all.extend(duration_rules(at, Some(("0s", ""))));
     }
-    all.extend(duration_rules(
-        "spec.pki.certManager.duration",
-        Some(("1h", "is shorter than cert-manager's minimum of 1h")),
-    ));
-    all.extend(duration_rules("spec.pki.certManager.keep", None));
     all.extend(duration_rules("spec.renewal.jitter", None));
     all.extend(duration_rules("spec.renewal.retry", Some(("0s", ""))));
     all.extend(duration_rules("spec.evidence.maxAge", Some(("0s", ""))));
@@ -496,11 +472,6 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.broker.clientJwtSecret", "maxLength", 253),
         ("spec.helper.command", "maxLength", 4096),
         ("spec.helper.configMap", "maxLength", 253),
-        ("spec.pki.certManager.issuerRef.name", "maxLength", 253),
-        ("spec.pki.certManager.issuerRef.kind", "maxLength", 63),
-        ("spec.pki.certManager.issuerRef.group", "maxLength", 253),
-        ("spec.pki.certManager.usages", "maxItems", 22),
-        ("spec.pki.certManager.usages[]", "maxLength", 32),
         ("spec.records.urls", "maxItems", 64),
         ("spec.records.urls[]", "maxLength", 1024),
         ("spec.records.bucket", "maxLength", 64),
@@ -512,13 +483,7 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.renewal.broker.tlsSecret", "maxLength", 253),
         ("spec.renewal.broker.clientJwtSecret", "maxLength", 253),
     ];
-    let durations = [
-        "spec.interval",
-        "spec.pki.certManager.duration",
-        "spec.pki.certManager.keep",
-        "spec.renewal.jitter",
-        "spec.renewal.retry",
-    ];
+    let durations = ["spec.interval", "spec.renewal.jitter", "spec.renewal.retry"];
     let leases = LEASE_TIMINGS.map(|(at, _)| at);
     for at in durations
         .into_iter()
@@ -532,6 +497,7 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         b.push((at, "key", 253));
     }
     b.extend(attested::bounds());
+    b.extend(pki::bounds());
     b.extend(pod::bounds());
     b
 }
