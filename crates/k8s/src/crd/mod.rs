@@ -34,7 +34,7 @@ pub use broker::{BrokerSpec, SecretKeyRef};
 pub use election::{ElectionBackend, ElectionMode, ElectionSpec};
 pub use enums::{ImagePullPolicy, LogLevel};
 pub use node::{Features, HelperSpec, NodeConfigurationSpec};
-pub use pki::{CertManagerSpec, IssuerRef, PkiSpec};
+pub use pki::{CaSpec, CertManagerSpec, IssuerRef, PkiSpec, CA_CERTIFICATE_KEY, CA_KEY_KEY};
 pub use pod::{
     PodOverrides, PodVolume, VolumeType, OPERATOR_MOUNT_ROOTS, RESERVED_ENV, RESERVED_ENV_PREFIX,
     RESERVED_VOLUMES,
@@ -253,7 +253,8 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_configuration: Option<NodeConfigurationSpec>,
 
-    /// Who signs the nodes' certificates with `features.pki`.
+    /// Who signs the nodes' certificates with `features.pki` when the
+    /// helper does not: cert-manager or the built-in CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pki: Option<PkiSpec>,
     /// A record of every provisioning in a Choria Streams (JetStream) KV

@@ -225,9 +225,15 @@ pub fn rules() -> Vec<Rule> {
         ),
         about(
             "spec",
+            ".pki",
+            "!has(self.pki) || !has(self.pki.ca) || self.features.pki",
+            "spec.pki.ca signs the nodes' CSRs, which are fetched only with spec.features.pki: true; enable it or remove spec.pki",
+        ),
+        about(
+            "spec",
             ".features",
-            "!self.features.pki || has(self.helper) || (has(self.pki) && has(self.pki.certManager))",
-            "spec.features.pki needs a signer for the nodes' CSRs: spec.helper or spec.pki.certManager",
+            "!self.features.pki || has(self.helper) || (has(self.pki) && (has(self.pki.certManager) || has(self.pki.ca)))",
+            "spec.features.pki needs a signer for the nodes' CSRs: spec.helper, spec.pki.certManager or spec.pki.ca",
         ),
         about(
             "spec",

@@ -1,9 +1,13 @@
-//! The rules of `spec.pki`: the signer's fields, what the provisioner's
-//! `cert_manager:` would refuse.
+//! The rules of `spec.pki`: one signer, and its fields, what the
+//! provisioner's `cert_manager:` and `ca:` would refuse.
 
-use super::{duration_rules, object_name, rule, Rule, DURATION_MAX_LENGTH};
+use super::{duration_rules, object_name, rule, Rule, DURATION_MAX_LENGTH, SECRET_KEY};
 
-/// `spec.pki.certManager`'s issuer, usages and durations.
+/// The CA's two Secret keys.
+const CA_KEYS: [&str; 2] = ["spec.pki.ca.certificateKey", "spec.pki.ca.keyKey"];
+
+/// `spec.pki.certManager`'s issuer, usages and durations; `spec.pki.ca`'s
+/// Secret, its keys and the lifetime of what it signs.
 pub(super) fn rules() -> Vec<Rule> {
     let usages = choria_config::provisioner::CERT_MANAGER_USAGES;
     let usage_list = usages
@@ -33,6 +37,26 @@ pub(super) fn rules() -> Vec<Rule> {
         Some(("1h", "is shorter than cert-manager's minimum of 1h")),
     ));
     all.extend(duration_rules("spec.pki.certManager.keep", None));
+    all.push(rule(
+        "spec.pki",
+        "!(has(self.certManager) && has(self.ca))",
+        "spec.pki.certManager and spec.pki.ca both sign the nodes' CSRs; keep one of them",
+    ));
+    all.push(object_name("spec.pki.ca.secretName", "a Secret's name"));
+    for at in CA_KEYS {
+        all.push(rule(
+            at,
+            format!("self.matches('{SECRET_KEY}') && self != '.' && self != '..'"),
+            format!("{at} must be a Secret key: letters, digits, '-', '_' and '.'"),
+        ));
+    }
+    all.extend(duration_rules(
+        "spec.pki.ca.validity",
+        Some((
+            "1h",
+            "is shorter than 1h: renewal would have no time to act",
+        )),
+    ));
     all
 }
 
@@ -54,5 +78,9 @@ pub(super) fn bounds() -> Vec<(&'static str, &'static str, i64)> {
             "maxLength",
             DURATION_MAX_LENGTH,
         ),
+        ("spec.pki.ca.secretName", "maxLength", 253),
+        (CA_KEYS[0], "maxLength", 253),
+        (CA_KEYS[1], "maxLength", 253),
+        ("spec.pki.ca.validity", "maxLength", DURATION_MAX_LENGTH),
     ]
 }
