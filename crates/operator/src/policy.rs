@@ -21,6 +21,10 @@
 //!
 //! A `Provisioner` outside them is refused before anything is applied, with
 //! a message that says what was asked and what is allowed.
+//!
+//! The Secrets a `Provisioner` names, the built-in CA's (`spec.pki.ca`)
+//! among them, are not the admin's to bound: each is one of its own
+//! namespace, mounted by the kubelet, which its writers can read anyway.
 
 use choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES;
 use choria_k8s::crd::{CertManagerSpec, PodOverrides, Provisioner, VolumeType};

@@ -10,6 +10,7 @@
 use super::build;
 
 mod pod;
+use choria_config::ca::MIN_CA_VALIDITY;
 use choria_config::names::is_dns_label;
 use choria_config::provisioner::MIN_INTERVAL;
 use choria_config::{parse_duration, ChoriaClientConfig, Environment, ProvisionerConfig};
@@ -33,6 +34,7 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     broker(s, problem);
     secret_refs(s, problem);
     features(s, problem);
+    ca(s, problem);
     durations(s, problem);
     election(s, problem);
     records_and_renewal(s, problem);
@@ -164,6 +166,39 @@ fn features(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
         problem(format!(
             "spec.features.{feature} needs spec.jwtVerifyKeySecret: the Secret key holding the public key or certificate that verifies the nodes' provisioning.jwt"
         ));
+    }
+}
+
+/// `spec.pki.ca`: a signer for `features.pki`, cert-manager's alternative,
+/// its Secret's name and keys, and a lifetime renewal has time to act in.
+fn ca(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    let Some(ca) = build::ca_spec(s) else {
+        return;
+    };
+    if !s.features.pki {
+        problem("spec.pki.ca signs the nodes' CSRs, which are fetched only with spec.features.pki: true; enable it or remove spec.pki".into());
+    }
+    if s.pki.as_ref().is_some_and(|p| p.cert_manager.is_some()) {
+        problem(
+            "spec.pki.certManager and spec.pki.ca both sign the nodes' CSRs; keep one of them"
+                .into(),
+        );
+    }
+    check_object_name("spec.pki.ca.secretName", &ca.secret_name, problem);
+    check_key(
+        "spec.pki.ca.certificateKey",
+        "Secret",
+        &ca.certificate_key,
+        problem,
+    );
+    check_key("spec.pki.ca.keyKey", "Secret", &ca.key_key, problem);
+    if let Some(d) = positive_duration("pki.ca.validity", &ca.validity, problem) {
+        if d < MIN_CA_VALIDITY {
+            problem(format!(
+                "spec.pki.ca.validity {:?} is shorter than 1h: renewal would have no time to act",
+                ca.validity.as_deref().unwrap_or_default()
+            ));
+        }
     }
 }
 
@@ -445,6 +480,11 @@ fn check_secret_ref(field: &str, r: &SecretKeyRef, problem: &mut dyn FnMut(Strin
 /// `name` and `key` of a Secret's or ConfigMap's key (`what`).
 fn check_key_ref(field: &str, what: &str, name: &str, key: &str, problem: &mut dyn FnMut(String)) {
     check_object_name(&format!("{field}.name"), name, problem);
+    check_key(&format!("{field}.key"), what, key, problem);
+}
+
+/// A Secret's or ConfigMap's key (`what`) at `field`.
+fn check_key(field: &str, what: &str, key: &str, problem: &mut dyn FnMut(String)) {
     // A key becomes a file name in the Secret's directory.
     let valid_key = !key.is_empty()
         && key.len() <= 253
@@ -455,7 +495,7 @@ fn check_key_ref(field: &str, what: &str, name: &str, key: &str, problem: &mut d
             .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
     if !valid_key {
         problem(format!(
-            "{field}.key {key:?} is not a {what} key; use letters, digits, '-', '_' and '.'"
+            "{field} {key:?} is not a {what} key; use letters, digits, '-', '_' and '.'"
         ));
     }
 }

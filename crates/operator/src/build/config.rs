@@ -88,6 +88,11 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
             }),
             None => None,
         },
+        ca: ca_spec(s).map(|c| CaFile {
+            certificate: Some(ref_path(&c.certificate_ref())),
+            key: Some(ref_path(&c.key_ref())),
+            validity: c.validity.clone(),
+        }),
         records: s.records.as_ref().map(|r| {
             let mut file = records_file(r, signing_key_ref(&p.name_any(), s));
             file.verify_keys =

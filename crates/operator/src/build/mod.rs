@@ -12,12 +12,12 @@
 
 use super::policy::Policy;
 use choria_config::schema::{
-    AdmissionFile, AuditFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
+    AdmissionFile, AuditFile, CaFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
     EvidenceFile, FeaturesFile, ProvisionerFile, RecordsFile, RenewalFile,
 };
 use choria_k8s::crd::{
-    AuditSpec, BrokerSpec, ElectionBackend, ElectionMode, EvidenceSpec, PodOverrides, PodVolume,
-    Provisioner, ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
+    AuditSpec, BrokerSpec, CaSpec, ElectionBackend, ElectionMode, EvidenceSpec, PodOverrides,
+    PodVolume, Provisioner, ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -194,6 +194,11 @@ fn ref_path(r: &SecretKeyRef) -> String {
     secret_path(&r.name, &r.key)
 }
 
+/// `spec.pki.ca`, when the built-in CA signs.
+pub fn ca_spec(spec: &ProvisionerSpec) -> Option<&CaSpec> {
+    spec.pki.as_ref().and_then(|p| p.ca.as_ref())
+}
+
 pub fn config_map_name(name: &str) -> String {
     format!("{name}-config")
 }
@@ -244,6 +249,8 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
     let mut mounts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let records = spec.records.as_ref();
     let signing = signing_key_ref(name, spec);
+    // The CA's certificate and key, and nothing else of its Secret.
+    let ca = ca_spec(spec).map(|c| [c.certificate_ref(), c.key_ref()]);
     let evidence = spec.evidence.as_ref();
     let refs = [
         &spec.token_secret,
@@ -275,6 +282,7 @@ pub fn secret_mounts(name: &str, spec: &ProvisionerSpec) -> BTreeMap<String, BTr
         .chain(evidence_refs)
         .flatten()
         .chain(signing.as_ref())
+        .chain(ca.iter().flatten())
     {
         mounts
             .entry(r.name.clone())

@@ -1008,3 +1008,102 @@ fn admission_evidence_and_audit_reach_the_pods() {
         "{mounts:?}"
     );
 }
+
+/// A Provisioner whose nodes the built-in CA signs, from the Secret
+/// `fleet-ca` with `ca` merged into `spec.pki.ca`.
+fn ca_provisioner(ca: serde_json::Value) -> Provisioner {
+    let mut spec = json!({
+        "helper": null,
+        "nodeConfiguration": {"configuration": {"identity": "{{ identity }}"}},
+        "features": {"pki": true},
+        "pki": {"ca": {"secretName": "fleet-ca"}},
+    });
+    crate::fixtures::merge(&mut spec["pki"]["ca"], ca);
+    provisioner(spec)
+}
+
+/// `spec.pki.ca` becomes the provisioner's `ca:`, naming the files its
+/// Secret's keys are mounted as, and its lifetime when the spec sets one.
+#[test]
+fn the_ca_secret_reaches_the_provisioner_as_ca_with_mounted_paths() {
+    use choria_config::ca::{KeyRef, DEFAULT_CA_VALIDITY};
+    let day = 24 * 3600;
+    for (extra, cert, key, validity) in [
+        (json!({}), "tls.crt", "tls.key", DEFAULT_CA_VALIDITY),
+        (
+            json!({"certificateKey": "ca.pem", "keyKey": "ca.key", "validity": "30d"}),
+            "ca.pem",
+            "ca.key",
+            std::time::Duration::from_secs(30 * day),
+        ),
+    ] {
+        let p = ca_provisioner(extra.clone());
+        assert_eq!(crate::validate::validate(&p), Vec::<String>::new());
+        let ca = config(&p).ca.unwrap_or_else(|| panic!("{extra}: no ca:"));
+        assert_eq!(
+            ca.certificate,
+            PathBuf::from(secret_path("fleet-ca", cert)),
+            "{extra}"
+        );
+        assert_eq!(
+            ca.key,
+            KeyRef::File(secret_path("fleet-ca", key).into()),
+            "{extra}"
+        );
+        assert_eq!(ca.validity, validity, "{extra}");
+        let yaml = provisioner_yaml(&p).unwrap();
+        assert_eq!(
+            yaml.contains("validity:"),
+            extra.get("validity").is_some(),
+            "unset, the provisioner's default applies:\n{yaml}"
+        );
+    }
+    // Without it, no ca: at all.
+    assert!(config(&jwt_spec()).ca.is_none());
+    assert!(!provisioner_yaml(&jwt_spec()).unwrap().contains("\nca:"));
+}
+
+/// The pods get the CA's certificate and key, read-only and readable by
+/// their group only, and nothing else of its Secret.
+#[test]
+fn only_the_ca_secrets_two_keys_are_mounted_read_only() {
+    let p = ca_provisioner(json!({"certificateKey": "ca.pem", "keyKey": "ca.key"}));
+    let d = deployment_of(&p);
+    let spec = pod(&d);
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.secret
+                .as_ref()
+                .is_some_and(|s| s.secret_name.as_deref() == Some("fleet-ca"))
+        })
+        .expect("a volume of the CA Secret");
+    let source = volume.secret.as_ref().unwrap();
+    let items: Vec<(&str, &str, Option<i32>)> = source
+        .items
+        .iter()
+        .flatten()
+        .map(|i| (i.key.as_str(), i.path.as_str(), i.mode))
+        .collect();
+    assert_eq!(
+        items,
+        [("ca.key", "ca.key", None), ("ca.pem", "ca.pem", None)]
+    );
+    assert_eq!(
+        source.default_mode,
+        Some(0o440),
+        "as every Secret key: the pod's fsGroup reads it, nobody else"
+    );
+    let mount = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == volume.name)
+        .expect("its mount");
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.read_only),
+        ("/etc/choria-provisioner/secrets/fleet-ca", Some(true))
+    );
+}

@@ -332,3 +332,60 @@ fn shards_need_a_membership_and_renewal_needs_records() {
     assert!(problems(json!({"records": {"urls": ["nats://r:4222"]}, "tokenSecret": {"name": "t", "key": "token"}, "renewal": {"before": "20%",
         "broker": {"urls": ["nats://c:4222"], "tlsSecret": "renew-tls"}}})).is_empty());
 }
+
+#[test]
+fn the_built_in_ca_needs_pki_no_cert_manager_a_secret_and_an_hour() {
+    let ca = |extra: serde_json::Value| {
+        let mut ca = json!({"secretName": "fleet-ca"});
+        crate::fixtures::merge(&mut ca, extra);
+        ca
+    };
+    let pki = |ca: serde_json::Value| json!({"features": {"pki": true}, "pki": {"ca": ca}});
+    // A CA Secret with its defaults, or with keys and a lifetime of its own.
+    assert_eq!(problems(pki(ca(json!({})))), Vec::<String>::new());
+    assert_eq!(
+        problems(pki(ca(
+            json!({"certificateKey": "ca.pem", "keyKey": "ca_key.pem", "validity": "1y"})
+        ))),
+        Vec::<String>::new()
+    );
+    // Without features.pki no CSR reaches it.
+    one(
+        json!({"pki": {"ca": ca(json!({}))}}),
+        &[
+            "spec.pki.ca signs the nodes' CSRs",
+            "spec.features.pki: true",
+        ],
+    );
+    // One signer of ours at a time.
+    one(
+        json!({"features": {"pki": true},
+               "pki": {"ca": ca(json!({})), "certManager": {"issuerRef": {"name": "fleet-ca"}}}}),
+        &["spec.pki.certManager and spec.pki.ca both sign", "keep one"],
+    );
+    // Its Secret's name and keys, and a lifetime renewal can act in.
+    for (bad, fragments) in [
+        (
+            json!({"secretName": "Fleet_CA"}),
+            ["spec.pki.ca.secretName \"Fleet_CA\"", "not an object name"],
+        ),
+        (
+            json!({"certificateKey": ".."}),
+            ["spec.pki.ca.certificateKey \"..\"", "not a Secret key"],
+        ),
+        (
+            json!({"keyKey": "../ca.key"}),
+            ["spec.pki.ca.keyKey \"../ca.key\"", "not a Secret key"],
+        ),
+        (
+            json!({"validity": "30m"}),
+            ["spec.pki.ca.validity \"30m\"", "shorter than 1h"],
+        ),
+        (
+            json!({"validity": "soon"}),
+            ["spec.pki.ca.validity", "soon"],
+        ),
+    ] {
+        one(pki(ca(bad)), &fragments);
+    }
+}
