@@ -113,6 +113,8 @@ fn the_shipped_examples_pass(c: &Cluster) {
         "docs/src/examples/kubernetes/provisioner.yaml",
         "docs/src/examples/kubernetes/provisioner-day-two.yaml",
         "docs/src/examples/kubernetes/private-registry.yaml",
+        // The built-in CA from a Secret.
+        "docs/src/examples/kubernetes/provisioner-ca.yaml",
         // The production guide's part two.
         "docs/src/examples/kubernetes/provisioner-production.yaml",
         // The attested provisioning guide.
