@@ -11,15 +11,16 @@
 //!
 //! The CA signs after every check that applies to a CSR (names, deny list,
 //! allowed DNS names, admission, evidence); a certificate the helper signed
-//! itself wins. This only says where the CA is and how long what it signs
-//! lives; loading it is `check_files`' business (a file key) or the core's
-//! (a key in a PKCS#11 token, opened once at start).
+//! itself wins. [`CaConfig::load`] reads the CA's files or opens its key in
+//! its token: `run --check` and the provisioner's start do, so a wrong key
+//! fails there, not on the first node.
 
 use super::duration::format_duration;
 use super::schema::CaFile;
 use super::yaml::{Node, Section};
 use super::{ConfigError, ConfigWarning};
-use choria_wire::security::ca::{CertificateAuthority, PkiError};
+use choria_wire::security::ca::{CaKey, CertificateAuthority, PkiError};
+use choria_wire::security::pkcs11::{Pkcs11CaKey, Pkcs11Error, Pkcs11Uri};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -142,14 +143,13 @@ pub struct CaLoadError {
 }
 
 impl CaConfig {
-    /// The CA from its files. A key in a PKCS#11 token is opened by
-    /// [`CaConfig::load_with`]'s caller.
+    /// The CA from its certificate file and its key: a file read here, or
+    /// a key in a PKCS#11 token opened here (the token is asked for its
+    /// public key, which must be the certificate's).
     pub fn load(&self) -> Result<CertificateAuthority, CaLoadError> {
-        let KeyRef::File(key_path) = &self.key else {
-            return Err(CaLoadError {
-                key: "key",
-                message: "a pkcs11: URI is opened by the provisioner, not read as a file".into(),
-            });
+        let key_path = match &self.key {
+            KeyRef::File(path) => path,
+            KeyRef::Pkcs11(uri) => return self.load_with(open_token_key(uri)?),
         };
         let cert = self.read_certificate()?;
         let key = std::fs::read_to_string(key_path).map_err(|e| CaLoadError {
@@ -160,10 +160,7 @@ impl CaConfig {
     }
 
     /// The CA from its certificate file and a key held elsewhere.
-    pub fn load_with(
-        &self,
-        key: Box<dyn choria_wire::security::ca::CaKey>,
-    ) -> Result<CertificateAuthority, CaLoadError> {
+    pub fn load_with(&self, key: Box<dyn CaKey>) -> Result<CertificateAuthority, CaLoadError> {
         CertificateAuthority::load(&self.read_certificate()?, key).map_err(|e| self.pki_error(e))
     }
 
@@ -193,6 +190,17 @@ impl CaConfig {
             message: format!("{path}: {e}"),
         }
     }
+}
+
+/// The CA key a `pkcs11:` URI names, opened in its token.
+fn open_token_key(uri: &str) -> Result<Box<dyn CaKey>, CaLoadError> {
+    let error = |e: Pkcs11Error| CaLoadError {
+        key: "key",
+        // The URI as shown (no PIN), and the token's error (never a PIN).
+        message: format!("{}: {e}", KeyRef::Pkcs11(uri.to_string())),
+    };
+    let uri = Pkcs11Uri::parse(uri).map_err(error)?;
+    Ok(Box::new(Pkcs11CaKey::open(&uri).map_err(error)?))
 }
 
 /// `ca:`, when set.
@@ -238,9 +246,14 @@ pub(crate) fn ca(
         }
         _ => DEFAULT_CA_VALIDITY,
     };
+    let key = KeyRef::parse(&key);
+    if let KeyRef::Pkcs11(uri) = &key {
+        // The form is checked here; the token is opened by `load`.
+        Pkcs11Uri::parse(uri).map_err(|e| c.error("key", e.to_string()))?;
+    }
     Ok(Some(CaConfig {
         certificate: PathBuf::from(certificate.trim()),
-        key: KeyRef::parse(&key),
+        key,
         validity,
     }))
 }
@@ -303,12 +316,17 @@ mod tests {
             ("{certificate: /c}", "ca.key: required"),
             ("{certificate: /c, key: ' '}", "ca.key: required"),
             (
+                "{certificate: /c, key: 'pkcs11:object=ca?pin-value=s3cret'}",
+                "ca.key: pkcs11: URI has no module-path",
+            ),
+            (
                 "{certificate: /c, key: /k, validity: 30m}",
                 "ca.validity: 30m is shorter than 1h",
             ),
         ] {
             let e = error(&format!("helper: h\nfeatures: {{pki: true}}\nca: {ca}\n"));
             assert!(e.contains(wanted), "{ca}: {e}");
+            assert!(!e.contains("s3cret"), "{e}");
         }
     }
 

@@ -14,11 +14,8 @@ impl ProvisionerConfig {
     /// parse. The Go provisioner only finds out when it provisions a node.
     pub fn check_files(&self) -> Result<(), ConfigError> {
         self.check_helper()?;
-        if let (true, Some(ca)) = (self.features.pki, &self.ca) {
-            // A key in a token is opened by the provisioner when it starts.
-            if matches!(ca.key, crate::ca::KeyRef::File(_)) {
-                self.load_ca()?;
-            }
+        if self.features.pki && self.ca.is_some() {
+            self.load_ca()?;
         }
         if self.features.jwt {
             self.load_verify_key()?;
