@@ -513,6 +513,57 @@ async fn pki_feature_delivers_certificates_signed_by_the_helper_ca() {
     drop(dir);
 }
 
+/// The built-in CA (`ca:`, an ECDSA P-256 key file) signs every node's CSR
+/// with no helper process: each node gets a certificate for its name from
+/// that CA, and the CA to trust.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_ca_signs_every_nodes_csr_with_no_helper() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki::CertificateAuthority::generate_p256("built-in CA").unwrap();
+    let ca_cert = dir.path().join("ca.pem");
+    let ca_key = dir.path().join("ca.key");
+    std::fs::write(&ca_cert, ca.cert_pem()).unwrap();
+    std::fs::write(&ca_key, ca.key_pem()).unwrap();
+    let mut run = Run::start(Options {
+        yaml: format!(
+            "features:\n  jwt: true\n  pki: true\nconfiguration_template:\n  configuration:\n\
+             \x20   identity: '{{{{ identity }}}}'\n    plugin.choria.server.provision: false\n\
+             ca:\n  certificate: {}\n  key: {}\n  validity: 30d\n",
+            s(&ca_cert),
+            s(&ca_key)
+        ),
+        without_helper: true,
+        ..Default::default()
+    })
+    .await;
+    run.secrets.push(
+        ca.key_pem()
+            .lines()
+            .nth(1)
+            .expect("a key body line")
+            .to_string(),
+    );
+    run.wait_provisioned(NODES, Duration::from_secs(300)).await;
+    assert_eq!(
+        run.provisioner().metric("choria_provisioner_ca_signatures"),
+        NODES as f64
+    );
+    let f = run.finish().await;
+    let nodes = all_nodes(&f);
+    assert_eq!(nodes.len(), NODES);
+    f.assert_provisioned_once(&nodes);
+    for (node, state) in f.finals() {
+        let cert = state["certificate"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{node} received no certificate: {state}"));
+        pki::verify_issued_by(cert, &ca.cert_pem())
+            .unwrap_or_else(|e| panic!("{node}'s certificate is not from the CA: {e}"));
+        assert_eq!(pki::certificate_common_name(cert).unwrap(), node);
+        assert_eq!(state["ca"].as_str(), Some(ca.cert_pem().as_str()), "{node}");
+    }
+    drop(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ed25519_feature_issues_chain_signed_server_jwts() {
     let run = Run::start(Options {
