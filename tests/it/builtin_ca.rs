@@ -1,14 +1,18 @@
 //! The built-in CA (`ca:`) signs a REAL go-choria 0.30.2 server's CSR with
-//! no helper and no Kubernetes: an ECDSA P-256 intermediate (its key in
-//! SEC1, as `openssl ecparam -genkey` writes it) under the RSA root that
-//! also signed the broker's certificate. The server is configured by a
+//! no helper and no Kubernetes: an ECDSA P-256 intermediate under the RSA
+//! root that also signed the broker's certificate, its key in a PKCS#11
+//! token (SoftHSM2; the file made to import it is removed first), named by
+//! a `pkcs11:` URI with the PIN in a file. The server is configured by a
 //! template, comes back with its certificate and the intermediate in
 //! `certificate.pem` and the CA's file in `ca.pem`, connects with verified
 //! TLS, answers the real `choria` CLI in its collective, and is renewed
 //! twice before its certificate expires, each time with a new certificate
 //! from the same CA.
 //!
-//! Needs `$CHORIA_BIN`, `openssl` and root, like tests/provision_go.rs.
+//! Needs `$CHORIA_BIN`, `openssl`, SoftHSM2 (`softhsm2-util` and its
+//! module; `SOFTHSM2_MODULE` overrides Debian's path) and root, like
+//! tests/provision_go.rs; without SoftHSM the test fails under CI and says
+//! skipped otherwise.
 
 use crate::support::gopeers::{s, TestCa};
 use crate::support::provisioner::ProvisionerProcess;
@@ -35,10 +39,15 @@ async fn a_real_server_is_signed_by_the_built_in_ca_and_renewed_twice() {
         return;
     };
     let id = "ca-signed.provision.example.net";
+    let Some(module) = softhsm_module() else {
+        return;
+    };
     let (chain, key) = intermediate_under(bench.broker.ca(), bench.work.path());
     bench
         .secrets
         .push(("a line of the CA's key", pem_body_line(&key)));
+    let token = TokenKey::import(&module, &key, &bench.path("softhsm"));
+    bench.secrets.push(("the token's PIN", PIN.to_string()));
     let records = NatsServer::start_with(&format!(
         "jetstream {{ store_dir: \"{}\" }}\n",
         s(&bench.path("records"))
@@ -46,7 +55,7 @@ async fn a_real_server_is_signed_by_the_built_in_ca_and_renewed_twice() {
     let admin = bench.x509_admin_config();
     let mut p = given_a_provisioner_signing_with_the_built_in_ca(
         &bench,
-        (&chain, &key),
+        (&chain, &token),
         &records.url(),
         &admin,
     )
@@ -91,6 +100,119 @@ async fn a_real_server_is_signed_by_the_built_in_ca_and_renewed_twice() {
     }
     bench.stop_and_check_log(p);
     drop(server);
+}
+
+/// The token's user PIN (a test token's).
+const PIN: &str = "4711-fleet";
+
+/// SoftHSM's module, or `None` (the test skipped) when it is not installed
+/// and `CI` is not set.
+fn softhsm_module() -> Option<PathBuf> {
+    let module = std::env::var_os("SOFTHSM2_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/softhsm/libsofthsm2.so"));
+    let util = Command::new("softhsm2-util").arg("--version").output();
+    if module.exists() && util.is_ok_and(|o| o.status.success()) {
+        return Some(module);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "SoftHSM2 is not installed ({} or softhsm2-util missing): scripts/test.sh installs it",
+        module.display()
+    );
+    eprintln!("skipped: softhsm2 not installed");
+    None
+}
+
+/// A CA key moved into a SoftHSM token of its own: where the token's
+/// configuration is, and the `pkcs11:` URI that names the key.
+struct TokenKey {
+    conf: PathBuf,
+    uri: String,
+}
+
+impl TokenKey {
+    /// Imports `key` (SEC1 PEM) into a new token in `dir` and removes the
+    /// file: from here on the key exists only in the token.
+    fn import(module: &Path, key: &Path, dir: &Path) -> TokenKey {
+        let tokens = dir.join("tokens");
+        std::fs::create_dir_all(&tokens).unwrap();
+        let conf = dir.join("softhsm2.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                s(&tokens)
+            ),
+        )
+        .unwrap();
+        let run = |program: &str, args: &[&str]| {
+            let out = Command::new(program)
+                .args(args)
+                .env("SOFTHSM2_CONF", &conf)
+                .output()
+                .unwrap_or_else(|e| panic!("{program}: {e}"));
+            assert!(
+                out.status.success(),
+                "{program} {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let pkcs8 = dir.join("ca.p8");
+        run(
+            "openssl",
+            &[
+                "pkcs8",
+                "-topk8",
+                "-nocrypt",
+                "-in",
+                s(key),
+                "-out",
+                s(&pkcs8),
+            ],
+        );
+        run(
+            "softhsm2-util",
+            &[
+                "--init-token",
+                "--free",
+                "--label",
+                "fleet",
+                "--pin",
+                PIN,
+                "--so-pin",
+                "0000-so",
+            ],
+        );
+        run(
+            "softhsm2-util",
+            &[
+                "--import",
+                s(&pkcs8),
+                "--token",
+                "fleet",
+                "--label",
+                "ca",
+                "--id",
+                "01",
+                "--pin",
+                PIN,
+            ],
+        );
+        std::fs::remove_file(&pkcs8).unwrap();
+        std::fs::remove_file(key).unwrap();
+        let pin = dir.join("pin");
+        std::fs::write(&pin, format!("{PIN}\n")).unwrap();
+        TokenKey {
+            conf,
+            uri: format!(
+                "pkcs11:token=fleet;object=ca?module-path={}&pin-source=file:{}",
+                s(module),
+                s(&pin)
+            ),
+        }
+    }
 }
 
 /// `<dir>/intermediate-chain.pem` (the intermediate, then the root) and
@@ -159,7 +281,7 @@ fn intermediate_under(root: &TestCa, dir: &Path) -> (PathBuf, PathBuf) {
 /// returns once it is listening, so the server is found by its startup.
 async fn given_a_provisioner_signing_with_the_built_in_ca(
     bench: &Bench,
-    (chain, key): (&Path, &Path),
+    (chain, token): (&Path, &TokenKey),
     records: &str,
     admin: &Path,
 ) -> ProvisionerProcess {
@@ -185,12 +307,12 @@ async fn given_a_provisioner_signing_with_the_built_in_ca(
     let yaml = format!(
         "workers: 2\ninterval: 1m\ntoken: {TOKEN}\nsite: built-in-ca\ndiscovery_timeout: 2s\nchoria_insecure: true\n\
          jwt_verify_cert: {}\nfeatures:\n  jwt: true\n  pki: true\nconfiguration_template: {template}\n\
-         ca:\n  certificate: {}\n  key: {}\n  validity: {VALIDITY}\n\
+         ca:\n  certificate: {}\n  key: '{}'\n  validity: {VALIDITY}\n\
          records:\n  url: {records}\n  bucket: CA_SIGNED\n  history: 10\n  signing_key: {}\n\
          renewal:\n  before: {RENEW_BEFORE}\n  retry: 2m\n  choria_config: {}\n",
         s(&bench.signers.rsa_public),
         s(chain),
-        s(key),
+        token.uri,
         s(&crate::support::signing_key(&bench.path(""))),
         s(admin),
     );
@@ -200,7 +322,14 @@ async fn given_a_provisioner_signing_with_the_built_in_ca(
     );
     let dir = bench.path("provisioner");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut p = ProvisionerProcess::start(&dir, &yaml, &choria_cfg, &["--debug"]);
+    let mut p = ProvisionerProcess::start_with_env(
+        &dir,
+        "provisioner",
+        &yaml,
+        &choria_cfg,
+        &["--debug"],
+        &[("SOFTHSM2_CONF", s(&token.conf))],
+    );
     p.wait_for_metric("choria_provisioner_discover_cycles", 1.0, STARTUP_TIMEOUT)
         .await;
     p
