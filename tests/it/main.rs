@@ -14,6 +14,7 @@ mod behaviour_go;
 mod book;
 mod broker;
 mod builtin_ca;
+mod builtin_ca_page;
 mod cert_manager;
 mod cli;
 mod cluster;
