@@ -514,25 +514,27 @@ async fn pki_feature_delivers_certificates_signed_by_the_helper_ca() {
 }
 
 /// The built-in CA (`ca:`, an ECDSA P-256 key file) signs every node's CSR
-/// with no helper process: each node gets a certificate for its name from
-/// that CA, and the CA to trust.
+/// that a helper which only configures (`fleet-helper` without a CA) left
+/// unsigned: each node gets a certificate for its name from that CA, and
+/// the CA to trust. (A template instead of a helper: tests/it/builtin_ca.rs
+/// and the guide's test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_built_in_ca_signs_every_nodes_csr_with_no_helper() {
+async fn the_built_in_ca_signs_what_a_helper_that_only_configures_leaves_unsigned() {
     let dir = tempfile::tempdir().unwrap();
     let ca = pki::CertificateAuthority::generate_p256("built-in CA").unwrap();
     let ca_cert = dir.path().join("ca.pem");
     let ca_key = dir.path().join("ca.key");
     std::fs::write(&ca_cert, ca.cert_pem()).unwrap();
     std::fs::write(&ca_key, ca.key_pem()).unwrap();
+    // A helper process per node: fewer nodes than the other scenarios.
+    const NODES: usize = 500;
     let mut run = Run::start(Options {
         yaml: format!(
-            "features:\n  jwt: true\n  pki: true\nconfiguration_template:\n  configuration:\n\
-             \x20   identity: '{{{{ identity }}}}'\n    plugin.choria.server.provision: false\n\
-             ca:\n  certificate: {}\n  key: {}\n  validity: 30d\n",
+            "features:\n  jwt: true\n  pki: true\nca:\n  certificate: {}\n  key: {}\n  validity: 30d\n",
             s(&ca_cert),
             s(&ca_key)
         ),
-        without_helper: true,
+        nodes: NODES,
         ..Default::default()
     })
     .await;
