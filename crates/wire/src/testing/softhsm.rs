@@ -14,7 +14,7 @@
 use super::not_run;
 use crate::security::pkcs11::token_module;
 use cryptoki::mechanism::Mechanism;
-use cryptoki::object::{Attribute, ObjectHandle};
+use cryptoki::object::{Attribute, KeyType, ObjectClass, ObjectHandle};
 use cryptoki::session::{Session, UserType};
 use cryptoki::types::AuthPin;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
@@ -43,6 +43,11 @@ pub const RSA_KEY: &str = "ca-rsa";
 pub const P256_KEY: &str = "ca-p256";
 /// An Ed25519 pair.
 pub const ED25519_KEY: &str = "jwt-ed25519";
+/// An Ed25519 pair imported from [`ED25519_SEED`] (CKA_ID 4): what the
+/// token signs with it must be what `ed25519-dalek` signs with the seed.
+pub const ED25519_SEED_KEY: &str = "jwt-ed25519-seed";
+/// The seed of [`ED25519_SEED_KEY`].
+pub const ED25519_SEED: [u8; 32] = *b"a known seed for the token test!";
 
 /// What a `pkcs11:` URI may not hold unescaped.
 const URI_ESCAPE: &AsciiSet = &CONTROLS
@@ -159,7 +164,8 @@ fn token_dir() -> PathBuf {
     dir
 }
 
-/// The three key pairs in [`TOKEN`], made by the token itself.
+/// The key pairs in [`TOKEN`]: three made by the token itself, one
+/// imported from a known seed.
 fn generate_keys(module: &Path) {
     let module = token_module(module).expect("load SoftHSM");
     let ctx = module.context();
@@ -192,6 +198,43 @@ fn generate_keys(module: &Path) {
         ED25519_KEY,
         3,
     );
+    import_ed25519(&session, &ED25519_SEED, ED25519_SEED_KEY, 4);
+}
+
+/// Stores an Ed25519 pair from `seed` in the token, as `softhsm2-util
+/// --import` stores a PKCS#8 key: CKA_VALUE is the seed, CKA_EC_POINT the
+/// public key (as a DER OCTET STRING).
+fn import_ed25519(session: &Session, seed: &[u8; 32], label: &str, id: u8) {
+    let public = ed25519_dalek::SigningKey::from_bytes(seed).verifying_key();
+    let common = [
+        Attribute::Token(true),
+        Attribute::Label(label.as_bytes().to_vec()),
+        Attribute::Id(vec![id]),
+        Attribute::KeyType(KeyType::EC_EDWARDS),
+        // DER of the OID 1.3.101.112 (Ed25519).
+        Attribute::EcParams(b"\x06\x03\x2b\x65\x70".to_vec()),
+    ];
+    let mut point = vec![0x04, 0x20];
+    point.extend_from_slice(public.as_bytes());
+    let mut public = common.to_vec();
+    public.extend([
+        Attribute::Class(ObjectClass::PUBLIC_KEY),
+        Attribute::Verify(true),
+        Attribute::EcPoint(point),
+    ]);
+    let mut private = common.to_vec();
+    private.extend([
+        Attribute::Class(ObjectClass::PRIVATE_KEY),
+        Attribute::Private(true),
+        Attribute::Sensitive(true),
+        Attribute::Sign(true),
+        Attribute::Value(seed.to_vec()),
+    ]);
+    for template in [public, private] {
+        session
+            .create_object(&template)
+            .unwrap_or_else(|e| panic!("importing {label}: {e}"));
+    }
 }
 
 fn pair(

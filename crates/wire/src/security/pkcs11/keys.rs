@@ -156,7 +156,8 @@ impl CaKey for Pkcs11CaKey {
 /// with the same key.
 pub struct Pkcs11Ed25519Key {
     token: TokenKey,
-    public: [u8; 32],
+    /// Checked at open to be a point on the curve.
+    public: ed25519_dalek::VerifyingKey,
     uri: String,
 }
 
@@ -178,9 +179,15 @@ impl Pkcs11Ed25519Key {
             ));
         }
         let point = ec_point(ec_point_attribute(&public)?, 32)?;
-        let public = point.try_into().map_err(|_| Pkcs11Error::Attribute {
+        let point: [u8; 32] = point.try_into().map_err(|_| Pkcs11Error::Attribute {
             attribute: "CKA_EC_POINT",
             reason: "not 32 bytes".into(),
+        })?;
+        let public = ed25519_dalek::VerifyingKey::from_bytes(&point).map_err(|_| {
+            Pkcs11Error::Attribute {
+                attribute: "CKA_EC_POINT",
+                reason: "not a point on edwards25519".into(),
+            }
         })?;
         Ok(Pkcs11Ed25519Key {
             token,
@@ -204,6 +211,11 @@ impl Pkcs11Ed25519Key {
 
     /// The 32-byte public key.
     pub fn public_key(&self) -> [u8; 32] {
+        self.public.to_bytes()
+    }
+
+    /// The public key, to verify what the token signed.
+    pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
         self.public
     }
 }
@@ -212,7 +224,7 @@ impl fmt::Debug for Pkcs11Ed25519Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pkcs11Ed25519Key")
             .field("uri", &self.uri)
-            .field("public", &hex::encode(self.public))
+            .field("public", &hex::encode(self.public.as_bytes()))
             .finish_non_exhaustive()
     }
 }

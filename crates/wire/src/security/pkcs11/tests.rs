@@ -3,7 +3,8 @@ use super::*;
 use crate::security::ca::{verify_issued_by, CaKey, CertificateAuthority};
 use crate::security::csr::{self, CsrSubject};
 use crate::testing::softhsm::{
-    softhsm, ED25519_KEY, P256_KEY, PLUS_PIN, RSA_KEY, TOKEN, WRONG_PIN_TOKEN,
+    softhsm, ED25519_KEY, ED25519_SEED, ED25519_SEED_KEY, P256_KEY, PLUS_PIN, RSA_KEY, TOKEN,
+    USER_PIN, WRONG_PIN_TOKEN,
 };
 use crate::testing::{openssl_verifies, skip_without_openssl, test_key};
 use cryptoki::session::Session;
@@ -208,6 +209,64 @@ fn an_ed25519_key_in_the_token_signs_as_dalek_verifies() {
     assert!(matches!(e, Pkcs11Error::UnsupportedKey(_)), "{e:?}");
     let e = Pkcs11CaKey::open(&uri(&hsm.uri("no-such-key"))).unwrap_err();
     assert!(matches!(e, Pkcs11Error::KeyNotFound { .. }), "{e:?}");
+}
+
+/// A JWT key in the token signs server JWTs, and chain-signs them, byte
+/// for byte as the same seed in memory does; nothing shows its PIN.
+#[test]
+fn a_jwt_key_in_the_token_signs_as_its_seed_does() {
+    use crate::security::tokens::{
+        verify_chain_issued_server_token, ClientIdClaims, ServerClaims, TokenSigningKey,
+    };
+    use std::sync::Arc;
+    let Some(hsm) = softhsm() else { return };
+    let _shared = hsm.shared();
+    let in_memory = ed25519_dalek::SigningKey::from_bytes(&ED25519_SEED);
+    let token_key = Pkcs11Ed25519Key::open(&uri(&hsm.uri(ED25519_SEED_KEY))).unwrap();
+    assert_eq!(token_key.public_key(), in_memory.verifying_key().to_bytes());
+    let in_token = TokenSigningKey::Ed25519Token(Arc::new(token_key));
+    let file = TokenSigningKey::Ed25519(in_memory.clone());
+    assert!(in_token.in_token() && !file.in_token());
+    assert_eq!(in_token.algorithm(), "EdDSA");
+    assert_eq!(in_token.verify_key(), file.verify_key());
+
+    // The chain issuer's client token, issued by an org issuer.
+    let org = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+    let public = hex::encode(in_memory.verifying_key().as_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut signer = ClientIdClaims::new_at(now, "signer", Some(&public), "", DAY).unwrap();
+    signer.standard.add_org_issuer_data(&org).unwrap();
+    let node = hex::encode([7u8; 32]);
+    let server = ServerClaims::new(
+        "node.example.net",
+        vec!["choria".into()],
+        "choria",
+        None,
+        vec![],
+        &node,
+        "Choria Provisioner",
+        DAY,
+    )
+    .unwrap();
+    let signed = [&in_token, &file].map(|key| {
+        let mut claims = server.clone();
+        let signer_key = key.as_ed25519().unwrap();
+        claims.add_chain_issuer_data(&signer, signer_key).unwrap();
+        key.sign(&claims).unwrap()
+    });
+    assert_eq!(signed[0], signed[1], "Ed25519 is deterministic");
+    let claims = verify_chain_issued_server_token(&signed[0], &org.verifying_key()).unwrap();
+    assert_eq!(claims.identity, "node.example.net");
+
+    let shown = format!("{in_token:?}");
+    assert!(
+        shown.contains(ED25519_SEED_KEY) && shown.contains(&public),
+        "{shown}"
+    );
+    assert!(!shown.contains(USER_PIN), "{shown}");
 }
 
 fn token_session(module: &cryptoki::context::Pkcs11) -> Session {

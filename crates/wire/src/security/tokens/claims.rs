@@ -318,10 +318,10 @@ impl ServerClaims {
 
     /// Chain-signs this token with the provisioner's `jwt_signing_token` and
     /// `jwt_signing_key` (see [`StandardClaims::add_chain_issuer_data`]).
-    pub fn add_chain_issuer_data(
+    pub fn add_chain_issuer_data<K: Ed25519Signer + ?Sized>(
         &mut self,
         signer_token: &ClientIdClaims,
-        signer_key: &SigningKey,
+        signer_key: &K,
     ) -> Result<(), TokenError> {
         self.standard
             .add_chain_issuer_data(&signer_token.standard, signer_key)

@@ -1,7 +1,10 @@
-//! Signing and verification keys: RSA PEM (PKCS#1/PKCS#8, certificates, public keys) and hex ed25519.
+//! Signing and verification keys: RSA PEM (PKCS#1/PKCS#8, certificates, public keys), hex ed25519,
+//! and an ed25519 key in a PKCS#11 token.
 
 use super::*;
+use crate::security::pkcs11::Pkcs11Ed25519Key;
 use crate::security::rsa_signer::RsaSigningKey;
+use std::sync::Arc;
 
 // Keys
 // ---------------------------------------------------------------------------
@@ -19,7 +22,42 @@ pub(super) fn read_key_file(path: &Path) -> Result<Vec<u8>, KeyError> {
     })
 }
 
-/// A JWT signing key: RSA (⇒ RS256) or ed25519 (⇒ EdDSA). `Debug` redacts.
+/// An ed25519 key that signs bytes: one in memory ([`SigningKey`]) or one
+/// that stays in a PKCS#11 token ([`Pkcs11Ed25519Key`]). What chain-issuer
+/// data needs of the key (see [`StandardClaims::add_chain_issuer_data`]).
+pub trait Ed25519Signer {
+    /// The 32-byte public key.
+    fn public_key_bytes(&self) -> [u8; 32];
+
+    /// The 64-byte signature over `data`. A key in a token makes a blocking
+    /// call into it: async callers go through `spawn_blocking`.
+    fn sign_ed25519(&self, data: &[u8]) -> Result<[u8; 64], TokenError>;
+}
+
+impl Ed25519Signer for SigningKey {
+    fn public_key_bytes(&self) -> [u8; 32] {
+        self.verifying_key().to_bytes()
+    }
+
+    fn sign_ed25519(&self, data: &[u8]) -> Result<[u8; 64], TokenError> {
+        Ok(self.sign(data).to_bytes())
+    }
+}
+
+impl Ed25519Signer for Pkcs11Ed25519Key {
+    fn public_key_bytes(&self) -> [u8; 32] {
+        self.public_key()
+    }
+
+    fn sign_ed25519(&self, data: &[u8]) -> Result<[u8; 64], TokenError> {
+        // The token's errors never hold its PIN.
+        self.sign(data)
+            .map_err(|e| TokenError::Signing(e.to_string()))
+    }
+}
+
+/// A JWT signing key: RSA (⇒ RS256) or ed25519 (⇒ EdDSA), the ed25519 key
+/// in memory or in a PKCS#11 token. `Debug` redacts.
 // One per process (the issuer key), never in a collection: its size does
 // not matter, and boxing the seed would only add a pointer to every use.
 #[allow(clippy::large_enum_variant)]
@@ -30,6 +68,10 @@ pub enum TokenSigningKey {
     Rsa(RsaSigningKey),
     /// Ed25519 key, signs EdDSA.
     Ed25519(SigningKey),
+    /// Ed25519 key that stays in a PKCS#11 token, signs EdDSA with the
+    /// token's CKM_EDDSA (the same signatures: Ed25519 is deterministic).
+    /// Each signature is a blocking call into the token.
+    Ed25519Token(Arc<Pkcs11Ed25519Key>),
 }
 
 impl fmt::Debug for TokenSigningKey {
@@ -45,6 +87,8 @@ impl fmt::Debug for TokenSigningKey {
                 "TokenSigningKey::Ed25519(<redacted>, public {})",
                 hex::encode(k.verifying_key().as_bytes())
             ),
+            // The URI without its PIN, and the public key.
+            Self::Ed25519Token(k) => write!(f, "TokenSigningKey::Ed25519Token({k:?})"),
         }
     }
 }
@@ -91,16 +135,24 @@ impl TokenSigningKey {
     pub fn algorithm(&self) -> &'static str {
         match self {
             Self::Rsa(_) => "RS256",
-            Self::Ed25519(_) => "EdDSA",
+            Self::Ed25519(_) | Self::Ed25519Token(_) => "EdDSA",
         }
     }
 
     /// The ed25519 key, if this is one (the chain issuer signing key).
-    pub fn as_ed25519(&self) -> Option<&SigningKey> {
+    pub fn as_ed25519(&self) -> Option<&dyn Ed25519Signer> {
         match self {
             Self::Ed25519(k) => Some(k),
+            Self::Ed25519Token(k) => Some(k.as_ref()),
             Self::Rsa(_) => None,
         }
+    }
+
+    /// True when signing is a blocking call into a PKCS#11 token (async
+    /// callers then sign in `spawn_blocking`); false when the key is in
+    /// memory and signing is cheap CPU work.
+    pub fn in_token(&self) -> bool {
+        matches!(self, Self::Ed25519Token(_))
     }
 
     /// The matching verification key.
@@ -108,6 +160,7 @@ impl TokenSigningKey {
         match self {
             Self::Rsa(k) => TokenVerifyKey::Rsa(k.key().to_public_key()),
             Self::Ed25519(k) => TokenVerifyKey::Ed25519(k.verifying_key()),
+            Self::Ed25519Token(k) => TokenVerifyKey::Ed25519(k.verifying_key()),
         }
     }
 
@@ -130,6 +183,7 @@ impl TokenSigningKey {
         match self {
             Self::Rsa(k) => k.sign_sha256(input).map_err(TokenError::Signing),
             Self::Ed25519(k) => Ok(k.sign(input).to_bytes().to_vec()),
+            Self::Ed25519Token(k) => k.sign_ed25519(input).map(|sig| sig.to_vec()),
         }
     }
 }

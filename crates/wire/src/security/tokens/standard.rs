@@ -221,10 +221,12 @@ impl StandardClaims {
     /// this separately: "no Trust Chain Signature claim in JWT Signing Token"),
     /// and `signer_key` must match `signer.public_key`, because any mismatch
     /// yields a token every broker rejects.
-    pub fn add_chain_issuer_data(
+    ///
+    /// `signer_key` is in memory or in a PKCS#11 token ([`Ed25519Signer`]).
+    pub fn add_chain_issuer_data<K: Ed25519Signer + ?Sized>(
         &mut self,
         signer: &StandardClaims,
-        signer_key: &SigningKey,
+        signer_key: &K,
     ) -> Result<(), TokenError> {
         let err = |m: &str| Err(TokenError::ChainIssuer(m.to_string()));
         if signer.id.is_empty() {
@@ -250,22 +252,20 @@ impl StandardClaims {
         let signer_pub = decode_hex_array::<32>(&signer.public_key).map_err(|e| {
             TokenError::ChainIssuer(format!("the signing token's public_key is invalid: {e}"))
         })?;
-        if signer_pub != signer_key.verifying_key().to_bytes() {
+        if signer_pub != signer_key.public_key_bytes() {
             return err("the signing key does not match the public_key of the signing token");
         }
 
+        // Signed first: a token that cannot sign leaves the claims as they were.
+        let data = format!("{}.{}", self.id, signer.trust_chain_signature);
+        let sig = signer_key.sign_ed25519(data.as_bytes())?;
         self.issuer = format!("{CHAIN_ISSUER_PREFIX}{}.{}", signer.id, signer.public_key);
         self.issuer_expires_at = Some(signer_exp);
         if self.expires_at.is_none_or(|e| signer_exp < e) {
             self.expires_at = Some(signer_exp);
         }
-        let data = format!("{}.{}", self.id, signer.trust_chain_signature);
-        let sig = signer_key.sign(data.as_bytes());
-        self.trust_chain_signature = format!(
-            "{}.{}",
-            signer.trust_chain_signature,
-            hex::encode(sig.to_bytes())
-        );
+        self.trust_chain_signature =
+            format!("{}.{}", signer.trust_chain_signature, hex::encode(sig));
         Ok(())
     }
 
