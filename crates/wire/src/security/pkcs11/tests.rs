@@ -33,8 +33,9 @@ fn uri_path_and_query_attributes() {
     assert_eq!(u.key.id.as_deref(), Some(&[1u8, 2, 0xff][..]));
     assert!(matches!(u.pin, uri::PinSource::Value(_)));
 
-    // `+` is a plus, not a space (form decoding is not RFC 7512's).
-    let u = uri("pkcs11:object=a+b?module-path=/m.so");
+    // `+` is a plus, not a space (form decoding is not RFC 7512's); the
+    // scheme's letter case does not matter.
+    let u = uri("PKCS11:object=a+b?module-path=/m.so");
     assert_eq!(u.key.label.as_deref(), Some(&b"a+b"[..]));
     assert!(matches!(u.pin, uri::PinSource::None));
     // id alone names a key too; pin-source is a file.

@@ -66,9 +66,11 @@ impl Pkcs11Uri {
     /// required; unknown attributes are refused, so a typo does not select
     /// another key.
     pub fn parse(text: &str) -> Result<Self, Pkcs11Error> {
-        let rest = text
-            .strip_prefix("pkcs11:")
-            .ok_or(Pkcs11Error::NotPkcs11Uri)?;
+        // A URI's scheme is case-insensitive (RFC 3986 §3.1).
+        let rest = match (text.get(..7), text.get(7..)) {
+            (Some(scheme), Some(rest)) if scheme.eq_ignore_ascii_case("pkcs11:") => rest,
+            _ => return Err(Pkcs11Error::NotPkcs11Uri),
+        };
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut token = TokenSelector::default();
         let mut key = KeySelector::default();
