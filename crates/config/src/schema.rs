@@ -100,11 +100,14 @@ file_section! {
         /// that verifies the nodes' provisioning JWTs. Required with
         /// `features.jwt` and `features.ed25519`.
         jwt_verify_cert: String,
-        /// The key file that signs server JWTs (a hex ed25519 seed). Required
-        /// with `features.ed25519`.
+        /// The key that signs server JWTs. Required with `features.ed25519`.
+        /// A file (a hex ed25519 seed), or an ed25519 key that stays in a
+        /// PKCS#11 token (an HSM), named by an RFC 7512 URI such as
+        /// `pkcs11:token=fleet;object=issuer?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/choria-provisioner/pin`:
+        /// opened once at start, the key never enters the provisioner.
         jwt_signing_key: String,
         /// Our chain-issuer client JWT file: adds chain-issuer data to the
-        /// server JWTs (`jwt_signing_key` must then be an ed25519 seed).
+        /// server JWTs (`jwt_signing_key` must then be an ed25519 key).
         jwt_signing_token: String,
         /// Validity of the server JWTs issued with `features.ed25519`, a
         /// Choria duration such as `1y`, `90d` or `12h`.

@@ -3,11 +3,14 @@
 //! keys and token on every use (so a replaced file takes effect).
 
 use super::ProvisionerConfig;
+use crate::ca::KeyRef;
 use crate::{ConfigError, Secret};
+use choria_wire::security::pkcs11::{Pkcs11Ed25519Key, Pkcs11Error, Pkcs11Uri};
 use choria_wire::security::tokens::{
     parse_client_id_token_unverified, ClientIdClaims, KeyError, TokenSigningKey, TokenVerifyKey,
 };
 use std::path::Path;
+use std::sync::Arc;
 
 impl ProvisionerConfig {
     /// Checks that the helper program and the key files in use exist and
@@ -26,7 +29,7 @@ impl ProvisionerConfig {
                 if key.as_ed25519().is_none() {
                     return Err(self.err(
                         "jwt_signing_key",
-                        "must be an ed25519 seed when jwt_signing_token is set",
+                        "must be an ed25519 seed, or an ed25519 key in a token, when jwt_signing_token is set",
                     ));
                 }
                 self.load_signing_token()?;
@@ -126,13 +129,25 @@ impl ProvisionerConfig {
             .map_err(|e| self.err(&format!("ca.{}", e.key), e.message))
     }
 
-    /// The key that signs server JWTs (`jwt_signing_key`), read on every call.
+    /// The key that signs server JWTs (`jwt_signing_key`): a file read on
+    /// every call, or an ed25519 key in a PKCS#11 token, opened here.
     pub fn load_signing_key(&self) -> Result<TokenSigningKey, ConfigError> {
-        let Some(path) = self.jwt_signing_key.as_deref() else {
-            return Err(self.err("jwt_signing_key", "not set"));
+        let path = match &self.jwt_signing_key {
+            None => return Err(self.err("jwt_signing_key", "not set")),
+            Some(KeyRef::File(path)) => path,
+            Some(KeyRef::Pkcs11(uri)) => return self.open_signing_key(uri),
         };
         TokenSigningKey::from_file(path)
             .map_err(|e| self.err("jwt_signing_key", key_error(path, e)))
+    }
+
+    /// The ed25519 key a `pkcs11:` URI names, opened in its token; its
+    /// errors show the URI without a PIN, and the token's errors hold none.
+    fn open_signing_key(&self, uri: &str) -> Result<TokenSigningKey, ConfigError> {
+        let shown = KeyRef::Pkcs11(uri.to_string());
+        let error = |e: Pkcs11Error| self.err("jwt_signing_key", format!("{shown}: {e}"));
+        let key = Pkcs11Ed25519Key::open(&Pkcs11Uri::parse(uri).map_err(error)?).map_err(error)?;
+        Ok(TokenSigningKey::Ed25519Token(Arc::new(key)))
     }
 
     /// Our chain-issuer token (`jwt_signing_token`) and its claims, read on

@@ -103,8 +103,9 @@ pub struct ProvisionerConfig {
     /// File (PEM certificate/public key, or hex ed25519 key) or hex ed25519
     /// public key that verifies `provisioning.jwt`.
     pub jwt_verify_cert: Option<String>,
-    /// Key that signs server JWTs (ed25519 seed file, or RSA PEM).
-    pub jwt_signing_key: Option<PathBuf>,
+    /// Key that signs server JWTs: a file (ed25519 seed, or RSA PEM), or
+    /// an ed25519 key in a PKCS#11 token (a `pkcs11:` URI).
+    pub jwt_signing_key: Option<crate::ca::KeyRef>,
     /// Our chain-issuer client JWT, for Organization Issuer server JWTs.
     pub jwt_signing_token: Option<PathBuf>,
     /// Validity of issued server JWTs; default 1y.

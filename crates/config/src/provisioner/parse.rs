@@ -3,6 +3,7 @@
 //! nested sections' in `sections`), in the order `parse` calls them.
 
 use super::*;
+use crate::ca::KeyRef;
 use crate::day_two::{Lifetime, RecordsConfig, RenewalConfig};
 use crate::schema::ProvisionerFile;
 use crate::yaml::Node;
@@ -277,7 +278,7 @@ fn ignored(sec: &Section, key: &str) -> ConfigWarning {
 struct Trust {
     cert_deny_list: Vec<String>,
     jwt_verify_cert: Option<String>,
-    jwt_signing_key: Option<PathBuf>,
+    jwt_signing_key: Option<KeyRef>,
     jwt_signing_token: Option<PathBuf>,
     server_jwt_validity: Duration,
 }
@@ -287,7 +288,7 @@ fn trust(sec: &Section) -> Result<Trust, ConfigError> {
     Ok(Trust {
         cert_deny_list: deny_list(sec)?,
         jwt_verify_cert: non_empty(sec.string("jwt_verify_cert")?),
-        jwt_signing_key: non_empty(sec.string("jwt_signing_key")?).map(PathBuf::from),
+        jwt_signing_key: non_empty(sec.string("jwt_signing_key")?).map(|k| KeyRef::parse(&k)),
         jwt_signing_token: non_empty(sec.string("jwt_signing_token")?).map(PathBuf::from),
         server_jwt_validity: server_jwt_validity(sec)?,
     })
@@ -442,7 +443,7 @@ fn check_signers(
     if features.ed25519 && trust.jwt_signing_key.is_none() {
         return Err(sec.error(
             "jwt_signing_key",
-            "required when features.ed25519 is enabled: the ed25519 seed file that signs server JWTs",
+            "required when features.ed25519 is enabled: the ed25519 seed file, or pkcs11: URI, that signs server JWTs",
         ));
     }
     Ok(())

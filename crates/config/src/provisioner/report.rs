@@ -1,6 +1,7 @@
 //! `run --check`'s report: every setting as it takes effect.
 
 use super::{CertManagerConfig, LogTarget, ProvisionerConfig};
+use crate::ca::KeyRef;
 use crate::duration::format_duration;
 use crate::election::ElectionBackend;
 use crate::template::ConfigurationTemplate;
@@ -78,7 +79,13 @@ impl ProvisionerConfig {
             ),
             (
                 "jwt_signing_key".into(),
-                path(self.jwt_signing_key.as_ref()),
+                // A URI's PIN is redacted.
+                unset_or(
+                    self.jwt_signing_key
+                        .as_ref()
+                        .map(KeyRef::to_string)
+                        .as_deref(),
+                ),
             ),
             (
                 "jwt_signing_token".into(),

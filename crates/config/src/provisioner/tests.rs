@@ -69,8 +69,10 @@ fn go_documentation_example() {
         Some("e72cba5268b34627b75c5ceae9449ad16d62f15f862c30d4e0e7d2588e2e6259")
     );
     assert_eq!(
-        c.jwt_signing_key.as_deref(),
-        Some(Path::new("/etc/choria-provisioner/credentials/signer.seed"))
+        c.jwt_signing_key,
+        Some(crate::ca::KeyRef::File(
+            "/etc/choria-provisioner/credentials/signer.seed".into()
+        ))
     );
     assert_eq!(
         c.jwt_signing_token.as_deref(),
@@ -636,6 +638,30 @@ fn jwt_verify_cert_file_or_hex() {
     );
 }
 
+/// A chain issuer's client token for `public`, signed by `issuer`: without
+/// and with the org issuer's trust chain signature.
+fn signer_tokens(
+    issuer: &choria_wire::security::ed25519::Ed25519KeyPair,
+    public: &str,
+) -> (String, String) {
+    let now = chrono::Utc::now().timestamp();
+    let mut claims = ClientIdClaims::new_at(
+        now,
+        "provisioner_signer",
+        Some(public),
+        "issuer",
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    let issuer_key = TokenSigningKey::Ed25519(issuer.signing_key().clone());
+    let unchained = issuer_key.sign(&claims).unwrap();
+    claims
+        .standard
+        .add_org_issuer_data(issuer.signing_key())
+        .unwrap();
+    (unchained, issuer_key.sign(&claims).unwrap())
+}
+
 #[test]
 fn signing_key_and_chain_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -661,25 +687,7 @@ fn signing_key_and_chain_token() {
     assert!(c.load_signing_token().unwrap().is_none());
 
     // A chain issuer token made by the Org Issuer.
-    let now = chrono::Utc::now().timestamp();
-    let mut claims = ClientIdClaims::new_at(
-        now,
-        "provisioner_signer",
-        Some(&signer.public_hex()),
-        "issuer",
-        Duration::from_secs(3600),
-    )
-    .unwrap();
-    let unchained = TokenSigningKey::Ed25519(issuer.signing_key().clone())
-        .sign(&claims)
-        .unwrap();
-    claims
-        .standard
-        .add_org_issuer_data(issuer.signing_key())
-        .unwrap();
-    let chained = TokenSigningKey::Ed25519(issuer.signing_key().clone())
-        .sign(&claims)
-        .unwrap();
+    let (unchained, chained) = signer_tokens(&issuer, &signer.public_hex());
     let tok = write(
         dir.path(),
         "signer.jwt",
@@ -723,6 +731,72 @@ fn signing_key_and_chain_token() {
         )),
         "{e}"
     );
+}
+
+/// `jwt_signing_key` as a `pkcs11:` URI: opened in its token, a key that
+/// chain-signs; a URI that does not parse or names no usable key is an
+/// error about `jwt_signing_key`; the PIN shows nowhere.
+#[test]
+fn signing_key_in_a_token() {
+    use choria_wire::testing::softhsm::{
+        softhsm, ED25519_SEED, ED25519_SEED_KEY, RSA_KEY, USER_PIN,
+    };
+    let issuer = choria_wire::security::generate_keypair();
+    let yaml = |key: &str, extra: &str| {
+        format!(
+            "helper: /bin/sh\njwt_verify_cert: {}\njwt_signing_key: {key}\nfeatures:\n  ed25519: true\n{extra}",
+            issuer.public_hex()
+        )
+    };
+    let check = |key: &str| ok(&yaml(key, "")).check_files().unwrap_err().to_string();
+    for (key, wanted) in [
+        ("PKCS11:object=k?pin-value=s3cret", "no module-path"),
+        (
+            "pkcs11:object=k?module-path=/no/such/module.so&pin-value=s3cret",
+            "cannot load the PKCS#11 module",
+        ),
+    ] {
+        let e = check(key);
+        assert!(
+            e.starts_with("provisioner.yaml: jwt_signing_key: ") && e.contains(wanted),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+    let Some(hsm) = softhsm() else { return };
+    let _shared = hsm.shared();
+    let e = check(&hsm.uri(RSA_KEY));
+    assert!(
+        e.contains("jwt_signing_key: ") && e.contains("unsupported key"),
+        "{e}"
+    );
+    assert!(!e.contains(USER_PIN), "{e}");
+
+    // The chain issuer's token, for the key in the token.
+    let seed = ed25519_dalek::SigningKey::from_bytes(&ED25519_SEED);
+    let public = hex::encode(seed.verifying_key().as_bytes());
+    let (_, chained) = signer_tokens(&issuer, &public);
+    let dir = tempfile::tempdir().unwrap();
+    let tok = write(dir.path(), "signer.jwt", chained.as_bytes(), 0o600);
+    let uri = hsm.uri(ED25519_SEED_KEY);
+    let c = ok(&yaml(
+        &uri,
+        &format!("jwt_signing_token: {}\n", tok.display()),
+    ));
+    c.check_files().unwrap();
+    let key = c.load_signing_key().unwrap();
+    assert!(key.in_token() && key.as_ed25519().is_some());
+    assert_eq!(
+        key.as_ed25519().unwrap().public_key_bytes(),
+        seed.verifying_key().to_bytes()
+    );
+    let shown = format!("{:?} {key:?}", c.effective_settings());
+    assert!(
+        shown.contains("pin-value=(redacted)") && !shown.contains(USER_PIN),
+        "{shown}"
+    );
+    // Written back as given.
+    assert_eq!(c.to_file().jwt_signing_key.as_deref(), Some(uri.as_str()));
 }
 
 #[test]

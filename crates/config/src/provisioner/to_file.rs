@@ -1,6 +1,7 @@
 //! The settings written back as a `provisioner.yaml`.
 
 use super::{CertManagerConfig, ConfigurationTemplate, ProvisionerConfig};
+use crate::ca::KeyRef;
 use crate::duration::format_duration;
 use crate::schema::{CertManagerFile, ConfigurationTemplateFile, FeaturesFile, ProvisionerFile};
 use std::path::PathBuf;
@@ -33,7 +34,7 @@ impl ProvisionerConfig {
                 .map(|p| p.expose().to_string()),
             cert_deny_list: Some(self.cert_deny_list.clone()),
             jwt_verify_cert: self.jwt_verify_cert.clone(),
-            jwt_signing_key: path(&self.jwt_signing_key),
+            jwt_signing_key: self.jwt_signing_key.as_ref().map(KeyRef::to_file_text),
             jwt_signing_token: path(&self.jwt_signing_token),
             server_jwt_validity: d(self.server_jwt_validity),
             rego_policy: self.rego_policy.clone(),

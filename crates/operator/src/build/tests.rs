@@ -114,9 +114,9 @@ fn ed25519_with_a_client_jwt_uses_the_choria_provider_and_streams() {
     assert!(cfg.features.ed25519 && cfg.features.jwt);
     assert_eq!(
         cfg.jwt_signing_key,
-        Some(PathBuf::from(
+        Some(choria_config::ca::KeyRef::File(PathBuf::from(
             "/etc/choria-provisioner/secrets/prov-keys/signer.seed"
-        ))
+        )))
     );
     assert_eq!(
         cfg.jwt_signing_token,

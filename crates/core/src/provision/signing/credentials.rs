@@ -7,7 +7,11 @@
 //! (and a slow disk stalls the workers). Here a background task looks at
 //! the files' modification time and size every [`RELOAD_EVERY`], in the
 //! blocking pool, and a node's sequence only clones an `Arc`.
+//!
+//! A `jwt_signing_key` in a PKCS#11 token is no file: it is opened once,
+//! here, and kept (the token reconnects by itself when it was reset).
 
+use choria_config::ca::KeyRef;
 use choria_config::{ConfigError, ProvisionerConfig};
 use choria_wire::security::tokens::{ClientIdClaims, TokenSigningKey, TokenVerifyKey};
 use std::path::PathBuf;
@@ -117,13 +121,13 @@ impl Credentials {
             .as_deref()
             .map(PathBuf::from)
             .filter(|p| p.is_file());
+        let signing_file = match &cfg.jwt_signing_key {
+            Some(KeyRef::File(path)) => Some(path.clone()),
+            Some(KeyRef::Pkcs11(_)) | None => None,
+        };
         Credentials {
             verify: Watched::new(&cfg, verify_file, ProvisionerConfig::load_verify_key),
-            signing: Watched::new(
-                &cfg,
-                cfg.jwt_signing_key.clone(),
-                ProvisionerConfig::load_signing_key,
-            ),
+            signing: Watched::new(&cfg, signing_file, ProvisionerConfig::load_signing_key),
             token: Watched::new(
                 &cfg,
                 cfg.jwt_signing_token.clone(),
@@ -244,5 +248,31 @@ mod tests {
             .contains("jwt_signing_key"));
         assert!(keys.signing_token().unwrap().is_none());
         keys.refresh();
+    }
+
+    #[test]
+    fn a_key_in_a_token_is_opened_once_and_kept() {
+        use choria_wire::testing::softhsm::{softhsm, ED25519_SEED_KEY, USER_PIN};
+        let Some(hsm) = softhsm() else { return };
+        let _shared = hsm.shared();
+        let a = Ed25519KeyPair::generate();
+        let cfg = ProvisionerConfig::parse(
+            &format!(
+                "helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {}\njwt_signing_key: {}\n",
+                a.public_hex(),
+                hsm.uri(ED25519_SEED_KEY)
+            ),
+            "p.yaml",
+        )
+        .unwrap();
+        let keys = Credentials::load(Arc::new(cfg));
+        let key = keys.signing_key().unwrap();
+        assert!(key.in_token(), "{key:?}");
+        assert!(!format!("{key:?}").contains(USER_PIN));
+        keys.refresh();
+        assert!(
+            Arc::ptr_eq(&key, &keys.signing_key().unwrap()),
+            "not opened again"
+        );
     }
 }
