@@ -4,12 +4,13 @@
 
 use super::{HostSequence, ProvisionError};
 use crate::provision::signing::certmanager::SignError;
+use crate::provision::signing::credentials::SigningToken;
 use crate::provision::signing::grants;
 use crate::provision::signing::helper::{HelperInput, HelperResponse};
 use crate::provision::signing::template;
 use choria_wire::security::ecdh::EcdhKeyPair;
 use choria_wire::security::pem_crypt::encrypt_private_key;
-use choria_wire::security::tokens::{ServerClaims, PROVISIONER_ISSUER};
+use choria_wire::security::tokens::{ServerClaims, TokenSigningKey, PROVISIONER_ISSUER};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -126,13 +127,30 @@ impl HostSequence {
         }
     }
 
-    /// The server JWT for ed25519 networks, as Go's `generateServerJWT` makes it.
-    pub(super) fn sign_server_jwt(
+    /// The server JWT for ed25519 networks, as Go's `generateServerJWT`
+    /// makes it. A key in a PKCS#11 token signs in the blocking pool: each
+    /// signature is a blocking call into the token (a network HSM takes
+    /// milliseconds), which must not hold up an async worker. A key in
+    /// memory signs here, as cheaply as ever.
+    pub(super) async fn sign_server_jwt(
         &self,
         response: &HelperResponse,
     ) -> Result<String, ProvisionError> {
+        let claims = self.server_jwt_claims(response)?;
+        // Rotated keys take effect: the watcher reads changed files again.
+        let key = self.ctx.signing.credentials.signing_key()?;
+        let signer = self.ctx.signing.credentials.signing_token()?;
+        if !key.in_token() {
+            return sign_server_claims(&key, &signer, claims);
+        }
+        tokio::task::spawn_blocking(move || sign_server_claims(&key, &signer, claims))
+            .await
+            .map_err(|_| ProvisionError::ServerJwtSetup("the token signing task failed"))?
+    }
+
+    /// The server JWT's claims, before they are signed.
+    fn server_jwt_claims(&self, response: &HelperResponse) -> Result<ServerClaims, ProvisionError> {
         let cfg = &self.ctx.cfg;
-        let err = ProvisionError::ServerJwt;
         let Some(ed) = self.got.ed25519.as_ref() else {
             return Err(ProvisionError::ServerJwtSetup("no ed25519 public key set"));
         };
@@ -176,7 +194,7 @@ impl HostSequence {
             warn!(node = &*self.identity, requested = ?validity, default = %cfg.server_jwt_validity_text(), "server JWT validity too short, using the default");
             validity = cfg.server_jwt_validity;
         }
-        let mut claims = ServerClaims::new(
+        ServerClaims::new(
             &self.identity,
             collectives,
             &org,
@@ -186,18 +204,7 @@ impl HostSequence {
             PROVISIONER_ISSUER,
             validity,
         )
-        .map_err(err)?;
-        // Rotated keys take effect: the watcher reads changed files again.
-        let key = self.ctx.signing.credentials.signing_key()?;
-        if let Some((_, signer)) = self.ctx.signing.credentials.signing_token()?.as_ref() {
-            let Some(ed_key) = key.as_ed25519() else {
-                return Err(ProvisionError::ServerJwtSetup(
-                    "jwt_signing_key must be an ed25519 seed to chain-sign",
-                ));
-            };
-            claims.add_chain_issuer_data(signer, ed_key).map_err(err)?;
-        }
-        key.sign(&claims).map_err(err)
+        .map_err(ProvisionError::ServerJwt)
     }
 
     /// Encrypts the helper's private key to the node (X25519 + AES-256 PEM);
@@ -216,4 +223,23 @@ impl HostSequence {
         let encrypted = encrypt_private_key(key_pem, &shared).map_err(|e| err(e.to_string()))?;
         Ok((encrypted, ours.public_hex()))
     }
+}
+
+/// Chain-signs `claims` as `signer` when there is a chain issuer token, and
+/// signs them with `key`: in a token, blocking.
+fn sign_server_claims(
+    key: &TokenSigningKey,
+    signer: &SigningToken,
+    mut claims: ServerClaims,
+) -> Result<String, ProvisionError> {
+    let err = ProvisionError::ServerJwt;
+    if let Some((_, signer)) = signer {
+        let Some(ed_key) = key.as_ed25519() else {
+            return Err(ProvisionError::ServerJwtSetup(
+                "jwt_signing_key must be an ed25519 key to chain-sign",
+            ));
+        };
+        claims.add_chain_issuer_data(signer, ed_key).map_err(err)?;
+    }
+    key.sign(&claims).map_err(err)
 }

@@ -373,7 +373,7 @@ impl HostSequence {
             None
         };
         let server_jwt = if cfg.features.ed25519 {
-            self.sign_server_jwt(response)?
+            self.sign_server_jwt(response).await?
         } else {
             String::new()
         };
