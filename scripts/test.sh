@@ -23,8 +23,9 @@ ensure_nats_server
 export NATS_SERVER_BIN="$CACHE_BIN/nats-server"
 
 # openssl makes test certificates; faketime (libfaketime) moves a leader's
-# clock in the fault tier; softhsm2 is the PKCS#11 token the wire's token-key
-# tests sign with (its module at Debian's path, as the tests expect), and
+# clock in the fault tier; softhsm2 is the PKCS#11 token the token-key tests
+# sign with (the wire's, config's, core's, and tests/it/issuer_in_token.rs;
+# its module at Debian's path, as the tests expect), and
 # opensc's pkcs11-tool inspects such tokens by hand.
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)

@@ -30,6 +30,7 @@ mod go_captures;
 mod host;
 mod hostile;
 mod interop_go;
+mod issuer_in_token;
 mod kube_apiserver;
 mod kubernetes_quick_start;
 mod memory;

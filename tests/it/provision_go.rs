@@ -129,13 +129,12 @@ async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
         return;
     };
     let org = V2Org::issue(&mut bench);
-    let (issuer_hex, ca) = (org.issuer_hex.clone(), org.ca.clone());
+    let issuer_hex = org.issuer_hex.clone();
     let (client_jwt, client_seed, signer_jwt) = (
         org.client_jwt.clone(),
         org.client_seed.clone(),
         org.signer_jwt.clone(),
     );
-    let (admin_jwt, admin_seed) = (org.admin_jwt.clone(), org.admin_seed.clone());
 
     // This server is up before the provisioner: found by its start-up discovery.
     let id = "real-v2.provision.example.net";
@@ -247,20 +246,7 @@ async fn real_v2_server_is_provisioned_with_ed25519_org_issuer() {
 
     // A real v2 client holding an issuer-issued JWT is served: the server
     // runs with the issuer configuration.
-    let client_cfg = bench.path("client-v2.conf");
-    std::fs::write(
-        &client_cfg,
-        format!(
-            "plugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nidentity = admin.example.net\n\
-             plugin.security.provider = choria\nplugin.security.choria.token_file = {}\n\
-             plugin.security.choria.seed_file = {}\nplugin.security.choria.ca = {ca}\n\
-             plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {issuer_hex}\n",
-            bench.url(),
-            s(&admin_jwt),
-            s(&admin_seed)
-        ),
-    )
-    .unwrap();
+    let client_cfg = org.admin_client_config(&bench);
     assert_serves_cli(&bench, &client_cfg, id, "choria").await;
 
     let logs = bench.stop_and_check_log(p);

@@ -376,6 +376,18 @@ impl Bench {
         choria_cfg: &str,
         helper: &Path,
     ) -> ProvisionerProcess {
+        self.provisioner_with_env(site, yaml, choria_cfg, helper, &[])
+    }
+
+    /// [`Bench::provisioner`] with extra environment variables.
+    pub fn provisioner_with_env(
+        &self,
+        site: &str,
+        yaml: &str,
+        choria_cfg: &str,
+        helper: &Path,
+        env: &[(&str, &str)],
+    ) -> ProvisionerProcess {
         // discovery_timeout: Go's fixed 2 s. With our 10 s default a discovery
         // that finds nobody (here: every one after the node left provisioning)
         // holds up SIGTERM for its whole length, as `run` waits for it.
@@ -391,7 +403,14 @@ impl Bench {
         }
         let dir = self.path("provisioner");
         std::fs::create_dir_all(&dir).unwrap();
-        ProvisionerProcess::start(&dir, &yaml, choria_cfg, &["--debug"])
+        ProvisionerProcess::start_with_env(
+            &dir,
+            "provisioner",
+            &yaml,
+            choria_cfg,
+            &["--debug"],
+            env,
+        )
     }
 
     /// A configuration for a real x509 client `admin.mcollective`, its
@@ -776,6 +795,28 @@ impl V2Org {
             s(&self.client_seed),
             self.ca
         )
+    }
+
+    /// A real v2 client configuration for the admin, its JWT issued by the
+    /// issuer, for a provisioned server: `<work>/client-v2.conf`.
+    pub fn admin_client_config(&self, bench: &Bench) -> PathBuf {
+        let client_cfg = bench.path("client-v2.conf");
+        std::fs::write(
+            &client_cfg,
+            format!(
+                "plugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nidentity = admin.example.net\n\
+                 plugin.security.provider = choria\nplugin.security.choria.token_file = {}\n\
+                 plugin.security.choria.seed_file = {}\nplugin.security.choria.ca = {}\n\
+                 plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = {}\n",
+                bench.url(),
+                s(&self.admin_jwt),
+                s(&self.admin_seed),
+                self.ca,
+                self.issuer_hex,
+            ),
+        )
+        .unwrap();
+        client_cfg
     }
 
     /// The provisioner's settings for v2 servers: verify with the issuer,
