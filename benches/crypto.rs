@@ -7,6 +7,10 @@
 //! * `pki`: CSR parsing and name checks (the provisioner's side of `pki`),
 //!   the CSR signature check, and signing a CSR with a CA (the helper's side,
 //!   as `fleet-helper --ca-cert` does);
+//! * `ca_sign`: one signature of the built-in CA (`ca:`) per key kind,
+//!   `CertificateAuthority::sign_csr` of a node's RSA 2048 CSR: RSA 2048 and
+//!   ECDSA P-256 keys from files, and the same kinds kept in a SoftHSM2
+//!   token (only when SoftHSM is installed);
 //! * `key_delivery`: X25519 key agreement and the AES-256-CBC PEM encryption
 //!   of a helper-supplied private key;
 //! * `server_jwt`: `ServerClaims::new` + `TokenSigningKey::sign`, EdDSA with and
@@ -21,6 +25,7 @@ use choria_wire::security::csr::{
 use choria_wire::security::ecdh::EcdhKeyPair;
 use choria_wire::security::ed25519::{verify_nonce, Ed25519KeyPair};
 use choria_wire::security::pem_crypt::encrypt_private_key;
+use choria_wire::security::pkcs11::{Pkcs11CaKey, Pkcs11Uri};
 use choria_wire::security::tokens::{
     parse_provisioning_token, ClientIdClaims, ProvisioningClaims, ServerClaims, TokenSigningKey,
     TokenVerifyKey, PROVISIONER_ISSUER,
@@ -137,6 +142,61 @@ fn pki(c: &mut Criterion) {
     g.finish();
 }
 
+/// The built-in CA's cost per node: `sign_csr` checks the CSR's signature,
+/// builds the certificate and signs it with the CA's key, wherever it is.
+fn ca_sign(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ca_sign");
+    g.throughput(Throughput::Elements(1));
+    let csr_pem = make_csr(
+        &csr::generate_rsa_key(2048).unwrap(),
+        &CsrSubject::new(IDENTITY),
+    )
+    .unwrap();
+    let mut cases = vec![
+        (
+            "rsa2048_file",
+            CertificateAuthority::generate("bench CA").unwrap(),
+        ),
+        (
+            "p256_file",
+            CertificateAuthority::generate_p256("bench CA").unwrap(),
+        ),
+    ];
+    match softhsm_fixture() {
+        Some(hsm) => {
+            use choria_wire::testing::softhsm::{P256_KEY, RSA_KEY};
+            for (name, object) in [("p256_softhsm", P256_KEY), ("rsa2048_softhsm", RSA_KEY)] {
+                let uri = Pkcs11Uri::parse(&hsm.uri(object)).unwrap();
+                let key = Pkcs11CaKey::open(&uri).unwrap();
+                let ca = CertificateAuthority::self_signed("bench CA", Box::new(key)).unwrap();
+                cases.push((name, ca));
+            }
+        }
+        None => eprintln!("ca_sign: SoftHSM2 is not installed, the *_softhsm cases are not run"),
+    }
+    for (name, ca) in &cases {
+        g.bench_function(*name, |b| {
+            b.iter(|| black_box(ca.sign_csr(black_box(&csr_pem), YEAR).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+/// The wire's SoftHSM token (RSA and P-256 keys made in it), when SoftHSM
+/// is installed; asked first so that a bench under `CI` without it skips
+/// those cases rather than failing as a test would.
+fn softhsm_fixture() -> Option<&'static choria_wire::testing::softhsm::SoftHsm> {
+    use choria_wire::testing::softhsm::{softhsm, DEFAULT_MODULE};
+    let module = std::env::var_os("SOFTHSM2_MODULE").unwrap_or_else(|| DEFAULT_MODULE.into());
+    let util = std::process::Command::new("softhsm2-util")
+        .arg("--version")
+        .output();
+    if !std::path::Path::new(&module).exists() || util.is_err() {
+        return None;
+    }
+    softhsm()
+}
+
 fn key_delivery(c: &mut Criterion) {
     let mut g = c.benchmark_group("key_delivery");
     g.throughput(Throughput::Elements(1));
@@ -226,6 +286,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = jwt, gen25519, pki, key_delivery, server_jwt
+    targets = jwt, gen25519, pki, ca_sign, key_delivery, server_jwt
 }
 criterion_main!(benches);
