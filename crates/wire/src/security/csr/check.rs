@@ -2,10 +2,8 @@
 //! identity, and the `cert_deny_list`.
 
 use super::{CsrError, CsrInfo, OID_SHA256_RSA, OID_SHA384_RSA, OID_SHA512_RSA};
+use crate::security::rsa_signer::{verify_pkcs1v15, RsaDigest};
 use regex::Regex;
-use rsa::pkcs1v15::{Signature as RsaSignature, VerifyingKey};
-use rsa::signature::Verifier;
-use sha2::{Sha256, Sha384, Sha512};
 use x509_cert::der::{Decode, Encode};
 use x509_cert::request::CertReq;
 
@@ -26,7 +24,7 @@ impl CsrInfo {
         let req = CertReq::from_der(self.der()).map_err(|e| CsrError::Parse(e.to_string()))?;
         let key = self
             .public_key
-            .clone()
+            .as_ref()
             .ok_or_else(|| CsrError::UnsupportedPublicKey(self.public_key_algorithm.clone()))?;
         let tbs = req
             .info
@@ -36,14 +34,17 @@ impl CsrInfo {
             .signature
             .as_bytes()
             .ok_or_else(|| CsrError::Parse("signature BIT STRING has unused bits".into()))?;
-        let sig = RsaSignature::try_from(sig_bytes).map_err(|_| CsrError::InvalidSignature)?;
-        let ok = match req.algorithm.oid {
-            o if o == OID_SHA256_RSA => VerifyingKey::<Sha256>::new(key).verify(&tbs, &sig),
-            o if o == OID_SHA384_RSA => VerifyingKey::<Sha384>::new(key).verify(&tbs, &sig),
-            o if o == OID_SHA512_RSA => VerifyingKey::<Sha512>::new(key).verify(&tbs, &sig),
+        let digest = match req.algorithm.oid {
+            o if o == OID_SHA256_RSA => RsaDigest::Sha256,
+            o if o == OID_SHA384_RSA => RsaDigest::Sha384,
+            o if o == OID_SHA512_RSA => RsaDigest::Sha512,
             o => return Err(CsrError::UnsupportedSignatureAlgorithm(o.to_string())),
         };
-        ok.map_err(|_| CsrError::InvalidSignature)
+        if verify_pkcs1v15(key, digest, &tbs, sig_bytes) {
+            Ok(())
+        } else {
+            Err(CsrError::InvalidSignature)
+        }
     }
 }
 

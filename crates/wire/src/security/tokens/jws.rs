@@ -1,6 +1,7 @@
 //! JWS compact serialization: decoding, `alg` checks, RSA/EdDSA signature checks, time validation.
 
 use super::*;
+use crate::security::rsa_signer::{verify_pkcs1v15, RsaDigest};
 
 // JWS decoding and verification
 // ---------------------------------------------------------------------------
@@ -107,31 +108,17 @@ pub(super) fn verify_rsa(
     msg: &[u8],
     sig: &[u8],
 ) -> Result<(), TokenError> {
-    use rsa::traits::PublicKeyParts as _;
-    // ring verifies about eight times faster than the rsa crate — it is the
-    // provisioner's biggest per-node cost — but only keys of 2048 bits and
-    // more, so smaller keys (which Go accepts) take the rsa crate.
-    if key.size() * 8 >= 2048 {
-        let params = match alg {
-            Alg::Rs256 => &ring::signature::RSA_PKCS1_2048_8192_SHA256,
-            Alg::Rs384 => &ring::signature::RSA_PKCS1_2048_8192_SHA384,
-            Alg::Rs512 => &ring::signature::RSA_PKCS1_2048_8192_SHA512,
-            Alg::EdDsa => return Err(TokenError::InvalidSignature),
-        };
-        let (n, e) = (key.n().to_bytes_be(), key.e().to_bytes_be());
-        return ring::signature::RsaPublicKeyComponents { n: &n, e: &e }
-            .verify(params, msg, sig)
-            .map_err(|_| TokenError::InvalidSignature);
-    }
-    use rsa::signature::Verifier as _;
-    let sig = pkcs1v15::Signature::try_from(sig).map_err(|_| TokenError::InvalidSignature)?;
-    let res = match alg {
-        Alg::Rs256 => pkcs1v15::VerifyingKey::<Sha256>::new(key.clone()).verify(msg, &sig),
-        Alg::Rs384 => pkcs1v15::VerifyingKey::<Sha384>::new(key.clone()).verify(msg, &sig),
-        Alg::Rs512 => pkcs1v15::VerifyingKey::<Sha512>::new(key.clone()).verify(msg, &sig),
+    let digest = match alg {
+        Alg::Rs256 => RsaDigest::Sha256,
+        Alg::Rs384 => RsaDigest::Sha384,
+        Alg::Rs512 => RsaDigest::Sha512,
         Alg::EdDsa => return Err(TokenError::InvalidSignature),
     };
-    res.map_err(|_| TokenError::InvalidSignature)
+    if verify_pkcs1v15(key, digest, msg, sig) {
+        Ok(())
+    } else {
+        Err(TokenError::InvalidSignature)
+    }
 }
 
 /// Checks `exp` and `nbf` with no leeway, like golang-jwt v5's default

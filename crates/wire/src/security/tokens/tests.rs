@@ -4,7 +4,9 @@ use crate::json;
 use crate::testing::test_key;
 use crate::testing::{openssl, run_ok, skip_without_openssl};
 use proptest::prelude::*;
+use rsa::pkcs1v15;
 use rsa::signature::{RandomizedSigner, SignatureEncoding};
+use sha2::{Sha384, Sha512};
 
 const NOW: i64 = 1_700_000_000;
 const SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
