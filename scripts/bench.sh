@@ -8,13 +8,21 @@
 #   scripts/bench.sh --scenario jwt --nodes 10000 --workers 16,32,64,128 --runs 1
 #   scripts/bench.sh --scale              # template, 1,000 / 10,000 / 100,000 nodes, per-node costs
 #   scripts/bench.sh --scale --nodes 250000   # one larger fleet
+#   scripts/bench.sh --scenario pki-ca --nodes 10000     # the built-in CA (ECDSA P-256 file key)
+#   scripts/bench.sh --scenario pki-ca --ca-key-kind softhsm --no-go --runs 1
 #
 # Options:
 #   --nodes N[,N...]      fleet sizes (default 1000,10000)
 #   --runs R              runs per configuration and implementation (default 3)
 #   --workers W[,W...]    provisioner `workers` (default 16: on 2 cores the run is
 #                         CPU-bound from 16 on, more workers only add latency)
-#   --scenario S          jwt | pki | template | all (default all: jwt and pki)
+#   --scenario S          jwt | pki | pki-ca | template | all (default all: jwt and pki)
+#   --ca-key-kind K       pki-ca: the built-in CA's key, made with openssl for the
+#                         bench: ecdsa (default; P-256 in a PKCS#8 file), rsa (2048
+#                         bits in a file), softhsm (the P-256 key imported into a
+#                         SoftHSM2 token made in the bench's work directory, its
+#                         file removed, ca.key a pkcs11: URI with the PIN in a file)
+#                         or softhsm-rsa (the same with the RSA 2048 key)
 #   --quick               --nodes 1000 --runs 1
 #   --scale               the scale run: --scenario template --nodes 1000,10000,100000
 #                         --runs 1 --no-go, and a per-node table (CPU and RSS per node
@@ -61,6 +69,12 @@
 #   jwt   helper examples/helper.sh (sh + sed: configuration only)
 #   pki   features jwt + pki; helper `choria-provisioner fleet-helper --ca-cert
 #         --ca-key`, which signs each node's CSR with a CA made by openssl
+#   pki-ca  features jwt + pki, and ours has no helper: a configuration_template
+#         (as in template) and the built-in CA (`ca:`, see --ca-key-kind) that
+#         signs each node's CSR in-process. The Go provisioner has no CA of its
+#         own and runs the pki scenario's helper with a CA of the same kind in
+#         files (P-256 for softhsm, RSA for softhsm-rsa): what each offers for
+#         signing, as in template (ours' row shows no helper CPU)
 #   template  jwt, but ours has no helper: a configuration_template renders the
 #         same four settings examples/helper.sh prints (no process per node).
 #         The Go provisioner has no templates and runs examples/helper.sh, so
@@ -104,6 +118,7 @@ REPLICAS_LIST=1
 HELPER_SLEEP=""
 JWT_HELPER="$ROOT/examples/helper.sh"
 BROKER_KIND=nats
+CA_KEY_KIND=ecdsa
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
@@ -124,6 +139,7 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --no-go) TRY_GO=0; shift ;;
     --broker) BROKER_KIND="$2"; shift 2 ;;
+    --ca-key-kind) CA_KEY_KIND="$2"; shift 2 ;;
     --profile) PROFILE=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
@@ -133,9 +149,14 @@ done
 case "$SCENARIO" in
   jwt) SCENARIOS=(jwt) ;;
   pki) SCENARIOS=(pki) ;;
+  pki-ca) SCENARIOS=(pki-ca) ;;
   template) SCENARIOS=(template) ;;
   all) SCENARIOS=(jwt pki) ;;
-  *) echo "bench.sh: --scenario must be jwt, pki, template or all" >&2; exit 2 ;;
+  *) echo "bench.sh: --scenario must be jwt, pki, pki-ca, template or all" >&2; exit 2 ;;
+esac
+case "$CA_KEY_KIND" in
+  ecdsa | rsa | softhsm | softhsm-rsa) ;;
+  *) echo "bench.sh: --ca-key-kind must be ecdsa, rsa, softhsm or softhsm-rsa" >&2; exit 2 ;;
 esac
 case "$BROKER_KIND" in
   nats | choria) ;;
@@ -218,6 +239,57 @@ python3 -c 'import os; print(os.urandom(32).hex())' >"$WORK/shards.seed"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" \
   -days 30 -subj "/CN=bench CA" 2>/dev/null
 
+# pki-ca: the built-in CA's certificate and key (BUILTIN_CA_CERT, and
+# BUILTIN_CA_KEY, a file or a pkcs11: URI) and the files the Go side's
+# helper signs with (GO_CA_CERT, GO_CA_KEY): the same CA, but for a key in
+# a token, whose file is gone, another of the same kind.
+# new_ca DIR rsa|ecdsa: DIR/ca.key (PKCS#8) and DIR/ca.pem, self-signed.
+new_ca() {
+  mkdir -p "$1"
+  if [ "$2" = rsa ]; then
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$1/ca.key" 2>/dev/null
+  else
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1/ca.key" 2>/dev/null
+  fi
+  openssl req -x509 -new -key "$1/ca.key" -out "$1/ca.pem" -days 30 -subj "/CN=bench built-in CA" 2>/dev/null
+}
+if [[ " ${SCENARIOS[*]} " == *" pki-ca "* ]]; then
+  case "$CA_KEY_KIND" in *rsa) ca_alg=rsa ;; *) ca_alg=ecdsa ;; esac
+  new_ca "$WORK/builtin-ca" "$ca_alg"
+  BUILTIN_CA_CERT="$WORK/builtin-ca/ca.pem"
+  BUILTIN_CA_KEY="$WORK/builtin-ca/ca.key"
+  GO_CA_CERT="$BUILTIN_CA_CERT"
+  GO_CA_KEY="$BUILTIN_CA_KEY"
+  CA_KEY_DESC="$([ "$ca_alg" = rsa ] && echo "RSA 2048" || echo "ECDSA P-256")"
+  case "$CA_KEY_KIND" in
+    softhsm*)
+      module="${SOFTHSM2_MODULE:-/usr/lib/softhsm/libsofthsm2.so}"
+      command -v softhsm2-util >/dev/null && [ -e "$module" ] ||
+        { log "--ca-key-kind $CA_KEY_KIND: SoftHSM2 is needed (softhsm2-util and $module)"; exit 1; }
+      # A token of the bench's own: SoftHSM reads SOFTHSM2_CONF, which the
+      # provisioner inherits.
+      hsm="$WORK/builtin-ca/softhsm"
+      mkdir -p "$hsm/tokens"
+      printf 'directories.tokendir = %s\nobjectstore.backend = file\nlog.level = ERROR\n' "$hsm/tokens" >"$hsm/softhsm2.conf"
+      export SOFTHSM2_CONF="$hsm/softhsm2.conf"
+      pin="$(python3 -c 'import os; print(os.urandom(8).hex())')"
+      printf '%s\n' "$pin" >"$hsm/pin"
+      softhsm2-util --init-token --free --label bench-ca --pin "$pin" --so-pin "$pin-so" >"$hsm/init.log" 2>&1 ||
+        { log "softhsm2-util --init-token failed (see $hsm/init.log)"; exit 1; }
+      softhsm2-util --import "$BUILTIN_CA_KEY" --token bench-ca --label ca --id 01 --pin "$pin" >"$hsm/import.log" 2>&1 ||
+        { log "softhsm2-util --import failed (see $hsm/import.log)"; exit 1; }
+      # From here on the key exists only in the token.
+      rm -f "$BUILTIN_CA_KEY"
+      BUILTIN_CA_KEY="pkcs11:token=bench-ca;object=ca?module-path=$module&pin-source=file:$hsm/pin"
+      CA_KEY_DESC="$CA_KEY_DESC in a SoftHSM2 token"
+      new_ca "$WORK/go-ca" "$ca_alg"
+      GO_CA_CERT="$WORK/go-ca/ca.pem"
+      GO_CA_KEY="$WORK/go-ca/ca.key"
+      ;;
+    *) CA_KEY_DESC="$CA_KEY_DESC file" ;;
+  esac
+fi
+
 # --broker choria: go-choria's broker, with certificates of the run's CA
 # for itself and for the provisioner's login.
 CHORIA=""
@@ -245,6 +317,7 @@ python3 "$REPORT" machine >"$OUT/machine.json"
   echo "binary: $BIN"
   echo "go: $GO_STATUS"
   echo "broker: $BROKER_KIND${CHORIA:+ ($CHORIA)}"
+  [ -n "${CA_KEY_DESC:-}" ] && echo "pki-ca key: $CA_KEY_DESC ($CA_KEY_KIND)"
 } >"$OUT/info.txt"
 RESULTS="$OUT/results.jsonl"
 : >"$RESULTS"
@@ -329,10 +402,10 @@ run_one() {
     wait_for_port "$port"
   fi
 
-  # pki: the nodes' CSRs are signed before the fleet starts (--presign-csrs),
+  # pki, pki-ca: the nodes' CSRs are signed before the fleet starts (--presign-csrs),
   # so the simulator's RSA work is not counted against the provisioner.
   local fleet_extra=()
-  [ "$scenario" = pki ] && fleet_extra+=(--presign-csrs)
+  case "$scenario" in pki | pki-ca) fleet_extra+=(--presign-csrs) ;; esac
   "$BIN" fleet --nats "nats://127.0.0.1:$port" --nodes "$nodes" --token s3cret \
     --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done --directed "$DIRECTED" \
     "${fleet_extra[@]}" "${fleet_tls[@]}" --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
@@ -360,7 +433,9 @@ run_one() {
   local helper
   if [ "$scenario" = pki ]; then
     helper="$BIN fleet-helper --broker nats://broker.bench.example.net:4222 --ca-cert $WORK/ca.pem --ca-key $WORK/ca.key"
-  elif [ "$scenario" = template ] && [ "$impl" = rust ]; then
+  elif [ "$scenario" = pki-ca ] && [ "$impl" = go ]; then
+    helper="$BIN fleet-helper --broker nats://broker.bench.example.net:4222 --ca-cert $GO_CA_CERT --ca-key $GO_CA_KEY"
+  elif { [ "$scenario" = template ] || [ "$scenario" = pki-ca ]; } && [ "$impl" = rust ]; then
     helper="(configuration_template)"
   else
     helper="$JWT_HELPER"
@@ -387,6 +462,11 @@ run_one() {
     else
       echo "helper: $helper"
     fi
+    if [ "$scenario" = pki-ca ] && [ "$impl" = rust ]; then
+      echo "ca:"
+      echo "  certificate: $BUILTIN_CA_CERT"
+      echo "  key: '$BUILTIN_CA_KEY'"
+    fi
     if [ "$BROKER_KIND" = choria ]; then
       echo "broker_provisioning_password: $BROKER_PASSWORD"
     else
@@ -400,7 +480,7 @@ run_one() {
     echo "jwt_verify_cert: $WORK/signer.pub"
     echo "features:"
     echo "  jwt: true"
-    [ "$scenario" = pki ] && echo "  pki: true"
+    case "$scenario" in pki | pki-ca) echo "  pki: true" ;; esac
     for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do echo "${e%%=*}: ${e#*=}"; done
     if [ "$replicas" -gt 1 ]; then
       echo "election:"
@@ -473,6 +553,7 @@ EOF
   python3 "$REPORT" journal "$dir/journal.jsonl" --nodes "$nodes" >"$dir/journal-check.json"
   python3 "$REPORT" record impl="$label" scenario="$scenario" nodes="$nodes" workers="$workers" \
     run="$run" start_ns="$start_ns" commit="$COMMIT" dir="$dir" helper="$helper" \
+    ca_key="$([ "$scenario" = pki-ca ] && echo "$CA_KEY_KIND")" \
     settings="${EXTRA[*]+"${EXTRA[*]}"}" \
     --wait "$dir/wait.json" --snap0 "$dir/snap0.json" --snap1 "$dir/snap1.json" \
     --journal "$dir/journal-check.json" --metrics "$dir/metrics.json" >>"$RESULTS"
@@ -529,7 +610,7 @@ for scenario in "${SCENARIOS[@]}"; do
 done
 
 python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" \
-  --scale "$SCALE" --broker "$BROKER_KIND" >"$OUT/report.md"
+  --scale "$SCALE" --broker "$BROKER_KIND" --ca-key "${CA_KEY_DESC:-}" >"$OUT/report.md"
 echo
 cat "$OUT/report.md"
 echo

@@ -525,7 +525,9 @@ def cmd_summary(args):
     rows = [json.loads(l) for l in open(path) if l.strip()]
     groups = {}
     for r in rows:
-        groups.setdefault((r["scenario"], r["nodes"], r["workers"], r["impl"]), []).append(r)
+        # pki-ca rows name the built-in CA's key kind (--ca-key-kind).
+        scenario = r["scenario"] + (f" ({r['ca_key']})" if r.get("ca_key") else "")
+        groups.setdefault((scenario, r["nodes"], r["workers"], r["impl"]), []).append(r)
     out = []
     w = out.append
     w("## Machine")
@@ -541,6 +543,12 @@ def cmd_summary(args):
     w("")
     w(f"Broker: {broker} (its CPU is the `broker CPU s` column)")
     w("")
+    if any(r.get("ca_key") for r in rows):
+        w(f"pki-ca: ours signs every CSR with its built-in CA (`ca:`, {opt.get('--ca-key') or 'key ?'}) "
+          "and renders the configuration from a `configuration_template`, without a helper; the Go "
+          "provisioner has no CA of its own and runs `fleet-helper --ca-cert --ca-key` (a CA of the "
+          "same kind in files) as in pki")
+        w("")
     w("## Results (medians of the valid runs)")
     w("")
     w("| scenario | nodes | workers | impl | valid/runs | nodes/min | e2e s | p50 s/node | p99 s/node "
