@@ -103,7 +103,8 @@ pub enum PkiError {
         reason: String,
     },
     /// The CA's key could not sign (a token gone, a module failing): the
-    /// CA's trouble, not the request's.
+    /// CA's trouble, not the request's. The text is the key's error, which
+    /// never carries key material or a token's PIN.
     #[error("the CA key could not sign: {0}")]
     KeyFailed(String),
     /// A certificate signature algorithm we cannot verify.
@@ -126,10 +127,6 @@ pub enum PkiError {
     /// The certificate subject has no CN.
     #[error("certificate subject has no common name")]
     MissingCommonName,
-    /// The CA's key, kept in a token, could not be read or sign (the
-    /// token's error, which never carries the PIN).
-    #[error("the CA key in its token: {0}")]
-    TokenKey(String),
 }
 
 fn enc_err<E: fmt::Display>(what: &'static str) -> impl Fn(E) -> PkiError {

@@ -74,7 +74,7 @@ impl BuiltinCa {
             .map_err(|e| match e {
                 // Only the key's own failures are the CA's; everything
                 // else was wrong with what the node sent.
-                PkiError::KeyFailed(_) | PkiError::TokenKey(_) => CaSignError::Unavailable(e),
+                PkiError::KeyFailed(_) => CaSignError::Unavailable(e),
                 e => CaSignError::Refused(e),
             })?;
         Ok(Issued {

@@ -142,7 +142,7 @@ impl CaKey for Pkcs11CaKey {
 
     fn sign(&self, data: &[u8]) -> Result<Vec<u8>, PkiError> {
         self.sign_bytes(data)
-            .map_err(|e| PkiError::TokenKey(e.to_string()))
+            .map_err(|e| PkiError::KeyFailed(e.to_string()))
     }
 
     /// `None`: the key never leaves its token.
