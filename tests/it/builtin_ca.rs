@@ -291,17 +291,7 @@ async fn given_a_provisioner_signing_with_the_built_in_ca(
             "policy default deny\nallow\tchoria=admin.mcollective\treprovision\t*\t*\n",
     });
     let template = serde_json::json!({
-        "configuration": {
-            "identity": "{{ identity }}",
-            "plugin.choria.server.provision": "false",
-            "plugin.choria.middleware_hosts": bench.url(),
-            "loglevel": "info",
-            "plugin.choria.use_srv": "false",
-            "plugin.security.provider": "file",
-            "plugin.security.file.certificate": "{{ csr.ssldir }}/certificate.pem",
-            "plugin.security.file.key": "{{ csr.ssldir }}/private.pem",
-            "plugin.security.file.ca": "{{ csr.ssldir }}/ca.pem",
-        },
+        "configuration": file_provider_template(&bench.url()),
         "action_policies": policies,
     });
     let yaml = format!(

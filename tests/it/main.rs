@@ -10,6 +10,7 @@
 
 mod attested;
 mod attested_page;
+mod batched_requests;
 mod behaviour_go;
 mod book;
 mod broker;

@@ -302,17 +302,7 @@ async fn real_v1_server_is_configured_by_a_template_and_signed_by_cert_manager()
     let ssl = node_dir.join("ssl");
     let policy = rpcutil_policy("choria=admin.mcollective");
     let template = serde_json::json!({
-        "configuration": {
-            "identity": "{{ identity }}",
-            "plugin.choria.server.provision": "false",
-            "plugin.choria.middleware_hosts": bench.url(),
-            "loglevel": "info",
-            "plugin.choria.use_srv": "false",
-            "plugin.security.provider": "file",
-            "plugin.security.file.certificate": "{{ csr.ssldir }}/certificate.pem",
-            "plugin.security.file.key": "{{ csr.ssldir }}/private.pem",
-            "plugin.security.file.ca": "{{ csr.ssldir }}/ca.pem",
-        },
+        "configuration": file_provider_template(&bench.url()),
         "action_policies": {"rpcutil.policy": policy},
     });
     let yaml = format!(

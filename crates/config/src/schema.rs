@@ -141,6 +141,11 @@ file_section! {
         /// `gencsr` answer stays watched for a second, different answer in
         /// the node's name (`0s`: off).
         reply_window: String,
+        /// Ours: how long the same request to many nodes (`inventory`,
+        /// `jwt`, `restart`: the same for every node) is gathered to go out
+        /// as one signed message to each node's subject, as go-choria's
+        /// direct mode sends (`0s`: each alone).
+        request_batch_window: String,
         /// Ours: regular expressions of DNS names a CSR may ask for besides
         /// the node's identity; each matches whole names.
         csr_allowed_dns_names: Vec<String>,

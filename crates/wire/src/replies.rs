@@ -18,7 +18,36 @@ use crate::protocol::{self, Reply};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// Where one request's candidate answers arrive: its own subscription to
+/// its reply subject, or its share of a batch's (see `client::batch`: one
+/// signed message to many nodes, one reply subject, each message handed to
+/// the request of the node it names as its transport sender).
+pub enum ReplyStream {
+    Own(async_nats::Subscriber),
+    Shared(mpsc::Receiver<async_nats::Message>),
+}
+
+impl ReplyStream {
+    /// The next message, `None` once nothing more can come.
+    pub async fn next(&mut self) -> Option<async_nats::Message> {
+        match self {
+            ReplyStream::Own(sub) => sub.next().await,
+            ReplyStream::Shared(rx) => rx.recv().await,
+        }
+    }
+
+    /// Stops listening: unsubscribes its own subscription; a share is
+    /// given back by dropping it (the batch's subscription ends once every
+    /// share is gone).
+    pub async fn close(self) {
+        if let ReplyStream::Own(mut sub) = self {
+            let _ = sub.unsubscribe().await;
+        }
+    }
+}
 
 /// Why a message on a reply subject was not taken as the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +60,8 @@ pub enum Ignored {
     OtherSender,
     /// The same answer again (harmless; counted).
     Duplicate,
-    /// A discovery reply beyond what the work queue can hold.
+    /// A reply beyond what its queue can hold: a discovery reply past the
+    /// work queue, or a flood in one node's name on a batch's reply subject.
     Overflow,
 }
 
@@ -155,6 +185,9 @@ pub trait ReplyObserver: Send + Sync {
     /// An identity from `source` (`discovery`, `event`) failed
     /// [`crate::identity::validate`]; `raw` is untrusted.
     fn rejected_identity(&self, source: &str, error: &crate::identity::IdentityError, raw: &str);
+    /// One signed request (`agent#action`) went out to `targets` nodes
+    /// (more than one when requests were batched, see `client::batch`).
+    fn batched(&self, _rpc: &str, _targets: usize) {}
 }
 
 /// Two different answers to one request, both claiming to be the node.
@@ -177,7 +210,7 @@ impl Confirmation {
     /// Watches `sub` for `window` after `first` arrived; a different answer
     /// in that time is a [`Conflict`].
     pub(crate) fn watch(
-        mut sub: async_nats::Subscriber,
+        mut sub: ReplyStream,
         first: Reply,
         request_id: String,
         identity: String,
@@ -212,7 +245,7 @@ impl Confirmation {
                     }
                 }
             }
-            let _ = sub.unsubscribe().await;
+            sub.close().await;
             outcome
         });
         Confirmation { task }

@@ -452,6 +452,21 @@ impl Bench {
         (p, server, policy)
     }
 
+    /// Waits until `server` announced itself as a normal server (back from
+    /// its restart); its startup event.
+    pub async fn wait_back_as_server(&mut self, server: &mut GoServer) -> Seen {
+        let id = server.identity.clone();
+        self.events
+            .wait_for(
+                &id,
+                EventType::Startup,
+                "server",
+                RESTART_TIMEOUT,
+                Some(server),
+            )
+            .await
+    }
+
     /// Waits until `server` was provisioned by `p`, restarted (re-exec, same
     /// PID) and announced itself as a normal server; checks the events on the
     /// way and the provisioner's counters.
@@ -464,16 +479,7 @@ impl Bench {
         let pid = server.pid();
         p.wait_for_metric("choria_provisioner_provisioned", 1.0, PROVISION_TIMEOUT)
             .await;
-        let startup = self
-            .events
-            .wait_for(
-                &id,
-                EventType::Startup,
-                "server",
-                RESTART_TIMEOUT,
-                Some(server),
-            )
-            .await;
+        let startup = self.wait_back_as_server(server).await;
         assert_eq!(startup.subject, "choria.lifecycle.event.startup.server");
         assert_eq!(startup.event.version.as_deref(), Some(VERSION));
         assert_eq!(
@@ -562,6 +568,23 @@ impl Bench {
 /// unconfigured agents denied) serves a request only once it is in place.
 pub fn rpcutil_policy(caller: &str) -> String {
     format!("policy default deny\nallow\t{caller}\tinventory\t*\t*\n")
+}
+
+/// A template's `configuration` for a real v1 server on `url` signed by
+/// our CA: the file security provider pointed at what `configure` writes
+/// into the ssldir of the node's CSR, out of provisioning mode.
+pub fn file_provider_template(url: &str) -> Value {
+    serde_json::json!({
+        "identity": "{{ identity }}",
+        "plugin.choria.server.provision": "false",
+        "plugin.choria.middleware_hosts": url,
+        "loglevel": "info",
+        "plugin.choria.use_srv": "false",
+        "plugin.security.provider": "file",
+        "plugin.security.file.certificate": "{{ csr.ssldir }}/certificate.pem",
+        "plugin.security.file.key": "{{ csr.ssldir }}/private.pem",
+        "plugin.security.file.ca": "{{ csr.ssldir }}/ca.pem",
+    })
 }
 
 /// The settings that point go-choria's file security provider at what

@@ -42,7 +42,8 @@ impl ProvisionerConfig {
         let (cert_manager, ca, lifetime) = signers(file, &sec, w, &features, &helper, &trust)?;
         check_upgrades(&sec, w, &features, &upgrades);
         let timeouts = timeouts(&sec, w)?;
-        let reply_window = reply_window(&sec)?;
+        let reply_window = window(&sec, "reply_window", DEFAULT_REPLY_WINDOW)?;
+        let batch_window = window(&sec, "request_batch_window", DEFAULT_REQUEST_BATCH_WINDOW)?;
         let csr_allowed_dns_names = csr_allowed_dns_names(&sec)?;
         let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
         let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
@@ -83,6 +84,7 @@ impl ProvisionerConfig {
             helper_timeout: timeouts.helper_timeout,
             rpc_timeout: timeouts.rpc_timeout,
             reply_window,
+            request_batch_window: batch_window,
             csr_allowed_dns_names,
             configuration_template,
             cert_manager,
@@ -503,11 +505,12 @@ fn timeouts(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Timeouts, Confi
     })
 }
 
-/// `reply_window`: the default when unset or empty; zero turns the watch off.
-fn reply_window(sec: &Section) -> Result<Duration, ConfigError> {
-    Ok(match sec.duration("reply_window")? {
+/// A window (`reply_window`, `request_batch_window`): `default` when unset
+/// or empty; zero turns what it times off.
+fn window(sec: &Section, key: &str, default: Duration) -> Result<Duration, ConfigError> {
+    Ok(match sec.duration(key)? {
         Some((raw, d)) if !raw.trim().is_empty() => d,
-        _ => DEFAULT_REPLY_WINDOW,
+        _ => default,
     })
 }
 

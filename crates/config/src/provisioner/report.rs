@@ -185,6 +185,10 @@ impl ProvisionerConfig {
             ),
             ("reply_window".into(), format_duration(self.reply_window)),
             (
+                "request_batch_window".into(),
+                format_duration(self.request_batch_window),
+            ),
+            (
                 "csr_allowed_dns_names".into(),
                 self.csr_allowed_dns_names.join(" "),
             ),

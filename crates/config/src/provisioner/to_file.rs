@@ -57,6 +57,11 @@ impl ProvisionerConfig {
             } else {
                 format_duration(self.reply_window)
             }),
+            request_batch_window: Some(if self.request_batch_window.is_zero() {
+                "0s".to_string()
+            } else {
+                format_duration(self.request_batch_window)
+            }),
             csr_allowed_dns_names: Some(self.csr_allowed_dns_names.clone()),
             configuration_template: self.configuration_template.as_ref().map(template_file),
             records: self.records.as_ref().map(|r| r.to_file()),

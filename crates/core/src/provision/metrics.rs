@@ -46,6 +46,8 @@ pub struct Metrics {
     leader: IntGauge,
     leadership_transitions: IntCounter,
     ignored_replies: IntCounterVec,
+    signed_requests: IntCounterVec,
+    request_targets: IntCounterVec,
     conflicting_replies: IntCounter,
     rejected_identities: IntCounterVec,
     rejected_csrs: IntCounterVec,
@@ -231,6 +233,18 @@ impl Metrics {
                 "Messages on a request's reply subject that were not its answer (another sender, another request, undecodable, a repeat, beyond the discovery limit)",
                 "reason",
                 &ignored_reasons,
+            ),
+            signed_requests: labelled(
+                "choria_provisioner_signed_requests",
+                "Signed request messages sent, by RPC: one goes to every node asked the same within request_batch_window (see choria_provisioner_request_targets)",
+                RPC,
+                &RPC_NAMES,
+            ),
+            request_targets: labelled(
+                "choria_provisioner_request_targets",
+                "Nodes the signed request messages went to, by RPC (divided by choria_provisioner_signed_requests: nodes per signature)",
+                RPC,
+                &RPC_NAMES,
             ),
             conflicting_replies: counter(
                 "choria_provisioner_conflicting_replies",

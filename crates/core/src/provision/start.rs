@@ -79,7 +79,8 @@ pub(super) fn choria_client(
 ) -> ChoriaClient {
     let mut client = ChoriaClient::new(nats.clone(), sender(setup, cfg, me))
         .with_observer(Arc::new(suspects.clone()))
-        .with_fence(steering.fence.clone());
+        .with_fence(steering.fence.clone())
+        .with_batching(cfg.request_batch_window);
     client.discovery_timeout = Duration::from_secs(2);
     client
 }

@@ -140,6 +140,10 @@ impl ReplyObserver for Suspects {
         }
     }
 
+    fn batched(&self, rpc: &str, targets: usize) {
+        self.metrics.signed_request(rpc, targets);
+    }
+
     fn rejected_identity(&self, source: &str, error: &IdentityError, raw: &str) {
         let source = if source == "event" {
             "event"

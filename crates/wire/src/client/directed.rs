@@ -5,7 +5,7 @@ use super::{ChoriaClient, ClientError};
 use crate::filter::Filter;
 use crate::mcorpc::{self, RpcReply, RpcRequest};
 use crate::protocol::{self, ProtocolError, Reply};
-use crate::replies::{self, Confirmation, IgnoredTally, Verdict};
+use crate::replies::{self, Confirmation, IgnoredTally, ReplyStream, Verdict};
 use crate::subjects;
 use futures::StreamExt;
 use serde::Serialize;
@@ -77,8 +77,6 @@ impl ChoriaClient {
         data: &T,
         opts: RpcOptions,
     ) -> Result<(RpcResult, Option<Confirmation>), ClientError> {
-        let id = self.new_request_id();
-        let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
         let body = crate::json::to_vec(&RpcRequest {
             agent,
             action,
@@ -88,18 +86,16 @@ impl ChoriaClient {
             layer: protocol::Layer::Request,
             source,
         })?;
-        let filter = Filter::with_agent(agent);
-        let msg = self.encode(&id, agent, &filter, &body, &reply_to, opts.timeout)?;
-        let target = subjects::node(&self.collective, identity);
-        let mut sub = self.publish_awaiting(&reply_to, target, msg).await?;
-
+        let (id, mut sub) = self
+            .send(identity, (agent, action), body, opts.timeout)
+            .await?;
         let rpc = format!("{agent}#{action}");
         let deadline = tokio::time::Instant::now() + opts.timeout;
         let mut tally = IgnoredTally::default();
         loop {
             let next = tokio::time::timeout_at(deadline, sub.next()).await;
             let Ok(Some(m)) = next else {
-                let _ = sub.unsubscribe().await;
+                sub.close().await;
                 return Err(ClientError::Timeout {
                     identity: identity.to_string(),
                     agent: agent.to_string(),
@@ -121,7 +117,7 @@ impl ChoriaClient {
             let body: RpcReply = match serde_json::from_slice(&reply.message) {
                 Ok(b) => b,
                 Err(e) => {
-                    let _ = sub.unsubscribe().await;
+                    sub.close().await;
                     return Err(ClientError::BadReply {
                         identity: identity.to_string(),
                         reason: format!("reply body is not an RPC reply: {e}"),
@@ -139,12 +135,39 @@ impl ChoriaClient {
                     self.observer.clone(),
                 )),
                 _ => {
-                    let _ = sub.unsubscribe().await;
+                    sub.close().await;
                     None
                 }
             };
             return Ok((RpcResult { reply, body }, confirmation));
         }
+    }
+
+    /// Sends the request, alone or in a batch: its id and where its
+    /// replies arrive.
+    async fn send(
+        &self,
+        identity: &str,
+        (agent, action): (&str, &str),
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(String, ReplyStream), ClientError> {
+        if let Some(batcher) = &self.batcher {
+            let t = batcher
+                .join(self, identity, agent, action, body, timeout)
+                .await?;
+            return Ok((t.id, t.replies));
+        }
+        let id = self.new_request_id();
+        let reply_to = subjects::reply(&self.collective, &self.me.caller, &id);
+        let filter = Filter::with_agent(agent);
+        let msg = self.encode(&id, agent, &filter, &body, &reply_to, timeout)?;
+        let target = subjects::node(&self.collective, identity);
+        let sub = self.publish_awaiting(&reply_to, target, msg).await?;
+        if let Some(o) = &self.observer {
+            o.batched(&format!("{agent}#{action}"), 1);
+        }
+        Ok((id, ReplyStream::Own(sub)))
     }
 
     /// A directed `ping` to the node's discovery agent: `Ok` once the node

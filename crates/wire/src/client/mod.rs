@@ -3,7 +3,8 @@
 //!
 //! The parts: [`ChoriaClient`] and its errors here; dialling the broker in
 //! `connect`; encoding and sending a request in `send`; the directed request
-//! path in `directed`; broadcast discovery in `discovery`; lifecycle events
+//! path in `directed`; the same request to many nodes signed once in
+//! `batch`; broadcast discovery in `discovery`; lifecycle events
 //! in `events`.
 
 use crate::identity::{self, IdentityError};
@@ -15,12 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::debug;
 
+mod batch;
 mod connect;
 mod directed;
 mod discovery;
 mod events;
 mod send;
 
+pub use batch::MAX_TARGETS as MAX_BATCH_TARGETS;
 pub use connect::{
     connect, connect_observed, connected_url, BrokerOptions, ConnectOptions, DEFAULT_NATS,
 };
@@ -57,6 +60,8 @@ pub enum ClientError {
     },
     #[error("not connected to the broker: the request to {subject} was not sent (it is tried again once the connection is back)")]
     NotConnected { subject: String },
+    #[error("the request was not sent: {reason}")]
+    NotSent { reason: String },
     #[error("could not encode the request: {0}")]
     Encode(#[from] ProtocolError),
     #[error("no reply from {identity} to {agent}#{action} within {timeout:?}{ignored}")]
@@ -98,6 +103,9 @@ pub struct ChoriaClient {
     observer: Option<Arc<dyn ReplyObserver>>,
     /// Told the TTL of every request (see [`crate::fence`]).
     fence: Option<crate::fence::Fence>,
+    /// Gathers the same request to many nodes into one signed message
+    /// (see `batch`); `None`: every request is signed and sent alone.
+    batcher: Option<Arc<batch::Batcher>>,
 }
 
 impl ChoriaClient {
@@ -110,7 +118,16 @@ impl ChoriaClient {
             discovery_timeout: Duration::from_secs(2),
             observer: None,
             fence: None,
+            batcher: None,
         }
+    }
+
+    /// Sends the same directed request to many nodes as one signed message
+    /// when they come within `window` of each other (see `batch`); a zero
+    /// window sends each alone. Clones share the batches.
+    pub fn with_batching(mut self, window: Duration) -> Self {
+        self.batcher = (!window.is_zero()).then(|| Arc::new(batch::Batcher::new(window)));
+        self
     }
 
     /// Tells `fence` the TTL of every request sent (the connection must

@@ -63,55 +63,118 @@ impl ChoriaClient {
         target: String,
         msg: Vec<u8>,
     ) -> Result<async_nats::Subscriber, ClientError> {
-        // While disconnected the NATS client buffers publishes and sends
-        // them on reconnect: a request queued during an outage would reach
-        // the node seconds later, possibly after this replica paused and
-        // another took the node over. A request that cannot go now fails now
-        // (an attempt failure, retried behind the pause gate).
-        //
-        // The check and the send are apart, and the client queues what it is
-        // handed while it has not yet noticed a connection is gone: with
-        // hundreds of sequences in flight the queue can be full, and a send
-        // waiting for room can outlast the outage. So the request goes only
-        // if it can within SEND_WITHIN of the check, on the same connection
-        // (no reconnect in between); otherwise it is not sent at all (a send
-        // not yet queued is dropped with its future), and the attempt fails.
-        let connects = || {
-            self.nats
-                .statistics()
-                .connects
-                .load(std::sync::atomic::Ordering::Relaxed)
+        let (sub, window) = self.subscribe_to_send(reply_to, &target).await?;
+        self.publish_within(&window, target, msg.into()).await?;
+        Ok(sub)
+    }
+
+    /// The first half of [`ChoriaClient::publish_awaiting`]: the reply
+    /// subscription, made only while connected, and the window the request
+    /// (or a batch's requests) may then go out in.
+    ///
+    /// While disconnected the NATS client buffers publishes and sends them
+    /// on reconnect: a request queued during an outage would reach the node
+    /// seconds later, possibly after this replica paused and another took
+    /// the node over. A request that cannot go now fails now (an attempt
+    /// failure, retried behind the pause gate).
+    ///
+    /// The check and the send are apart, and the client queues what it is
+    /// handed while it has not yet noticed a connection is gone: with
+    /// hundreds of sequences in flight the queue can be full, and a send
+    /// waiting for room can outlast the outage. So a request goes only if it
+    /// can within SEND_WITHIN of the check, on the same connection (no
+    /// reconnect in between); otherwise it is not sent at all (a send not
+    /// yet queued is dropped with its future), and the attempt fails.
+    pub(super) async fn subscribe_to_send(
+        &self,
+        reply_to: &str,
+        target: &str,
+    ) -> Result<(async_nats::Subscriber, SendWindow), ClientError> {
+        let window = SendWindow {
+            connects: self.connects(),
+            deadline: tokio::time::Instant::now() + SEND_WITHIN,
         };
-        let connected = || self.nats.connection_state() == async_nats::connection::State::Connected;
-        let before = connects();
-        if !connected() {
-            return Err(ClientError::NotConnected { subject: target });
+        let not_sent = || ClientError::NotConnected {
+            subject: target.to_string(),
+        };
+        if !self.connected() {
+            return Err(not_sent());
         }
-        let deadline = tokio::time::Instant::now() + SEND_WITHIN;
-        let not_sent = |target: String| ClientError::NotConnected { subject: target };
-        let sub = match tokio::time::timeout_at(deadline, self.nats.subscribe(reply_to.to_string()))
+        match tokio::time::timeout_at(window.deadline, self.nats.subscribe(reply_to.to_string()))
             .await
         {
-            Ok(sub) => sub.map_err(|source| ClientError::Subscribe {
-                subject: reply_to.to_string(),
-                source,
-            })?,
-            Err(_) => return Err(not_sent(target)),
-        };
-        if !connected() || connects() != before {
-            // Dropping the subscriber unsubscribes it.
-            return Err(not_sent(target));
+            Ok(sub) => Ok((
+                sub.map_err(|source| ClientError::Subscribe {
+                    subject: reply_to.to_string(),
+                    source,
+                })?,
+                window,
+            )),
+            Err(_) => Err(not_sent()),
         }
-        match tokio::time::timeout_at(deadline, self.nats.publish(target.clone(), msg.into())).await
-        {
+    }
+
+    /// Publishes `msg` to `target` if the connection `window` was opened on
+    /// is still up and the send fits in the window (see
+    /// [`ChoriaClient::subscribe_to_send`]).
+    pub(super) async fn publish_within(
+        &self,
+        window: &SendWindow,
+        target: String,
+        msg: bytes::Bytes,
+    ) -> Result<(), ClientError> {
+        self.publish_by(window, window.deadline, target, msg).await
+    }
+
+    /// One of a batch's sends (see `batch`): on the connection `window` was
+    /// opened on, within SEND_WITHIN of its own start, so a batch to
+    /// hundreds of nodes on a busy client is not cut short by the time its
+    /// first sends took.
+    pub(super) async fn publish_next(
+        &self,
+        window: &SendWindow,
+        target: String,
+        msg: bytes::Bytes,
+    ) -> Result<(), ClientError> {
+        let deadline = tokio::time::Instant::now() + SEND_WITHIN;
+        self.publish_by(window, deadline, target, msg).await
+    }
+
+    async fn publish_by(
+        &self,
+        window: &SendWindow,
+        deadline: tokio::time::Instant,
+        target: String,
+        msg: bytes::Bytes,
+    ) -> Result<(), ClientError> {
+        if !self.connected() || self.connects() != window.connects {
+            return Err(ClientError::NotConnected { subject: target });
+        }
+        match tokio::time::timeout_at(deadline, self.nats.publish(target.clone(), msg)).await {
             Ok(sent) => sent.map_err(|source| ClientError::Publish {
                 subject: target,
                 source,
-            })?,
-            Err(_) => return Err(not_sent(target)),
+            }),
+            Err(_) => Err(ClientError::NotConnected { subject: target }),
         }
-        Ok(sub)
     }
+
+    fn connects(&self) -> u64 {
+        self.nats
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn connected(&self) -> bool {
+        self.nats.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+/// The connection and the time a request may still go out in.
+pub(super) struct SendWindow {
+    connects: u64,
+    deadline: tokio::time::Instant,
 }
 
 pub fn now_nanos() -> i64 {

@@ -162,6 +162,14 @@ impl Metrics {
         self.rpc_time.observe(&[rpc], took.as_secs_f64());
     }
 
+    /// One signed request message for `rpc` went out to `targets` nodes.
+    pub fn signed_request(&self, rpc: &str, targets: usize) {
+        self.signed_requests.with_label_values(&[rpc]).inc();
+        self.request_targets
+            .with_label_values(&[rpc])
+            .inc_by(targets as u64);
+    }
+
     pub fn rpc_error(&self, rpc: &str) {
         self.rpc_errors.with_label_values(&[rpc]).inc();
     }
