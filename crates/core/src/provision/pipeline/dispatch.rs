@@ -83,6 +83,9 @@ pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, client: Arc<ChoriaClient>
                 .traced(trace.clone());
             let result = seq.run(waiting).await;
             lost.defuse();
+            let trace_id = trace.as_deref().map(NodeTrace::trace_id);
+            ctx.metrics
+                .observe_sequence(ticket.added.elapsed(), trace_id);
             if let Some(trace) = &trace {
                 finish_trace(&ctx, trace, &result);
             }

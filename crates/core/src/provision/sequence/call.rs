@@ -160,7 +160,8 @@ impl HostSequence {
             r = request => r,
             _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
-        self.ctx.metrics.observe_rpc(rpc, started.elapsed());
+        let trace = self.trace.as_deref().map(|t| t.trace_id());
+        self.ctx.metrics.observe_rpc(rpc, started.elapsed(), trace);
         // An answer in the node's own name confirms it, even one whose
         // body is not what we asked for.
         if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
