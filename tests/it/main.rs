@@ -48,3 +48,4 @@ mod shards;
 mod shards_go;
 mod shutdown;
 mod support;
+mod traces;
