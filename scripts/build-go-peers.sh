@@ -10,9 +10,13 @@
 #   choria-go-provisioner  the real Go provisioner (github.com/choria-io/provisioner
 #                          v0.16 line), from the copy in ../shared/peers/go-provisioner
 #                          (CHORIA_GO_PROVISIONER_SRC), see tests/gopeers/RECIPE.md
+#   jaeger                 Jaeger v2 (github.com/jaegertracing/jaeger/cmd/jaeger, the
+#                          version tests/gopeers/jaeger/go.mod requires): OTLP in, the
+#                          query API out, for tests/it/traces.rs (~3.5 min of
+#                          downloads and ~3.5 min of build cold, a 121 MB binary)
 #
-# Usage: scripts/build-go-peers.sh [choria] [natstap] [election-candidate] [provisioner]
-#        (default: all four)
+# Usage: scripts/build-go-peers.sh [choria] [natstap] [election-candidate] [provisioner] [jaeger]
+#        (default: all five)
 #
 # Each build is skipped when the binary exists and its stamp (a hash of the Go
 # version, the module's go.mod/go.sum/*.go inputs and the ldflags) matches.
@@ -148,8 +152,17 @@ build_provisioner() {
   build_peer choria-go-provisioner "$CACHE_BIN/choria-go-provisioner" "$work" "$stamp" -- .
 }
 
+# Jaeger from its module as tests/gopeers/jaeger requires it (a `tool`
+# directive: the command is built from the module cache, no source here).
+build_jaeger() {
+  local moddir="$GOPEERS/jaeger"
+  local stamp
+  stamp="$(stamp_of "$moddir/go.mod" "$moddir/go.sum" -- "pkg=github.com/jaegertracing/jaeger/cmd/jaeger")"
+  build_peer jaeger "$CACHE_BIN/jaeger" "$moddir" "$stamp" -- github.com/jaegertracing/jaeger/cmd/jaeger
+}
+
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(choria natstap election-candidate provisioner)
+[ ${#targets[@]} -eq 0 ] && targets=(choria natstap election-candidate provisioner jaeger)
 
 failed=0
 built=()
@@ -159,7 +172,8 @@ for t in "${targets[@]}"; do
     natstap) build_natstap && built+=("$CACHE_BIN/natstap") || failed=1 ;;
     election-candidate) build_election_candidate && built+=("$CACHE_BIN/choria-election-candidate") || failed=1 ;;
     provisioner) build_provisioner && built+=("$CACHE_BIN/choria-go-provisioner") || failed=1 ;;
-    *) echo "build-go-peers: unknown peer '$t' (want: choria, natstap, election-candidate, provisioner)" >&2; exit 2 ;;
+    jaeger) build_jaeger && built+=("$CACHE_BIN/jaeger") || failed=1 ;;
+    *) echo "build-go-peers: unknown peer '$t' (want: choria, natstap, election-candidate, provisioner, jaeger)" >&2; exit 2 ;;
   esac
 done
 

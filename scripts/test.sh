@@ -66,6 +66,18 @@ else
     "$CHORIA_GO_PROVISIONER_UNAVAILABLE" >&2
 fi
 
+# Jaeger for the traces tier (tests/it/traces.rs): ~7 min cold, seconds when
+# the Go build cache is warm.
+if "$ROOT/scripts/build-go-peers.sh" jaeger >/dev/null 2>"$peer_log.jaeger"; then
+  export JAEGER_BIN="$CACHE_BIN/jaeger"
+  log "Jaeger peer: $JAEGER_BIN"
+else
+  export JAEGER_UNAVAILABLE="$(tail -n 20 "$peer_log.jaeger")"
+  unavailable+=("Jaeger: $peer_log.jaeger")
+  printf '\n!!! Jaeger could not be built: the traces tier cannot prove anything\n%s\n\n' \
+    "$JAEGER_UNAVAILABLE" >&2
+fi
+
 # A real Kubernetes control plane (etcd, kube-apiserver, kubectl) for the kube
 # tier: ~8 min cold on 2 cores, ~10 s with a warm Go build cache, 0.14 s when up to date.
 kube_log="$CACHE_DIR/build-kube-peers.log"

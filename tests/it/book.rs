@@ -22,7 +22,7 @@ mod render;
 
 use choria_config::schema::{
     AdmissionFile, AuditFile, CaFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
-    EvidenceFile, FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile,
+    EvidenceFile, FeaturesFile, Field, ProvisionerFile, RecordsFile, RenewalFile, TelemetryFile,
 };
 use choria_config::{parse_duration, ProvisionerConfig};
 use choria_core::monitor::Exposition;
@@ -80,6 +80,7 @@ fn section(ty: &str) -> Option<&'static [Field]> {
         "AdmissionFile" => AdmissionFile::FIELDS,
         "AuditFile" => AuditFile::FIELDS,
         "EvidenceFile" => EvidenceFile::FIELDS,
+        "TelemetryFile" => TelemetryFile::FIELDS,
         _ => return None,
     })
 }

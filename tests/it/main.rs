@@ -49,3 +49,4 @@ mod shards;
 mod shards_go;
 mod shutdown;
 mod support;
+mod traces;

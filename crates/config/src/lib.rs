@@ -10,7 +10,8 @@
 //! * The sections of `provisioner.yaml` beyond the Go provisioner's, each
 //!   its own module: [`election`], [`day_two`] (records and renewal),
 //!   [`admission`] (the Rego policy), [`ca`] (the built-in CA), [`evidence`] (cloud instance
-//!   documents), [`audit`] (the audit stream), [`template`]
+//!   documents), [`audit`] (the audit stream), [`telemetry`] (traces
+//!   over OTLP), [`template`]
 //!   (`configuration_template:` and its minijinja environment, with
 //!   `template_names` the names templates are compiled under) and
 //!   [`interpolation`] (what an interpolated value may hold where it lands).
@@ -36,6 +37,7 @@ pub mod interpolation;
 pub mod names;
 pub mod provisioner;
 pub mod schema;
+pub mod telemetry;
 pub mod template;
 mod template_names;
 mod yaml;

@@ -171,6 +171,27 @@ file_section! {
         /// Ours: the cloud instance identity document every node must
         /// present, verified before the admission policy (below).
         evidence: EvidenceFile,
+        /// Ours: each node's sequence as one trace over OTLP (below).
+        telemetry: TelemetryFile,
+    }
+}
+
+file_section! {
+    /// `telemetry:` (ours).
+    pub struct TelemetryFile {
+        /// Where traces go: an OTLP/HTTP endpoint such as
+        /// `http://127.0.0.1:4318` (a collector, an agent or Jaeger beside
+        /// the provisioner), posted to `/v1/traces` unless a path is given;
+        /// JSON encoding, plain HTTP only. Unset: nothing is traced.
+        otlp_endpoint: String,
+        /// The `service.name` of the traces.
+        ///
+        /// Default: `choria-provisioner`
+        service_name: String,
+        /// Of every hundred node sequences, how many are traced (1–100).
+        ///
+        /// Default: `100`
+        sample_percent: i64,
     }
 }
 

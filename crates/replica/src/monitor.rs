@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub mod openmetrics;
+
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -138,6 +140,12 @@ pub trait Exposition: Send + Sync + 'static {
         encode_registry(self.registry())
     }
 
+    /// All metrics in the OpenMetrics text format, for a scraper that asks
+    /// for it; an owner that keeps exemplars adds them here.
+    fn encode_openmetrics(&self) -> String {
+        openmetrics::encode(&self.registry().gather(), &|_, _, _| None)
+    }
+
     /// Current value of a metric by name, summed over its series (e.g. all
     /// labels): counters and gauges give their value, summaries and
     /// histograms their observation count. `None` for an unknown name.
@@ -202,7 +210,19 @@ fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+/// The Prometheus text, or OpenMetrics (with exemplars) when the
+/// scraper's `Accept` asks for it.
+async fn metrics_handler(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if openmetrics::wants_openmetrics(accept) {
+        return (
+            [(header::CONTENT_TYPE, openmetrics::OPENMETRICS_CONTENT_TYPE)],
+            state.metrics.encode_openmetrics(),
+        );
+    }
     (
         [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
         state.metrics.encode_text(),

@@ -21,6 +21,7 @@ pub mod evidence;
 pub mod faults;
 pub mod gopeers;
 pub mod hostile;
+pub mod jaeger;
 pub mod kube;
 pub mod operator;
 pub mod page;

@@ -227,12 +227,22 @@ impl Drop for ProvisionerProcess {
 
 /// GET `path` on 127.0.0.1:`port` over HTTP/1.1; (status, body).
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(port, path, &[]);
+    (status, body)
+}
+
+/// [`http_get`] with request headers; (status, response head, body).
+pub fn http_get_with(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, String, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
         .unwrap_or_else(|e| panic!("cannot reach 127.0.0.1:{port}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
@@ -242,11 +252,11 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
-    let body = text
+    let (head, body) = text
         .split_once("\r\n\r\n")
-        .map(|(head, b)| http_body(head, b))
+        .map(|(head, b)| (head.to_string(), http_body(head, b)))
         .unwrap_or_default();
-    (status, body)
+    (status, head, body)
 }
 
 /// The body of an HTTP/1.1 response: as sent, or de-chunked when the head

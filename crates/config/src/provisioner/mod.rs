@@ -158,6 +158,8 @@ pub struct ProvisionerConfig {
     pub audit: Option<crate::audit::AuditConfig>,
     /// The instance identity evidence every node must present (ours).
     pub evidence: Option<crate::evidence::EvidenceConfig>,
+    /// Each node's sequence as a trace over OTLP (ours).
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
     /// Things accepted for compatibility that deserve a look (unknown keys …).
     pub warnings: Vec<ConfigWarning>,
 }

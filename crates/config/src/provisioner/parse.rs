@@ -50,6 +50,7 @@ impl ProvisionerConfig {
         let audit = crate::audit::audit(file, &sec, records.is_some(), w)?;
         let evidence = crate::evidence::evidence(file, &sec, records.is_some(), w)?;
         let election = election(file, &sec, leader_election, w)?;
+        let telemetry = crate::telemetry::telemetry(file, &sec, w)?;
 
         Ok(ProvisionerConfig {
             file: file.to_path_buf(),
@@ -94,6 +95,7 @@ impl ProvisionerConfig {
             admission,
             audit,
             evidence,
+            telemetry,
             warnings,
         })
     }

@@ -249,6 +249,9 @@ impl ProvisionerConfig {
         if let Some(e) = &self.evidence {
             out.push(("evidence".into(), e.effective()));
         }
+        if let Some(t) = &self.telemetry {
+            out.push(("telemetry".into(), t.effective()));
+        }
         if let Some(c) = &self.cert_manager {
             out.push(("cert_manager".into(), cert_manager_summary(c)));
         }

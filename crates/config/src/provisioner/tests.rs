@@ -906,7 +906,7 @@ fn every_schema_key_is_written_for_a_full_configuration() {
          jwt_verify_cert: abcd\njwt_signing_key: /k\njwt_signing_token: /t\nrego_policy: r\nupgrades_repository: u\nrpc_timeout: 1s\n\
          configuration_template: {configuration: {identity: '{{ identity }}'}}\ncert_manager: {issuer: i, namespace: n}\n\
          records: {url: 'nats://r:4222', user: u, password: p, signing_key: /s}\nrenewal: {before: 30d, choria_config: /r.cfg}\naudit: {}\n\
-         evidence: {aws_certificates: /a.pem}\n",
+         evidence: {aws_certificates: /a.pem}\ntelemetry: {otlp_endpoint: 'http://127.0.0.1:4318'}\n",
     )
     .unwrap();
     // One signer of ours at a time: the built-in CA in a second one.

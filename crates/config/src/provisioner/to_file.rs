@@ -69,6 +69,7 @@ impl ProvisionerConfig {
             admission: self.admission.as_ref().map(|a| a.to_file()),
             audit: self.audit.as_ref().map(|a| a.to_file()),
             evidence: self.evidence.as_ref().map(|e| e.to_file()),
+            telemetry: self.telemetry.as_ref().map(|t| t.to_file()),
             ca: self.ca.as_ref().map(|c| c.to_file()),
             cert_manager: self.cert_manager.as_ref().map(cert_manager_file),
         }

@@ -7,9 +7,12 @@
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+mod histogram;
 mod labels;
 mod record;
 mod summary;
+pub use histogram::Exemplar;
+use histogram::Histogram;
 pub use labels::*;
 use summary::Summary;
 
@@ -25,6 +28,10 @@ pub struct Metrics {
     registry: Registry,
     rpc_time: Summary,
     helper_time: Summary,
+    /// Ours: RPC and whole-sequence times as histograms, their buckets
+    /// with exemplars (trace ids) when tracing is on.
+    rpc_seconds: Histogram,
+    sequence_seconds: Histogram,
     rpc_errors: IntCounterVec,
     helper_errors: IntCounter,
     template_errors: IntCounter,
@@ -114,6 +121,25 @@ impl Metrics {
             "How long it took to run the helper",
             &[],
         );
+        let histogram = |name: &str, help: &str, labels: &[&str], bounds: &[f64]| {
+            let h = Histogram::new(name, help, site, labels, bounds)
+                .unwrap_or_else(|e| defect(name, e));
+            register(&registry, name, h.clone());
+            h
+        };
+        let rpc_seconds = histogram(
+            "choria_provisioner_rpc_seconds",
+            "How long RPC requests took, as a histogram (exemplars: the node's trace, with telemetry on)",
+            &[RPC],
+            &RPC_BUCKETS,
+        );
+        let sequence_seconds = histogram(
+            "choria_provisioner_sequence_seconds",
+            "How long nodes took from being found to the end of their sequence, however it ended (exemplars: the node's trace, with telemetry on)",
+            &[],
+            &SEQUENCE_BUCKETS,
+        );
+        sequence_seconds.touch(&[]);
         let rpc_errors_name = "choria_provisioner_rpc_errors";
         let rpc_errors = IntCounterVec::new(
             opts(
@@ -126,6 +152,7 @@ impl Metrics {
         register(&registry, rpc_errors_name, rpc_errors.clone());
         for rpc in RPC_NAMES {
             rpc_time.touch(&[rpc]);
+            rpc_seconds.touch(&[rpc]);
             rpc_errors.with_label_values(&[rpc]);
         }
         helper_time.touch(&[]);
@@ -146,6 +173,8 @@ impl Metrics {
         Metrics {
             rpc_time,
             helper_time,
+            rpc_seconds,
+            sequence_seconds,
             rpc_errors,
             helper_errors: counter(
                 "choria_provisioner_helper_errors",
@@ -402,9 +431,33 @@ impl Metrics {
     }
 }
 
+/// The RPC histogram's bounds, in seconds.
+const RPC_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// The sequence histogram's bounds, in seconds.
+const SEQUENCE_BUCKETS: [f64; 11] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
 impl crate::monitor::Exposition for Metrics {
     fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// OpenMetrics, the histograms' buckets with their exemplars.
+    fn encode_openmetrics(&self) -> String {
+        use crate::monitor::openmetrics::{encode, Exemplar as Shown};
+        let ours = [&self.rpc_seconds, &self.sequence_seconds];
+        encode(&self.registry.gather(), &|family, metric, bucket| {
+            let h = ours.iter().find(|h| h.name() == family.name())?;
+            let e = h.exemplar(metric.get_label(), bucket)?;
+            Some(Shown {
+                labels: vec![("trace_id", e.trace_id)],
+                value: e.value,
+                timestamp: e.timestamp,
+            })
+        })
     }
 }
 

@@ -19,7 +19,8 @@
 //! signing, applying); [`signing`] holds what deciding and signing need
 //! (helper, template, cert-manager, grants, keys); [`day_two`] records what
 //! was issued and renews it; [`kube`] is a pod's link to its own
-//! `Provisioner`. [`gate`], [`metrics`], [`ownership`] and [`suspects`] are
+//! `Provisioner`. [`gate`], [`metrics`], [`ownership`], [`suspects`] and
+//! [`traces`] (one trace per node sequence, exported over OTLP) are
 //! leaves every room uses; [`steering`] is what steers a running
 //! provisioner from outside (the election, `spec.paused`, shutdown). Each
 //! room takes a context of its own, made here once: this file makes them,
@@ -39,6 +40,7 @@ pub mod steering;
 mod stop;
 pub mod suspects;
 pub(crate) mod text;
+pub mod traces;
 
 pub use prepare::{prepare, PrepareError, Prepared};
 pub use steering::Steering;
@@ -155,6 +157,8 @@ struct Channels {
     trigger_rx: mpsc::Receiver<()>,
     finisher_rx: FinisherRx,
     leader_tx: tokio::sync::watch::Sender<Option<String>>,
+    /// What the trace exporter takes (with `telemetry.otlp_endpoint`).
+    traces: Option<traces::export::Queue>,
 }
 
 impl Provisioner {
@@ -172,6 +176,13 @@ impl Provisioner {
         let (steering, finisher_rx, trigger_rx, leader_tx) =
             steering(&cfg, &me, &metrics, options.resource.is_some());
         let (trail, records_rx, audit_rx) = trail(&cfg, &me, &metrics);
+        let (tracer, traces) = match &cfg.telemetry {
+            Some(t) => {
+                let (tracer, queue) = traces::Tracer::new(t);
+                (tracer, Some(queue))
+            }
+            None => (traces::Tracer::off(), None),
+        };
         let sequences = sequence::Context {
             signing: Signing::new(&cfg, &options.kube, options.resource.as_ref())?,
             checks: checks(&cfg, &me)?,
@@ -183,6 +194,7 @@ impl Provisioner {
             slots: Arc::new(tokio::sync::Semaphore::new(cfg.workers.max(1))),
             abandon: CancellationToken::new(),
             logs: Arc::new(suspects::LogLimiter::with_burst(suspects::NODE_LOG_BURST)),
+            tracer,
             cfg: cfg.clone(),
         };
         let pipeline = pipeline::Context {
@@ -211,6 +223,7 @@ impl Provisioner {
             trigger_rx,
             finisher_rx,
             leader_tx,
+            traces,
         };
         Ok(Provisioner { rooms, channels })
     }
@@ -249,7 +262,9 @@ impl Provisioner {
             mut trigger_rx,
             finisher_rx,
             leader_tx,
+            traces,
         } = channels;
+        start::traces(&rooms.cfg, &rooms.me, traces, &stop_tasks, &mut tasks);
         let intake = start::Intake {
             broker_events: events_rx,
             finisher: finisher_rx,

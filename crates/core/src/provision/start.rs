@@ -248,6 +248,26 @@ pub(super) fn audit(
     Ok(())
 }
 
+/// The trace exporter, with `telemetry.otlp_endpoint`.
+pub(super) fn traces(
+    cfg: &ProvisionerConfig,
+    me: &str,
+    queue: Option<super::traces::export::Queue>,
+    stop: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+) {
+    let (Some(telemetry), Some(queue)) = (&cfg.telemetry, queue) else {
+        return;
+    };
+    let resource = super::traces::export::Resource::new(telemetry, me, &cfg.site);
+    tasks.spawn(super::traces::export::run(
+        queue,
+        telemetry.clone(),
+        resource,
+        stop.clone(),
+    ));
+}
+
 /// The election (or the shards' membership), when configured.
 pub(super) fn election(
     nats: &async_nats::Client,

@@ -157,9 +157,18 @@ impl Metrics {
         &self.site
     }
 
-    /// Records one RPC round trip; `rpc` is `agent#action`.
-    pub fn observe_rpc(&self, rpc: &str, took: Duration) {
+    /// Records one RPC round trip; `rpc` is `agent#action`, `trace` the
+    /// trace id of the node's sequence when it is traced.
+    pub fn observe_rpc(&self, rpc: &str, took: Duration, trace: Option<&str>) {
         self.rpc_time.observe(&[rpc], took.as_secs_f64());
+        self.rpc_seconds.observe(&[rpc], took.as_secs_f64(), trace);
+    }
+
+    /// Records how long a node took, from being found to the end of its
+    /// sequence.
+    pub fn observe_sequence(&self, took: Duration, trace: Option<&str>) {
+        self.sequence_seconds
+            .observe(&[], took.as_secs_f64(), trace);
     }
 
     /// One signed request message for `rpc` went out to `targets` nodes.

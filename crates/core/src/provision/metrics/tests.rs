@@ -165,12 +165,12 @@ fn summaries_export_sum_and_count_without_quantiles() {
 #[test]
 fn observations_land_in_their_own_series() {
     let m = Metrics::new("dc1");
-    m.observe_rpc("choria_provision#jwt", Duration::from_millis(1500));
-    m.observe_rpc("choria_provision#jwt", Duration::from_millis(500));
-    m.observe_rpc("rpcutil#inventory", Duration::from_millis(250));
+    m.observe_rpc("choria_provision#jwt", Duration::from_millis(1500), None);
+    m.observe_rpc("choria_provision#jwt", Duration::from_millis(500), None);
+    m.observe_rpc("rpcutil#inventory", Duration::from_millis(250), None);
     m.observe_helper(Duration::from_millis(3000));
     // An rpc name outside the pre-created set still gets its series.
-    m.observe_rpc("other#thing", Duration::from_secs(1));
+    m.observe_rpc("other#thing", Duration::from_secs(1), None);
 
     for want in [
         "choria_provisioner_rpc_time_sum{rpc=\"choria_provision#jwt\",site=\"dc1\"} 2",
@@ -190,6 +190,38 @@ fn observations_land_in_their_own_series() {
     }
     assert_eq!(m.value("choria_provisioner_rpc_time"), Some(4.0));
     assert_eq!(m.value("choria_provisioner_helper_time"), Some(1.0));
+}
+
+#[test]
+fn the_histograms_buckets_keep_the_last_traced_observation_as_exemplar() {
+    let m = Metrics::new("dc1");
+    let first = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let second = "0af7651916cd43dd8448eb211c80319c";
+    m.observe_rpc(
+        "choria_provision#jwt",
+        Duration::from_millis(40),
+        Some(first),
+    );
+    m.observe_rpc(
+        "choria_provision#jwt",
+        Duration::from_millis(45),
+        Some(second),
+    );
+    // An untraced observation counts but leaves the exemplar alone.
+    m.observe_rpc("choria_provision#jwt", Duration::from_millis(41), None);
+    m.observe_sequence(Duration::from_secs(7), Some(first));
+    let text = m.encode_openmetrics();
+    let jwt = "choria_provisioner_rpc_seconds_bucket{rpc=\"choria_provision#jwt\",site=\"dc1\",le=\"0.05\"} 3 # {trace_id=\"0af7651916cd43dd8448eb211c80319c\"} 0.045 ";
+    assert!(text.contains(jwt), "{text}");
+    let seq = "choria_provisioner_sequence_seconds_bucket{site=\"dc1\",le=\"10\"} 1 # {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 7 ";
+    assert!(text.contains(seq), "{text}");
+    // Buckets nothing traced fell in carry none.
+    assert!(text.contains("choria_provisioner_sequence_seconds_bucket{site=\"dc1\",le=\"5\"} 0\n"));
+    assert_eq!(text.matches("trace_id").count(), 2, "{text}");
+    // The Prometheus text has the buckets, not the exemplars.
+    let plain = m.encode_text();
+    assert!(plain.contains("choria_provisioner_rpc_seconds_bucket{rpc=\"choria_provision#jwt\",site=\"dc1\",le=\"0.05\"} 3"));
+    assert!(!plain.contains("trace_id"));
 }
 
 #[test]
@@ -328,7 +360,7 @@ fn concurrent_observations_are_all_counted() {
             let m = Arc::clone(&m);
             std::thread::spawn(move || {
                 for _ in 0..1000 {
-                    m.observe_rpc("choria_provision#jwt", Duration::from_millis(1));
+                    m.observe_rpc("choria_provision#jwt", Duration::from_millis(1), None);
                 }
             })
         })

@@ -30,6 +30,7 @@ use crate::provision::pipeline::lanes::{LanePlace, Pool};
 use crate::provision::pipeline::registry;
 use crate::provision::pipeline::registry::{Lane, Ticket};
 use crate::provision::sequence::{HostSequence, Outcome, ProvisionError};
+use crate::provision::traces::{NodeTrace, Value};
 use choria_wire::client::ChoriaClient;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
@@ -71,14 +72,58 @@ pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, client: Arc<ChoriaClient>
                 ticket: Some(ticket.clone()),
             };
             let identity = Arc::from(ticket.identity.as_str());
+            let waiting = ticket.added.elapsed();
+            let trace = ctx
+                .sequences
+                .tracer
+                .node(&ticket.identity, source(ticket.source), waiting);
+            let trace = trace.map(Arc::new);
             let seq = HostSequence::new(ctx.sequences.clone(), client, identity, term)
-                .in_lane(place, ticket.source);
-            let result = seq.run(ticket.added.elapsed()).await;
+                .in_lane(place, ticket.source)
+                .traced(trace.clone());
+            let result = seq.run(waiting).await;
             lost.defuse();
+            let trace_id = trace.as_deref().map(NodeTrace::trace_id);
+            ctx.metrics
+                .observe_sequence(ticket.added.elapsed(), trace_id);
+            if let Some(trace) = &trace {
+                finish_trace(&ctx, trace, &result);
+            }
             record(&ctx, ticket, result);
         });
     }
     debug!(?lane, "dispatcher stopped");
+}
+
+/// Where a node's name came from, as its trace says it.
+fn source(s: registry::Source) -> &'static str {
+    match s {
+        registry::Source::Discovery => "discovery",
+        registry::Source::Event => "startup event",
+    }
+}
+
+/// Ends a node's trace with what configured it and how its sequence
+/// ended (the error as the log prints it; never a secret).
+fn finish_trace(ctx: &Context, trace: &NodeTrace, result: &Result<Outcome, ProvisionError>) {
+    let outcome = match result {
+        Ok(Outcome::Provisioned(_)) => "provisioned",
+        Ok(Outcome::Shutdown) => "shutdown",
+        Ok(Outcome::Upgrading { .. }) => "upgrading",
+        Err(e) if e.is_pause() => "paused",
+        Err(ProvisionError::Unconfirmed { .. }) => "unconfirmed",
+        Err(ProvisionError::Deferred(_) | ProvisionError::PolicyDeferred(_)) => "deferred",
+        Err(_) => "failed",
+    };
+    let mut attributes: Vec<(&'static str, Value)> = vec![
+        ("choria.mode", ctx.sequences.mode().into()),
+        ("choria.outcome", outcome.into()),
+    ];
+    if let Err(e) = result {
+        attributes.push(("choria.failed_step", e.step().into()));
+    }
+    let error = result.as_ref().err().map(|e| e as &dyn std::fmt::Display);
+    trace.finish(attributes, error);
 }
 
 /// The admission policy's own decision (or its fail-closed refusal), for

@@ -4,6 +4,7 @@
 
 use super::{HostSequence, ProvisionError};
 use crate::provision::suspects::Allow;
+use crate::provision::traces::Kind;
 use choria_wire::client::{ClientError, RpcOptions, RpcResult};
 use choria_wire::replies::Confirmation;
 use serde::Serialize;
@@ -57,18 +58,48 @@ impl HostSequence {
         Ok(value)
     }
 
+    /// One RPC with its tries, a span of the node's trace when it has one.
     pub(super) async fn call_with<T: Serialize, R>(
         &self,
         rpc: &'static str,
         tries: u32,
         data: &T,
         trusted: bool,
+        check: impl FnMut(&RpcResult) -> Result<R, String>,
+    ) -> Result<(R, Option<Confirmation>), ProvisionError> {
+        let Some(trace) = self.trace.as_deref() else {
+            return self.tries(rpc, tries, data, trusted, check, &mut 0).await;
+        };
+        let (agent, action) = rpc.split_once('#').expect("rpc names are agent#action");
+        let mut span = trace.start(rpc).kind(Kind::Client);
+        span.attr("rpc.system", "choria");
+        span.attr("rpc.service", agent);
+        span.attr("rpc.method", action);
+        let mut tried = 0;
+        let result = self
+            .tries(rpc, tries, data, trusted, check, &mut tried)
+            .await;
+        span.attr("choria.attempts", i64::from(tried));
+        trace.end(
+            span,
+            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
+        result
+    }
+
+    /// The tries of one RPC; `tried` counts the attempts made.
+    async fn tries<T: Serialize, R>(
+        &self,
+        rpc: &'static str,
+        tries: u32,
+        data: &T,
+        trusted: bool,
         mut check: impl FnMut(&RpcResult) -> Result<R, String>,
+        tried: &mut u32,
     ) -> Result<(R, Option<Confirmation>), ProvisionError> {
         let (agent, _) = rpc.split_once('#').expect("rpc names are agent#action");
         self.gate_check()?;
         let mut last = String::new();
-        let mut tried = 0;
         let opts = RpcOptions {
             timeout: self
                 .ctx
@@ -80,7 +111,7 @@ impl HostSequence {
         for attempt in 1..=tries {
             // Pausing mid-sequence stops the node here, at an attempt boundary.
             self.gate_check()?;
-            tried = attempt;
+            *tried = attempt;
             debug!(node = &*self.identity, rpc, attempt, tries, "calling");
             let outcome = match self.attempt(rpc, data, opts).await? {
                 Ok((r, confirmation)) => check(&r).map(|v| (v, confirmation)),
@@ -104,7 +135,7 @@ impl HostSequence {
             }
         }
         self.ctx.metrics.rpc_error(rpc);
-        let tries = tried;
+        let tries = *tried;
         if !self.is_answered() {
             return Err(ProvisionError::Unconfirmed { rpc, tries, last });
         }
@@ -129,7 +160,8 @@ impl HostSequence {
             r = request => r,
             _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
-        self.ctx.metrics.observe_rpc(rpc, started.elapsed());
+        let trace = self.trace.as_deref().map(|t| t.trace_id());
+        self.ctx.metrics.observe_rpc(rpc, started.elapsed(), trace);
         // An answer in the node's own name confirms it, even one whose
         // body is not what we asked for.
         if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {

@@ -41,6 +41,23 @@ pub struct Context {
     /// seconds): whoever holds the fleet's provisioning JWT can make up
     /// names that answer and then stall, as many as they like.
     pub(crate) logs: Arc<LogLimiter>,
+    /// Each sampled sequence's trace (off without `telemetry:`).
+    pub(crate) tracer: crate::provision::traces::Tracer,
+}
+
+impl Context {
+    /// What configures the nodes: `template`, `helper` or
+    /// `template+helper` (records and traces name it).
+    pub fn mode(&self) -> &'static str {
+        match (
+            self.signing.template.is_some(),
+            self.signing.helper.is_some(),
+        ) {
+            (true, true) => "template+helper",
+            (true, false) => "template",
+            _ => "helper",
+        }
+    }
 }
 
 /// The checks of a node's standing, each only when configured.

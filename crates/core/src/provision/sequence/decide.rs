@@ -8,6 +8,7 @@ use crate::provision::signing::credentials::SigningToken;
 use crate::provision::signing::grants;
 use crate::provision::signing::helper::{HelperInput, HelperResponse};
 use crate::provision::signing::template;
+use crate::provision::traces::traced;
 use choria_wire::security::ecdh::EcdhKeyPair;
 use choria_wire::security::pem_crypt::encrypt_private_key;
 use choria_wire::security::tokens::{ServerClaims, TokenSigningKey, PROVISIONER_ISSUER};
@@ -35,13 +36,21 @@ impl HostSequence {
             jwt: self.got.jwt.as_ref(),
         };
         let templated = match &self.ctx.signing.template {
-            Some(t) => Some(t.render(&input).map_err(|e| {
-                self.ctx.metrics.template_error();
-                if let Some(place) = e.refused {
-                    self.ctx.metrics.refused_value(place.label());
+            Some(t) => {
+                let span = self.trace.as_deref().map(|t| (t, t.start("template")));
+                let rendered = t.render(&input);
+                if let Some((trace, span)) = span {
+                    let failed = rendered.as_ref().err();
+                    trace.end(span, failed.map(|e| e as &dyn std::fmt::Display));
                 }
-                ProvisionError::Template(e)
-            })?),
+                Some(rendered.map_err(|e| {
+                    self.ctx.metrics.template_error();
+                    if let Some(place) = e.refused {
+                        self.ctx.metrics.refused_value(place.label());
+                    }
+                    ProvisionError::Template(e)
+                })?)
+            }
             None => None,
         };
         let Some(helper) = &self.ctx.signing.helper else {
@@ -49,15 +58,18 @@ impl HostSequence {
             return Ok(templated.unwrap_or_default());
         };
         let started = Instant::now();
-        let result = tokio::select! {
-            r = helper.run(&input) => r,
-            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        let run = async {
+            tokio::select! {
+                r = helper.run(&input) => r.map_err(ProvisionError::Helper),
+                _ = self.ctx.abandon.cancelled() => Err(ProvisionError::Abandoned),
+            }
         };
+        let result = traced(self.trace.as_deref(), "helper", run).await;
+        if matches!(result, Err(ProvisionError::Abandoned)) {
+            return result;
+        }
         self.ctx.metrics.observe_helper(started.elapsed());
-        let helped = result.map_err(|e| {
-            self.ctx.metrics.helper_error();
-            ProvisionError::Helper(e)
-        })?;
+        let helped = result.inspect_err(|_| self.ctx.metrics.helper_error())?;
         Ok(match templated {
             Some(t) => template::merge(t, helped),
             None => helped,

@@ -42,6 +42,7 @@ use crate::provision::gate::Paused;
 use crate::provision::pipeline::lanes::LanePlace;
 use crate::provision::pipeline::registry::Source;
 use crate::provision::signing::helper::{CsrReply, Ed25519Reply, HelperResponse};
+use crate::provision::traces::{traced, NodeTrace};
 use choria_config::Secret;
 use choria_wire::client::ChoriaClient;
 use choria_wire::identity;
@@ -105,6 +106,8 @@ pub struct HostSequence {
     source: Option<Source>,
     /// Set once any request got the node's own answer: the name is real.
     answered: std::sync::atomic::AtomicBool,
+    /// Its trace, when tracing is on and it was sampled.
+    trace: Option<Arc<NodeTrace>>,
 }
 
 /// A `workers` slot held while a sequence works.
@@ -140,7 +143,14 @@ impl HostSequence {
             place: std::sync::Mutex::new(LanePlace::unbounded()),
             source: None,
             answered: std::sync::atomic::AtomicBool::new(false),
+            trace: None,
         }
+    }
+
+    /// Records its steps in `trace` (see [`crate::provision::traces`]).
+    pub fn traced(mut self, trace: Option<Arc<NodeTrace>>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Runs in a lane's budget, for a name that came from `source`.
@@ -157,10 +167,13 @@ impl HostSequence {
     /// Takes a `workers` slot for the work that follows (released when the
     /// guard goes). Waits for one, but never past shutdown's abandon.
     async fn working(&self) -> Result<Working<'_>, ProvisionError> {
-        let slot = tokio::select! {
-            s = self.ctx.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned)?,
-            _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
+        let wait = async {
+            tokio::select! {
+                s = self.ctx.slots.clone().acquire_owned() => s.map_err(|_| ProvisionError::Abandoned),
+                _ = self.ctx.abandon.cancelled() => Err(ProvisionError::Abandoned),
+            }
         };
+        let slot = traced(self.trace.as_deref(), "wait for a worker", wait).await?;
         Ok(Working {
             _slot: slot,
             _busy: self.ctx.metrics.busy_worker(),
@@ -197,6 +210,7 @@ impl HostSequence {
         // sequences wait out their reply windows at once (in `settle`), and
         // then cost little more than the sequence itself.
         Box::pin(self.gather(waiting)).await?;
+        let trace = self.trace.clone();
         if self.is_settled() {
             // Every window closed already: their outcomes are read, nothing
             // is waited for.
@@ -212,7 +226,7 @@ impl HostSequence {
                 place.release();
                 place.budget()
             };
-            self.settle().await?;
+            traced(trace.as_deref(), "reply windows", self.settle()).await?;
             let permit = tokio::select! {
                 p = budget.acquire_owned() => p.map_err(|_| ProvisionError::Abandoned)?,
                 _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
@@ -320,11 +334,7 @@ impl HostSequence {
         }
 
         let helper_signed = !response.certificate.is_empty();
-        if cfg.features.pki && response.certificate.is_empty() {
-            self.sign_with_cert_manager(&mut response).await?;
-            self.sign_with_ca(&mut response).await?;
-        }
-
+        self.sign(&mut response).await?;
         let (server_jwt, key, provisioner_ecdh_public) = self.issue(&response).await?;
 
         if cfg.features.upgrades && !response.upgrade.is_empty() {
@@ -359,6 +369,20 @@ impl HostSequence {
         Ok(Outcome::Provisioned(record))
     }
 
+    /// The certificate, from cert-manager or the built-in CA, when the
+    /// network has certificates and the helper gave none.
+    async fn sign(&self, response: &mut HelperResponse) -> Result<(), ProvisionError> {
+        let signer = self.ctx.signing.cert_manager.is_some() || self.ctx.signing.ca.is_some();
+        if !self.ctx.cfg.features.pki || !response.certificate.is_empty() || !signer {
+            return Ok(());
+        }
+        let signing = async {
+            self.sign_with_cert_manager(response).await?;
+            self.sign_with_ca(response).await
+        };
+        traced(self.trace.as_deref(), "signing", signing).await
+    }
+
     /// What is issued besides a certificate, in a `workers` slot: the
     /// server JWT (`features.ed25519`) and the helper's private key
     /// encrypted for the node; and our ECDH public key for it.
@@ -373,7 +397,12 @@ impl HostSequence {
             None
         };
         let server_jwt = if cfg.features.ed25519 {
-            self.sign_server_jwt(response).await?
+            traced(
+                self.trace.as_deref(),
+                "server JWT",
+                self.sign_server_jwt(response),
+            )
+            .await?
         } else {
             String::new()
         };
@@ -389,9 +418,23 @@ impl HostSequence {
     /// credentials, the instance evidence, the policy; then the instance
     /// is bound to this identity. Nothing was signed yet.
     async fn admit_node(&self) -> Result<(), ProvisionError> {
-        self.check_revoked().await?;
-        let evidence = self.check_evidence().await?;
-        self.admit(evidence.as_ref()).await?;
+        // A span for each check that is configured.
+        let checks = &self.ctx.checks;
+        let trace = |on: bool| self.trace.as_deref().filter(|_| on);
+        let standing = checks.revoked.is_some() || checks.held.is_some();
+        traced(trace(standing), "revocation", self.check_revoked()).await?;
+        let evidence = traced(
+            trace(checks.evidence.is_some()),
+            "evidence",
+            self.check_evidence(),
+        )
+        .await?;
+        traced(
+            trace(checks.admission.is_some()),
+            "policy",
+            self.admit(evidence.as_ref()),
+        )
+        .await?;
         self.bind_evidence(evidence.as_ref()).await
     }
 
@@ -424,14 +467,7 @@ impl HostSequence {
         config: &str,
         signer: Option<&str>,
     ) -> Option<Box<crate::records::Record>> {
-        let mode = match (
-            self.ctx.signing.template.is_some(),
-            self.ctx.signing.helper.is_some(),
-        ) {
-            (true, true) => "template+helper",
-            (true, false) => "template",
-            _ => "helper",
-        };
+        let mode = self.ctx.mode();
         let protocol = self.client.version().to_string();
         let issued = crate::records::Issued {
             identity: &self.identity,
