@@ -30,8 +30,6 @@ impl ProvisionerConfig {
         let helper = helper(&sec, configuration_template.is_some())?;
         let creds = credentials(&sec, w)?;
         let lifecycle_component = lifecycle_component(&sec)?;
-        let choria_insecure = sec.bool("choria_insecure")?.unwrap_or(false);
-        let site = sec.string("site")?.unwrap_or_default();
         let monitor_port = monitor_port(&sec, w)?;
         let broker_port = broker_port(&sec, w)?;
         let trust = trust(&sec)?;
@@ -43,7 +41,6 @@ impl ProvisionerConfig {
         check_upgrades(&sec, w, &features, &upgrades);
         let timeouts = timeouts(&sec, w)?;
         let reply_window = window(&sec, "reply_window", DEFAULT_REPLY_WINDOW)?;
-        let batch_window = window(&sec, "request_batch_window", DEFAULT_REQUEST_BATCH_WINDOW)?;
         let csr_allowed_dns_names = csr_allowed_dns_names(&sec)?;
         let (records, renewal) = day_two(file, &sec, &creds, lifetime, w)?;
         let admission = crate::admission::admission(file, &sec, rego_policy.as_deref(), w)?;
@@ -64,8 +61,8 @@ impl ProvisionerConfig {
             token_file: creds.token_file,
             broker_provisioning_password_file: creds.password_file,
             lifecycle_component,
-            choria_insecure,
-            site,
+            choria_insecure: sec.bool("choria_insecure")?.unwrap_or(false),
+            site: sec.string("site")?.unwrap_or_default(),
             monitor_port,
             broker_port,
             broker_provisioning_password: creds.password,
@@ -85,7 +82,7 @@ impl ProvisionerConfig {
             helper_timeout: timeouts.helper_timeout,
             rpc_timeout: timeouts.rpc_timeout,
             reply_window,
-            request_batch_window: batch_window,
+            request_batch_window: timeouts.request_batch_window,
             csr_allowed_dns_names,
             configuration_template,
             cert_manager,
@@ -474,9 +471,11 @@ struct Timeouts {
     discovery_window: Duration,
     helper_timeout: Duration,
     rpc_timeout: Option<Duration>,
+    request_batch_window: Duration,
 }
 
-/// Our timeouts (Go fixes them): positive when set.
+/// Our timeouts (Go fixes them): positive when set; and how long requests
+/// gather into one signed message (zero: not at all).
 fn timeouts(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Timeouts, ConfigError> {
     let discovery_timeout = positive_duration(sec, "discovery_timeout", DEFAULT_DISCOVERY_TIMEOUT)?;
     let discovery_window = positive_duration(sec, "discovery_window", DEFAULT_DISCOVERY_WINDOW)?;
@@ -504,6 +503,7 @@ fn timeouts(sec: &Section, w: &mut Vec<ConfigWarning>) -> Result<Timeouts, Confi
         discovery_window,
         helper_timeout,
         rpc_timeout,
+        request_batch_window: window(sec, "request_batch_window", DEFAULT_REQUEST_BATCH_WINDOW)?,
     })
 }
 
