@@ -194,9 +194,6 @@ impl ChoriaClient {
                 return;
             }
         };
-        if let Some(o) = &self.observer {
-            o.batched(&format!("{}#{}", key.agent, key.action), members.len());
-        }
         let msg = bytes::Bytes::from(msg);
         let mut routes = HashMap::with_capacity(members.len());
         for m in members {
@@ -218,6 +215,9 @@ impl ChoriaClient {
             }
         }
         let rpc = format!("{}#{}", key.agent, key.action);
+        if let Some(o) = self.observer.as_ref().filter(|_| !routes.is_empty()) {
+            o.batched(&rpc, routes.len());
+        }
         let until = tokio::time::Instant::now() + key.timeout + LINGER;
         tokio::spawn(route_replies(
             sub,
@@ -257,11 +257,14 @@ async fn route_replies(
             .as_deref()
             .and_then(|n| routes.get(n).map(|tx| (n, tx)))
         {
-            Some((node, tx)) => {
-                if tx.try_send(m).is_err() {
+            Some((node, tx)) => match tx.try_send(m) {
+                Err(mpsc::error::TrySendError::Full(_)) => {
                     report(&observer, node, &rpc, Ignored::Overflow, Some(node));
                 }
-            }
+                // Its request is over (answered, or given up): as for a
+                // request of its own, what comes later is not read.
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            },
             None => {
                 // Names no node of the batch: whatever it is, it is no
                 // request's answer (classified only to say why).
