@@ -152,19 +152,7 @@ impl Collector for Histogram {
         let metrics = series
             .iter()
             .map(|s| {
-                let mut labels: Vec<LabelPair> = desc
-                    .variable_labels
-                    .iter()
-                    .zip(&s.label_values)
-                    .map(|(name, value)| {
-                        let mut pair = LabelPair::default();
-                        pair.set_name(name.clone());
-                        pair.set_value(value.clone());
-                        pair
-                    })
-                    .chain(desc.const_label_pairs.iter().cloned())
-                    .collect();
-                labels.sort();
+                let labels = super::summary::label_pairs(desc, &s.label_values);
                 let mut cumulative = 0;
                 let buckets = self
                     .0

@@ -89,20 +89,7 @@ impl Collector for Summary {
         let metrics = series
             .iter()
             .map(|s| {
-                let mut labels: Vec<LabelPair> = desc
-                    .variable_labels
-                    .iter()
-                    .zip(&s.label_values)
-                    .map(|(name, value)| {
-                        let mut pair = LabelPair::default();
-                        pair.set_name(name.clone());
-                        pair.set_value(value.clone());
-                        pair
-                    })
-                    .chain(desc.const_label_pairs.iter().cloned())
-                    .collect();
-                // Sorted by name, as the crate's own metrics and Go export them.
-                labels.sort();
+                let labels = label_pairs(desc, &s.label_values);
                 let mut summary = proto::Summary::default();
                 summary.set_sample_count(s.count);
                 summary.set_sample_sum(s.sum);
@@ -121,4 +108,24 @@ impl Collector for Summary {
         family.set_metric(metrics);
         vec![family]
     }
+}
+
+/// A series' labels: its own values under the desc's label names, then the
+/// constant ones, sorted by name as the crate's own metrics and Go export
+/// them.
+pub(super) fn label_pairs(desc: &Desc, values: &[String]) -> Vec<LabelPair> {
+    let mut labels: Vec<LabelPair> = desc
+        .variable_labels
+        .iter()
+        .zip(values)
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name(name.clone());
+            pair.set_value(value.clone());
+            pair
+        })
+        .chain(desc.const_label_pairs.iter().cloned())
+        .collect();
+    labels.sort();
+    labels
 }
