@@ -30,6 +30,7 @@ mod fleet;
 mod go_captures;
 mod host;
 mod hostile;
+mod in_flight_bound;
 mod interop_go;
 mod issuer_in_token;
 mod kube_apiserver;

@@ -2,13 +2,12 @@
 //! seen from the nodes, and discovery at scale.
 
 use crate::support::provisioner::binary;
-use crate::support::{NatsServer, RunningFleet};
+use crate::support::{small_fleet as fleet_options, NatsServer, RunningFleet};
 use choria_config::{ChoriaClientConfig, Environment, ProvisionerConfig};
 use choria_core::monitor::Exposition;
 use choria_core::provision::gate::PauseReason;
 use choria_core::provision::{Options, Provisioner, Steering};
 use choria_fleet::FleetOptions;
-use choria_wire::client::BrokerOptions;
 use choria_wire::client::{self, EventFormat};
 use choria_wire::lifecycle::{Event, EventType};
 use serde_json::Value;
@@ -99,18 +98,6 @@ fn start(dir: &Path, nats: &NatsServer, yaml: &str, before: impl FnOnce(&Steerin
         steering,
         shutdown,
         task,
-    }
-}
-
-/// The scenes' fleet: `nodes` nodes on `nats`, journal in `dir`.
-fn fleet_options(nats: &NatsServer, dir: &Path, nodes: usize) -> FleetOptions {
-    FleetOptions {
-        broker: BrokerOptions::at([nats.url()]),
-        nodes,
-        journal: Some(dir.join("journal.jsonl")),
-        key_pool_size: 2,
-        connections: 4,
-        ..Default::default()
     }
 }
 

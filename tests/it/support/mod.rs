@@ -254,6 +254,19 @@ fn parse_journal(text: &str) -> Vec<Value> {
 
 /// The simulated fleet (`fleet::run`) running on a tokio task of the test.
 /// Dropping it without `finish` stops the fleet too.
+/// A small fleet's options: `nodes` nodes on `nats`, journal in `dir`,
+/// two pooled keys, four connections.
+pub fn small_fleet(nats: &NatsServer, dir: &Path, nodes: usize) -> choria_fleet::FleetOptions {
+    choria_fleet::FleetOptions {
+        broker: choria_wire::client::BrokerOptions::at([nats.url()]),
+        nodes,
+        journal: Some(dir.join("journal.jsonl")),
+        key_pool_size: 2,
+        connections: 4,
+        ..Default::default()
+    }
+}
+
 pub struct RunningFleet {
     stop: tokio::sync::oneshot::Sender<()>,
     handle: tokio::task::JoinHandle<FleetSummary>,

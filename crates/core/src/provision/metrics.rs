@@ -5,7 +5,7 @@
 //! dashboards then show zeros instead of gaps before the first event.
 
 use prometheus::core::Collector;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 mod histogram;
 mod labels;
@@ -18,6 +18,9 @@ use summary::Summary;
 
 const SITE: &str = "site";
 const RPC: &str = "rpc";
+/// The pipeline's lanes (`pipeline::registry::Lane::name`), each with its
+/// in-flight bound; 0 until the lanes start.
+const LANES: [&str; 3] = ["events", "discovery", "suspect"];
 
 /// All metrics of one provisioner process, labelled with its `site`.
 ///
@@ -86,6 +89,7 @@ pub struct Metrics {
     shard_records_refused: IntCounterVec,
     ignored_shutdowns: IntCounter,
     sequences: IntGauge,
+    in_flight_bound: IntGaugeVec,
 }
 
 impl Metrics {
@@ -170,7 +174,22 @@ impl Metrics {
             .map(|r| r.reason())
             .collect();
 
+        let bound_name = "choria_provisioner_in_flight_bound";
+        let in_flight_bound = IntGaugeVec::new(
+            opts(
+                bound_name,
+                "Sequences a lane lets exchange requests at once: its ceiling, cut while most answers come slowly or the broker drops or refuses us, raised again as answers come quickly",
+            ),
+            &["lane"],
+        )
+        .unwrap_or_else(|e| defect(bound_name, e));
+        register(&registry, bound_name, in_flight_bound.clone());
+        for lane in LANES {
+            in_flight_bound.with_label_values(&[lane]);
+        }
+
         Metrics {
+            in_flight_bound,
             rpc_time,
             helper_time,
             rpc_seconds,

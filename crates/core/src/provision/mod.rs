@@ -265,10 +265,13 @@ impl Provisioner {
             traces,
         } = channels;
         start::traces(&rooms.cfg, &rooms.me, traces, &stop_tasks, &mut tasks);
+        let metrics = steering.metrics.clone();
+        let pool = lanes::Pool::new(|lane| metrics.in_flight_bound(lane.name()));
         let intake = start::Intake {
             broker_events: events_rx,
             finisher: finisher_rx,
             suspects: suspects::Suspects::new(steering.metrics.clone()),
+            pool: pool.clone(),
         };
         let client = rooms
             .start_work(&nats, intake, records_rx, audit_rx, &stop_tasks, &mut tasks)
@@ -276,7 +279,6 @@ impl Provisioner {
         let election_stop = CancellationToken::new();
         let election =
             rooms.start_steering(&nats, leader_tx, &election_stop, &stop_tasks, &mut tasks);
-        let pool = lanes::Pool::new();
         let dispatchers = start::dispatchers(&rooms.pipeline, &client, &pool);
         let cfg = &rooms.cfg;
         let opts = discovery::options(cfg.discovery_timeout, cfg.discovery_window);

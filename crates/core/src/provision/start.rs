@@ -364,6 +364,8 @@ pub(super) struct Intake {
     /// Bad identities and undecodable events, counted and logged at a
     /// bounded rate.
     pub(super) suspects: suspects::Suspects,
+    /// The lanes' budgets, which the broker's trouble cuts.
+    pub(super) pool: pipeline::lanes::Pool,
 }
 
 /// Starts what feeds the lanes besides discovery — lifecycle events — and
@@ -391,6 +393,7 @@ pub(super) async fn intake(
     tasks.spawn(pipeline::broker::watch_broker(
         intake.broker_events,
         steering.clone(),
+        intake.pool,
         stop.clone(),
     ));
     tasks.spawn(

@@ -49,6 +49,7 @@ pub(super) async fn stop(s: Stopping) {
     dispatchers.abort_all();
     info!(
         in_flight = pool.tracker.len(),
+        bounds = pool.bounds(),
         "stopping the node sequences in flight at their next checkpoint"
     );
     while dispatchers.join_next().await.is_some() {}

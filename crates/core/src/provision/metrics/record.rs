@@ -85,6 +85,11 @@ impl Metrics {
     }
 
     /// Counts a sequence in flight while the guard lives.
+    /// The gauge of `lane`'s in-flight bound, set by its budget.
+    pub fn in_flight_bound(&self, lane: &str) -> prometheus::IntGauge {
+        self.in_flight_bound.with_label_values(&[lane])
+    }
+
     pub fn sequence(&self) -> GaugeGuard<'_> {
         self.sequences.inc();
         GaugeGuard {

@@ -3,6 +3,7 @@
 
 use crate::backoff::Backoff;
 use crate::monitor::Health;
+use crate::provision::pipeline::lanes::Pool;
 use crate::provision::steering::Steering;
 use choria_config::ClientSetup;
 use choria_wire::client::{self, ClientError};
@@ -42,11 +43,13 @@ pub(crate) async fn connect_until_up(
     }
 }
 
-/// Tracks the broker connection: readiness follows it, and a reconnect
-/// triggers a discovery so nodes whose work failed meanwhile are found again.
+/// Tracks the broker connection: readiness follows it, a reconnect
+/// triggers a discovery so nodes whose work failed meanwhile are found
+/// again, and a lost connection or a slow consumer cuts the lanes' bounds.
 pub(crate) async fn watch_broker(
     mut events: mpsc::UnboundedReceiver<async_nats::Event>,
     steering: Arc<Steering>,
+    lanes: Pool,
     stop: CancellationToken,
 ) {
     // async-nats also reports the first connection; only a reconnect after a
@@ -67,10 +70,18 @@ pub(crate) async fn watch_broker(
             async_nats::Event::Connected => steering.health.set("broker", Ok(())),
             async_nats::Event::Disconnected => {
                 disconnected = true;
+                lanes.trouble();
                 warn!("disconnected from the broker; reconnecting");
                 steering
                     .health
                     .set("broker", Err("disconnected from the broker".into()));
+            }
+            async_nats::Event::SlowConsumer(sid) => {
+                // Replies came faster than we read them: fewer in flight.
+                // One event per dropped message: the cut (logged by the
+                // budgets) comes at most once a second.
+                debug!(subscription = sid, "slow consumer: messages were dropped");
+                lanes.trouble();
             }
             other => debug!(event = %other, "broker connection event"),
         }

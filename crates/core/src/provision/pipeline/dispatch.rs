@@ -40,7 +40,7 @@ use tracing::{debug, error, info, warn};
 pub(crate) async fn run(lane: Lane, ctx: Arc<Context>, client: Arc<ChoriaClient>, pool: Pool) {
     debug!(?lane, "dispatcher starting");
     while let Some(ticket) = ctx.registry.next(lane).await {
-        let Ok(permit) = pool.lane(lane).clone().acquire_owned().await else {
+        let Ok(permit) = pool.lane(lane).acquire().await else {
             break;
         };
         // The term first, then whether the ticket is current: a loss

@@ -1,14 +1,23 @@
 //! The lanes' in-flight budgets: how many sequences exchange requests at
 //! once per lane, and the place a sequence holds in one (given back while
 //! it only waits, moved to the suspects' budget when a request fails).
+//! Each lane's budget (`budget`) is a semaphore sized by the `aimd` rules:
+//! cut while the broker or the nodes are slow, raised as they keep up.
+
+pub mod aimd;
+pub mod budget;
 
 use crate::provision::pipeline::registry::Lane;
+use budget::{Budget, Budgets};
+use prometheus::IntGauge;
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
-/// Sequences exchanging requests at once per lane: events, discovery,
-/// suspects. A sequence waiting out its reply windows gives its place back
+/// Sequences exchanging requests at once per lane at most (the ceilings
+/// of their [`Budget`]s, which cut them while the broker or the nodes are
+/// slow): events, discovery, suspects. A sequence waiting out its reply windows gives its place back
 /// (that wait is pure waiting, and bounded by itself: the sequences that
 /// enter it in one window), so these bound the requests in flight, and so
 /// the queueing a reply meets on a busy machine: with thousands in flight a
@@ -28,19 +37,20 @@ pub const IN_FLIGHT: [(Lane, usize); 3] = [
 #[derive(Clone)]
 pub(crate) struct Pool {
     /// Each lane's in-flight budget, by [`Lane::ALL`] order.
-    pub(crate) lanes: Arc<[Arc<Semaphore>; 3]>,
+    pub(crate) lanes: Budgets,
     pub(crate) tracker: TaskTracker,
 }
 
 impl Pool {
-    /// Each lane with its budget ([`IN_FLIGHT`]).
-    pub(crate) fn new() -> Self {
+    /// Each lane with its budget ([`IN_FLIGHT`] its ceiling), its bound
+    /// shown by `gauge(lane)`.
+    pub(crate) fn new(gauge: impl Fn(Lane) -> IntGauge) -> Self {
         let budget = |lane: Lane| {
             let n = IN_FLIGHT
                 .iter()
                 .find(|(l, _)| *l == lane)
                 .map_or(1, |(_, n)| *n);
-            Arc::new(Semaphore::new(n))
+            Arc::new(Budget::new(lane, n, gauge(lane)))
         };
         Pool {
             lanes: Arc::new(Lane::ALL.map(budget)),
@@ -48,9 +58,38 @@ impl Pool {
         }
     }
 
-    pub(crate) fn lane(&self, lane: Lane) -> &Arc<Semaphore> {
+    pub(crate) fn lane(&self, lane: Lane) -> &Arc<Budget> {
         &self.lanes[Lane::ALL.iter().position(|l| *l == lane).unwrap_or(0)]
     }
+
+    /// The broker is in trouble: every lane's bound is cut.
+    pub(crate) fn trouble(&self) {
+        for budget in self.lanes.iter() {
+            budget.trouble();
+        }
+    }
+
+    /// Each lane's bound now, for the log at shutdown.
+    pub(crate) fn bounds(&self) -> String {
+        Lane::ALL
+            .iter()
+            .map(|l| format!("{}={}", l.name(), self.lane(*l).bound()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// What a request's end tells its lane's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// An answer in the node's name, after this long.
+    Answer(Duration),
+    /// The broker would not take the request (not connected, a refused
+    /// publish).
+    Refused,
+    /// Nothing that speaks of the broker: no answer (made-up names never
+    /// answer), an error of our own.
+    Nothing,
 }
 
 /// A place in a lane's in-flight budget, held by one sequence.
@@ -58,16 +97,16 @@ pub struct LanePlace {
     permit: Option<OwnedSemaphorePermit>,
     lane: Lane,
     /// The budget of the lane it is in now.
-    budget: Arc<Semaphore>,
-    suspect: Arc<Semaphore>,
+    budget: Arc<Budget>,
+    suspect: Arc<Budget>,
 }
 
 impl LanePlace {
     pub(crate) fn new(
         permit: OwnedSemaphorePermit,
         lane: Lane,
-        budget: Arc<Semaphore>,
-        suspect: Arc<Semaphore>,
+        budget: Arc<Budget>,
+        suspect: Arc<Budget>,
     ) -> Self {
         LanePlace {
             permit: Some(permit),
@@ -79,7 +118,7 @@ impl LanePlace {
 
     /// A place outside any budget (a sequence run on its own, as in tests).
     pub fn unbounded() -> Self {
-        let none = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+        let none = Arc::new(Budget::unbounded());
         LanePlace {
             permit: None,
             lane: Lane::Suspect,
@@ -91,17 +130,28 @@ impl LanePlace {
     /// Gives the place back while the sequence only waits (its reply
     /// windows); [`LanePlace::budget`] is where it takes one again.
     pub fn release(&mut self) {
-        self.permit = None;
+        if self.permit.take().is_some() {
+            self.budget.given_back();
+        }
     }
 
     /// The budget of its lane, to take a place in again.
-    pub fn budget(&self) -> Arc<Semaphore> {
+    pub fn budget(&self) -> Arc<Budget> {
         self.budget.clone()
     }
 
     /// Holds `permit` (of [`LanePlace::budget`]) again.
     pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
         self.permit = Some(permit);
+    }
+
+    /// Tells the lane's budget how a request ended.
+    pub fn heard(&self, heard: Heard) {
+        match heard {
+            Heard::Answer(took) => self.budget.answered(took),
+            Heard::Refused => self.budget.trouble(),
+            Heard::Nothing => {}
+        }
     }
 
     /// A request went unanswered: the place in the names' own lane goes to
@@ -112,14 +162,21 @@ impl LanePlace {
         if self.lane == Lane::Suspect {
             return true;
         }
-        match self.suspect.clone().try_acquire_owned() {
-            Ok(permit) => {
+        match self.suspect.try_acquire() {
+            Some(permit) => {
+                self.release();
                 self.permit = Some(permit);
                 self.lane = Lane::Suspect;
                 self.budget = self.suspect.clone();
                 true
             }
-            Err(_) => false,
+            None => false,
         }
+    }
+}
+
+impl Drop for LanePlace {
+    fn drop(&mut self) {
+        self.release();
     }
 }

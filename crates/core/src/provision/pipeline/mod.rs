@@ -1,7 +1,8 @@
 //! The pipeline: how nodes reach their sequences. `broker` connects and
 //! follows the connection; `discovery` and `events` offer names to the
 //! `registry`, which holds them in lanes; `lanes` are the lanes' in-flight
-//! budgets; `dispatch` takes each lane's names and runs their sequences;
+//! budgets, each a `lanes::budget` whose bound follows the `lanes::aimd`
+//! rules; `dispatch` takes each lane's names and runs their sequences;
 //! `leadership` is the election's steering of all of it (won: resume and
 //! discover; lost: pause and forget); `context` is what intake and
 //! dispatch work with.

@@ -97,6 +97,15 @@ pub enum Lane {
 impl Lane {
     pub const ALL: [Lane; 3] = [Lane::Events, Lane::Discovery, Lane::Suspect];
 
+    /// Its name as a metric label and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lane::Events => "events",
+            Lane::Discovery => "discovery",
+            Lane::Suspect => "suspect",
+        }
+    }
+
     fn index(self) -> usize {
         match self {
             Lane::Events => 0,

@@ -3,6 +3,7 @@
 //! absence) says about the name.
 
 use super::{HostSequence, ProvisionError};
+use crate::provision::pipeline::lanes::Heard;
 use crate::provision::suspects::Allow;
 use crate::provision::traces::Kind;
 use choria_wire::client::{ClientError, RpcOptions, RpcResult};
@@ -160,8 +161,13 @@ impl HostSequence {
             r = request => r,
             _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
         };
+        let took = started.elapsed();
         let trace = self.trace.as_deref().map(|t| t.trace_id());
-        self.ctx.metrics.observe_rpc(rpc, started.elapsed(), trace);
+        self.ctx.metrics.observe_rpc(rpc, took, trace);
+        self.place
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .heard(heard(&result, took));
         // An answer in the node's own name confirms it, even one whose
         // body is not what we asked for.
         if matches!(&result, Ok(_) | Err(ClientError::BadReply { .. })) {
@@ -212,6 +218,23 @@ impl HostSequence {
     }
 }
 
+/// What a request's end tells its lane's in-flight bound: an answer in
+/// the node's name and how long it took, or that the broker would not take
+/// the request. Nothing else: no answer is what made-up names give, and
+/// they must not talk the bound down.
+fn heard<T>(result: &Result<T, ClientError>, took: Duration) -> Heard {
+    match result {
+        Ok(_) | Err(ClientError::BadReply { .. }) => Heard::Answer(took),
+        Err(
+            ClientError::NotConnected { .. }
+            | ClientError::NotSent { .. }
+            | ClientError::Publish { .. }
+            | ClientError::Flush(_),
+        ) => Heard::Refused,
+        Err(_) => Heard::Nothing,
+    }
+}
+
 /// A reply with a status other than OK is a failed attempt, with Go's message.
 pub(super) fn require_ok(r: &RpcResult) -> Result<(), String> {
     if r.body.is_ok() {
@@ -234,6 +257,30 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_answers_and_refused_sends_reach_the_bound() {
+        let took = Duration::from_secs(3);
+        let answer: Result<(), ClientError> = Ok(());
+        assert_eq!(heard(&answer, took), Heard::Answer(took));
+        let bad = Err::<(), _>(ClientError::BadReply {
+            identity: "n1".into(),
+            reason: "undecodable".into(),
+        });
+        assert_eq!(heard(&bad, took), Heard::Answer(took));
+        let timeout = Err::<(), _>(ClientError::Timeout {
+            identity: "made-up.example.net".into(),
+            agent: "choria_provision".into(),
+            action: "jwt".into(),
+            timeout: took,
+            ignored: Default::default(),
+        });
+        assert_eq!(heard(&timeout, took), Heard::Nothing);
+        let refused = Err::<(), _>(ClientError::NotSent {
+            reason: "reconnected".into(),
+        });
+        assert_eq!(heard(&refused, took), Heard::Refused);
+    }
 
     #[test]
     fn backoff_follows_go_five_sec_policy_with_jitter() {

@@ -228,7 +228,7 @@ impl HostSequence {
             };
             traced(trace.as_deref(), "reply windows", self.settle()).await?;
             let permit = tokio::select! {
-                p = budget.acquire_owned() => p.map_err(|_| ProvisionError::Abandoned)?,
+                p = budget.acquire() => p.map_err(|_| ProvisionError::Abandoned)?,
                 _ = self.ctx.abandon.cancelled() => return Err(ProvisionError::Abandoned),
             };
             self.place
