@@ -649,10 +649,16 @@ EOF
   PIDS=()
 
   python3 "$REPORT" journal "$dir/journal.jsonl" --nodes "$nodes" >"$dir/journal-check.json"
+  # The Choria broker logs (at warn) when it cuts a connection off for not
+  # reading fast enough: a run with that is no figure of a healthy path.
+  local slow=""
+  if [ "$BROKER_KIND" = choria ]; then
+    slow="$(grep -ci 'slow consumer' "$dir/broker.log" 2>/dev/null || true)"
+  fi
   python3 "$REPORT" record impl="$label" scenario="$scenario" nodes="$nodes" workers="$workers" \
     run="$run" start_ns="$start_ns" commit="$COMMIT" dir="$dir" helper="$helper" \
     ca_key="$([ "$scenario" = pki-ca ] && echo "$CA_KEY_KIND")" \
-    settings="${EXTRA[*]+"${EXTRA[*]}"}" \
+    settings="${EXTRA[*]+"${EXTRA[*]}"}" slow_consumers="$slow" \
     --wait "$dir/wait.json" --snap0 "$dir/snap0.json" --snap1 "$dir/snap1.json" \
     --journal "$dir/journal-check.json" --metrics "$dir/metrics.json" >>"$RESULTS"
   python3 - "$RESULTS" <<'PY'
@@ -667,7 +673,9 @@ print(f"    {r['impl']:4} {r['scenario']} {r['nodes']} nodes w{r['workers']} run
       f"helpers {f(r['helper_cpu_s'], '{:.2f}')} s, fleet {f(r['fleet_cpu_s'], '{:.2f}')} s, "
       f"nats {f(r['nats_cpu_s'], '{:.2f}')} s, machine busy {f(r['machine_busy_pct'], '{:.0f}')} %, "
       f"other {f(r['other_cpu_s'])} s, 1st discovery {f(r['first_cycle_discovered'], '{:.0f}')}, "
-      f"cycles {f(r['discover_cycles'], '{:.0f}')}", file=sys.stderr)
+      f"cycles {f(r['discover_cycles'], '{:.0f}')}"
+      + (f", broker slow consumers {r['slow_consumers']}" if r.get("slow_consumers") != "" else ""),
+      file=sys.stderr)
 if not r["valid"]:
     for p in (r.get("journal_problems") or [])[:5]:
         print(f"      {p}", file=sys.stderr)

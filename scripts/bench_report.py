@@ -552,6 +552,14 @@ def cmd_summary(args):
     w("")
     w(f"Broker: {broker} (its CPU is the `broker CPU s` column)")
     w("")
+    slow = [r for r in rows if r.get("slow_consumers") not in (None, "")]
+    if slow:
+        hit = [r for r in slow if r["slow_consumers"]]
+        w("Slow consumers in the broker's log: " + (
+            "none in any run" if not hit else "; ".join(
+                f"{r['slow_consumers']} lines in {r['scenario']} {r['nodes']:,} {r['impl']} run {r['run']}"
+                for r in hit)))
+        w("")
     if any(r.get("ca_key") for r in rows):
         w(f"pki-ca: ours signs every CSR with its built-in CA (`ca:`, {opt.get('--ca-key') or 'key ?'}) "
           "and renders the configuration from a `configuration_template`, without a helper; the Go "
