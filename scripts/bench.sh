@@ -10,6 +10,7 @@
 #   scripts/bench.sh --scale --nodes 250000   # one larger fleet
 #   scripts/bench.sh --scenario pki-ca --nodes 10000     # the built-in CA (ECDSA P-256 file key)
 #   scripts/bench.sh --scenario pki-ca --ca-key-kind softhsm --no-go --runs 1
+#   scripts/bench.sh --broker choria --security issuer --nodes 1000 --runs 1
 #
 # Options:
 #   --nodes N[,N...]      fleet sizes (default 1000,10000)
@@ -36,7 +37,8 @@
 #                         --set discovery_window=300ms; the Go provisioner gets
 #                         the same file (it ignores keys it does not know)
 #   --timeout S           give up on one run of ours after S seconds (default 900);
-#                         a Go run is capped at 300 s
+#                         a Go run is capped at 300 s, or 60 s per 500 nodes for
+#                         larger fleets (see GO_TIMEOUT)
 #   --bin PATH            use this choria-provisioner binary instead of building
 #   --no-go               do not try to build the Go provisioner
 #   --replicas R[,R...]   ours as R replicas in shards mode (election.mode: shards,
@@ -56,6 +58,20 @@
 #                         signer), the provisioner logs in as `provisioner` with the
 #                         broker's password and a client certificate of the run's
 #                         CA, and signs every request with its RSA key
+#   --security KIND       with --broker choria: x509 (default, as above) or issuer:
+#                         an Organization Issuer network, protocol v2 with ed25519
+#                         (implies --broker choria; scenarios jwt and template). The
+#                         broker trusts the issuer's public key
+#                         (plugin.security.issuer.*), the fleet speaks v2 with
+#                         provisioning JWTs the issuer signed (`v2` claim), both
+#                         provisioners log in as `provisioner` with the broker's
+#                         password and a client JWT the issuer signed for them
+#                         (--server-provisioner, `choria jwt client`), sign every
+#                         request with its ed25519 seed, verify the provisioning
+#                         JWTs with the issuer's public key, fetch each node's
+#                         ed25519 key (gen25519) and send it a server JWT signed
+#                         as a chain issuer (features.ed25519, jwt_signing_key and
+#                         jwt_signing_token: a client JWT with --issuer)
 #   --profile             perf-record our provisioner in every run (perf.data +
 #                         perf-report.txt in the run directory)
 #   --out DIR             where results go (default ~/.cache/choria-provisioner-rs/bench-results/<date>)
@@ -106,7 +122,13 @@ RUNS=3
 WORKERS_LIST="16"
 SCENARIO="all"
 TIMEOUT=900
+# A Go run's limit: 300 s, or 60 s per 500 nodes when that is longer. Go
+# provisions ~1,200 nodes/min through the Choria broker on 2 cores, so a
+# fixed 300 s cut 10,000-node runs off (~8.5 min) before they were done;
+# 500 nodes/min leaves room for a loaded machine without letting a stuck
+# run go on for ever.
 GO_TIMEOUT=300
+GO_NODES_PER_MIN=500
 BIN=""
 TRY_GO=1
 PROFILE=0
@@ -118,6 +140,7 @@ REPLICAS_LIST=1
 HELPER_SLEEP=""
 JWT_HELPER="$ROOT/examples/helper.sh"
 BROKER_KIND=nats
+SECURITY=x509
 CA_KEY_KIND=ecdsa
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit "${1:-2}"; }
@@ -139,6 +162,7 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --no-go) TRY_GO=0; shift ;;
     --broker) BROKER_KIND="$2"; shift 2 ;;
+    --security) SECURITY="$2"; shift 2 ;;
     --ca-key-kind) CA_KEY_KIND="$2"; shift 2 ;;
     --profile) PROFILE=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
@@ -146,6 +170,20 @@ while [ $# -gt 0 ]; do
     *) echo "bench.sh: unknown option $1" >&2; usage ;;
   esac
 done
+case "$SECURITY" in
+  x509) ;;
+  issuer)
+    BROKER_KIND=choria
+    # v2 servers take an ed25519 key and a server JWT, not a certificate:
+    # the pki scenarios have no v2 form (and Go refuses pki with ed25519).
+    case "$SCENARIO" in
+      all) SCENARIO=jwt ;;
+      jwt | template) ;;
+      *) echo "bench.sh: --security issuer runs the jwt and template scenarios only" >&2; exit 2 ;;
+    esac
+    ;;
+  *) echo "bench.sh: --security must be x509 or issuer" >&2; exit 2 ;;
+esac
 case "$SCENARIO" in
   jwt) SCENARIOS=(jwt) ;;
   pki) SCENARIOS=(pki) ;;
@@ -309,6 +347,28 @@ if [ "$BROKER_KIND" = choria ]; then
   BROKER_PASSWORD="$(python3 -c 'import os; print(os.urandom(12).hex())')"
 fi
 
+# --security issuer: the Organization Issuer (an ed25519 key the broker
+# trusts, made with the real `choria jwt keys`) and, issued by it with
+# `choria jwt client`, the provisioners' login (`provisioner`, allowed to
+# provision servers) and the chain issuer they sign server JWTs as.
+# Both provisioners use the same files.
+if [ "$SECURITY" = issuer ]; then
+  choria_jwt() { (cd "$WORK" && HOME="$WORK" "$CHORIA" jwt "$@" >>"$WORK/choria-jwt.log" 2>&1) ||
+    { log "choria jwt $1 failed (see $WORK/choria-jwt.log)"; exit 1; }; }
+  # issue_client NAME CALLER FLAGS...: NAME.seed, NAME.public, NAME.jwt.
+  issue_client() {
+    local name="$1" caller="$2"
+    shift 2
+    choria_jwt keys "$name.seed" "$name.public"
+    choria_jwt client "$name.jwt" "$caller" "$WORK/issuer.seed" --validity 24h \
+      "--public-key=$(cat "$WORK/$name.public")" "$@"
+  }
+  choria_jwt keys issuer.seed issuer.public
+  ISSUER_HEX="$(cat "$WORK/issuer.public")"
+  issue_client provisioner-client provisioner --server-provisioner
+  issue_client chain-signer provisioner-signer --issuer
+fi
+
 python3 "$REPORT" machine >"$OUT/machine.json"
 {
   echo "command: scripts/bench.sh $ORIG_ARGS"
@@ -317,6 +377,7 @@ python3 "$REPORT" machine >"$OUT/machine.json"
   echo "binary: $BIN"
   echo "go: $GO_STATUS"
   echo "broker: $BROKER_KIND${CHORIA:+ ($CHORIA)}"
+  [ "$BROKER_KIND" = choria ] && echo "security: $SECURITY"
   [ -n "${CA_KEY_DESC:-}" ] && echo "pki-ca key: $CA_KEY_DESC ($CA_KEY_KIND)"
 } >"$OUT/info.txt"
 RESULTS="$OUT/results.jsonl"
@@ -348,6 +409,13 @@ plugin.choria.network.provisioning.client_password = $BROKER_PASSWORD
 plugin.choria.network.provisioning.signer_cert = $WORK/signer.pub
 plugin.choria.network.stream.store = $dir/streams
 EOF
+  if [ "$SECURITY" = issuer ]; then
+    # An Organization Issuer network: ed25519 provisioning JWTs and client
+    # JWTs are checked against the issuer (RSA provisioning JWTs would still
+    # be checked against signer_cert); TLS stays the file provider's.
+    printf 'plugin.security.issuer.names = choria\nplugin.security.issuer.choria.public = %s\n' \
+      "$ISSUER_HEX" >>"$dir/broker.conf"
+  fi
   (cd "$dir" && HOME="$dir" exec "$CHORIA" broker run --config "$dir/broker.conf" >"$dir/broker.out" 2>&1) &
   BROKER_PID=$!
   PIDS+=("$BROKER_PID")
@@ -385,9 +453,16 @@ run_one() {
   local port monitor limit prov_bin
   port="$(free_port)"
   monitor="$(free_port)"
-  if [ "$impl" = go ]; then limit="$GO_TIMEOUT"; prov_bin="$GO_BIN"; else limit="$TIMEOUT"; prov_bin="$BIN"; fi
+  if [ "$impl" = go ]; then
+    limit=$(( nodes * 60 / GO_NODES_PER_MIN > GO_TIMEOUT ? nodes * 60 / GO_NODES_PER_MIN : GO_TIMEOUT ))
+    prov_bin="$GO_BIN"
+  else
+    limit="$TIMEOUT"; prov_bin="$BIN"
+  fi
 
-  local nats_pid fleet_tls=()
+  local nats_pid fleet_tls=() fleet_sign=(--jwt-signer "$WORK/signer.key")
+  # An issuer network's nodes speak v2, their provisioning JWT signed by the issuer.
+  [ "$SECURITY" = issuer ] && fleet_sign=(--jwt-signer "$WORK/issuer.seed" --protocol v2)
   if [ "$BROKER_KIND" = choria ]; then
     start_choria_broker "$dir" "$port"
     nats_pid=$BROKER_PID
@@ -407,7 +482,7 @@ run_one() {
   local fleet_extra=()
   case "$scenario" in pki | pki-ca) fleet_extra+=(--presign-csrs) ;; esac
   "$BIN" fleet --nats "nats://127.0.0.1:$port" --nodes "$nodes" --token s3cret \
-    --jwt-signer "$WORK/signer.key" --journal "$dir/journal.jsonl" --exit-when-done --directed "$DIRECTED" \
+    "${fleet_sign[@]}" --journal "$dir/journal.jsonl" --exit-when-done --directed "$DIRECTED" \
     "${fleet_extra[@]}" "${fleet_tls[@]}" --log warn >"$dir/fleet.out" 2>"$dir/fleet.log" &
   local fleet_pid=$!
   PIDS+=("$fleet_pid")
@@ -477,9 +552,19 @@ run_one() {
     # The Go provisioner's default logfile is a file named "info" in its
     # working directory; ours logs to stdout unless told otherwise.
     [ "$impl" = go ] && echo "logfile: $dir/go-provisioner.log"
-    echo "jwt_verify_cert: $WORK/signer.pub"
+    if [ "$SECURITY" = issuer ]; then
+      # Provisioning JWTs verified with the issuer's public key (hex); each
+      # node's server JWT signed with the chain issuer's seed and carrying
+      # its JWT, as a production provisioner on an issuer network does.
+      echo "jwt_verify_cert: $ISSUER_HEX"
+      echo "jwt_signing_key: $WORK/chain-signer.seed"
+      echo "jwt_signing_token: $WORK/chain-signer.jwt"
+    else
+      echo "jwt_verify_cert: $WORK/signer.pub"
+    fi
     echo "features:"
     echo "  jwt: true"
+    [ "$SECURITY" = issuer ] && echo "  ed25519: true"
     case "$scenario" in pki | pki-ca) echo "  pki: true" ;; esac
     for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do echo "${e%%=*}: ${e#*=}"; done
     if [ "$replicas" -gt 1 ]; then
@@ -493,13 +578,24 @@ run_one() {
       echo "  signing_key: $WORK/shards.seed"
     fi
   } >"$dir/provisioner.yaml"
+  # The choria provider on an issuer network: protocol v2, logged in with
+  # the client JWT (the nonce signed with its seed), TLS verified against
+  # the broker's CA; else the file provider (x509, protocol v1).
+  local provider=file
+  [ "$SECURITY" = issuer ] && provider=choria
   cat >"$dir/choria.cfg" <<EOF
 identity = provisioner.bench
 plugin.choria.middleware_hosts = nats://127.0.0.1:$port
 plugin.choria.use_srv = false
-plugin.security.provider = file
+plugin.security.provider = $provider
 EOF
-  if [ "$BROKER_KIND" = choria ]; then
+  if [ "$SECURITY" = issuer ]; then
+    cat >>"$dir/choria.cfg" <<EOF
+plugin.security.choria.token_file = $WORK/provisioner-client.jwt
+plugin.security.choria.seed_file = $WORK/provisioner-client.seed
+plugin.security.choria.ca = $WORK/ca.pem
+EOF
+  elif [ "$BROKER_KIND" = choria ]; then
     cat >>"$dir/choria.cfg" <<EOF
 plugin.security.file.certificate = $WORK/provisioner.pem
 plugin.security.file.key = $WORK/provisioner.key
@@ -510,7 +606,9 @@ EOF
   python3 "$REPORT" snap fleet="$fleet_pid" nats="$nats_pid" >"$dir/snap0.json"
   local start_ns prov_pid perf_pid="" urls="http://127.0.0.1:$monitor/metrics" pids=()
   start_ns=$(date +%s%N)
-  BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner.yaml" \
+  # go-choria's choria security provider takes a client's identity from
+  # $USER and refuses to start without it (unset in some containers).
+  USER="${USER:-provisioner}" BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner.yaml" \
     --choria-config "$dir/choria.cfg" >"$dir/provisioner.log" 2>&1 &
   prov_pid=$!
   PIDS+=("$prov_pid")
@@ -521,7 +619,7 @@ EOF
     local m
     m="$(free_port)"
     sed "s/^monitor_port: .*/monitor_port: $m/" "$dir/provisioner.yaml" >"$dir/provisioner-$r.yaml"
-    BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner-$r.yaml" \
+    USER="${USER:-provisioner}" BROKER=nats://broker.bench.example.net:4222 "$prov_bin" run --config "$dir/provisioner-$r.yaml" \
       --choria-config "$dir/choria.cfg" >"$dir/provisioner-$r.log" 2>&1 &
     PIDS+=("$!")
     pids+=("$!")
@@ -551,10 +649,16 @@ EOF
   PIDS=()
 
   python3 "$REPORT" journal "$dir/journal.jsonl" --nodes "$nodes" >"$dir/journal-check.json"
+  # The Choria broker logs (at warn) when it cuts a connection off for not
+  # reading fast enough: a run with that is no figure of a healthy path.
+  local slow=""
+  if [ "$BROKER_KIND" = choria ]; then
+    slow="$(grep -ci 'slow consumer' "$dir/broker.log" 2>/dev/null || true)"
+  fi
   python3 "$REPORT" record impl="$label" scenario="$scenario" nodes="$nodes" workers="$workers" \
     run="$run" start_ns="$start_ns" commit="$COMMIT" dir="$dir" helper="$helper" \
     ca_key="$([ "$scenario" = pki-ca ] && echo "$CA_KEY_KIND")" \
-    settings="${EXTRA[*]+"${EXTRA[*]}"}" \
+    settings="${EXTRA[*]+"${EXTRA[*]}"}" slow_consumers="$slow" \
     --wait "$dir/wait.json" --snap0 "$dir/snap0.json" --snap1 "$dir/snap1.json" \
     --journal "$dir/journal-check.json" --metrics "$dir/metrics.json" >>"$RESULTS"
   python3 - "$RESULTS" <<'PY'
@@ -569,7 +673,9 @@ print(f"    {r['impl']:4} {r['scenario']} {r['nodes']} nodes w{r['workers']} run
       f"helpers {f(r['helper_cpu_s'], '{:.2f}')} s, fleet {f(r['fleet_cpu_s'], '{:.2f}')} s, "
       f"nats {f(r['nats_cpu_s'], '{:.2f}')} s, machine busy {f(r['machine_busy_pct'], '{:.0f}')} %, "
       f"other {f(r['other_cpu_s'])} s, 1st discovery {f(r['first_cycle_discovered'], '{:.0f}')}, "
-      f"cycles {f(r['discover_cycles'], '{:.0f}')}", file=sys.stderr)
+      f"cycles {f(r['discover_cycles'], '{:.0f}')}"
+      + (f", broker slow consumers {r['slow_consumers']}" if r.get("slow_consumers") != "" else ""),
+      file=sys.stderr)
 if not r["valid"]:
     for p in (r.get("journal_problems") or [])[:5]:
         print(f"      {p}", file=sys.stderr)
@@ -610,7 +716,7 @@ for scenario in "${SCENARIOS[@]}"; do
 done
 
 python3 "$REPORT" summary "$RESULTS" --machine "$OUT/machine.json" --go-status "$GO_STATUS" \
-  --scale "$SCALE" --broker "$BROKER_KIND" --ca-key "${CA_KEY_DESC:-}" >"$OUT/report.md"
+  --scale "$SCALE" --broker "$BROKER_KIND" --security "$SECURITY" --ca-key "${CA_KEY_DESC:-}" >"$OUT/report.md"
 echo
 cat "$OUT/report.md"
 echo

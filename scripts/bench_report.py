@@ -521,7 +521,16 @@ def cmd_summary(args):
         "choria": "the real Choria broker (`choria broker run`): TLS, x509 security, provisioning "
                   "JWTs checked by the broker, the provisioner logged in as `provisioner` with a "
                   "client certificate; protocol v1 signed with the provisioner's RSA key",
-    }.get(opt.get("--broker", "nats"), "nats-server, protocol v1 without TLS or signatures (`choria_insecure`)")
+        "choria/issuer": "the real Choria broker (`choria broker run`) on an Organization Issuer "
+                         "network: TLS, provisioning JWTs signed by the issuer (ed25519) and checked "
+                         "by the broker, the provisioner logged in as `provisioner` with a client JWT "
+                         "the issuer signed; protocol v2 signed with the provisioner's ed25519 key, "
+                         "each node's ed25519 key fetched and a server JWT signed for it as a chain "
+                         "issuer",
+    }
+    broker = broker.get(
+        opt.get("--broker", "nats") + ("/issuer" if opt.get("--security") == "issuer" else ""),
+        "nats-server, protocol v1 without TLS or signatures (`choria_insecure`)")
     rows = [json.loads(l) for l in open(path) if l.strip()]
     groups = {}
     for r in rows:
@@ -543,6 +552,14 @@ def cmd_summary(args):
     w("")
     w(f"Broker: {broker} (its CPU is the `broker CPU s` column)")
     w("")
+    slow = [r for r in rows if r.get("slow_consumers") not in (None, "")]
+    if slow:
+        hit = [r for r in slow if r["slow_consumers"]]
+        w("Slow consumers in the broker's log: " + (
+            "none in any run" if not hit else "; ".join(
+                f"{r['slow_consumers']} lines in {r['scenario']} {r['nodes']:,} {r['impl']} run {r['run']}"
+                for r in hit)))
+        w("")
     if any(r.get("ca_key") for r in rows):
         w(f"pki-ca: ours signs every CSR with its built-in CA (`ca:`, {opt.get('--ca-key') or 'key ?'}) "
           "and renders the configuration from a `configuration_template`, without a helper; the Go "
