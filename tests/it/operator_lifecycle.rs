@@ -119,6 +119,8 @@ fn the_shipped_examples_pass(c: &Cluster) {
         "docs/src/examples/kubernetes/provisioner-production.yaml",
         // The attested provisioning guide.
         "docs/src/examples/kubernetes/provisioner-attested.yaml",
+        // Following a slow node: traces on Kubernetes.
+        "docs/src/examples/kubernetes/provisioner-traces.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
