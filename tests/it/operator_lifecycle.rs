@@ -119,6 +119,8 @@ fn the_shipped_examples_pass(c: &Cluster) {
         "docs/src/examples/kubernetes/provisioner-production.yaml",
         // The attested provisioning guide.
         "docs/src/examples/kubernetes/provisioner-attested.yaml",
+        // Following a slow node: traces on Kubernetes.
+        "docs/src/examples/kubernetes/provisioner-traces.yaml",
     ] {
         let text = repo_file(file);
         for doc in text.split("\n---") {
@@ -171,6 +173,8 @@ fn valid_specs() -> Vec<Value> {
         json!({"evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}, "oneIdentityPerInstance": false}}),
         json!({"evidence": {"azureCertificates": {"name": "roots", "key": "azure.pem"}, "oneIdentityPerInstance": false,
                             "azureSubscriptions": ["8d10da13-8125-4ba9-a717-bf7490507b3d"]}}),
+        json!({"telemetry": {"otlpEndpoint": "http://otel-collector.monitoring:4318", "serviceName": "site-a", "samplePercent": 1}}),
+        json!({"telemetry": {"otlpEndpoint": "http://[::1]:4318/v1/traces", "samplePercent": 100}}),
     ]
 }
 
@@ -359,6 +363,21 @@ fn invalid_day_two_specs() -> Vec<(Value, &'static str)> {
         (json!({"records": {"urls": ["nats://records:4222"]}, "evidence": {"awsCertificates": {"name": "roots", "key": "aws.pem"}},
                 "bindings": [{"identity": "web-1", "instance": "gcp.p.1", "reason": "a"}, {"identity": "web-1", "instance": "gcp.p.2", "reason": "b"}]}),
          "spec.bindings[1]: Duplicate value"),
+        // What the provisioner's telemetry: refuses (choria_config::telemetry).
+        (json!({"telemetry": {"samplePercent": 5}}),
+         "spec.telemetry.otlpEndpoint: Required value"),
+        (json!({"telemetry": {"otlpEndpoint": "https://collector:4318"}}),
+         "spec.telemetry.otlpEndpoint: Invalid value: \"string\": spec.telemetry.otlpEndpoint must be a plain http:// URL"),
+        (json!({"telemetry": {"otlpEndpoint": "http://trace:hunter2@collector:4318"}}),
+         "spec.telemetry.otlpEndpoint: Invalid value: \"string\": spec.telemetry.otlpEndpoint must be a plain http:// URL"),
+        (json!({"telemetry": {"otlpEndpoint": "http://collector:4318/v1/traces?x=1"}}),
+         "spec.telemetry.otlpEndpoint: Invalid value: \"string\": spec.telemetry.otlpEndpoint must be a plain http:// URL"),
+        (json!({"telemetry": {"otlpEndpoint": "http://collector:4318", "samplePercent": 0}}),
+         "spec.telemetry.samplePercent: Invalid value: \"integer\": spec.telemetry.samplePercent must be 1 to 100"),
+        (json!({"telemetry": {"otlpEndpoint": "http://collector:4318", "samplePercent": 101}}),
+         "spec.telemetry.samplePercent: Invalid value: \"integer\": spec.telemetry.samplePercent must be 1 to 100"),
+        (json!({"telemetry": {"otlpEndpoint": "http://collector:4318", "serviceName": "a\tb"}}),
+         "spec.telemetry.serviceName: Invalid value: \"string\": spec.telemetry.serviceName must be at most 128 characters, without control characters"),
     ]
 }
 

@@ -19,6 +19,10 @@ use std::path::Path;
 pub const DEFAULT_SERVICE_NAME: &str = "choria-provisioner";
 /// OTLP/HTTP's path for traces, added to an endpoint given without a path.
 pub const OTLP_TRACES_PATH: &str = "/v1/traces";
+/// The longest `service_name`, in bytes.
+pub const MAX_SERVICE_NAME: usize = 128;
+/// What `sample_percent` may be: to trace nothing, leave the section out.
+pub const SAMPLE_PERCENTS: std::ops::RangeInclusive<i64> = 1..=100;
 
 /// `telemetry:`, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +81,7 @@ pub(crate) fn telemetry(
         .string("service_name")?
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into());
-    if service_name.len() > 128 || service_name.chars().any(char::is_control) {
+    if !service_name_ok(&service_name) {
         return Err(t.error(
             "service_name",
             "at most 128 characters, no control characters",
@@ -85,7 +89,7 @@ pub(crate) fn telemetry(
     }
     let sample_percent = match t.int("sample_percent")? {
         None => 100,
-        Some(p @ 1..=100) => p as u8,
+        Some(p) if SAMPLE_PERCENTS.contains(&p) => p as u8,
         Some(p) => {
             return Err(t.error(
                 "sample_percent",
@@ -103,10 +107,17 @@ pub(crate) fn telemetry(
     }))
 }
 
+/// Whether `name` may be the traces' `service.name`: at most
+/// [`MAX_SERVICE_NAME`] bytes, no control characters.
+pub fn service_name_ok(name: &str) -> bool {
+    name.len() <= MAX_SERVICE_NAME && !name.chars().any(char::is_control)
+}
+
 /// The URL traces are posted to: `http://host[:port]` plus
 /// [`OTLP_TRACES_PATH`] when no path is given. Only plain HTTP: the
-/// exporter speaks to a collector or agent beside the provisioner.
-fn traces_url(endpoint: &str) -> Result<String, String> {
+/// exporter speaks to a collector or agent beside the provisioner. The
+/// operator checks `spec.telemetry.otlpEndpoint` with it.
+pub fn traces_url(endpoint: &str) -> Result<String, String> {
     let Some(rest) = endpoint.strip_prefix("http://") else {
         return Err(if endpoint.starts_with("https://") {
             format!("{endpoint:?}: only http:// is supported; send traces to a collector beside the provisioner (it may forward them over TLS)")

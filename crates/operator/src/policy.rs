@@ -25,6 +25,17 @@
 //! The Secrets a `Provisioner` names, the built-in CA's (`spec.pki.ca`)
 //! among them, are not the admin's to bound: each is one of its own
 //! namespace, mounted by the kubelet, which its writers can read anyway.
+//!
+//! Where the pods send their traces (`spec.telemetry.otlpEndpoint`) is not
+//! bounded either, by decision. No setting of the operator bounds what a
+//! Provisioner's pods reach on the network: `spec.broker.urls`,
+//! `spec.records.urls` and `spec.renewal.broker` already name any host, so
+//! a bound on this one host would close nothing. What goes there is the
+//! Provisioner's own nodes' traces (identities, step names, error texts,
+//! never a secret), posted as JSON over plain HTTP with none of the pods'
+//! credentials, and nothing of the answer is kept but its status, in the
+//! pods' log. Egress is the cluster admin's to bound, with a NetworkPolicy
+//! on the Provisioner's namespace.
 
 use choria_config::provisioner::DEFAULT_CERT_MANAGER_USAGES;
 use choria_k8s::crd::{CertManagerSpec, PodOverrides, Provisioner, VolumeType};

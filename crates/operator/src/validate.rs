@@ -40,6 +40,7 @@ pub fn validate(p: &Provisioner) -> Vec<String> {
     records_and_renewal(s, problem);
     revocations(s, problem);
     bindings(s, problem);
+    telemetry(s, problem);
     helper(s, problem);
     pod::check(&s.pod, problem);
 
@@ -414,6 +415,41 @@ fn bindings(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
                 "spec.bindings[{i}].reason must be one line of text, not empty, at most 500 characters"
             ));
         }
+    }
+}
+
+/// `spec.telemetry`: what the provisioner's `telemetry:` refuses, with its
+/// own rules. The endpoint is not bounded by the operator's policy: see
+/// `policy`'s doc for why.
+fn telemetry(s: &ProvisionerSpec, problem: &mut dyn FnMut(String)) {
+    use choria_config::telemetry::{service_name_ok, traces_url, SAMPLE_PERCENTS};
+    let Some(t) = &s.telemetry else {
+        return;
+    };
+    // The endpoint is not repeated: a refused one may carry credentials.
+    if traces_url(&t.otlp_endpoint).is_err() {
+        problem(if t.otlp_endpoint.starts_with("https://") {
+            "spec.telemetry.otlpEndpoint: only http:// is supported; send traces to a collector in the cluster, which may forward them over TLS".into()
+        } else {
+            "spec.telemetry.otlpEndpoint must be a plain http:// URL such as http://otel-collector.monitoring:4318, without user information, query or fragment".into()
+        });
+    }
+    if t.service_name
+        .as_deref()
+        .is_some_and(|n| !service_name_ok(n))
+    {
+        problem(
+            "spec.telemetry.serviceName must be at most 128 characters, without control characters"
+                .into(),
+        );
+    }
+    if let Some(p) = t
+        .sample_percent
+        .filter(|p| !SAMPLE_PERCENTS.contains(&i64::from(*p)))
+    {
+        problem(format!(
+            "spec.telemetry.samplePercent {p} is not 1 to 100 (default 100); to trace nothing, remove spec.telemetry"
+        ));
     }
 }
 

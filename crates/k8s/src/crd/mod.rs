@@ -24,6 +24,7 @@ mod records;
 mod reference;
 mod status;
 pub mod status_patch;
+mod telemetry;
 pub mod validation;
 
 pub use attested::{
@@ -42,6 +43,7 @@ pub use pod::{
 pub use records::{RecordsSpec, RenewalSpec};
 pub use reference::{owner_reference, ResourceRef};
 pub use status::{Member, ProvisionerStatus, POD_FIELD_MANAGER};
+pub use telemetry::TelemetrySpec;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -294,6 +296,10 @@ pub struct ProvisionerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "attested::bindings_schema")]
     pub bindings: Vec<BoundNode>,
+    /// A trace per node sequence, posted over OTLP/HTTP to a collector
+    /// (`telemetry:`): where each node spent its time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetrySpec>,
 
     /// Placement, metadata, pull secrets, environment, volumes and priority
     /// of the provisioner pods, within what the cluster admin allows.

@@ -69,6 +69,10 @@ const SECRET_REFS: [&str; 14] = [
     "spec.evidence.gcpCertificates",
     "spec.evidence.azureCertificates",
 ];
+/// An OTLP/HTTP endpoint as `telemetry.otlp_endpoint` takes it
+/// (`choria_config::telemetry::traces_url`): plain HTTP, a host and port
+/// without user information, a path without query, fragment or spaces.
+const OTLP_ENDPOINT: &str = "^http://[]a-zA-Z0-9[.:_-]+(/[^?#[:space:][:cntrl:]]*)?$";
 /// A share of a lifetime, as `renewal.before` takes it.
 const PERCENT: &str = "^([0-9]+([.][0-9]*)?|[.][0-9]+)%$";
 
@@ -438,6 +442,22 @@ pub fn rules() -> Vec<Rule> {
         ),
         object_name("spec.renewal.broker.tlsSecret", "a Secret's name"),
         object_name("spec.renewal.broker.clientJwtSecret", "a Secret's name"),
+        // Telemetry: what the provisioner's `telemetry:` refuses.
+        rule(
+            "spec.telemetry.otlpEndpoint",
+            format!("self.matches('{OTLP_ENDPOINT}')"),
+            "spec.telemetry.otlpEndpoint must be a plain http:// URL such as http://otel-collector.monitoring:4318, without user information, query or fragment",
+        ),
+        rule(
+            "spec.telemetry.serviceName",
+            "!self.matches('[[:cntrl:]]')",
+            "spec.telemetry.serviceName must be at most 128 characters, without control characters",
+        ),
+        rule(
+            "spec.telemetry.samplePercent",
+            "self >= 1 && self <= 100",
+            "spec.telemetry.samplePercent must be 1 to 100 (default 100); to trace nothing, remove spec.telemetry",
+        ),
     ];
     all.extend(pki::rules());
     all.extend(duration_rules(
@@ -488,6 +508,8 @@ fn bounds() -> Vec<(&'static str, &'static str, i64)> {
         ("spec.renewal.broker.identity", "maxLength", 253),
         ("spec.renewal.broker.tlsSecret", "maxLength", 253),
         ("spec.renewal.broker.clientJwtSecret", "maxLength", 253),
+        ("spec.telemetry.otlpEndpoint", "maxLength", 1024),
+        ("spec.telemetry.serviceName", "maxLength", 128),
     ];
     let durations = ["spec.interval", "spec.renewal.jitter", "spec.renewal.retry"];
     let leases = LEASE_TIMINGS.map(|(at, _)| at);

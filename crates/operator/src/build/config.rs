@@ -106,6 +106,7 @@ pub fn provisioner_yaml(p: &Provisioner) -> Result<String, BuildError> {
         }),
         evidence: s.evidence.as_ref().map(evidence_file),
         audit: s.audit.as_ref().map(audit_file),
+        telemetry: s.telemetry.as_ref().map(telemetry_file),
         ..Default::default()
     };
     let body = doc.to_yaml().map_err(|e| BuildError::Serialize {
@@ -167,6 +168,16 @@ fn audit_file(a: &AuditSpec) -> AuditFile {
         max_bytes: a.max_bytes,
         create_stream: None,
         replicas: a.replicas.map(i64::from),
+    }
+}
+
+/// `telemetry:`: the pods post their traces to the endpoint as written;
+/// unset values keep the provisioner's defaults.
+fn telemetry_file(t: &TelemetrySpec) -> TelemetryFile {
+    TelemetryFile {
+        otlp_endpoint: Some(t.otlp_endpoint.clone()),
+        service_name: t.service_name.clone(),
+        sample_percent: t.sample_percent.map(i64::from),
     }
 }
 

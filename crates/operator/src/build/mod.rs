@@ -13,11 +13,11 @@
 use super::policy::Policy;
 use choria_config::schema::{
     AdmissionFile, AuditFile, CaFile, CertManagerFile, ConfigurationTemplateFile, ElectionFile,
-    EvidenceFile, FeaturesFile, ProvisionerFile, RecordsFile, RenewalFile,
+    EvidenceFile, FeaturesFile, ProvisionerFile, RecordsFile, RenewalFile, TelemetryFile,
 };
 use choria_k8s::crd::{
     AuditSpec, BrokerSpec, CaSpec, ElectionBackend, ElectionMode, EvidenceSpec, PodOverrides,
-    PodVolume, Provisioner, ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef,
+    PodVolume, Provisioner, ProvisionerSpec, RecordsSpec, RenewalSpec, SecretKeyRef, TelemetrySpec,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{

@@ -1107,3 +1107,46 @@ fn only_the_ca_secrets_two_keys_are_mounted_read_only() {
         ("/etc/choria-provisioner/secrets/fleet-ca", Some(true))
     );
 }
+
+#[test]
+fn telemetry_reaches_the_provisioner_as_its_telemetry_section() {
+    let off = jwt_spec();
+    assert!(!provisioner_yaml(&off).unwrap().contains("telemetry"));
+    assert_eq!(config(&off).telemetry, None);
+
+    let p = provisioner(json!({
+        "tokenSecret": {"name": "prov-secrets", "key": "token"},
+        "telemetry": {
+            "otlpEndpoint": "http://otel-collector.monitoring:4318",
+            "serviceName": "site-a",
+            "samplePercent": 5,
+        },
+    }));
+    let yaml = provisioner_yaml(&p).unwrap();
+    assert!(
+        yaml.contains("telemetry:\n  otlp_endpoint: http://otel-collector.monitoring:4318\n"),
+        "{yaml}"
+    );
+    let cfg = config(&p);
+    let t = cfg.telemetry.as_ref().expect("telemetry");
+    assert_eq!(t.otlp_endpoint, "http://otel-collector.monitoring:4318");
+    assert_eq!(
+        t.traces_url,
+        "http://otel-collector.monitoring:4318/v1/traces"
+    );
+    assert_eq!((t.service_name.as_str(), t.sample_percent), ("site-a", 5));
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+
+    // Unset values keep the provisioner's defaults.
+    let p = provisioner(json!({"telemetry": {"otlpEndpoint": "http://jaeger:4318/custom"}}));
+    let t = config(&p).telemetry.expect("telemetry");
+    assert_eq!(t.traces_url, "http://jaeger:4318/custom");
+    assert_eq!(
+        (t.service_name.as_str(), t.sample_percent),
+        (choria_config::telemetry::DEFAULT_SERVICE_NAME, 100)
+    );
+
+    // The pods read their configuration once: turning traces on rolls them.
+    let on = checksum(&config_map(&p).unwrap());
+    assert_ne!(on, checksum(&config_map(&provisioner(json!({}))).unwrap()));
+}

@@ -389,3 +389,59 @@ fn the_built_in_ca_needs_pki_no_cert_manager_a_secret_and_an_hour() {
         one(pki(ca(bad)), &fragments);
     }
 }
+
+#[test]
+fn telemetry_is_refused_where_the_provisioner_would_refuse_it() {
+    let with = |t: serde_json::Value| json!({"telemetry": t});
+    for endpoint in [
+        "http://otel-collector.monitoring:4318",
+        "http://[::1]:4318/",
+        "http://jaeger:4318/custom/traces",
+    ] {
+        let spec =
+            with(json!({"otlpEndpoint": endpoint, "serviceName": "site-a", "samplePercent": 1}));
+        assert_eq!(problems(spec), Vec::<String>::new(), "{endpoint}");
+    }
+    assert!(problems(with(
+        json!({"otlpEndpoint": "http://j:4318", "samplePercent": 100})
+    ))
+    .is_empty());
+    one(
+        with(json!({"otlpEndpoint": "https://collector:4318"})),
+        &["spec.telemetry.otlpEndpoint: only http:// is supported"],
+    );
+    for bad in [
+        "",
+        "collector:4318",
+        "http://",
+        "http://collector:4318/v1/traces?x=1",
+        "http://coll ector:4318",
+        " http://collector:4318",
+    ] {
+        one(
+            with(json!({"otlpEndpoint": bad})),
+            &["spec.telemetry.otlpEndpoint must be a plain http:// URL"],
+        );
+    }
+    // A refused endpoint is not repeated: it may carry credentials.
+    let found = problems(with(
+        json!({"otlpEndpoint": "http://user:hunter2@collector:4318"}),
+    ));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(!found[0].contains("hunter2"), "{found:?}");
+    for percent in [0, 101, -5] {
+        one(
+            with(json!({"otlpEndpoint": "http://j:4318", "samplePercent": percent})),
+            &[
+                &format!("spec.telemetry.samplePercent {percent} is not 1 to 100"),
+                "remove spec.telemetry",
+            ],
+        );
+    }
+    for name in ["a\tb".to_string(), "x".repeat(129)] {
+        one(
+            with(json!({"otlpEndpoint": "http://j:4318", "serviceName": name})),
+            &["spec.telemetry.serviceName must be at most 128 characters"],
+        );
+    }
+}
