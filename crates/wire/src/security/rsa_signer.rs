@@ -1,14 +1,11 @@
 //! RSA PKCS#1 v1.5 SHA-256 signatures (v1 requests, RS256 JWTs) made by
-//! AWS-LC (`aws-lc-rs`): constant-time, with blinding, ~0.37 ms a
-//! signature on this machine against ~0.65 ms with `ring` and ~2 ms with
-//! the `rsa` crate (whose private-key operations carry a timing advisory,
-//! RUSTSEC-2023-0071, where anyone on the provisioning network sees
-//! thousands of signatures a minute). On protocol v1 each node's own
-//! `configure` costs one signature, most of the provisioner's CPU a node
-//! (BENCHMARKS.md). PKCS#1 v1.5 is deterministic, so the bytes are the
-//! same whichever signs.
+//! `ring`: constant-time, with blinding, and about eight times faster than
+//! the `rsa` crate on this machine (whose private-key operations carry a
+//! timing advisory, RUSTSEC-2023-0071, where anyone on the provisioning
+//! network sees thousands of signatures a minute). PKCS#1 v1.5 is
+//! deterministic, so the bytes are the same whichever signs.
 //!
-//! AWS-LC signs with keys of 2048 bits and more; a smaller one (which Go
+//! `ring` signs with keys of 2048 to 4096 bits; a smaller one (which Go
 //! accepts, and which no Choria CA issues by default) is signed with the
 //! `rsa` crate, as before.
 //!
@@ -24,7 +21,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct RsaSigningKey {
     key: Arc<RsaPrivateKey>,
-    fast: Option<Arc<aws_lc_rs::signature::RsaKeyPair>>,
+    ring: Option<Arc<ring::signature::RsaKeyPair>>,
 }
 
 impl std::fmt::Debug for RsaSigningKey {
@@ -46,14 +43,14 @@ impl PartialEq for RsaSigningKey {
 
 impl RsaSigningKey {
     pub fn new(key: RsaPrivateKey) -> Self {
-        let fast = key
+        let ring = key
             .to_pkcs1_der()
             .ok()
-            .and_then(|der| aws_lc_rs::signature::RsaKeyPair::from_der(der.as_bytes()).ok())
+            .and_then(|der| ring::signature::RsaKeyPair::from_der(der.as_bytes()).ok())
             .map(Arc::new);
         RsaSigningKey {
             key: Arc::new(key),
-            fast,
+            ring,
         }
     }
 
@@ -62,19 +59,19 @@ impl RsaSigningKey {
         &self.key
     }
 
-    /// Whether AWS-LC signs with it (2048 bits and more).
-    pub fn is_fast(&self) -> bool {
-        self.fast.is_some()
+    /// Whether `ring` signs with it (2048 to 4096 bits).
+    pub fn in_ring(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// The PKCS#1 v1.5 signature of SHA-256(`msg`).
     pub fn sign_sha256(&self, msg: &[u8]) -> Result<Vec<u8>, String> {
-        match &self.fast {
+        match &self.ring {
             Some(pair) => {
-                let mut sig = vec![0; pair.public_modulus_len()];
+                let mut sig = vec![0; pair.public().modulus_len()];
                 pair.sign(
-                    &aws_lc_rs::signature::RSA_PKCS1_SHA256,
-                    &aws_lc_rs::rand::SystemRandom::new(),
+                    &ring::signature::RSA_PKCS1_SHA256,
+                    &ring::rand::SystemRandom::new(),
                     msg,
                     &mut sig,
                 )
@@ -143,36 +140,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aws_lc_signs_the_same_bytes_as_the_rsa_crate_and_ring() {
+    fn ring_signs_the_same_bytes_as_the_rsa_crate_and_faster() {
         use rsa::signature::{SignatureEncoding as _, Signer as _};
         let key = crate::security::csr::generate_rsa_key(2048).unwrap();
         let ours = RsaSigningKey::new(key.clone());
-        assert!(ours.is_fast());
+        assert!(ours.in_ring());
         let msg = b"{\"agent\":\"choria_provision\"}";
-        let by_aws_lc = ours.sign_sha256(msg).unwrap();
-        let der = key.to_pkcs1_der().unwrap();
+        let by_ring = ours.sign_sha256(msg).unwrap();
         let by_crate = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key)
             .try_sign(msg)
             .unwrap()
             .to_vec();
-        assert_eq!(by_aws_lc, by_crate, "PKCS#1 v1.5 is deterministic");
-        let pair = ring::signature::RsaKeyPair::from_der(der.as_bytes()).unwrap();
-        let mut by_ring = vec![0; pair.public().modulus_len()];
-        pair.sign(
-            &ring::signature::RSA_PKCS1_SHA256,
-            &ring::rand::SystemRandom::new(),
-            msg,
-            &mut by_ring,
-        )
-        .unwrap();
-        assert_eq!(by_aws_lc, by_ring);
+        assert_eq!(by_ring, by_crate, "PKCS#1 v1.5 is deterministic");
     }
 
     #[test]
-    fn a_key_aws_lc_refuses_still_signs() {
+    fn a_key_ring_refuses_still_signs() {
         let key = crate::security::csr::generate_rsa_key(1024).unwrap();
         let ours = RsaSigningKey::new(key.clone());
-        assert!(!ours.is_fast());
+        assert!(!ours.in_ring());
         let sig = ours.sign_sha256(b"m").unwrap();
         assert_eq!(sig.len(), 128);
         assert!(format!("{ours:?}").contains("1024 bit"));

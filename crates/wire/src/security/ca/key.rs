@@ -1,6 +1,6 @@
 //! The CA's private key as the CA uses it: the algorithm it signs with,
 //! its public key, and a signature over the bytes of a certificate. A file
-//! key is RSA (SHA256WithRSA, through `rsa_signer`: AWS-LC) or ECDSA P-256
+//! key is RSA (SHA256WithRSA, through `ring`) or ECDSA P-256
 //! (ecdsa-with-SHA256, through `ring`); a key held elsewhere (a PKCS#11
 //! token) implements [`CaKey`] too and never enters this process.
 
